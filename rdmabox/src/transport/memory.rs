@@ -1,0 +1,253 @@
+//! Memory regions: memory a provider may read and write on a peer's behalf, with the keys that
+//! name it locally (lkey) and remotely (rkey).
+//!
+//! Registered memory is shared with the network the way an `mmap(MAP_SHARED)` mapping is shared
+//! with other processes: a peer may write it at any moment. So this module never hands out `&[u8]`
+//! or `&mut [u8]` over it; data moves in and out by copies through raw pointers (`read_at`,
+//! `write_at`), and providers DMA (or `readv`/`writev`) to raw addresses.
+
+use std::io;
+use std::sync::Arc;
+
+use super::types::Access;
+use super::{tcp, verbs};
+
+/// Where a region's bytes come from; dropped after the registration that covers them.
+pub(crate) enum Backing {
+    /// Anonymous mapping owned by the region (`ProtectionDomain::alloc_region`).
+    Mapped { ptr: *mut u8, len: usize },
+    /// A caller's vector, owned by the region until `into_vec` (`register_vec`).
+    Vec {
+        ptr: *mut u8,
+        len: usize,
+        cap: usize,
+    },
+    /// Caller-owned memory (`register_raw`): the caller keeps it alive.
+    Borrowed,
+    /// Already handed back by `into_vec`.
+    Taken,
+}
+
+impl Backing {
+    pub(crate) fn mapped(len: usize) -> io::Result<Backing> {
+        if len == 0 {
+            return Ok(Backing::Vec {
+                ptr: std::ptr::NonNull::<u8>::dangling().as_ptr(),
+                len: 0,
+                cap: 0,
+            });
+        }
+        // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        if len >= 2 << 20 {
+            // SAFETY: advice on the mapping just created; failure only means no huge pages.
+            unsafe { libc::madvise(ptr, len, libc::MADV_HUGEPAGE) };
+        }
+        Ok(Backing::Mapped {
+            ptr: ptr.cast(),
+            len,
+        })
+    }
+
+    pub(crate) fn from_vec(v: Vec<u8>) -> Backing {
+        let mut v = std::mem::ManuallyDrop::new(v);
+        Backing::Vec {
+            ptr: v.as_mut_ptr(),
+            len: v.len(),
+            cap: v.capacity(),
+        }
+    }
+
+    fn take_vec(&mut self) -> Option<Vec<u8>> {
+        match std::mem::replace(self, Backing::Taken) {
+            // SAFETY: ptr/len/cap came from a Vec<u8> in `from_vec` and were never freed.
+            Backing::Vec { ptr, len, cap } => Some(unsafe { Vec::from_raw_parts(ptr, len, cap) }),
+            other => {
+                *self = other;
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Backing {
+    fn drop(&mut self) {
+        match *self {
+            // SAFETY: the mapping was created in `mapped` with this length and is unmapped once.
+            Backing::Mapped { ptr, len } => unsafe {
+                libc::munmap(ptr.cast(), len);
+            },
+            Backing::Vec { .. } => drop(self.take_vec()),
+            Backing::Borrowed | Backing::Taken => {}
+        }
+    }
+}
+
+/// The provider's record of a registration; dropping it deregisters (held only for that).
+#[allow(dead_code)]
+pub(crate) enum Registration {
+    Tcp(tcp::Registration),
+    Verbs(verbs::Registration),
+}
+
+pub(crate) struct MrInner {
+    // Field order matters: the registration is dropped (deregistered) before the memory is freed.
+    pub(crate) registration: Registration,
+    pub(crate) backing: Backing,
+    pub(crate) addr: u64,
+    pub(crate) len: usize,
+    pub(crate) access: Access,
+    pub(crate) lkey: u32,
+    pub(crate) rkey: u32,
+    /// Identifies the protection domain, so that a provider can refuse foreign regions.
+    pub(crate) pd_id: u64,
+}
+
+// SAFETY: MrInner owns (or, for `register_raw`, was promised) memory that outlives it, and all
+// access to that memory goes through raw-pointer copies; nothing in it is tied to a thread.
+unsafe impl Send for MrInner {}
+// SAFETY: see Send; shared access is by raw-pointer copies, as with shared memory.
+unsafe impl Sync for MrInner {}
+
+impl MrInner {
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        self.addr as *mut u8
+    }
+}
+
+/// A registered memory region. Dropping it deregisters it: from then on the peer's accesses with
+/// its rkey fail (a provider may finish an access already in flight).
+pub struct MemoryRegion {
+    pub(crate) inner: Arc<MrInner>,
+}
+
+impl MemoryRegion {
+    pub fn addr(&self) -> u64 {
+        self.inner.addr
+    }
+    pub fn len(&self) -> usize {
+        self.inner.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.inner.len == 0
+    }
+    pub fn lkey(&self) -> u32 {
+        self.inner.lkey
+    }
+    pub fn rkey(&self) -> u32 {
+        self.inner.rkey
+    }
+    pub fn access(&self) -> Access {
+        self.inner.access
+    }
+    /// The descriptor a peer needs to READ/WRITE this whole region.
+    pub fn remote(&self) -> super::RemoteRegion {
+        super::RemoteRegion {
+            addr: self.addr(),
+            len: self.len() as u64,
+            rkey: self.rkey(),
+        }
+    }
+    /// The whole region as one scatter/gather element.
+    pub fn sge(&self) -> super::Sge<'_> {
+        super::Sge {
+            mr: self,
+            offset: 0,
+            len: self.len(),
+        }
+    }
+    /// `len` bytes at `offset`, or None when the range leaves the region.
+    pub fn slice(&self, offset: usize, len: usize) -> Option<super::Sge<'_>> {
+        super::Sge::new(self, offset, len)
+    }
+
+    fn check(&self, offset: usize, len: usize) -> io::Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len() => Ok(()),
+            _ => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("range {offset}+{len} outside a {}-byte region", self.len()),
+            )),
+        }
+    }
+
+    /// Copies `src` into the region at `offset`.
+    pub fn write_at(&self, offset: usize, src: &[u8]) -> io::Result<()> {
+        self.check(offset, src.len())?;
+        // SAFETY: bounds checked above; the region's memory lives as long as `self.inner`;
+        // `src` cannot overlap it because no reference into region memory is ever created.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), self.inner.ptr().add(offset), src.len())
+        };
+        Ok(())
+    }
+
+    /// Copies bytes at `offset` of the region into `dst`.
+    pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> io::Result<()> {
+        self.check(offset, dst.len())?;
+        // SAFETY: as in `write_at`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.inner.ptr().add(offset), dst.as_mut_ptr(), dst.len())
+        };
+        Ok(())
+    }
+
+    /// Sets `len` bytes at `offset` to `byte`.
+    pub fn fill(&self, offset: usize, len: usize, byte: u8) -> io::Result<()> {
+        self.check(offset, len)?;
+        // SAFETY: as in `write_at`.
+        unsafe { std::ptr::write_bytes(self.inner.ptr().add(offset), byte, len) };
+        Ok(())
+    }
+
+    /// Copies the region's bytes out.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0u8; self.len()];
+        self.read_at(0, &mut v).expect("whole region is in bounds");
+        v
+    }
+
+    /// Deregisters a region made by `register_vec` and returns the vector without a copy. Gives
+    /// the region back unchanged when it is not vector-backed or a provider still uses it.
+    pub fn into_vec(self) -> Result<Vec<u8>, MemoryRegion> {
+        if !matches!(self.inner.backing, Backing::Vec { .. }) {
+            return Err(self);
+        }
+        match Arc::try_unwrap(self.inner) {
+            Ok(inner) => {
+                let MrInner {
+                    registration,
+                    mut backing,
+                    ..
+                } = inner;
+                drop(registration);
+                Ok(backing.take_vec().expect("checked vector backing"))
+            }
+            Err(inner) => Err(MemoryRegion { inner }),
+        }
+    }
+}
+
+impl std::fmt::Debug for MemoryRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryRegion")
+            .field("addr", &format_args!("{:#x}", self.addr()))
+            .field("len", &self.len())
+            .field("lkey", &format_args!("{:#x}", self.lkey()))
+            .field("rkey", &format_args!("{:#x}", self.rkey()))
+            .field("access", &self.access())
+            .finish()
+    }
+}

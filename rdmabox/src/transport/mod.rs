@@ -1,0 +1,423 @@
+//! The verbs model: protection domains, memory regions, completion queues and RC queue pairs,
+//! written once and implemented by two providers.
+//!
+//! - [`verbs`]: libibverbs, for RDMA NICs (and Soft-RoCE).
+//! - [`tcp`]: software RDMA over TCP with one-sided semantics, for hosts without a NIC.
+//!
+//! [`ProviderKind::Auto`] picks verbs when a device exists and tcp otherwise. Queue pairs are
+//! connected by exchanging [`Endpoint`]s over a TCP control connection ([`exchange_endpoints`]).
+
+mod endpoint;
+pub mod memory;
+pub mod tcp;
+mod types;
+pub mod verbs;
+
+use std::fmt;
+use std::io;
+use std::os::fd::RawFd;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use endpoint::{exchange_endpoints, Endpoint};
+pub use memory::MemoryRegion;
+pub use tcp::TcpConfig;
+pub use types::{
+    Access, Completion, PostError, QpCaps, QpState, RecvWr, RemoteAddr, RemoteRegion, SendOp,
+    SendWr, Sge, WcOpcode, WcStatus,
+};
+
+/// Which provider implements the verbs model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ProviderKind {
+    /// verbs when an RDMA device exists, tcp otherwise.
+    #[default]
+    Auto,
+    Verbs,
+    Tcp,
+}
+
+impl FromStr for ProviderKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(ProviderKind::Auto),
+            "verbs" | "rdma" | "ib" => Ok(ProviderKind::Verbs),
+            "tcp" => Ok(ProviderKind::Tcp),
+            other => Err(format!(
+                "unknown transport {other:?}: expected auto, verbs or tcp"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for ProviderKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ProviderKind::Auto => "auto",
+            ProviderKind::Verbs => "verbs",
+            ProviderKind::Tcp => "tcp",
+        })
+    }
+}
+
+/// How to open a [`Context`].
+#[derive(Clone, Debug, Default)]
+pub struct TransportConfig {
+    pub provider: ProviderKind,
+    /// verbs: the device to open (default: the first).
+    pub device: Option<String>,
+    /// verbs: the GID index (default: the last RoCE v2 GID, or 0 on InfiniBand).
+    pub gid_index: Option<u8>,
+    pub tcp: TcpConfig,
+}
+
+impl TransportConfig {
+    pub fn with_provider(provider: ProviderKind) -> TransportConfig {
+        TransportConfig {
+            provider,
+            ..TransportConfig::default()
+        }
+    }
+}
+
+/// Waits until `fd` is readable; false on timeout.
+pub(crate) fn poll_readable(fd: RawFd, timeout: Option<Duration>) -> io::Result<bool> {
+    let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut p, 1, ms) };
+        if n >= 0 {
+            return Ok(n > 0);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+enum CtxImpl {
+    Tcp(tcp::Context),
+    Verbs(verbs::Context),
+}
+
+/// An opened provider: the root of every other verbs object.
+pub struct Context {
+    imp: CtxImpl,
+}
+
+static NEXT_PD: AtomicU64 = AtomicU64::new(1);
+
+impl Context {
+    pub fn open(cfg: &TransportConfig) -> io::Result<Context> {
+        let tcp = || CtxImpl::Tcp(tcp::Context::new(cfg.tcp.clone()));
+        let imp = match cfg.provider {
+            ProviderKind::Tcp => tcp(),
+            ProviderKind::Verbs => {
+                match verbs::Context::open(cfg.device.as_deref(), cfg.gid_index)? {
+                    Some(c) => CtxImpl::Verbs(c),
+                    None => return Err(io::Error::new(
+                        io::ErrorKind::NotFound,
+                        "no RDMA device found (is the NIC driver loaded?); use --transport tcp \
+                         to run over TCP instead",
+                    )),
+                }
+            }
+            ProviderKind::Auto => {
+                match verbs::Context::open(cfg.device.as_deref(), cfg.gid_index) {
+                    Ok(Some(c)) => CtxImpl::Verbs(c),
+                    Ok(None) => tcp(),
+                    Err(e) => {
+                        log::warn!("RDMA device present but unusable ({e}); falling back to tcp");
+                        tcp()
+                    }
+                }
+            }
+        };
+        Ok(Context { imp })
+    }
+
+    /// The provider actually in use (never `Auto`).
+    pub fn provider(&self) -> ProviderKind {
+        match self.imp {
+            CtxImpl::Tcp(_) => ProviderKind::Tcp,
+            CtxImpl::Verbs(_) => ProviderKind::Verbs,
+        }
+    }
+
+    /// "tcp" or "verbs (device)".
+    pub fn describe(&self) -> String {
+        match &self.imp {
+            CtxImpl::Tcp(_) => "tcp".into(),
+            CtxImpl::Verbs(c) => format!("verbs ({})", c.device_name()),
+        }
+    }
+
+    pub fn alloc_pd(&self) -> io::Result<ProtectionDomain> {
+        let id = NEXT_PD.fetch_add(1, Ordering::Relaxed);
+        let imp = match &self.imp {
+            CtxImpl::Tcp(c) => PdImpl::Tcp(c.alloc_pd()),
+            CtxImpl::Verbs(c) => PdImpl::Verbs(c.alloc_pd()?),
+        };
+        Ok(ProtectionDomain { imp, id })
+    }
+
+    /// A completion queue with room for at least `capacity` completions.
+    pub fn create_cq(&self, capacity: usize) -> io::Result<CompletionQueue> {
+        let imp = match &self.imp {
+            CtxImpl::Tcp(c) => CqImpl::Tcp(c.create_cq(capacity)?),
+            CtxImpl::Verbs(c) => CqImpl::Verbs(c.create_cq(capacity)?),
+        };
+        Ok(CompletionQueue { imp })
+    }
+
+    pub fn create_qp(
+        &self,
+        pd: &ProtectionDomain,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+        caps: QpCaps,
+    ) -> io::Result<PreparedQueuePair> {
+        let mismatch = || io::Error::new(io::ErrorKind::InvalidInput, "objects of two providers");
+        let imp = match (&self.imp, &pd.imp, &send_cq.imp, &recv_cq.imp) {
+            (CtxImpl::Tcp(c), PdImpl::Tcp(pd), CqImpl::Tcp(s), CqImpl::Tcp(r)) => {
+                PreparedImpl::Tcp(c.create_qp(pd, s.clone(), r.clone(), caps)?)
+            }
+            (CtxImpl::Verbs(c), PdImpl::Verbs(pd), CqImpl::Verbs(s), CqImpl::Verbs(r)) => {
+                PreparedImpl::Verbs(c.create_qp(pd, s.clone(), r.clone(), caps)?)
+            }
+            _ => return Err(mismatch()),
+        };
+        Ok(PreparedQueuePair { imp })
+    }
+}
+
+enum PdImpl {
+    Tcp(tcp::Pd),
+    Verbs(verbs::Pd),
+}
+
+/// A protection domain: regions and queue pairs of one PD may be used together.
+pub struct ProtectionDomain {
+    imp: PdImpl,
+    id: u64,
+}
+
+impl ProtectionDomain {
+    fn register(
+        &self,
+        backing: memory::Backing,
+        addr: u64,
+        len: usize,
+        access: Access,
+    ) -> io::Result<MemoryRegion> {
+        match &self.imp {
+            PdImpl::Tcp(pd) => pd.register(backing, addr, len, access),
+            PdImpl::Verbs(pd) => pd.register(backing, addr, len, access, self.id),
+        }
+    }
+
+    /// Allocates `len` zeroed bytes of library-owned memory (an anonymous mapping, huge pages
+    /// where the kernel gives them) and registers them.
+    pub fn alloc_region(&self, len: usize, access: Access) -> io::Result<MemoryRegion> {
+        let backing = memory::Backing::mapped(len)?;
+        let addr = match backing {
+            memory::Backing::Mapped { ptr, .. } | memory::Backing::Vec { ptr, .. } => ptr as u64,
+            _ => unreachable!("mapped() returns owned memory"),
+        };
+        self.register(backing, addr, len, access)
+    }
+
+    /// Registers a caller's vector; [`MemoryRegion::into_vec`] gives it back without a copy.
+    pub fn register_vec(&self, v: Vec<u8>, access: Access) -> io::Result<MemoryRegion> {
+        let backing = memory::Backing::from_vec(v);
+        let (addr, len) = match backing {
+            memory::Backing::Vec { ptr, len, .. } => (ptr as u64, len),
+            _ => unreachable!("from_vec returns vector backing"),
+        };
+        self.register(backing, addr, len, access)
+    }
+
+    /// Registers caller-owned memory.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must stay allocated, and must not be accessed through Rust references,
+    /// until the returned region is dropped and every work request using it has completed.
+    pub unsafe fn register_raw(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> io::Result<MemoryRegion> {
+        self.register(memory::Backing::Borrowed, ptr as u64, len, access)
+    }
+}
+
+#[derive(Clone)]
+enum CqImpl {
+    Tcp(Arc<tcp::Cq>),
+    Verbs(Arc<verbs::Cq>),
+}
+
+/// A completion queue. Cheap to clone (shared handle).
+///
+/// Event mode: [`arm`](Self::arm) asks for one event on the next completion; the event shows
+/// on [`event_fd`](Self::event_fd) (usable with poll/epoll) and is consumed by
+/// [`wait_event`](Self::wait_event). To never miss a completion that races the re-arm, poll
+/// once more after arming and before sleeping.
+#[derive(Clone)]
+pub struct CompletionQueue {
+    imp: CqImpl,
+}
+
+impl CompletionQueue {
+    /// Moves up to `out.len()` completions into `out`; returns how many.
+    pub fn poll(&self, out: &mut [Completion]) -> io::Result<usize> {
+        match &self.imp {
+            CqImpl::Tcp(c) => Ok(c.poll(out)),
+            CqImpl::Verbs(c) => c.poll(out),
+        }
+    }
+
+    pub fn arm(&self) -> io::Result<()> {
+        match &self.imp {
+            CqImpl::Tcp(c) => {
+                c.arm();
+                Ok(())
+            }
+            CqImpl::Verbs(c) => c.arm(),
+        }
+    }
+
+    pub fn event_fd(&self) -> RawFd {
+        match &self.imp {
+            CqImpl::Tcp(c) => c.event_fd(),
+            CqImpl::Verbs(c) => c.event_fd(),
+        }
+    }
+
+    /// Sleeps until an armed event fires (true) or `timeout` passes (false); consumes the event.
+    pub fn wait_event(&self, timeout: Option<Duration>) -> io::Result<bool> {
+        match &self.imp {
+            CqImpl::Tcp(c) => c.wait_event(timeout),
+            CqImpl::Verbs(c) => c.wait_event(timeout),
+        }
+    }
+}
+
+enum PreparedImpl {
+    Tcp(tcp::PreparedQp),
+    Verbs(verbs::PreparedQp),
+}
+
+/// A queue pair that is created but not connected: exchange its [`Endpoint`] with the peer,
+/// then [`connect`](Self::connect). Nothing can be posted before.
+pub struct PreparedQueuePair {
+    imp: PreparedImpl,
+}
+
+impl PreparedQueuePair {
+    pub fn qp_num(&self) -> u32 {
+        match &self.imp {
+            PreparedImpl::Tcp(q) => q.qp_num(),
+            PreparedImpl::Verbs(q) => q.qp_num(),
+        }
+    }
+
+    pub fn endpoint(&self) -> io::Result<Endpoint> {
+        match &self.imp {
+            PreparedImpl::Tcp(q) => Ok(Endpoint::Tcp(q.endpoint()?)),
+            PreparedImpl::Verbs(q) => Ok(Endpoint::Verbs(q.endpoint())),
+        }
+    }
+
+    pub fn connect(self, remote: &Endpoint) -> io::Result<QueuePair> {
+        let imp = match (self.imp, remote) {
+            (PreparedImpl::Tcp(q), Endpoint::Tcp(r)) => QpImpl::Tcp(q.connect(r)?),
+            (PreparedImpl::Verbs(q), Endpoint::Verbs(r)) => QpImpl::Verbs(q.connect(r)?),
+            _ => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "the peer uses another transport provider: start both sides with the same \
+                     --transport",
+                ))
+            }
+        };
+        Ok(QueuePair { imp })
+    }
+}
+
+enum QpImpl {
+    Tcp(tcp::Qp),
+    Verbs(verbs::Qp),
+}
+
+/// A connected RC queue pair. Posting from several threads at once is allowed.
+pub struct QueuePair {
+    imp: QpImpl,
+}
+
+impl QueuePair {
+    /// Posts a chain of work requests with one call (one doorbell).
+    pub fn post_send(&self, chain: &[SendWr<'_>]) -> Result<(), PostError> {
+        match &self.imp {
+            QpImpl::Tcp(q) => q.post_send(chain),
+            QpImpl::Verbs(q) => q.post_send(chain),
+        }
+    }
+
+    pub fn post_recv(&self, chain: &[RecvWr<'_>]) -> Result<(), PostError> {
+        match &self.imp {
+            QpImpl::Tcp(q) => q.post_recv(chain),
+            QpImpl::Verbs(q) => q.post_recv(chain),
+        }
+    }
+
+    pub fn state(&self) -> QpState {
+        match &self.imp {
+            QpImpl::Tcp(q) => q.state(),
+            QpImpl::Verbs(q) => q.state(),
+        }
+    }
+
+    pub fn qp_num(&self) -> u32 {
+        match &self.imp {
+            QpImpl::Tcp(q) => q.qp_num(),
+            QpImpl::Verbs(q) => q.qp_num(),
+        }
+    }
+
+    /// The queue sizes the provider granted.
+    pub fn caps(&self) -> QpCaps {
+        match &self.imp {
+            QpImpl::Tcp(q) => q.caps(),
+            QpImpl::Verbs(q) => q.caps(),
+        }
+    }
+
+    /// Moves the QP to the error state: every outstanding request completes with a flush
+    /// error.
+    pub fn set_error(&self) {
+        match &self.imp {
+            QpImpl::Tcp(q) => q.set_error(),
+            QpImpl::Verbs(q) => q.set_error(),
+        }
+    }
+
+    /// tcp only: (post calls, socket writes). None on verbs, where the NIC rings its own
+    /// doorbell once per post call.
+    pub fn wire_writes(&self) -> Option<(u64, u64)> {
+        match &self.imp {
+            QpImpl::Tcp(q) => Some(q.doorbells()),
+            QpImpl::Verbs(_) => None,
+        }
+    }
+}

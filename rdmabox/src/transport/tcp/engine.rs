@@ -1,0 +1,411 @@
+//! The responder "NIC engine" of a tcp queue pair, and the requester's response handling.
+//!
+//! Two threads per QP. The reader executes incoming requests against registered memory (WRITE
+//! payloads land straight in the region, SEND payloads in the posted RECV's buffers) and
+//! completes our own requests when their ACK, NAK or READ response arrives. It never writes to
+//! the socket, so two peers that both wait on a full socket can never deadlock: responses go to
+//! the writer thread, which sends them in order, coalescing consecutive ACKs into one.
+
+use std::io;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use crossbeam_channel::{Receiver, Sender};
+
+use super::io::{iovec, FrameReader};
+use super::qp::{PostedRecv, QpShared, Target};
+use super::wire::{Header, Kind, NakReason, HEADER_LEN};
+use crate::transport::memory::MrInner;
+use crate::transport::types::{Access, Completion, WcOpcode, WcStatus};
+
+/// Responses queued for the writer. More than a requester may have outstanding (its send
+/// queue), so an honest peer never fills it.
+const RESPONSE_QUEUE: usize = 8192;
+
+enum Response {
+    Ack(u32),
+    ReadData {
+        psn: u32,
+        mr: Option<Arc<MrInner>>,
+        offset: usize,
+        len: usize,
+    },
+    Nak(u32, NakReason),
+}
+
+pub(super) fn spawn(shared: Arc<QpShared>) -> Vec<JoinHandle<()>> {
+    let (tx, rx) = crossbeam_channel::bounded(RESPONSE_QUEUE);
+    let reader = {
+        let shared = shared.clone();
+        std::thread::Builder::new()
+            .name(format!("tcp-qp{}-engine", shared.qpn))
+            .spawn(move || Engine::new(shared, tx).run())
+            .expect("spawn engine thread")
+    };
+    let writer = std::thread::Builder::new()
+        .name(format!("tcp-qp{}-resp", shared.qpn))
+        .spawn(move || respond(shared, rx))
+        .expect("spawn response thread");
+    vec![reader, writer]
+}
+
+/// How the reader loop ended.
+enum Stop {
+    /// The connection closed or broke.
+    Disconnected,
+    /// The peer broke the protocol: closed without a word.
+    Violation(String),
+    /// We refused a request: NAK sent, wait for the peer to close.
+    Refused,
+    /// Our request was refused by the peer (NAK received).
+    PeerRefused,
+}
+
+struct Engine {
+    qp: Arc<QpShared>,
+    responses: Sender<Response>,
+    reader: FrameReader,
+}
+
+impl Engine {
+    fn new(qp: Arc<QpShared>, responses: Sender<Response>) -> Engine {
+        let reader = FrameReader::new(std::os::fd::AsRawFd::as_raw_fd(&qp.stream));
+        Engine {
+            qp,
+            responses,
+            reader,
+        }
+    }
+
+    fn run(mut self) {
+        let stop = self.serve();
+        let qpn = self.qp.qpn;
+        match &stop {
+            Stop::Disconnected | Stop::PeerRefused => {}
+            Stop::Violation(why) => log::warn!("qp {qpn}: peer broke the protocol: {why}"),
+            Stop::Refused => {
+                log::debug!("qp {qpn}: refused a request, waiting for the peer to close")
+            }
+        }
+        self.qp.enter_error();
+        if let Stop::Refused = stop {
+            // The writer still has to send the NAK; it shuts the socket down after it. Drain
+            // whatever the requester had in flight until it closes, touching no memory.
+            drop(self.responses);
+            while self.reader.discard(64 * 1024).is_ok() {}
+        }
+        self.qp.close();
+    }
+
+    fn respond(&self, r: Response) -> Result<(), Stop> {
+        self.responses.send(r).map_err(|_| Stop::Disconnected)
+    }
+
+    fn refuse(&self, psn: u32, why: NakReason) -> Stop {
+        let _ = self.responses.send(Response::Nak(psn, why));
+        Stop::Refused
+    }
+
+    fn serve(&mut self) -> Stop {
+        loop {
+            let raw = match self.reader.read_header::<HEADER_LEN>() {
+                Ok(Some(raw)) => raw,
+                Ok(None) | Err(_) => return Stop::Disconnected,
+            };
+            let h = match Header::decode(&raw) {
+                Ok(h) => h,
+                Err(why) => return Stop::Violation(why),
+            };
+            let step = match h.kind {
+                Kind::Write | Kind::WriteWithImm => self.on_write(&h),
+                Kind::ReadRequest => self.on_read_request(&h),
+                Kind::Send | Kind::SendWithImm => self.on_send(&h),
+                Kind::Ack => self.on_ack(h.psn),
+                Kind::Nak => self.on_nak(&h),
+                Kind::ReadResponse => self.on_read_response(&h),
+            };
+            if let Err(stop) = step {
+                return stop;
+            }
+        }
+    }
+
+    /// The region and offset that an incoming one-sided access may touch, checked like a NIC
+    /// checks its MR table: the rkey names a live region of this PD with the right access, and
+    /// the whole range lies inside it. Zero-length accesses check nothing, as in RC.
+    fn check_remote(&self, h: &Header, need: Access) -> Option<Option<(Arc<MrInner>, usize)>> {
+        if h.len == 0 {
+            return Some(None);
+        }
+        let mr = self.qp.pd.lookup(h.rkey)?;
+        if !mr.access.contains(need) {
+            return None;
+        }
+        let offset = h.remote_addr.checked_sub(mr.addr)?;
+        let end = offset.checked_add(h.len as u64)?;
+        (end <= mr.len as u64).then_some(Some((mr, offset as usize)))
+    }
+
+    fn on_write(&mut self, h: &Header) -> Result<(), Stop> {
+        let Some(target) = self.check_remote(h, Access::REMOTE_WRITE) else {
+            return Err(self.refuse(h.psn, NakReason::RemoteAccess));
+        };
+        if let Some((mr, offset)) = target {
+            // SAFETY: check_remote proved offset+len lies inside the live region `mr`, which
+            // this Arc keeps mapped for the duration of the read.
+            let r = unsafe { self.reader.read_into(mr.ptr().add(offset), h.len as usize) };
+            on_io(r)?;
+        }
+        if h.kind == Kind::WriteWithImm {
+            let Some(recv) = self.wait_for_recv() else {
+                return Err(self.refuse(h.psn, NakReason::ReceiverNotReady));
+            };
+            self.qp.recv_cq.push(Completion {
+                byte_len: h.len,
+                imm: Some(h.imm),
+                ..self
+                    .qp
+                    .completion(recv.wr_id, WcStatus::Success, WcOpcode::RecvWithImm)
+            });
+        }
+        self.respond(Response::Ack(h.psn))
+    }
+
+    fn on_read_request(&mut self, h: &Header) -> Result<(), Stop> {
+        let Some(target) = self.check_remote(h, Access::REMOTE_READ) else {
+            return Err(self.refuse(h.psn, NakReason::RemoteAccess));
+        };
+        let (mr, offset) = match target {
+            Some((mr, offset)) => (Some(mr), offset),
+            None => (None, 0),
+        };
+        self.respond(Response::ReadData {
+            psn: h.psn,
+            mr,
+            offset,
+            len: h.len as usize,
+        })
+    }
+
+    /// The next posted RECV, waiting up to the RNR window for one.
+    fn wait_for_recv(&self) -> Option<PostedRecv> {
+        let deadline = Instant::now() + self.qp.rnr_timeout;
+        let mut recvs = self.qp.recvs.lock().unwrap();
+        loop {
+            if let Some(r) = recvs.pop_front() {
+                return Some(r);
+            }
+            if self.qp.is_error() {
+                return None;
+            }
+            let left = deadline.checked_duration_since(Instant::now())?;
+            recvs = self.qp.recv_ready.wait_timeout(recvs, left).unwrap().0;
+        }
+    }
+
+    fn on_send(&mut self, h: &Header) -> Result<(), Stop> {
+        let Some(recv) = self.wait_for_recv() else {
+            return Err(self.refuse(h.psn, NakReason::ReceiverNotReady));
+        };
+        let len = h.len as usize;
+        if recv.capacity() < len {
+            self.qp.recv_cq.push(self.qp.completion(
+                recv.wr_id,
+                WcStatus::LocalLengthError,
+                WcOpcode::Recv,
+            ));
+            return Err(self.refuse(h.psn, NakReason::InvalidRequest));
+        }
+        on_io(scatter(&mut self.reader, &recv.targets, len))?;
+        let opcode = if h.kind == Kind::SendWithImm {
+            WcOpcode::RecvWithImm
+        } else {
+            WcOpcode::Recv
+        };
+        self.qp.recv_cq.push(Completion {
+            byte_len: h.len,
+            imm: (h.kind == Kind::SendWithImm).then_some(h.imm),
+            ..self.qp.completion(recv.wr_id, WcStatus::Success, opcode)
+        });
+        self.respond(Response::Ack(h.psn))
+    }
+
+    /// Completes our requests up to and including `psn`, which a response acknowledged.
+    /// Returns the entry for `psn` itself (not completed) when `keep_last` is set.
+    fn complete_through(
+        &self,
+        psn: u32,
+        keep_last: bool,
+    ) -> Result<Option<super::qp::Outstanding>, Stop> {
+        let mut out = self.qp.outstanding.lock().unwrap();
+        if !out.iter().any(|o| o.psn == psn) {
+            return Err(Stop::Violation(format!("response for unknown psn {psn}")));
+        }
+        let mut done = Vec::new();
+        let mut last = None;
+        while let Some(o) = out.pop_front() {
+            let is_last = o.psn == psn;
+            if is_last && keep_last {
+                last = Some(o);
+                break;
+            }
+            if o.opcode == WcOpcode::Read && !is_last {
+                return Err(Stop::Violation(format!(
+                    "acknowledgement {psn} skips READ {}",
+                    o.psn
+                )));
+            }
+            if o.signaled {
+                done.push(Completion {
+                    byte_len: o.byte_len,
+                    ..self.qp.completion(o.wr_id, WcStatus::Success, o.opcode)
+                });
+            }
+            if is_last {
+                break;
+            }
+        }
+        drop(out);
+        self.qp.send_cq.push_all(done);
+        Ok(last)
+    }
+
+    fn on_ack(&mut self, psn: u32) -> Result<(), Stop> {
+        self.complete_through(psn, false).map(|_| ())
+    }
+
+    fn on_nak(&mut self, h: &Header) -> Result<(), Stop> {
+        let o = self.complete_through(h.psn, true)?.expect("kept");
+        let status = match NakReason::from_u32(h.imm).expect("validated by decode") {
+            NakReason::RemoteAccess => WcStatus::RemoteAccessError,
+            NakReason::InvalidRequest => WcStatus::RemoteInvalidRequest,
+            NakReason::ReceiverNotReady => WcStatus::RnrRetryExceeded,
+            NakReason::RemoteOperation => WcStatus::RemoteOperationError,
+        };
+        // Errors complete even unsignaled requests.
+        self.qp
+            .send_cq
+            .push(self.qp.completion(o.wr_id, status, o.opcode));
+        Err(Stop::PeerRefused)
+    }
+
+    fn on_read_response(&mut self, h: &Header) -> Result<(), Stop> {
+        let o = self.complete_through(h.psn, true)?.expect("kept");
+        if o.opcode != WcOpcode::Read || o.byte_len != h.len {
+            // Put nothing anywhere: a response that does not match its request is garbage.
+            self.qp
+                .send_cq
+                .push(self.qp.completion(o.wr_id, WcStatus::BadResponse, o.opcode));
+            return Err(Stop::Violation(format!(
+                "READ response {} of {} bytes does not match the request",
+                h.psn, h.len
+            )));
+        }
+        on_io(scatter(&mut self.reader, &o.read_targets, h.len as usize))?;
+        if o.signaled {
+            self.qp.send_cq.push(Completion {
+                byte_len: o.byte_len,
+                ..self
+                    .qp
+                    .completion(o.wr_id, WcStatus::Success, WcOpcode::Read)
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A socket error while moving payload ends the connection.
+fn on_io(r: io::Result<()>) -> Result<(), Stop> {
+    r.map_err(|_| Stop::Disconnected)
+}
+
+/// Reads `len` payload bytes into the targets in order.
+fn scatter(reader: &mut FrameReader, targets: &[Target], mut len: usize) -> io::Result<()> {
+    for t in targets {
+        if len == 0 {
+            break;
+        }
+        let n = t.len.min(len);
+        // SAFETY: Target ranges were built from Sges, which lie inside their regions; the Arc
+        // keeps the region's memory alive.
+        unsafe { reader.read_into(t.mr.ptr().add(t.offset), n)? };
+        len -= n;
+    }
+    debug_assert_eq!(len, 0, "callers check capacity");
+    Ok(())
+}
+
+/// The writer thread: sends queued responses in order, batching what is queued into one
+/// `writev` and collapsing runs of ACKs into the last one.
+fn respond(qp: Arc<QpShared>, rx: Receiver<Response>) {
+    let mut batch: Vec<Response> = Vec::new();
+    while let Ok(first) = rx.recv() {
+        batch.clear();
+        batch.push(first);
+        while batch.len() < 256 {
+            match rx.try_recv() {
+                Ok(r) => batch.push(r),
+                Err(_) => break,
+            }
+        }
+        let mut headers: Vec<[u8; HEADER_LEN]> = Vec::with_capacity(batch.len());
+        let mut nak = false;
+        for (i, r) in batch.iter().enumerate() {
+            let h = match r {
+                Response::Ack(psn) => {
+                    if matches!(batch.get(i + 1), Some(Response::Ack(_))) {
+                        continue;
+                    }
+                    Header::new(Kind::Ack, *psn)
+                }
+                Response::ReadData { psn, len, .. } => {
+                    let mut h = Header::new(Kind::ReadResponse, *psn);
+                    h.len = *len as u32;
+                    h
+                }
+                Response::Nak(psn, why) => {
+                    nak = true;
+                    let mut h = Header::new(Kind::Nak, *psn);
+                    h.imm = *why as u32;
+                    h
+                }
+            };
+            headers.push(h.encode());
+        }
+        // Build iovecs only after `headers` is complete, so its buffer no longer moves.
+        let mut iovs = Vec::with_capacity(headers.len() * 2);
+        let mut next_header = headers.iter();
+        for (i, r) in batch.iter().enumerate() {
+            if matches!(r, Response::Ack(_)) && matches!(batch.get(i + 1), Some(Response::Ack(_))) {
+                continue;
+            }
+            let h = next_header.next().expect("one header per sent response");
+            iovs.push(iovec(h.as_ptr(), HEADER_LEN));
+            if let Response::ReadData {
+                mr: Some(mr),
+                offset,
+                len,
+                ..
+            } = r
+            {
+                // SAFETY (pointer arithmetic): the engine checked offset+len against the region.
+                iovs.push(iovec(unsafe { mr.ptr().add(*offset) }, *len));
+            }
+        }
+        let sent = {
+            let _frames = qp.tx.lock().unwrap();
+            // SAFETY: headers are alive in `headers`; READ data points into regions held by
+            // the Arcs in `batch`, both alive until after this call.
+            unsafe { qp.transmit(&mut iovs) }
+        };
+        if sent.is_err() || nak {
+            // After a NAK the connection is done: let the peer read it, then see the end.
+            let _ = qp.stream.shutdown(std::net::Shutdown::Write);
+            if sent.is_err() {
+                qp.close();
+            }
+            return;
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! Raw socket I/O for the tcp provider: gathered writes straight from registered memory and reads
+//! straight into it, so payloads are never staged in an intermediate buffer.
+
+use std::io;
+use std::os::fd::RawFd;
+
+/// Linux caps one `writev` at this many elements.
+const IOV_MAX: usize = 1024;
+
+/// Writes every byte the iovecs describe. Returns the number of `writev` calls it took: one for
+/// a chain that fits the socket buffer, which is what "one doorbell" means on this provider.
+///
+/// # Safety
+/// Every iovec must describe readable memory that stays valid for the duration of the call.
+pub unsafe fn writev_all(fd: RawFd, iovs: &mut [libc::iovec]) -> io::Result<u64> {
+    let mut calls = 0;
+    let mut iovs = iovs;
+    while !iovs.is_empty() {
+        let batch = iovs.len().min(IOV_MAX);
+        // SAFETY: the caller guarantees the iovecs are valid; `batch` is within the slice.
+        let n = unsafe { libc::writev(fd, iovs.as_ptr(), batch as libc::c_int) };
+        calls += 1;
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        let mut n = n as usize;
+        // Skip what was written; shorten the first partly written element.
+        while n > 0 && !iovs.is_empty() {
+            if n >= iovs[0].iov_len {
+                n -= iovs[0].iov_len;
+                iovs = &mut iovs[1..];
+            } else {
+                // SAFETY: advancing within the same element.
+                iovs[0].iov_base = unsafe { iovs[0].iov_base.cast::<u8>().add(n).cast() };
+                iovs[0].iov_len -= n;
+                n = 0;
+            }
+        }
+        while !iovs.is_empty() && iovs[0].iov_len == 0 {
+            iovs = &mut iovs[1..];
+        }
+    }
+    Ok(calls)
+}
+
+pub fn iovec(ptr: *const u8, len: usize) -> libc::iovec {
+    libc::iovec {
+        iov_base: ptr as *mut libc::c_void,
+        iov_len: len,
+    }
+}
+
+/// A buffered reader over a socket that can also read a payload directly into raw memory.
+pub struct FrameReader {
+    fd: RawFd,
+    buf: Box<[u8]>,
+    start: usize,
+    end: usize,
+}
+
+/// Payloads at least this long bypass the buffer.
+const DIRECT_READ_MIN: usize = 16 * 1024;
+
+impl FrameReader {
+    pub fn new(fd: RawFd) -> FrameReader {
+        FrameReader {
+            fd,
+            buf: vec![0u8; 64 * 1024].into_boxed_slice(),
+            start: 0,
+            end: 0,
+        }
+    }
+
+    fn raw_read(&self, dst: *mut u8, len: usize) -> io::Result<usize> {
+        loop {
+            // SAFETY: callers pass memory valid for `len` bytes of writes.
+            let n = unsafe { libc::read(self.fd, dst.cast(), len) };
+            if n >= 0 {
+                return Ok(n as usize);
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+
+    fn fill(&mut self) -> io::Result<()> {
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+        let free = self.buf.len() - self.end;
+        let dst = self.buf[self.end..].as_mut_ptr();
+        let n = self.raw_read(dst, free)?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        self.end += n;
+        Ok(())
+    }
+
+    /// The next header's bytes, or None on a clean end of stream at a frame boundary.
+    pub fn read_header<const N: usize>(&mut self) -> io::Result<Option<[u8; N]>> {
+        if self.start == self.end {
+            match self.fill() {
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+                r => r?,
+            }
+        }
+        let mut out = [0u8; N];
+        // SAFETY: `out` is a local array of N bytes.
+        unsafe { self.read_into(out.as_mut_ptr(), N)? };
+        Ok(Some(out))
+    }
+
+    /// Reads exactly `len` bytes into `dst`.
+    ///
+    /// # Safety
+    /// `dst` must be valid for `len` bytes of writes for the duration of the call.
+    pub unsafe fn read_into(&mut self, dst: *mut u8, len: usize) -> io::Result<()> {
+        let mut done = 0;
+        while done < len {
+            let buffered = self.end - self.start;
+            if buffered > 0 {
+                let n = buffered.min(len - done);
+                // SAFETY: source is within the buffer; destination within the caller's range.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(self.buf[self.start..].as_ptr(), dst.add(done), n)
+                };
+                self.start += n;
+                done += n;
+            } else if len - done >= DIRECT_READ_MIN {
+                // SAFETY: the remaining destination range is valid per the caller's promise.
+                let n = self.raw_read(unsafe { dst.add(done) }, len - done)?;
+                if n == 0 {
+                    return Err(io::ErrorKind::UnexpectedEof.into());
+                }
+                done += n;
+            } else {
+                self.fill()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads and drops `len` bytes.
+    pub fn discard(&mut self, mut len: usize) -> io::Result<()> {
+        while len > 0 {
+            if self.start == self.end {
+                self.fill()?;
+            }
+            let n = (self.end - self.start).min(len);
+            self.start += n;
+            len -= n;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,215 @@
+//! The `tcp` provider: software RDMA for hosts without an RDMA NIC.
+//!
+//! It keeps the semantics, not just the API. Each queue pair is one TCP connection. On the
+//! responder, an engine thread per QP executes READ and WRITE directly against registered memory
+//! (rkey, bounds and access checked like a NIC) without the application seeing the request; a
+//! violation is answered with a NAK that completes the request with a remote-access error and moves
+//! both QPs to the error state. A posted chain leaves as one `writev`. A lost connection flushes
+//! every outstanding work request. SEND consumes a posted RECV; when none is posted the engine
+//! waits up to `rnr_timeout` (the RNR retry window of a NIC) and then fails the SEND with
+//! `RnrRetryExceeded`. Registration pins memory with `mlock` (best effort).
+
+mod cq;
+mod engine;
+mod io;
+mod qp;
+pub mod wire;
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock, Weak};
+use std::time::Duration;
+
+pub use cq::Cq;
+pub use qp::{PreparedQp, Qp};
+
+use super::memory::{Backing, MemoryRegion, MrInner, Registration as AnyRegistration};
+use super::types::{Access, QpCaps};
+
+/// Settings of the tcp provider.
+#[derive(Clone, Debug)]
+pub struct TcpConfig {
+    /// Address the queue pairs' listening sockets bind to.
+    pub bind_ip: IpAddr,
+    /// How long an incoming SEND waits for a RECV before failing (a NIC's RNR retry window).
+    pub rnr_timeout: Duration,
+    /// How long connecting a queue pair may take.
+    pub connect_timeout: Duration,
+    /// How long sent data may stay unacknowledged, or an idle peer silent, before the
+    /// connection is declared dead (TCP_USER_TIMEOUT and keepalive).
+    pub dead_peer_timeout: Duration,
+}
+
+impl Default for TcpConfig {
+    fn default() -> Self {
+        TcpConfig {
+            bind_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            rnr_timeout: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(10),
+            dead_peer_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What a peer needs to connect to one of our queue pairs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TcpEndpoint {
+    pub addr: SocketAddr,
+    pub qpn: u32,
+    /// Random per-QP secret that the dialing side must echo, so a stray connection to the
+    /// listening port cannot become the queue pair.
+    pub token: u64,
+}
+
+pub struct Context {
+    cfg: TcpConfig,
+    next_qpn: AtomicU32,
+    next_pd: AtomicU64,
+}
+
+impl Context {
+    pub fn new(cfg: TcpConfig) -> Context {
+        Context {
+            cfg,
+            next_qpn: AtomicU32::new(0x100),
+            next_pd: AtomicU64::new(1),
+        }
+    }
+
+    pub fn config(&self) -> &TcpConfig {
+        &self.cfg
+    }
+
+    pub fn alloc_pd(&self) -> Pd {
+        Pd {
+            shared: Arc::new(PdShared {
+                id: self.next_pd.fetch_add(1, Ordering::Relaxed),
+                regions: RwLock::new(HashMap::new()),
+                next_lkey: AtomicU32::new(1),
+            }),
+        }
+    }
+
+    pub fn create_cq(&self, capacity: usize) -> std::io::Result<Arc<Cq>> {
+        Cq::new(capacity).map(Arc::new)
+    }
+
+    pub fn create_qp(
+        &self,
+        pd: &Pd,
+        send_cq: Arc<Cq>,
+        recv_cq: Arc<Cq>,
+        caps: QpCaps,
+    ) -> std::io::Result<PreparedQp> {
+        let qpn = self.next_qpn.fetch_add(1, Ordering::Relaxed);
+        PreparedQp::new(
+            self.cfg.clone(),
+            pd.shared.clone(),
+            send_cq,
+            recv_cq,
+            caps,
+            qpn,
+        )
+    }
+}
+
+/// A protection domain: the table the engines look rkeys up in.
+pub struct Pd {
+    shared: Arc<PdShared>,
+}
+
+pub(crate) struct PdShared {
+    pub(crate) id: u64,
+    regions: RwLock<HashMap<u32, Weak<MrInner>>>,
+    next_lkey: AtomicU32,
+}
+
+impl PdShared {
+    /// The live region an rkey names, as a NIC's MR table lookup.
+    pub(crate) fn lookup(&self, rkey: u32) -> Option<Arc<MrInner>> {
+        self.regions.read().unwrap().get(&rkey)?.upgrade()
+    }
+}
+
+impl Pd {
+    pub fn id(&self) -> u64 {
+        self.shared.id
+    }
+
+    /// Registers `len` bytes at `addr` held by `backing`: pins them and enters them in the
+    /// rkey table.
+    pub(crate) fn register(
+        &self,
+        backing: Backing,
+        addr: u64,
+        len: usize,
+        access: Access,
+    ) -> std::io::Result<MemoryRegion> {
+        // SAFETY: mlock only changes residency of pages we were handed; failure is harmless
+        // (not enough RLIMIT_MEMLOCK), the region then works unpinned.
+        let pinned = len > 0 && unsafe { libc::mlock(addr as *const libc::c_void, len) } == 0;
+        if len > 0 && !pinned {
+            log::debug!(
+                "mlock of {len} bytes failed ({}); region stays unpinned",
+                std::io::Error::last_os_error()
+            );
+        }
+        let mut regions = self.shared.regions.write().unwrap();
+        let rkey = loop {
+            let k = random_u64() as u32;
+            if k != 0 && !regions.contains_key(&k) {
+                break k;
+            }
+        };
+        // lkeys are a different number space than rkeys, so that mixing them up fails.
+        let lkey = self.shared.next_lkey.fetch_add(1, Ordering::Relaxed) | 0x8000_0000;
+        let inner = Arc::new(MrInner {
+            registration: AnyRegistration::Tcp(Registration {
+                pd: self.shared.clone(),
+                rkey,
+                pinned: pinned.then_some((addr, len)),
+            }),
+            backing,
+            addr,
+            len,
+            access,
+            lkey,
+            rkey,
+            pd_id: self.shared.id,
+        });
+        regions.insert(rkey, Arc::downgrade(&inner));
+        Ok(MemoryRegion { inner })
+    }
+}
+
+/// Removes the rkey from the table and unpins when the region goes.
+pub(crate) struct Registration {
+    pd: Arc<PdShared>,
+    rkey: u32,
+    pinned: Option<(u64, usize)>,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.pd.regions.write().unwrap().remove(&self.rkey);
+        if let Some((addr, len)) = self.pinned {
+            // SAFETY: undoes our own mlock of this range.
+            unsafe { libc::munlock(addr as *const libc::c_void, len) };
+        }
+    }
+}
+
+pub(crate) fn random_u64() -> u64 {
+    let mut v = 0u64;
+    // SAFETY: getrandom fills the 8 bytes of a local.
+    let n = unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, 0) };
+    if n != 8 {
+        // Never expected on Linux >= 3.17; fall back to something that still varies.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        v = t.as_nanos() as u64 ^ ((std::process::id() as u64) << 32);
+    }
+    v
+}

@@ -1,0 +1,531 @@
+//! tcp queue pairs: connection setup, the requester side of posting, and the error state.
+
+use std::collections::VecDeque;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::cq::Cq;
+use super::io::{iovec, writev_all};
+use super::wire::{Header, Kind, HEADER_LEN};
+use super::{engine, random_u64, PdShared, TcpConfig, TcpEndpoint};
+use crate::transport::memory::MrInner;
+use crate::transport::types::{
+    check_recv_chain, check_send_chain, Access, Completion, PostError, QpCaps, QpState, RecvWr,
+    SendOp, SendWr, WcOpcode, WcStatus,
+};
+
+const HELLO_MAGIC: u32 = 0x5242_5150; // "RBQP"
+
+/// A queue pair that is not connected yet: it listens for its peer and knows its endpoint.
+pub struct PreparedQp {
+    cfg: TcpConfig,
+    pd: Arc<PdShared>,
+    send_cq: Arc<Cq>,
+    recv_cq: Arc<Cq>,
+    caps: QpCaps,
+    qpn: u32,
+    token: u64,
+    listener: TcpListener,
+}
+
+impl PreparedQp {
+    pub(super) fn new(
+        cfg: TcpConfig,
+        pd: Arc<PdShared>,
+        send_cq: Arc<Cq>,
+        recv_cq: Arc<Cq>,
+        caps: QpCaps,
+        qpn: u32,
+    ) -> io::Result<PreparedQp> {
+        let listener = TcpListener::bind(SocketAddr::new(cfg.bind_ip, 0))?;
+        Ok(PreparedQp {
+            cfg,
+            pd,
+            send_cq,
+            recv_cq,
+            caps,
+            qpn,
+            token: random_u64(),
+            listener,
+        })
+    }
+
+    pub fn qp_num(&self) -> u32 {
+        self.qpn
+    }
+
+    pub fn endpoint(&self) -> io::Result<TcpEndpoint> {
+        Ok(TcpEndpoint {
+            addr: self.listener.local_addr()?,
+            qpn: self.qpn,
+            token: self.token,
+        })
+    }
+
+    /// Connects to the peer's queue pair. Both sides call this with each other's endpoint; the
+    /// one with the smaller (token, qpn) dials, the other accepts.
+    pub fn connect(self, remote: &TcpEndpoint) -> io::Result<Qp> {
+        let deadline = Instant::now() + self.cfg.connect_timeout;
+        let stream = if (self.token, self.qpn) < (remote.token, remote.qpn) {
+            self.dial(remote, deadline)?
+        } else {
+            self.accept(remote, deadline)?
+        };
+        configure_socket(&stream, self.cfg.dead_peer_timeout)?;
+        Ok(Qp::start(self, stream, remote.qpn))
+    }
+
+    fn dial(&self, remote: &TcpEndpoint, deadline: Instant) -> io::Result<TcpStream> {
+        let mut s = TcpStream::connect_timeout(&remote.addr, remaining(deadline)?)?;
+        s.set_read_timeout(Some(remaining(deadline)?))?;
+        s.write_all(&hello(self.token, remote.token))?;
+        let mut reply = [0u8; 20];
+        s.read_exact(&mut reply)?;
+        if reply != hello(remote.token, self.token) {
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionRefused,
+                "queue pair handshake: peer answered with the wrong tokens",
+            ));
+        }
+        s.set_read_timeout(None)?;
+        Ok(s)
+    }
+
+    fn accept(&self, remote: &TcpEndpoint, deadline: Instant) -> io::Result<TcpStream> {
+        self.listener.set_nonblocking(true)?;
+        loop {
+            let wait = remaining(deadline)?;
+            if !crate::transport::poll_readable(self.listener.as_raw_fd(), Some(wait))? {
+                continue;
+            }
+            let mut s = match self.listener.accept() {
+                Ok((s, _)) => s,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(e),
+            };
+            s.set_nonblocking(false)?;
+            s.set_read_timeout(Some(remaining(deadline)?))?;
+            let mut got = [0u8; 20];
+            // A stray connection that does not say the right thing is dropped; keep waiting.
+            if s.read_exact(&mut got).is_err() || got != hello(remote.token, self.token) {
+                log::warn!(
+                    "queue pair {}: dropped a connection with a bad handshake",
+                    self.qpn
+                );
+                continue;
+            }
+            s.write_all(&hello(self.token, remote.token))?;
+            s.set_read_timeout(None)?;
+            return Ok(s);
+        }
+    }
+}
+
+fn hello(from: u64, to: u64) -> [u8; 20] {
+    let mut b = [0u8; 20];
+    b[..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
+    b[4..12].copy_from_slice(&from.to_le_bytes());
+    b[12..].copy_from_slice(&to.to_le_bytes());
+    b
+}
+
+fn remaining(deadline: Instant) -> io::Result<Duration> {
+    deadline
+        .checked_duration_since(Instant::now())
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::TimedOut,
+                "queue pair connection timed out: is the peer running and reachable?",
+            )
+        })
+}
+
+fn configure_socket(s: &TcpStream, dead_peer: Duration) -> io::Result<()> {
+    s.set_nodelay(true)?;
+    let fd = s.as_raw_fd();
+    let secs = dead_peer.as_secs().max(1) as libc::c_int;
+    let opts: [(libc::c_int, libc::c_int, libc::c_int); 5] = [
+        (
+            libc::IPPROTO_TCP,
+            libc::TCP_USER_TIMEOUT,
+            dead_peer.as_millis().max(1) as libc::c_int,
+        ),
+        (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 1),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 1),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, secs),
+    ];
+    for (level, name, value) in opts {
+        // SAFETY: setsockopt on our own socket with a c_int option value.
+        let rc = unsafe {
+            libc::setsockopt(
+                fd,
+                level,
+                name,
+                (&value as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// A byte range of a local region that a READ response or an incoming SEND lands in. Holding
+/// the region keeps its memory alive until the data has arrived.
+pub(crate) struct Target {
+    pub mr: Arc<MrInner>,
+    pub offset: usize,
+    pub len: usize,
+}
+
+/// A request sent and not yet answered.
+pub(crate) struct Outstanding {
+    pub psn: u32,
+    pub wr_id: u64,
+    pub opcode: WcOpcode,
+    pub signaled: bool,
+    pub byte_len: u32,
+    /// Where READ data goes; empty for other opcodes.
+    pub read_targets: Vec<Target>,
+}
+
+pub(crate) struct PostedRecv {
+    pub wr_id: u64,
+    pub targets: Vec<Target>,
+}
+
+impl PostedRecv {
+    pub fn capacity(&self) -> usize {
+        self.targets.iter().map(|t| t.len).sum()
+    }
+}
+
+const STATE_RTS: u8 = 0;
+const STATE_ERROR: u8 = 1;
+
+/// What the user's handle and the two engine threads share.
+pub(crate) struct QpShared {
+    pub qpn: u32,
+    pub caps: QpCaps,
+    pub pd: Arc<PdShared>,
+    pub send_cq: Arc<Cq>,
+    pub recv_cq: Arc<Cq>,
+    pub rnr_timeout: Duration,
+    pub stream: TcpStream,
+    state: AtomicU8,
+    /// Serializes whole frames onto the socket; holds the next PSN.
+    pub tx: Mutex<u32>,
+    pub outstanding: Mutex<VecDeque<Outstanding>>,
+    pub recvs: Mutex<VecDeque<PostedRecv>>,
+    pub recv_ready: Condvar,
+    pub post_calls: AtomicU64,
+    pub wire_writes: AtomicU64,
+}
+
+impl QpShared {
+    pub fn is_error(&self) -> bool {
+        self.state.load(Ordering::Acquire) == STATE_ERROR
+    }
+
+    pub fn completion(&self, wr_id: u64, status: WcStatus, opcode: WcOpcode) -> Completion {
+        Completion {
+            wr_id,
+            status,
+            opcode,
+            byte_len: 0,
+            imm: None,
+            qp_num: self.qpn,
+        }
+    }
+
+    /// Moves the QP to the error state and flushes every outstanding request and posted
+    /// receive. Closing the socket is up to the caller (a responder must first send its NAK).
+    pub fn enter_error(&self) {
+        self.state.store(STATE_ERROR, Ordering::Release);
+        let flushed: Vec<_> = self.outstanding.lock().unwrap().drain(..).collect();
+        self.send_cq.push_all(
+            flushed
+                .into_iter()
+                .map(|o| self.completion(o.wr_id, WcStatus::WrFlushError, o.opcode)),
+        );
+        let recvs: Vec<_> = self.recvs.lock().unwrap().drain(..).collect();
+        self.recv_ready.notify_all();
+        self.recv_cq.push_all(
+            recvs
+                .into_iter()
+                .map(|r| self.completion(r.wr_id, WcStatus::WrFlushError, WcOpcode::Recv)),
+        );
+    }
+
+    pub fn close(&self) {
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
+
+    /// Writes frames under the transmit lock; returns how many `writev` calls it took.
+    ///
+    /// # Safety
+    /// The iovecs must point at memory that stays valid during the call.
+    pub unsafe fn transmit(&self, iovs: &mut [libc::iovec]) -> io::Result<()> {
+        // SAFETY: forwarded from the caller.
+        let calls = unsafe { writev_all(self.stream.as_raw_fd(), iovs)? };
+        self.wire_writes.fetch_add(calls, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// A connected tcp queue pair.
+pub struct Qp {
+    shared: Arc<QpShared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+fn opcode_of(op: &SendOp) -> (Kind, WcOpcode) {
+    match op {
+        SendOp::Write(_) => (Kind::Write, WcOpcode::Write),
+        SendOp::WriteWithImm(..) => (Kind::WriteWithImm, WcOpcode::Write),
+        SendOp::Read(_) => (Kind::ReadRequest, WcOpcode::Read),
+        SendOp::Send => (Kind::Send, WcOpcode::Send),
+        SendOp::SendWithImm(_) => (Kind::SendWithImm, WcOpcode::Send),
+    }
+}
+
+impl Qp {
+    fn start(prep: PreparedQp, stream: TcpStream, remote_qpn: u32) -> Qp {
+        let shared = Arc::new(QpShared {
+            qpn: prep.qpn,
+            caps: prep.caps,
+            pd: prep.pd,
+            send_cq: prep.send_cq,
+            recv_cq: prep.recv_cq,
+            rnr_timeout: prep.cfg.rnr_timeout,
+            stream,
+            state: AtomicU8::new(STATE_RTS),
+            tx: Mutex::new(0),
+            outstanding: Mutex::new(VecDeque::new()),
+            recvs: Mutex::new(VecDeque::new()),
+            recv_ready: Condvar::new(),
+            post_calls: AtomicU64::new(0),
+            wire_writes: AtomicU64::new(0),
+        });
+        log::debug!("tcp qp {} connected to remote qp {remote_qpn}", prep.qpn);
+        let threads = engine::spawn(shared.clone());
+        Qp { shared, threads }
+    }
+
+    pub fn qp_num(&self) -> u32 {
+        self.shared.qpn
+    }
+
+    pub fn caps(&self) -> QpCaps {
+        self.shared.caps
+    }
+
+    pub fn state(&self) -> QpState {
+        if self.shared.is_error() {
+            QpState::Error
+        } else {
+            QpState::ReadyToSend
+        }
+    }
+
+    /// Moves the QP to the error state, as `ibv_modify_qp(IBV_QPS_ERR)`: everything
+    /// outstanding is flushed.
+    pub fn set_error(&self) {
+        self.shared.enter_error();
+        self.shared.close();
+    }
+
+    /// (post calls, socket write calls) so far: a chain is one post and, when it fits the
+    /// socket buffer, one write.
+    pub fn doorbells(&self) -> (u64, u64) {
+        (
+            self.shared.post_calls.load(Ordering::Relaxed),
+            self.shared.wire_writes.load(Ordering::Relaxed),
+        )
+    }
+
+    fn locally_valid(&self, wr: &SendWr<'_>) -> bool {
+        let needs_write = matches!(wr.op, SendOp::Read(_));
+        wr.sges.iter().all(|s| {
+            s.mr.inner.pd_id == self.shared.pd.id
+                && (!needs_write || s.mr.access().contains(Access::LOCAL_WRITE))
+        })
+    }
+
+    pub fn post_send(&self, chain: &[SendWr<'_>]) -> Result<(), PostError> {
+        check_send_chain(chain, &self.shared.caps)?;
+        let sh = &self.shared;
+        sh.post_calls.fetch_add(1, Ordering::Relaxed);
+        let mut psn = sh.tx.lock().unwrap();
+        if sh.is_error() {
+            sh.send_cq.push_all(
+                chain
+                    .iter()
+                    .map(|wr| sh.completion(wr.wr_id, WcStatus::WrFlushError, opcode_of(&wr.op).1)),
+            );
+            return Ok(());
+        }
+        // A request whose local buffers are not ours fails like a NIC's local protection
+        // error: the requests before it go out, it and the rest do not.
+        let valid = chain
+            .iter()
+            .position(|wr| !self.locally_valid(wr))
+            .unwrap_or(chain.len());
+        {
+            let out = sh.outstanding.lock().unwrap();
+            if out.len() + valid > sh.caps.max_send_wr as usize {
+                return Err(PostError::QueueFull);
+            }
+        }
+        let mut headers = Vec::with_capacity(valid);
+        let mut pending = Vec::with_capacity(valid);
+        for wr in &chain[..valid] {
+            let (kind, opcode) = opcode_of(&wr.op);
+            let mut h = Header::new(kind, *psn);
+            h.len = wr.byte_len() as u32;
+            match wr.op {
+                SendOp::Write(r) | SendOp::Read(r) => {
+                    h.remote_addr = r.addr;
+                    h.rkey = r.rkey;
+                }
+                SendOp::WriteWithImm(r, imm) => {
+                    h.remote_addr = r.addr;
+                    h.rkey = r.rkey;
+                    h.imm = imm;
+                }
+                SendOp::SendWithImm(imm) => h.imm = imm,
+                SendOp::Send => {}
+            }
+            let read_targets = if kind == Kind::ReadRequest {
+                wr.sges
+                    .iter()
+                    .map(|s| Target {
+                        mr: s.mr.inner.clone(),
+                        offset: s.offset,
+                        len: s.len,
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            pending.push(Outstanding {
+                psn: *psn,
+                wr_id: wr.wr_id,
+                opcode,
+                signaled: wr.signaled,
+                byte_len: h.len,
+                read_targets,
+            });
+            headers.push(h.encode());
+            *psn = psn.wrapping_add(1);
+        }
+        sh.outstanding.lock().unwrap().extend(pending);
+        if sh.is_error() {
+            // The engine failed the QP between our state check and the push: flush what we
+            // just queued too, so that no request is left without a completion.
+            sh.enter_error();
+        }
+        let mut iovs = Vec::with_capacity(valid * 2);
+        for (wr, h) in chain[..valid].iter().zip(&headers) {
+            iovs.push(iovec(h.as_ptr(), HEADER_LEN));
+            if !matches!(wr.op, SendOp::Read(_)) {
+                iovs.extend(
+                    wr.sges
+                        .iter()
+                        .filter(|s| s.len > 0)
+                        // SAFETY (pointer arithmetic): Sge::new keeps offset+len in the region.
+                        .map(|s| iovec(unsafe { s.mr.inner.ptr().add(s.offset) }, s.len)),
+                );
+            }
+        }
+        // SAFETY: the headers live in `headers`; the payload SGEs point into regions the chain
+        // borrows for the duration of this call.
+        let sent = unsafe { sh.transmit(&mut iovs) };
+        drop(psn);
+        if let Err(e) = sent {
+            log::debug!("qp {}: send failed: {e}", sh.qpn);
+            sh.enter_error();
+            sh.close();
+        }
+        if valid < chain.len() {
+            let bad = &chain[valid];
+            sh.send_cq.push(sh.completion(
+                bad.wr_id,
+                WcStatus::LocalProtectionError,
+                opcode_of(&bad.op).1,
+            ));
+            sh.enter_error();
+            sh.close();
+            sh.send_cq.push_all(
+                chain[valid + 1..]
+                    .iter()
+                    .map(|wr| sh.completion(wr.wr_id, WcStatus::WrFlushError, opcode_of(&wr.op).1)),
+            );
+        }
+        Ok(())
+    }
+
+    pub fn post_recv(&self, chain: &[RecvWr<'_>]) -> Result<(), PostError> {
+        check_recv_chain(chain, &self.shared.caps)?;
+        let sh = &self.shared;
+        for wr in chain {
+            for s in wr.sges {
+                if s.mr.inner.pd_id != sh.pd.id || !s.mr.access().contains(Access::LOCAL_WRITE) {
+                    return Err(PostError::Invalid(format!(
+                        "recv wr {}: buffer not writable in this protection domain",
+                        wr.wr_id
+                    )));
+                }
+            }
+        }
+        let mut recvs = sh.recvs.lock().unwrap();
+        if sh.is_error() {
+            drop(recvs);
+            sh.recv_cq.push_all(
+                chain
+                    .iter()
+                    .map(|wr| sh.completion(wr.wr_id, WcStatus::WrFlushError, WcOpcode::Recv)),
+            );
+            return Ok(());
+        }
+        if recvs.len() + chain.len() > sh.caps.max_recv_wr as usize {
+            return Err(PostError::QueueFull);
+        }
+        recvs.extend(chain.iter().map(|wr| {
+            PostedRecv {
+                wr_id: wr.wr_id,
+                targets: wr
+                    .sges
+                    .iter()
+                    .map(|s| Target {
+                        mr: s.mr.inner.clone(),
+                        offset: s.offset,
+                        len: s.len,
+                    })
+                    .collect(),
+            }
+        }));
+        drop(recvs);
+        sh.recv_ready.notify_all();
+        Ok(())
+    }
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        self.shared.enter_error();
+        self.shared.close();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}

@@ -1,0 +1,346 @@
+//! The provider-neutral vocabulary of the verbs model: access flags, remote addresses, work requests,
+//! completions and queue-pair states. Providers translate these to their own representation.
+
+use std::fmt;
+
+use super::memory::MemoryRegion;
+
+/// Access rights of a memory region, as `ibv_access_flags`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Access(u32);
+
+impl Access {
+    pub const LOCAL_WRITE: Access = Access(1);
+    pub const REMOTE_WRITE: Access = Access(2);
+    pub const REMOTE_READ: Access = Access(4);
+    /// What a region lent to remote peers for one-sided I/O needs.
+    pub const ALL: Access = Access(1 | 2 | 4);
+
+    pub const fn bits(self) -> u32 {
+        self.0
+    }
+    pub const fn contains(self, other: Access) -> bool {
+        self.0 & other.0 == other.0
+    }
+    pub const fn from_bits_truncate(bits: u32) -> Access {
+        Access(bits & 7)
+    }
+}
+
+impl std::ops::BitOr for Access {
+    type Output = Access;
+    fn bitor(self, rhs: Access) -> Access {
+        Access(self.0 | rhs.0)
+    }
+}
+
+impl fmt::Debug for Access {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names = [
+            (Access::LOCAL_WRITE, "LOCAL_WRITE"),
+            (Access::REMOTE_WRITE, "REMOTE_WRITE"),
+            (Access::REMOTE_READ, "REMOTE_READ"),
+        ];
+        let set: Vec<_> = names
+            .iter()
+            .filter(|(a, _)| self.contains(*a))
+            .map(|(_, n)| *n)
+            .collect();
+        write!(f, "Access({})", set.join("|"))
+    }
+}
+
+/// Where a one-sided operation lands in the peer's memory: a virtual address inside one of its
+/// registered regions and that region's rkey.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RemoteAddr {
+    pub addr: u64,
+    pub rkey: u32,
+}
+
+/// A peer's registered region as it is advertised over the control connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RemoteRegion {
+    pub addr: u64,
+    pub len: u64,
+    pub rkey: u32,
+}
+
+impl RemoteRegion {
+    /// The remote address `offset` bytes into this region, or None past its end.
+    pub fn at(&self, offset: u64) -> Option<RemoteAddr> {
+        (offset <= self.len).then(|| RemoteAddr {
+            addr: self.addr + offset,
+            rkey: self.rkey,
+        })
+    }
+}
+
+/// One scatter/gather element: a byte range of a local registered region. Built only through
+/// [`Sge::new`], so it is always inside its region.
+#[derive(Clone, Copy)]
+pub struct Sge<'a> {
+    pub(crate) mr: &'a MemoryRegion,
+    pub(crate) offset: usize,
+    pub(crate) len: usize,
+}
+
+impl<'a> Sge<'a> {
+    /// `len` bytes at `offset` of `mr`; None when the range leaves the region.
+    pub fn new(mr: &'a MemoryRegion, offset: usize, len: usize) -> Option<Sge<'a>> {
+        let end = offset.checked_add(len)?;
+        (end <= mr.len() && len <= u32::MAX as usize).then_some(Sge { mr, offset, len })
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The virtual address this element starts at (what a NIC would DMA from).
+    pub fn addr(&self) -> u64 {
+        self.mr.addr() + self.offset as u64
+    }
+}
+
+impl fmt::Debug for Sge<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Sge(lkey {:#x} +{} len {})",
+            self.mr.lkey(),
+            self.offset,
+            self.len
+        )
+    }
+}
+
+/// What a send-queue work request does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendOp {
+    /// One-sided write of the gathered SGEs to `remote`.
+    Write(RemoteAddr),
+    /// One-sided write that also consumes a RECV at the peer and delivers `imm` with it.
+    WriteWithImm(RemoteAddr, u32),
+    /// One-sided read from `remote`, scattered into the SGEs.
+    Read(RemoteAddr),
+    /// Two-sided message; consumes a RECV posted by the peer.
+    Send,
+    /// Two-sided message carrying an immediate value.
+    SendWithImm(u32),
+}
+
+/// A send-queue work request. A slice of them posted by one call is a chain (one doorbell).
+#[derive(Clone, Debug)]
+pub struct SendWr<'a> {
+    pub wr_id: u64,
+    pub op: SendOp,
+    pub sges: &'a [Sge<'a>],
+    /// Unsignaled requests produce a completion only when they fail.
+    pub signaled: bool,
+    /// Ask the provider to copy the payload at post time (small WRITE/SEND only).
+    pub inline: bool,
+}
+
+impl<'a> SendWr<'a> {
+    pub fn new(wr_id: u64, op: SendOp, sges: &'a [Sge<'a>]) -> SendWr<'a> {
+        SendWr {
+            wr_id,
+            op,
+            sges,
+            signaled: true,
+            inline: false,
+        }
+    }
+    pub fn unsignaled(mut self) -> Self {
+        self.signaled = false;
+        self
+    }
+    pub fn inline(mut self) -> Self {
+        self.inline = true;
+        self
+    }
+    pub fn byte_len(&self) -> usize {
+        self.sges.iter().map(|s| s.len).sum()
+    }
+}
+
+/// A receive-queue work request: where the next incoming SEND (or WRITE_WITH_IMM) lands.
+#[derive(Clone, Debug)]
+pub struct RecvWr<'a> {
+    pub wr_id: u64,
+    pub sges: &'a [Sge<'a>],
+}
+
+/// Completion status, as `ibv_wc_status`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WcStatus {
+    Success,
+    LocalLengthError,
+    LocalQpOperationError,
+    LocalProtectionError,
+    WrFlushError,
+    BadResponse,
+    LocalAccessError,
+    RemoteInvalidRequest,
+    RemoteAccessError,
+    RemoteOperationError,
+    RetryExceeded,
+    RnrRetryExceeded,
+    /// Any other status a device reports, with its raw value.
+    Other(u32),
+}
+
+impl WcStatus {
+    pub fn is_ok(self) -> bool {
+        self == WcStatus::Success
+    }
+}
+
+/// What a completed work request was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WcOpcode {
+    Send,
+    Write,
+    Read,
+    Recv,
+    RecvWithImm,
+    /// Unknown to the model (flushed receive completions on some devices say nothing).
+    Other(u32),
+}
+
+/// A work completion, as `ibv_wc`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completion {
+    pub wr_id: u64,
+    pub status: WcStatus,
+    pub opcode: WcOpcode,
+    /// Bytes received (receive completions) or read (READ); 0 where the device leaves it unset.
+    pub byte_len: u32,
+    pub imm: Option<u32>,
+    pub qp_num: u32,
+}
+
+impl Completion {
+    pub const EMPTY: Completion = Completion {
+        wr_id: 0,
+        status: WcStatus::Success,
+        opcode: WcOpcode::Other(0),
+        byte_len: 0,
+        imm: None,
+        qp_num: 0,
+    };
+}
+
+/// Queue-pair state, as `ibv_qp_state` (only the states a connected QP passes through).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QpState {
+    Reset,
+    Init,
+    ReadyToReceive,
+    ReadyToSend,
+    Error,
+    Other(u32),
+}
+
+/// Queue sizes asked of a queue pair; the provider may grant more.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpCaps {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+}
+
+impl Default for QpCaps {
+    fn default() -> Self {
+        QpCaps {
+            max_send_wr: 512,
+            max_recv_wr: 256,
+            max_send_sge: 16,
+            max_recv_sge: 4,
+            max_inline_data: 64,
+        }
+    }
+}
+
+/// Why a post was refused outright (nothing of the chain was posted).
+#[derive(Debug)]
+pub enum PostError {
+    /// The queue has no room for the whole chain; retry after completions drain it.
+    QueueFull,
+    /// The request cannot be expressed on this QP (too many SGEs, inline too long...).
+    Invalid(String),
+    /// The device refused the post.
+    Os(std::io::Error),
+}
+
+impl fmt::Display for PostError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PostError::QueueFull => write!(f, "work queue full"),
+            PostError::Invalid(why) => write!(f, "invalid work request: {why}"),
+            PostError::Os(e) => write!(f, "post failed: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for PostError {}
+
+impl From<PostError> for std::io::Error {
+    fn from(e: PostError) -> Self {
+        match e {
+            PostError::Os(e) => e,
+            PostError::QueueFull => std::io::Error::new(std::io::ErrorKind::WouldBlock, e),
+            PostError::Invalid(_) => std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
+        }
+    }
+}
+
+/// Checks a chain against queue-pair limits, the same way for every provider.
+pub(crate) fn check_send_chain(chain: &[SendWr<'_>], caps: &QpCaps) -> Result<(), PostError> {
+    for wr in chain {
+        if wr.sges.len() > caps.max_send_sge as usize {
+            return Err(PostError::Invalid(format!(
+                "wr {} has {} SGEs, the QP allows {}",
+                wr.wr_id,
+                wr.sges.len(),
+                caps.max_send_sge
+            )));
+        }
+        let len = wr.byte_len();
+        if len > i32::MAX as usize {
+            return Err(PostError::Invalid(format!(
+                "wr {} moves {len} bytes, more than a message may (2^31)",
+                wr.wr_id
+            )));
+        }
+        if wr.inline {
+            if matches!(wr.op, SendOp::Read(_)) {
+                return Err(PostError::Invalid("a READ cannot be inline".into()));
+            }
+            if len > caps.max_inline_data as usize {
+                return Err(PostError::Invalid(format!(
+                    "wr {} inlines {len} bytes, the QP allows {}",
+                    wr.wr_id, caps.max_inline_data
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn check_recv_chain(chain: &[RecvWr<'_>], caps: &QpCaps) -> Result<(), PostError> {
+    for wr in chain {
+        if wr.sges.len() > caps.max_recv_sge as usize {
+            return Err(PostError::Invalid(format!(
+                "recv wr {} has {} SGEs, the QP allows {}",
+                wr.wr_id,
+                wr.sges.len(),
+                caps.max_recv_sge
+            )));
+        }
+    }
+    Ok(())
+}
