@@ -217,7 +217,14 @@ impl Engine {
             ));
             return Err(self.refuse(h.psn, NakReason::InvalidRequest));
         }
-        on_io(scatter(&mut self.reader, &recv.targets, len))?;
+        if let Err(stop) = on_io(scatter(&mut self.reader, &recv.targets, len)) {
+            // The RECV was taken off the queue: it must still complete.
+            let flushed = self
+                .qp
+                .completion(recv.wr_id, WcStatus::WrFlushError, WcOpcode::Recv);
+            self.qp.recv_cq.push(flushed);
+            return Err(stop);
+        }
         let opcode = if h.kind == Kind::SendWithImm {
             WcOpcode::RecvWithImm
         } else {
@@ -302,7 +309,14 @@ impl Engine {
                 h.psn, h.len
             )));
         }
-        on_io(scatter(&mut self.reader, &o.read_targets, h.len as usize))?;
+        if let Err(stop) = on_io(scatter(&mut self.reader, &o.read_targets, h.len as usize)) {
+            // Already taken off the outstanding queue, so the flush would not see it.
+            let flushed = self
+                .qp
+                .completion(o.wr_id, WcStatus::WrFlushError, o.opcode);
+            self.qp.send_cq.push(flushed);
+            return Err(stop);
+        }
         if o.signaled {
             self.qp.send_cq.push(Completion {
                 byte_len: o.byte_len,
