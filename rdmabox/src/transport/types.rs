@@ -265,23 +265,42 @@ impl Default for QpCaps {
     }
 }
 
-/// Why a post was refused outright (nothing of the chain was posted).
+/// Why a post stopped. As with `ibv_post_send`'s `bad_wr`, the requests before the one that
+/// failed may have been posted: `posted` says how many, and only those will complete.
 #[derive(Debug)]
 pub enum PostError {
-    /// The queue has no room for the whole chain; retry after completions drain it.
-    QueueFull,
-    /// The request cannot be expressed on this QP (too many SGEs, inline too long...).
+    /// The queue had no room; retry the rest after completions drain it.
+    QueueFull { posted: usize },
+    /// The request cannot be expressed on this QP (too many SGEs, inline too long...); checked
+    /// before anything is posted.
     Invalid(String),
     /// The device refused the post.
-    Os(std::io::Error),
+    Os {
+        posted: usize,
+        error: std::io::Error,
+    },
+}
+
+impl PostError {
+    /// How many requests at the head of the chain were posted before the failure.
+    pub fn posted(&self) -> usize {
+        match self {
+            PostError::QueueFull { posted } | PostError::Os { posted, .. } => *posted,
+            PostError::Invalid(_) => 0,
+        }
+    }
 }
 
 impl fmt::Display for PostError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            PostError::QueueFull => write!(f, "work queue full"),
+            PostError::QueueFull { posted } => {
+                write!(f, "work queue full ({posted} of the chain posted)")
+            }
             PostError::Invalid(why) => write!(f, "invalid work request: {why}"),
-            PostError::Os(e) => write!(f, "post failed: {e}"),
+            PostError::Os { posted, error } => {
+                write!(f, "post failed after {posted} of the chain: {error}")
+            }
         }
     }
 }
@@ -291,8 +310,8 @@ impl std::error::Error for PostError {}
 impl From<PostError> for std::io::Error {
     fn from(e: PostError) -> Self {
         match e {
-            PostError::Os(e) => e,
-            PostError::QueueFull => std::io::Error::new(std::io::ErrorKind::WouldBlock, e),
+            PostError::Os { error, .. } => error,
+            PostError::QueueFull { .. } => std::io::Error::new(std::io::ErrorKind::WouldBlock, e),
             PostError::Invalid(_) => std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
         }
     }

@@ -215,7 +215,7 @@ impl Engine {
                 WcStatus::LocalLengthError,
                 WcOpcode::Recv,
             ));
-            return Err(self.refuse(h.psn, NakReason::InvalidRequest));
+            return Err(self.refuse(h.psn, NakReason::RemoteOperation));
         }
         if let Err(stop) = on_io(scatter(&mut self.reader, &recv.targets, len)) {
             // The RECV was taken off the queue: it must still complete.

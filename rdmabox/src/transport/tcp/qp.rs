@@ -376,16 +376,12 @@ impl Qp {
         }
         // A request whose local buffers are not ours fails like a NIC's local protection
         // error: the requests before it go out, it and the rest do not.
-        let valid = chain
-            .iter()
-            .position(|wr| !self.locally_valid(wr))
-            .unwrap_or(chain.len());
-        {
-            let out = sh.outstanding.lock().unwrap();
-            if out.len() + valid > sh.caps.max_send_wr as usize {
-                return Err(PostError::QueueFull);
-            }
-        }
+        let invalid_at = chain.iter().position(|wr| !self.locally_valid(wr));
+        // Like a NIC's send queue, post what fits and say so.
+        let room =
+            (sh.caps.max_send_wr as usize).saturating_sub(sh.outstanding.lock().unwrap().len());
+        let fits = chain.len().min(room);
+        let valid = invalid_at.map_or(fits, |i| i.min(fits));
         let mut headers = Vec::with_capacity(valid);
         let mut pending = Vec::with_capacity(valid);
         for wr in &chain[..valid] {
@@ -456,6 +452,9 @@ impl Qp {
             sh.enter_error();
             sh.close();
         }
+        if valid == fits && fits < chain.len() {
+            return Err(PostError::QueueFull { posted: fits });
+        }
         if valid < chain.len() {
             let bad = &chain[valid];
             sh.send_cq.push(sh.completion(
@@ -498,7 +497,7 @@ impl Qp {
             return Ok(());
         }
         if recvs.len() + chain.len() > sh.caps.max_recv_wr as usize {
-            return Err(PostError::QueueFull);
+            return Err(PostError::QueueFull { posted: 0 });
         }
         recvs.extend(chain.iter().map(|wr| {
             PostedRecv {

@@ -89,6 +89,14 @@ impl SendChain {
         }
         base
     }
+
+    /// Position of `bad` (as returned by a failed post) in the chain; 0 when unknown.
+    pub fn index_of(&self, bad: *mut ffi::ibv_send_wr) -> usize {
+        self.wrs
+            .iter()
+            .position(|w| std::ptr::eq(w, bad))
+            .unwrap_or(0)
+    }
 }
 
 /// A chain of `ibv_recv_wr`, as [`SendChain`].
@@ -130,6 +138,14 @@ impl RecvChain {
             self.wrs[i].next = unsafe { base.add(i + 1) };
         }
         base
+    }
+
+    /// Position of `bad` (as returned by a failed post) in the chain; 0 when unknown.
+    pub fn index_of(&self, bad: *mut ffi::ibv_recv_wr) -> usize {
+        self.wrs
+            .iter()
+            .position(|w| std::ptr::eq(w, bad))
+            .unwrap_or(0)
     }
 }
 

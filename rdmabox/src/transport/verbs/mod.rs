@@ -641,7 +641,7 @@ impl Qp {
                 &mut bad,
             )
         };
-        post_result(rc)
+        post_result(rc, built.index_of(bad))
     }
 
     pub fn post_recv(&self, chain: &[RecvWr<'_>]) -> Result<(), PostError> {
@@ -659,14 +659,18 @@ impl Qp {
                 &mut bad,
             )
         };
-        post_result(rc)
+        post_result(rc, built.index_of(bad))
     }
 }
 
-fn post_result(rc: i32) -> Result<(), PostError> {
+/// `posted`: the index of `bad_wr`, i.e. how many requests before it went out.
+fn post_result(rc: i32, posted: usize) -> Result<(), PostError> {
     match rc {
         0 => Ok(()),
-        libc::ENOMEM => Err(PostError::QueueFull),
-        rc => Err(PostError::Os(io::Error::from_raw_os_error(rc))),
+        libc::ENOMEM => Err(PostError::QueueFull { posted }),
+        rc => Err(PostError::Os {
+            posted,
+            error: io::Error::from_raw_os_error(rc),
+        }),
     }
 }
