@@ -1,5 +1,26 @@
 //! rdmabox: an RDMABox-style RDMA core.
 //!
-//! [`transport`] is the verbs model with its two providers (libibverbs and software tcp).
+//! - [`transport`]: the verbs model with its two providers (libibverbs and software tcp); the
+//!   "vanilla verbs" layer, usable on its own.
+//! - [`session`]: one peer's queue pairs and the request API on top of the mechanisms below.
+//! - [`merge_queue`]: the shared read and write queues and their first-thread-drains protocol.
+//! - [`batching`]: merging-on-MR and doorbell chaining decisions.
+//! - [`mr_pool`]: preMR staging buffers (dynMR is registration of the caller's buffer).
+//! - [`window`]: admission control by in-flight bytes, with pluggable policies.
+//! - [`poller`]: busy, event, event-batch and adaptive completion polling.
+//! - [`counters`]: live counters and snapshots.
 
+pub mod batching;
+pub mod counters;
+pub mod merge_queue;
+pub mod mr_pool;
+pub mod poller;
+pub mod session;
+pub mod size;
 pub mod transport;
+pub mod window;
+
+pub use counters::Snapshot;
+pub use poller::PollMode;
+pub use session::{connect_links, IoError, Pending, Session, SessionConfig};
+pub use window::WindowConfig;

@@ -71,14 +71,13 @@ impl Backing {
     }
 
     fn take_vec(&mut self) -> Option<Vec<u8>> {
-        match std::mem::replace(self, Backing::Taken) {
-            // SAFETY: ptr/len/cap came from a Vec<u8> in `from_vec` and were never freed.
-            Backing::Vec { ptr, len, cap } => Some(unsafe { Vec::from_raw_parts(ptr, len, cap) }),
-            other => {
-                *self = other;
-                None
-            }
-        }
+        let Backing::Vec { ptr, len, cap } = *self else {
+            return None;
+        };
+        // SAFETY: overwrite without dropping the old value: its vector is the one we return.
+        unsafe { std::ptr::write(self, Backing::Taken) };
+        // SAFETY: ptr/len/cap came from a Vec<u8> in `from_vec` and were never freed.
+        Some(unsafe { Vec::from_raw_parts(ptr, len, cap) })
     }
 }
 
@@ -89,7 +88,8 @@ impl Drop for Backing {
             Backing::Mapped { ptr, len } => unsafe {
                 libc::munmap(ptr.cast(), len);
             },
-            Backing::Vec { .. } => drop(self.take_vec()),
+            // SAFETY: ptr/len/cap came from a Vec<u8> in `from_vec` and were never freed.
+            Backing::Vec { ptr, len, cap } => unsafe { drop(Vec::from_raw_parts(ptr, len, cap)) },
             Backing::Borrowed | Backing::Taken => {}
         }
     }

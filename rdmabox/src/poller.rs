@@ -1,0 +1,208 @@
+//! Completion polling: busy, event, event-batch and adaptive, as one state machine with
+//! different parameters (the paper's Fig. 2 and Algorithm 3).
+//!
+//! Adaptive polling: after a wake-up, poll up to `max_poll_wc` completions per round; count
+//! empty rounds and, after `max_retry` of them, re-arm the CQ, poll once more (a completion may
+//! have landed before the arm took effect) and only then sleep. The paper's Algorithm 3 never
+//! resets its retry counter; here finding work resets it, so a busy CQ keeps being polled.
+
+use std::fmt;
+use std::str::FromStr;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PollMode {
+    /// Never sleep.
+    Busy,
+    /// Sleep after every completion: one event, one completion.
+    Event,
+    /// On each event, drain the CQ in batches, then sleep.
+    EventBatch,
+    /// Keep polling through `max_retry` empty rounds before sleeping.
+    Adaptive { max_poll_wc: usize, max_retry: u32 },
+}
+
+/// The paper's benchmark settings.
+const DEFAULT_MAX_POLL_WC: usize = 32;
+const DEFAULT_MAX_RETRY: u32 = 120;
+
+impl Default for PollMode {
+    fn default() -> Self {
+        PollMode::Adaptive {
+            max_poll_wc: DEFAULT_MAX_POLL_WC,
+            max_retry: DEFAULT_MAX_RETRY,
+        }
+    }
+}
+
+impl PollMode {
+    /// Completions taken per poll call.
+    pub fn batch(self) -> usize {
+        match self {
+            PollMode::Event => 1,
+            PollMode::Adaptive { max_poll_wc, .. } => max_poll_wc.max(1),
+            PollMode::Busy | PollMode::EventBatch => 32,
+        }
+    }
+
+    fn max_retry(self) -> Option<u32> {
+        match self {
+            PollMode::Busy => None,
+            PollMode::Event | PollMode::EventBatch => Some(1),
+            PollMode::Adaptive { max_retry, .. } => Some(max_retry.max(1)),
+        }
+    }
+}
+
+impl fmt::Display for PollMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PollMode::Busy => write!(f, "busy"),
+            PollMode::Event => write!(f, "event"),
+            PollMode::EventBatch => write!(f, "event-batch"),
+            PollMode::Adaptive {
+                max_poll_wc,
+                max_retry,
+            } => write!(f, "adaptive:{max_poll_wc}:{max_retry}"),
+        }
+    }
+}
+
+/// "busy", "event", "event-batch", "adaptive" or "adaptive:MAX_POLL_WC:MAX_RETRY".
+impl FromStr for PollMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut parts = s.split(':');
+        let mode = match parts.next().unwrap_or("") {
+            "busy" => PollMode::Busy,
+            "event" => PollMode::Event,
+            "event-batch" => PollMode::EventBatch,
+            "adaptive" => {
+                let mut max_poll_wc = DEFAULT_MAX_POLL_WC;
+                let mut max_retry = DEFAULT_MAX_RETRY;
+                if let Some(w) = parts.next() {
+                    max_poll_wc = w.parse().map_err(|_| format!("bad MAX_POLL_WC in {s:?}"))?;
+                }
+                if let Some(r) = parts.next() {
+                    max_retry = r.parse().map_err(|_| format!("bad MAX_RETRY in {s:?}"))?;
+                }
+                PollMode::Adaptive {
+                    max_poll_wc,
+                    max_retry,
+                }
+            }
+            other => {
+                return Err(format!(
+                    "unknown polling mode {other:?}: expected busy, event, event-batch or adaptive"
+                ))
+            }
+        };
+        if parts.next().is_some() {
+            return Err(format!("bad polling mode {s:?}"));
+        }
+        Ok(mode)
+    }
+}
+
+/// What the poller does next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    Poll,
+    /// Arm the CQ, poll once more, and sleep if that finds nothing.
+    ArmAndSleep,
+}
+
+/// The retry counter of one poller.
+pub struct PollState {
+    mode: PollMode,
+    empty_rounds: u32,
+}
+
+impl PollState {
+    pub fn new(mode: PollMode) -> PollState {
+        PollState {
+            mode,
+            empty_rounds: 0,
+        }
+    }
+
+    /// After a poll round that found `found` completions.
+    pub fn after_poll(&mut self, found: usize) -> Next {
+        if found > 0 && self.mode != PollMode::Event {
+            self.empty_rounds = 0;
+            return Next::Poll;
+        }
+        let Some(max) = self.mode.max_retry() else {
+            return Next::Poll;
+        };
+        if self.mode == PollMode::Event {
+            // One completion per event: sleep again right after handling it.
+            return Next::ArmAndSleep;
+        }
+        self.empty_rounds += 1;
+        if self.empty_rounds >= max {
+            self.empty_rounds = 0;
+            Next::ArmAndSleep
+        } else {
+            Next::Poll
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn adaptive_sleeps_after_max_retry_empty_rounds_and_work_resets_the_count() {
+        let mut s = PollState::new(PollMode::Adaptive {
+            max_poll_wc: 32,
+            max_retry: 3,
+        });
+        assert_eq!(s.after_poll(0), Next::Poll);
+        assert_eq!(s.after_poll(0), Next::Poll);
+        assert_eq!(s.after_poll(5), Next::Poll, "work found");
+        assert_eq!(s.after_poll(0), Next::Poll, "count restarted");
+        assert_eq!(s.after_poll(0), Next::Poll);
+        assert_eq!(s.after_poll(0), Next::ArmAndSleep);
+        assert_eq!(s.after_poll(0), Next::Poll, "fresh count after a sleep");
+    }
+
+    #[test]
+    fn busy_never_sleeps() {
+        let mut s = PollState::new(PollMode::Busy);
+        for _ in 0..10_000 {
+            assert_eq!(s.after_poll(0), Next::Poll);
+        }
+    }
+
+    #[test]
+    fn event_batch_sleeps_at_the_first_empty_round() {
+        let mut s = PollState::new(PollMode::EventBatch);
+        assert_eq!(s.after_poll(32), Next::Poll);
+        assert_eq!(s.after_poll(0), Next::ArmAndSleep);
+    }
+
+    #[test]
+    fn event_sleeps_after_every_completion() {
+        let mut s = PollState::new(PollMode::Event);
+        assert_eq!(PollMode::Event.batch(), 1);
+        assert_eq!(s.after_poll(1), Next::ArmAndSleep);
+        assert_eq!(s.after_poll(0), Next::ArmAndSleep);
+    }
+
+    #[test]
+    fn modes_parse() {
+        assert_eq!("busy".parse::<PollMode>().unwrap(), PollMode::Busy);
+        assert_eq!(
+            "adaptive:16:4".parse::<PollMode>().unwrap(),
+            PollMode::Adaptive {
+                max_poll_wc: 16,
+                max_retry: 4
+            }
+        );
+        assert_eq!("adaptive".parse::<PollMode>().unwrap(), PollMode::default());
+        assert!("spin".parse::<PollMode>().is_err());
+        assert!("adaptive:x".parse::<PollMode>().is_err());
+        assert!("busy:1".parse::<PollMode>().is_err());
+    }
+}

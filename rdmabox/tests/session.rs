@@ -1,0 +1,370 @@
+//! The session API end to end over the tcp provider: a "lender" side that only registers memory
+//! (as a storage node does) and a client session that reads and writes it one-sidedly.
+
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdmabox::transport::{
+    Access, CompletionQueue, Context, MemoryRegion, ProviderKind, QpCaps, QueuePair, RemoteAddr,
+    TransportConfig,
+};
+use rdmabox::{connect_links, IoError, PollMode, Session, SessionConfig, WindowConfig};
+
+struct Lender {
+    mem: MemoryRegion,
+    _links: Vec<(QueuePair, CompletionQueue)>,
+    _ctx: Context,
+}
+
+fn tcp() -> TransportConfig {
+    let mut t = TransportConfig::with_provider(ProviderKind::Tcp);
+    t.tcp.dead_peer_timeout = Duration::from_secs(2);
+    t
+}
+
+/// A lender with `len` bytes and a client session over `cfg.qps` queue pairs.
+fn setup(len: usize, cfg: SessionConfig) -> (Lender, Session) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let qps = cfg.qps;
+    let caps = cfg.caps;
+    let lender = std::thread::spawn(move || {
+        let ctx = Context::open(&tcp()).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let mem = pd.alloc_region(len, Access::ALL).unwrap();
+        let (mut s, _) = l.accept().unwrap();
+        let links = connect_links(&ctx, &pd, &mut s, qps, caps).unwrap();
+        Lender {
+            mem,
+            _links: links,
+            _ctx: ctx,
+        }
+    });
+    let ctx = Context::open(&tcp()).unwrap();
+    let pd = Arc::new(ctx.alloc_pd().unwrap());
+    let mut c = TcpStream::connect(addr).unwrap();
+    let links = connect_links(&ctx, &pd, &mut c, qps, caps).unwrap();
+    let lender = lender.join().unwrap();
+    let session = Session::new(pd, links, vec![lender.mem.remote()], cfg).unwrap();
+    (lender, session)
+}
+
+fn at(l: &Lender, off: u64) -> RemoteAddr {
+    l.mem.remote().at(off).unwrap()
+}
+
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+#[test]
+fn concurrent_sequential_writes_merge_and_read_back_intact() {
+    let (lender, session) = setup(8 << 20, SessionConfig::default());
+    let session = Arc::new(session);
+    let lender = Arc::new(lender);
+    let threads: Vec<_> = (0..8u64)
+        .map(|t| {
+            let (s, l) = (session.clone(), lender.clone());
+            std::thread::spawn(move || {
+                // Each thread writes its own consecutive 4 KiB blocks, all in flight at once.
+                let pending: Vec<_> = (0..64u64)
+                    .map(|i| {
+                        let off = (t * 64 + i) * 4096;
+                        s.write_pending(at(&l, off), pattern(4096, off))
+                    })
+                    .collect();
+                for p in pending {
+                    p.wait().unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let before = session.counters();
+    for off in (0..512u64).map(|i| i * 4096) {
+        let got = session
+            .read_pending(at(&lender, off), vec![0; 4096])
+            .wait()
+            .unwrap();
+        assert!(got == pattern(4096, off), "block at {off}");
+    }
+    // A batch of reads of the whole area merges into few work requests.
+    let pending: Vec<_> = (0..512u64)
+        .map(|i| session.read_pending(at(&lender, i * 4096), vec![0; 4096]))
+        .collect();
+    for (i, p) in pending.into_iter().enumerate() {
+        assert!(p.wait().unwrap() == pattern(4096, i as u64 * 4096));
+    }
+    let c = session.counters();
+    assert_eq!(c.requests, 512 * 3);
+    assert_eq!(c.bytes_written, 512 * 4096);
+    assert_eq!(c.bytes_read, 1024 * 4096);
+    assert!(c.work_requests < c.requests, "{c:?}");
+    assert!(c.doorbells <= c.work_requests);
+    assert_eq!(c.requests_failed, 0);
+    assert_eq!(c.inflight_bytes, 0);
+    assert!(before.requests_merged <= c.requests_merged);
+}
+
+#[test]
+fn random_io_matches_a_model_under_every_mechanism_setting() {
+    let settings = [
+        SessionConfig::default(),
+        SessionConfig {
+            merge: false,
+            chain: false,
+            qps: 1,
+            window: WindowConfig::Off,
+            polling: PollMode::Event,
+            dyn_threshold: usize::MAX,
+            ..SessionConfig::default()
+        },
+        SessionConfig {
+            window: WindowConfig::Static(64 << 10),
+            polling: PollMode::EventBatch,
+            dyn_threshold: 16 << 10,
+            ..SessionConfig::default()
+        },
+        SessionConfig {
+            window: "adaptive:64K-4M".parse().unwrap(),
+            polling: PollMode::Busy,
+            qps: 2,
+            ..SessionConfig::default()
+        },
+    ];
+    const LEN: usize = 4 << 20;
+    for cfg in settings {
+        let label = format!("{cfg:?}");
+        let (lender, session) = setup(LEN, cfg);
+        let mut model = vec![0u8; LEN];
+        let mut rng = 42u64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        for round in 0..20 {
+            // A wave of non-overlapping writes in flight together, then reads of random ranges.
+            let mut writes = Vec::new();
+            let mut used: Vec<(usize, usize)> = Vec::new();
+            for _ in 0..16 {
+                let len = 1 + (next() % (300 << 10)) as usize;
+                let off = (next() % (LEN - len) as u64) as usize;
+                if used.iter().any(|&(o, l)| off < o + l && o < off + len) {
+                    continue;
+                }
+                used.push((off, len));
+                let data = pattern(len, next());
+                model[off..off + len].copy_from_slice(&data);
+                writes.push(session.write_pending(at(&lender, off as u64), data));
+            }
+            for w in writes {
+                w.wait().unwrap();
+            }
+            let reads: Vec<_> = (0..16)
+                .map(|_| {
+                    let len = 1 + (next() % (1200 << 10)) as usize;
+                    let off = (next() % (LEN - len) as u64) as usize;
+                    (
+                        off,
+                        len,
+                        session.read_pending(at(&lender, off as u64), vec![0; len]),
+                    )
+                })
+                .collect();
+            for (off, len, r) in reads {
+                let got = r.wait().unwrap();
+                assert!(
+                    got == model[off..off + len],
+                    "{label} round {round}: {off}+{len}"
+                );
+            }
+        }
+        assert_eq!(lender.mem.to_vec(), model, "{label}");
+        assert_eq!(session.counters().requests_failed, 0);
+    }
+}
+
+#[test]
+fn large_requests_register_their_own_buffer() {
+    let (lender, session) = setup(8 << 20, SessionConfig::default());
+    let data = pattern(3 << 20, 1);
+    session
+        .write_pending(at(&lender, 4096), data.clone())
+        .wait()
+        .unwrap();
+    let back = session
+        .read_pending(at(&lender, 4096), vec![0; 3 << 20])
+        .wait()
+        .unwrap();
+    assert!(back == data);
+    let c = session.counters();
+    assert_eq!(c.dynmr_registrations, 2);
+    assert_eq!(c.premr_copies, 0);
+}
+
+#[test]
+fn the_window_bounds_bytes_in_flight() {
+    let cfg = SessionConfig {
+        window: WindowConfig::Static(32 << 10),
+        ..SessionConfig::default()
+    };
+    let (lender, session) = setup(8 << 20, cfg);
+    let pending: Vec<_> = (0..256u64)
+        .map(|i| session.write_pending(at(&lender, i * 8192), vec![7; 4096]))
+        .collect();
+    for p in pending {
+        p.wait().unwrap();
+    }
+    let c = session.counters();
+    assert!(c.inflight_peak <= 32 << 10, "peak {}", c.inflight_peak);
+    assert!(c.window_stalls > 0, "the window held requests back");
+    assert_eq!(c.inflight_bytes, 0);
+}
+
+#[test]
+fn out_of_bounds_requests_fail_alone() {
+    let (lender, session) = setup(1 << 20, SessionConfig::default());
+    let r = lender.mem.remote();
+    let err = session
+        .read_pending(at(&lender, (1 << 20) - 10), vec![0; 11])
+        .wait()
+        .unwrap_err();
+    assert!(matches!(err, IoError::OutOfBounds { .. }));
+    let wrong_key = RemoteAddr {
+        addr: r.addr,
+        rkey: r.rkey ^ 1,
+    };
+    assert!(session.write_pending(wrong_key, vec![1; 8]).wait().is_err());
+    // The session is unharmed.
+    session
+        .write_pending(at(&lender, 0), vec![1; 8])
+        .wait()
+        .unwrap();
+    assert!(session.is_open());
+    // Zero-length requests complete at once.
+    assert!(session
+        .read_pending(at(&lender, 0), Vec::new())
+        .wait()
+        .unwrap()
+        .is_empty());
+}
+
+#[test]
+fn a_dead_peer_fails_everything_without_hanging() {
+    let (lender, session) = setup(8 << 20, SessionConfig::default());
+    let done = Arc::new(AtomicUsize::new(0));
+    let failed = Arc::new(AtomicUsize::new(0));
+    for i in 0..200u64 {
+        let (d, f) = (done.clone(), failed.clone());
+        session.write(
+            at(&lender, (i % 8) << 20),
+            vec![1; 1 << 20],
+            Box::new(move |r| {
+                if r.is_err() {
+                    f.fetch_add(1, Ordering::Relaxed);
+                }
+                d.fetch_add(1, Ordering::Relaxed);
+            }),
+        );
+        if i == 20 {
+            break;
+        }
+    }
+    let (remote_addr, remote_key) = (lender.mem.addr(), lender.mem.rkey());
+    drop(lender);
+    let start = Instant::now();
+    while done.load(Ordering::Relaxed) < 21 {
+        assert!(start.elapsed() < Duration::from_secs(20), "requests hung");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Whether or not those writes beat the peer's death, the next request fails in bounded
+    // time, and from then on the session refuses work at once.
+    let (tx, rx) = std::sync::mpsc::channel();
+    session.write(
+        RemoteAddr {
+            addr: remote_addr,
+            rkey: remote_key,
+        },
+        vec![1; 4096],
+        Box::new(move |r| drop(tx.send(r))),
+    );
+    let r = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("no answer: hung");
+    assert!(r.is_err(), "a write to a dead peer succeeded");
+    assert!(!session.is_open(), "the session noticed the peer is gone");
+    let r = session
+        .write_pending(RemoteAddr { addr: 0, rkey: 0 }, vec![1])
+        .wait();
+    assert_eq!(r.unwrap_err(), IoError::Closed);
+}
+
+#[test]
+fn dropping_a_session_answers_every_request() {
+    let (lender, session) = setup(8 << 20, SessionConfig::default());
+    let done = Arc::new(AtomicUsize::new(0));
+    for i in 0..500u64 {
+        let d = done.clone();
+        session.write(
+            at(&lender, (i % 64) * 65536),
+            vec![2; 65536],
+            Box::new(move |_| {
+                d.fetch_add(1, Ordering::Relaxed);
+            }),
+        );
+    }
+    drop(session);
+    assert_eq!(done.load(Ordering::Relaxed), 500);
+    drop(lender);
+}
+
+#[test]
+fn every_polling_mode_completes_work() {
+    for mode in [
+        PollMode::Busy,
+        PollMode::Event,
+        PollMode::EventBatch,
+        PollMode::Adaptive {
+            max_poll_wc: 4,
+            max_retry: 2,
+        },
+    ] {
+        let cfg = SessionConfig {
+            polling: mode,
+            qps: 2,
+            caps: QpCaps::default(),
+            ..SessionConfig::default()
+        };
+        let (lender, session) = setup(1 << 20, cfg);
+        let p: Vec<_> = (0..64u64)
+            .map(|i| session.write_pending(at(&lender, i * 4096), pattern(4096, i)))
+            .collect();
+        for x in p {
+            x.wait().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        let got = session
+            .read_pending(at(&lender, 0), vec![0; 4096])
+            .wait()
+            .unwrap();
+        assert_eq!(got, pattern(4096, 0), "{mode}");
+        let c = session.counters();
+        if mode != PollMode::Busy {
+            assert!(c.event_wakeups > 0, "{mode} slept and was woken");
+        }
+    }
+}
