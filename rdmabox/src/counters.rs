@@ -116,6 +116,31 @@ impl Counters {
 }
 
 impl Snapshot {
+    /// The sum of two sessions' counters (peaks: the larger).
+    pub fn plus(&self, o: &Snapshot) -> Snapshot {
+        Snapshot {
+            requests: self.requests + o.requests,
+            requests_merged: self.requests_merged + o.requests_merged,
+            requests_chained: self.requests_chained + o.requests_chained,
+            requests_single: self.requests_single + o.requests_single,
+            requests_failed: self.requests_failed + o.requests_failed,
+            work_requests: self.work_requests + o.work_requests,
+            doorbells: self.doorbells + o.doorbells,
+            bytes_read: self.bytes_read + o.bytes_read,
+            bytes_written: self.bytes_written + o.bytes_written,
+            premr_copies: self.premr_copies + o.premr_copies,
+            dynmr_registrations: self.dynmr_registrations + o.dynmr_registrations,
+            inflight_bytes: self.inflight_bytes + o.inflight_bytes,
+            inflight_peak: self.inflight_peak.max(o.inflight_peak),
+            window_stalls: self.window_stalls + o.window_stalls,
+            pool_stalls: self.pool_stalls + o.pool_stalls,
+            polls_empty: self.polls_empty + o.polls_empty,
+            polls_nonempty: self.polls_nonempty + o.polls_nonempty,
+            completions: self.completions + o.completions,
+            event_wakeups: self.event_wakeups + o.event_wakeups,
+        }
+    }
+
     /// Counter growth from `earlier` to `self` (peaks and the in-flight gauge are kept as is).
     pub fn since(&self, earlier: &Snapshot) -> Snapshot {
         let d = |a: u64, b: u64| a.saturating_sub(b);

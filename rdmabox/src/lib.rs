@@ -9,12 +9,15 @@
 //! - [`window`]: admission control by in-flight bytes, with pluggable policies.
 //! - [`poller`]: busy, event, event-batch and adaptive completion polling.
 //! - [`counters`]: live counters and snapshots.
+//! - [`rpc`]: request/response messaging over SEND/RECV, for control and metadata.
 
 pub mod batching;
 pub mod counters;
 pub mod merge_queue;
 pub mod mr_pool;
 pub mod poller;
+pub mod random;
+pub mod rpc;
 pub mod session;
 pub mod size;
 pub mod transport;

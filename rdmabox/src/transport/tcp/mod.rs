@@ -157,7 +157,7 @@ impl Pd {
         }
         let mut regions = self.shared.regions.write().unwrap();
         let rkey = loop {
-            let k = random_u64() as u32;
+            let k = crate::random::u64() as u32;
             if k != 0 && !regions.contains_key(&k) {
                 break k;
             }
@@ -198,18 +198,4 @@ impl Drop for Registration {
             unsafe { libc::munlock(addr as *const libc::c_void, len) };
         }
     }
-}
-
-pub(crate) fn random_u64() -> u64 {
-    let mut v = 0u64;
-    // SAFETY: getrandom fills the 8 bytes of a local.
-    let n = unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, 0) };
-    if n != 8 {
-        // Never expected on Linux >= 3.17; fall back to something that still varies.
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        v = t.as_nanos() as u64 ^ ((std::process::id() as u64) << 32);
-    }
-    v
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use super::cq::Cq;
 use super::io::{iovec, writev_all};
 use super::wire::{Header, Kind, HEADER_LEN};
-use super::{engine, random_u64, PdShared, TcpConfig, TcpEndpoint};
+use super::{engine, PdShared, TcpConfig, TcpEndpoint};
 use crate::transport::memory::MrInner;
 use crate::transport::types::{
     check_recv_chain, check_send_chain, Access, Completion, PostError, QpCaps, QpState, RecvWr,
@@ -50,7 +50,7 @@ impl PreparedQp {
             recv_cq,
             caps,
             qpn,
-            token: random_u64(),
+            token: crate::random::u64(),
             listener,
         })
     }

@@ -278,7 +278,7 @@ impl Context {
                 _recv_cq: recv_cq,
                 ctx: self.inner.clone(),
             },
-            psn: (super::tcp::random_u64() as u32) & 0x00ff_ffff,
+            psn: (crate::random::u64() as u32) & 0x00ff_ffff,
         };
         prepared.to_init()?;
         Ok(prepared)

@@ -1,0 +1,210 @@
+//! Who may connect. With a shared secret: mutual challenge-response over the control connection
+//! (HMAC-SHA256 over both nonces; the secret never crosses the wire). Without one: loopback
+//! peers only, unless the node runs with --insecure.
+//!
+//! Greeting (server): magic, auth flag, 32-byte nonce. Answer (client): its nonce and its MAC.
+//! Verdict (server): status byte and the server's MAC, which the client checks in turn.
+
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+const MAGIC: &[u8; 4] = b"RFS1";
+const NONCE: usize = 32;
+const MAC: usize = 32;
+/// A peer gets this long to authenticate before it is dropped.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn mac(secret: &[u8], role: &[u8], a: &[u8], b: &[u8]) -> Hmac<Sha256> {
+    let mut m = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes any key length");
+    m.update(role);
+    m.update(a);
+    m.update(b);
+    m
+}
+
+fn nonce() -> [u8; NONCE] {
+    let mut n = [0u8; NONCE];
+    rdmabox::random::fill(&mut n);
+    n
+}
+
+fn denied(why: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::PermissionDenied, why.to_string())
+}
+
+/// The node's side. Ok when the peer may proceed.
+pub fn accept(s: &mut TcpStream, secret: Option<&[u8]>) -> io::Result<()> {
+    s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    let server_nonce = nonce();
+    let mut greeting = MAGIC.to_vec();
+    greeting.push(secret.is_some() as u8);
+    greeting.extend_from_slice(&server_nonce);
+    s.write_all(&greeting)?;
+    let mut answer = [0u8; NONCE + MAC];
+    s.read_exact(&mut answer)?;
+    let (client_nonce, client_mac) = answer.split_at(NONCE);
+    let mut verdict = vec![0u8; 1 + MAC];
+    let ok = match secret {
+        None => true,
+        Some(k) => mac(k, b"client", &server_nonce, client_nonce)
+            .verify_slice(client_mac)
+            .is_ok(),
+    };
+    if ok {
+        verdict[0] = 1;
+        if let Some(k) = secret {
+            verdict[1..].copy_from_slice(
+                &mac(k, b"server", client_nonce, &server_nonce)
+                    .finalize()
+                    .into_bytes(),
+            );
+        }
+    }
+    s.write_all(&verdict)?;
+    s.set_read_timeout(None)?;
+    if ok {
+        Ok(())
+    } else {
+        Err(denied("peer failed authentication (wrong secret)"))
+    }
+}
+
+/// The connecting side.
+pub fn connect(s: &mut TcpStream, secret: Option<&[u8]>) -> io::Result<()> {
+    s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    let mut greeting = [0u8; 4 + 1 + NONCE];
+    s.read_exact(&mut greeting)?;
+    if &greeting[..4] != MAGIC {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "not an rfs node",
+        ));
+    }
+    let needs_auth = greeting[4] == 1;
+    let server_nonce = &greeting[5..];
+    if needs_auth && secret.is_none() {
+        return Err(denied(
+            "the node requires a shared secret: pass --secret-file",
+        ));
+    }
+    let client_nonce = nonce();
+    let mut answer = client_nonce.to_vec();
+    match secret.filter(|_| needs_auth) {
+        Some(k) => answer.extend_from_slice(
+            &mac(k, b"client", server_nonce, &client_nonce)
+                .finalize()
+                .into_bytes(),
+        ),
+        None => answer.extend_from_slice(&[0u8; MAC]),
+    }
+    s.write_all(&answer)?;
+    let mut verdict = [0u8; 1 + MAC];
+    s.read_exact(&mut verdict)?;
+    if verdict[0] != 1 {
+        return Err(denied("the node refused our secret"));
+    }
+    if let Some(k) = secret.filter(|_| needs_auth) {
+        mac(k, b"server", &client_nonce, server_nonce)
+            .verify_slice(&verdict[1..])
+            .map_err(|_| denied("the node could not prove it knows the secret"))?;
+    }
+    s.set_read_timeout(None)?;
+    Ok(())
+}
+
+/// Reads a secret file: its bytes, trailing whitespace trimmed; refuses an empty one.
+pub fn read_secret(path: &std::path::Path) -> io::Result<Vec<u8>> {
+    let raw = std::fs::read(path)
+        .map_err(|e| io::Error::new(e.kind(), format!("secret file {}: {e}", path.display())))?;
+    let end = raw
+        .iter()
+        .rposition(|b| !b.is_ascii_whitespace())
+        .map_or(0, |i| i + 1);
+    if end == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("secret file {} is empty", path.display()),
+        ));
+    }
+    Ok(raw[..end].to_vec())
+}
+
+/// Length-prefixed frames on the control connection (hello, pool descriptor).
+pub fn send_frame(s: &mut TcpStream, body: &[u8]) -> io::Result<()> {
+    let mut b = (body.len() as u32).to_le_bytes().to_vec();
+    b.extend_from_slice(body);
+    s.write_all(&b)
+}
+
+pub fn recv_frame(s: &mut TcpStream, max: usize) -> io::Result<Vec<u8>> {
+    let mut n = [0u8; 4];
+    s.read_exact(&mut n)?;
+    let n = u32::from_le_bytes(n) as usize;
+    if n > max {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("frame of {n} bytes over {max}"),
+        ));
+    }
+    let mut b = vec![0u8; n];
+    s.read_exact(&mut b)?;
+    Ok(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    fn run(
+        server: Option<&'static [u8]>,
+        client: Option<&'static [u8]>,
+    ) -> (io::Result<()>, io::Result<()>) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let t = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            accept(&mut s, server)
+        });
+        let mut c = TcpStream::connect(addr).unwrap();
+        let cr = connect(&mut c, client);
+        (t.join().unwrap(), cr)
+    }
+
+    #[test]
+    fn matching_secrets_pass_both_ways() {
+        let (s, c) = run(Some(b"k1"), Some(b"k1"));
+        assert!(s.is_ok() && c.is_ok());
+    }
+
+    #[test]
+    fn a_wrong_secret_is_refused() {
+        let (s, c) = run(Some(b"k1"), Some(b"k2"));
+        assert!(s.is_err() && c.is_err());
+    }
+
+    #[test]
+    fn a_client_without_the_secret_is_told_what_to_do() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let t = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            accept(&mut s, Some(b"k"))
+        });
+        let mut c = TcpStream::connect(addr).unwrap();
+        let e = connect(&mut c, None).unwrap_err();
+        assert!(e.to_string().contains("--secret-file"));
+        drop(c);
+        assert!(t.join().unwrap().is_err());
+    }
+
+    #[test]
+    fn no_secret_on_either_side_passes() {
+        let (s, c) = run(None, None);
+        assert!(s.is_ok() && c.is_ok());
+    }
+}

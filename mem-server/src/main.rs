@@ -1,0 +1,111 @@
+//! mem-server: an rfs storage node.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use mem_server::server::{Node, NodeConfig};
+use rdmabox::size::parse_size;
+use rdmabox::transport::{ProviderKind, TransportConfig};
+
+/// An rfs storage node: lends its RAM to clients for one-sided RDMA; the first node also runs
+/// the metadata service, more nodes `--join` it.
+#[derive(Parser)]
+#[command(version)]
+struct Args {
+    /// Address to listen on for clients and other nodes.
+    #[arg(long, default_value = "127.0.0.1:7470")]
+    listen: SocketAddr,
+    /// Memory to lend, with a unit: K, M, G or T (e.g. 8G).
+    #[arg(long, value_parser = parse_size)]
+    memory: u64,
+    /// Join the metadata node at HOST:PORT as a data node.
+    #[arg(long)]
+    join: Option<SocketAddr>,
+    /// Chunk size: the unit of allocation (power of two, at least 4K).
+    #[arg(long, default_value = "1M", value_parser = parse_size)]
+    chunk_size: u64,
+    /// Transport: auto (verbs when an RDMA device exists, else tcp), verbs or tcp.
+    #[arg(long, default_value = "auto")]
+    transport: ProviderKind,
+    /// File holding the shared secret that clients and nodes must prove they know.
+    #[arg(long)]
+    secret_file: Option<PathBuf>,
+    /// Without a secret, accept peers from other hosts too (by default: loopback only).
+    #[arg(long)]
+    insecure: bool,
+    /// HOST:PORT that clients should use to reach this node (default: from --listen).
+    #[arg(long)]
+    advertise: Option<String>,
+}
+
+fn wait_for_signal() {
+    // SAFETY: a local signal set; SIGINT and SIGTERM are blocked in every thread (set before
+    // any was spawned) and taken synchronously here.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        let mut sig = 0;
+        libc::sigwait(&set, &mut sig);
+    }
+}
+
+fn block_signals() {
+    // SAFETY: as above; blocking before threads exist makes every thread inherit the mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let args = Args::parse();
+    let secret = match &args.secret_file {
+        Some(p) => match mem_server::auth::read_secret(p) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                eprintln!("mem-server: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        None => None,
+    };
+    block_signals();
+    let cfg = NodeConfig {
+        chunk_size: args.chunk_size,
+        transport: TransportConfig::with_provider(args.transport),
+        secret,
+        insecure: args.insecure,
+        join: args.join,
+        advertise: args.advertise,
+        ..NodeConfig::new(args.listen, args.memory)
+    };
+    let node = match Node::start(cfg) {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("mem-server: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!(
+        "mem-server listening on {} ({}), serving {} MiB{}",
+        node.addr(),
+        node.transport(),
+        node.pool_bytes() >> 20,
+        match args.join {
+            Some(m) => format!(" as a data node of {m}"),
+            None => " with the metadata service".into(),
+        }
+    );
+    wait_for_signal();
+    log::info!("stopping");
+    node.shutdown();
+    ExitCode::SUCCESS
+}

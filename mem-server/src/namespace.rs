@@ -1,0 +1,801 @@
+//! The namespace: inodes, directories, attributes, link counts and each file's chunk map. Pure
+//! in-memory logic with POSIX semantics, no I/O; every operation returns an errno on failure.
+//!
+//! Permission checks are the kernel's (the client mounts with `default_permissions`); this module
+//! enforces structure: names, emptiness, types, link counts, unlink-while-open.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::proto::{Attr, ChunkRef, FileKind, SetAttr, Timestamp};
+
+pub type Ino = u64;
+pub const ROOT: Ino = 1;
+pub type Errno = i32;
+pub const NAME_MAX: usize = 255;
+
+pub const RENAME_NOREPLACE: u32 = 1;
+pub const RENAME_EXCHANGE: u32 = 2;
+
+enum Data {
+    File {
+        chunks: BTreeMap<u64, ChunkRef>,
+    },
+    Dir {
+        entries: BTreeMap<String, Ino>,
+        parent: Ino,
+    },
+    Symlink(String),
+    Special,
+}
+
+struct Inode {
+    attr: Attr,
+    data: Data,
+    /// Open handles; an unlinked inode lives until the last one is released.
+    open: u32,
+}
+
+pub fn now() -> Timestamp {
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    Timestamp {
+        secs: d.as_secs() as i64,
+        nsecs: d.subsec_nanos(),
+    }
+}
+
+/// One entry of a directory listing; `cookie` resumes the listing after this entry.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DirEntry {
+    pub cookie: u64,
+    pub name: String,
+    pub attr: Attr,
+}
+
+/// Who creates a node, and with which permission bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Owner {
+    pub perm: u16,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+pub struct Namespace {
+    inodes: HashMap<Ino, Inode>,
+    next_ino: Ino,
+    chunk_size: u64,
+}
+
+fn check_name(name: &str) -> Result<(), Errno> {
+    if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0') {
+        return Err(libc::EINVAL);
+    }
+    if name.len() > NAME_MAX {
+        return Err(libc::ENAMETOOLONG);
+    }
+    Ok(())
+}
+
+impl Namespace {
+    pub fn new(chunk_size: u64) -> Namespace {
+        let t = now();
+        let root = Inode {
+            attr: Attr {
+                ino: ROOT,
+                kind: FileKind::Directory,
+                perm: 0o755,
+                nlink: 2,
+                uid: 0,
+                gid: 0,
+                rdev: 0,
+                size: 0,
+                atime: t,
+                mtime: t,
+                ctime: t,
+            },
+            data: Data::Dir {
+                entries: BTreeMap::new(),
+                parent: ROOT,
+            },
+            open: 0,
+        };
+        Namespace {
+            inodes: HashMap::from([(ROOT, root)]),
+            next_ino: ROOT + 1,
+            chunk_size,
+        }
+    }
+
+    pub fn chunk_size(&self) -> u64 {
+        self.chunk_size
+    }
+
+    pub fn inode_count(&self) -> u64 {
+        self.inodes.len() as u64
+    }
+
+    fn get(&self, ino: Ino) -> Result<&Inode, Errno> {
+        self.inodes.get(&ino).ok_or(libc::ENOENT)
+    }
+
+    fn get_mut(&mut self, ino: Ino) -> Result<&mut Inode, Errno> {
+        self.inodes.get_mut(&ino).ok_or(libc::ENOENT)
+    }
+
+    fn entries(&self, dir: Ino) -> Result<&BTreeMap<String, Ino>, Errno> {
+        match &self.get(dir)?.data {
+            Data::Dir { entries, .. } => Ok(entries),
+            _ => Err(libc::ENOTDIR),
+        }
+    }
+
+    fn entries_mut(&mut self, dir: Ino) -> Result<&mut BTreeMap<String, Ino>, Errno> {
+        match &mut self.get_mut(dir)?.data {
+            Data::Dir { entries, .. } => Ok(entries),
+            _ => Err(libc::ENOTDIR),
+        }
+    }
+
+    fn touch_dir(&mut self, dir: Ino) {
+        let t = now();
+        if let Some(i) = self.inodes.get_mut(&dir) {
+            i.attr.mtime = t;
+            i.attr.ctime = t;
+        }
+    }
+
+    pub fn getattr(&self, ino: Ino) -> Result<Attr, Errno> {
+        Ok(self.get(ino)?.attr)
+    }
+
+    pub fn lookup(&self, parent: Ino, name: &str) -> Result<Attr, Errno> {
+        if name.len() > NAME_MAX {
+            return Err(libc::ENAMETOOLONG);
+        }
+        let entries = self.entries(parent)?;
+        let ino = match name {
+            "." => parent,
+            ".." => match &self.get(parent)?.data {
+                Data::Dir { parent, .. } => *parent,
+                _ => unreachable!("entries() checked it is a directory"),
+            },
+            _ => *entries.get(name).ok_or(libc::ENOENT)?,
+        };
+        self.getattr(ino)
+    }
+
+    fn insert(
+        &mut self,
+        parent: Ino,
+        name: &str,
+        (kind, rdev): (FileKind, u32),
+        owner: Owner,
+        data: Data,
+    ) -> Result<Attr, Errno> {
+        let Owner { perm, uid, gid } = owner;
+        check_name(name)?;
+        if self.entries(parent)?.contains_key(name) {
+            return Err(libc::EEXIST);
+        }
+        let ino = self.next_ino;
+        self.next_ino += 1;
+        let t = now();
+        let is_dir = kind == FileKind::Directory;
+        let attr = Attr {
+            ino,
+            kind,
+            perm: perm & 0o7777,
+            nlink: if is_dir { 2 } else { 1 },
+            uid,
+            gid,
+            rdev,
+            size: match &data {
+                Data::Symlink(t) => t.len() as u64,
+                _ => 0,
+            },
+            atime: t,
+            mtime: t,
+            ctime: t,
+        };
+        self.inodes.insert(
+            ino,
+            Inode {
+                attr,
+                data,
+                open: 0,
+            },
+        );
+        self.entries_mut(parent)?.insert(name.to_string(), ino);
+        if is_dir {
+            self.get_mut(parent)?.attr.nlink += 1;
+        }
+        self.touch_dir(parent);
+        Ok(attr)
+    }
+
+    pub fn mknod(
+        &mut self,
+        parent: Ino,
+        name: &str,
+        kind: FileKind,
+        rdev: u32,
+        owner: Owner,
+    ) -> Result<Attr, Errno> {
+        let data = match kind {
+            FileKind::RegularFile => Data::File {
+                chunks: BTreeMap::new(),
+            },
+            FileKind::NamedPipe
+            | FileKind::CharDevice
+            | FileKind::BlockDevice
+            | FileKind::Socket => Data::Special,
+            FileKind::Directory | FileKind::Symlink => return Err(libc::EINVAL),
+        };
+        self.insert(parent, name, (kind, rdev), owner, data)
+    }
+
+    pub fn mkdir(&mut self, parent: Ino, name: &str, owner: Owner) -> Result<Attr, Errno> {
+        let data = Data::Dir {
+            entries: BTreeMap::new(),
+            parent,
+        };
+        self.insert(parent, name, (FileKind::Directory, 0), owner, data)
+    }
+
+    pub fn symlink(
+        &mut self,
+        parent: Ino,
+        name: &str,
+        target: &str,
+        uid: u32,
+        gid: u32,
+    ) -> Result<Attr, Errno> {
+        if target.is_empty() {
+            return Err(libc::ENOENT);
+        }
+        if target.len() > 4096 {
+            return Err(libc::ENAMETOOLONG);
+        }
+        let data = Data::Symlink(target.to_string());
+        let owner = Owner {
+            perm: 0o777,
+            uid,
+            gid,
+        };
+        self.insert(parent, name, (FileKind::Symlink, 0), owner, data)
+    }
+
+    pub fn readlink(&self, ino: Ino) -> Result<String, Errno> {
+        match &self.get(ino)?.data {
+            Data::Symlink(t) => Ok(t.clone()),
+            _ => Err(libc::EINVAL),
+        }
+    }
+
+    pub fn link(&mut self, ino: Ino, newparent: Ino, newname: &str) -> Result<Attr, Errno> {
+        check_name(newname)?;
+        if self.get(ino)?.attr.kind == FileKind::Directory {
+            return Err(libc::EPERM);
+        }
+        if self.entries(newparent)?.contains_key(newname) {
+            return Err(libc::EEXIST);
+        }
+        self.entries_mut(newparent)?
+            .insert(newname.to_string(), ino);
+        let i = self.get_mut(ino)?;
+        i.attr.nlink += 1;
+        i.attr.ctime = now();
+        let attr = i.attr;
+        self.touch_dir(newparent);
+        Ok(attr)
+    }
+
+    /// Drops one link of `ino`; frees it (returning its chunks) once unlinked and closed.
+    fn drop_link(&mut self, ino: Ino) -> Vec<ChunkRef> {
+        let Some(i) = self.inodes.get_mut(&ino) else {
+            return Vec::new();
+        };
+        i.attr.nlink = i.attr.nlink.saturating_sub(1);
+        i.attr.ctime = now();
+        self.reap(ino)
+    }
+
+    fn reap(&mut self, ino: Ino) -> Vec<ChunkRef> {
+        match self.inodes.get(&ino) {
+            Some(i) if i.attr.nlink == 0 && i.open == 0 => {}
+            _ => return Vec::new(),
+        }
+        match self.inodes.remove(&ino).map(|i| i.data) {
+            Some(Data::File { chunks }) => chunks.into_values().collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    pub fn unlink(&mut self, parent: Ino, name: &str) -> Result<Vec<ChunkRef>, Errno> {
+        check_name(name)?;
+        let ino = *self.entries(parent)?.get(name).ok_or(libc::ENOENT)?;
+        if self.get(ino)?.attr.kind == FileKind::Directory {
+            return Err(libc::EISDIR);
+        }
+        self.entries_mut(parent)?.remove(name);
+        self.touch_dir(parent);
+        Ok(self.drop_link(ino))
+    }
+
+    pub fn rmdir(&mut self, parent: Ino, name: &str) -> Result<(), Errno> {
+        if name == "." {
+            return Err(libc::EINVAL);
+        }
+        if name == ".." {
+            return Err(libc::ENOTEMPTY);
+        }
+        check_name(name)?;
+        let ino = *self.entries(parent)?.get(name).ok_or(libc::ENOENT)?;
+        if !self.entries(ino)?.is_empty() {
+            return Err(libc::ENOTEMPTY);
+        }
+        self.entries_mut(parent)?.remove(name);
+        self.get_mut(parent)?.attr.nlink -= 1;
+        self.touch_dir(parent);
+        let i = self.get_mut(ino)?;
+        i.attr.nlink = 0;
+        self.reap(ino);
+        Ok(())
+    }
+
+    /// Whether `ino` is `ancestor` or lies below it.
+    fn is_within(&self, mut ino: Ino, ancestor: Ino) -> bool {
+        loop {
+            if ino == ancestor {
+                return true;
+            }
+            match self.inodes.get(&ino).map(|i| &i.data) {
+                Some(Data::Dir { parent, .. }) if *parent != ino => ino = *parent,
+                _ => return false,
+            }
+        }
+    }
+
+    fn set_parent(&mut self, dir: Ino, new_parent: Ino) {
+        if let Some(Inode {
+            data: Data::Dir { parent, .. },
+            ..
+        }) = self.inodes.get_mut(&dir)
+        {
+            *parent = new_parent;
+        }
+    }
+
+    /// rename(2) with renameat2's RENAME_NOREPLACE and RENAME_EXCHANGE. Returns the chunks of
+    /// a replaced file that are now free.
+    pub fn rename(
+        &mut self,
+        parent: Ino,
+        name: &str,
+        newparent: Ino,
+        newname: &str,
+        flags: u32,
+    ) -> Result<Vec<ChunkRef>, Errno> {
+        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0
+            || flags == RENAME_NOREPLACE | RENAME_EXCHANGE
+        {
+            return Err(libc::EINVAL);
+        }
+        check_name(name)?;
+        check_name(newname)?;
+        let src = *self.entries(parent)?.get(name).ok_or(libc::ENOENT)?;
+        let dst = self.entries(newparent)?.get(newname).copied();
+        let src_is_dir = self.get(src)?.attr.kind == FileKind::Directory;
+        if src_is_dir && self.is_within(newparent, src) {
+            return Err(libc::EINVAL);
+        }
+        if flags & RENAME_EXCHANGE != 0 {
+            let dst = dst.ok_or(libc::ENOENT)?;
+            let dst_is_dir = self.get(dst)?.attr.kind == FileKind::Directory;
+            if dst_is_dir && self.is_within(parent, dst) {
+                return Err(libc::EINVAL);
+            }
+            self.entries_mut(parent)?.insert(name.to_string(), dst);
+            self.entries_mut(newparent)?
+                .insert(newname.to_string(), src);
+            if src_is_dir != dst_is_dir && parent != newparent {
+                let (to_new, to_old) = if src_is_dir { (1i64, -1i64) } else { (-1, 1) };
+                self.get_mut(newparent)?.attr.nlink =
+                    (self.get(newparent)?.attr.nlink as i64 + to_new) as u32;
+                self.get_mut(parent)?.attr.nlink =
+                    (self.get(parent)?.attr.nlink as i64 + to_old) as u32;
+            }
+            if src_is_dir {
+                self.set_parent(src, newparent);
+            }
+            if dst_is_dir {
+                self.set_parent(dst, parent);
+            }
+            self.touch_dir(parent);
+            self.touch_dir(newparent);
+            return Ok(Vec::new());
+        }
+        let mut freed = Vec::new();
+        if let Some(dst) = dst {
+            if flags & RENAME_NOREPLACE != 0 {
+                return Err(libc::EEXIST);
+            }
+            if dst == src {
+                return Ok(Vec::new());
+            }
+            let dst_is_dir = self.get(dst)?.attr.kind == FileKind::Directory;
+            match (src_is_dir, dst_is_dir) {
+                (true, false) => return Err(libc::ENOTDIR),
+                (false, true) => return Err(libc::EISDIR),
+                (true, true) if !self.entries(dst)?.is_empty() => return Err(libc::ENOTEMPTY),
+                _ => {}
+            }
+            self.entries_mut(newparent)?.remove(newname);
+            if dst_is_dir {
+                self.get_mut(newparent)?.attr.nlink -= 1;
+                self.get_mut(dst)?.attr.nlink = 0;
+                self.reap(dst);
+            } else {
+                freed = self.drop_link(dst);
+            }
+        }
+        self.entries_mut(parent)?.remove(name);
+        self.entries_mut(newparent)?
+            .insert(newname.to_string(), src);
+        if src_is_dir && parent != newparent {
+            self.get_mut(parent)?.attr.nlink -= 1;
+            self.get_mut(newparent)?.attr.nlink += 1;
+            self.set_parent(src, newparent);
+        }
+        self.get_mut(src)?.attr.ctime = now();
+        self.touch_dir(parent);
+        self.touch_dir(newparent);
+        Ok(freed)
+    }
+
+    /// Entries after `cookie` (0: from the start, with "." and ".."), at most `max`.
+    pub fn readdir(&self, ino: Ino, cookie: u64, max: usize) -> Result<Vec<DirEntry>, Errno> {
+        let entries = self.entries(ino)?;
+        let parent = match &self.get(ino)?.data {
+            Data::Dir { parent, .. } => *parent,
+            _ => unreachable!("entries() checked it is a directory"),
+        };
+        // Cookies: 1 = ".", 2 = "..", then 3 + the entry's position among the sorted names.
+        // Names are stable keys, so resume by name rather than position when entries change.
+        let mut out = Vec::new();
+        if cookie < 1 {
+            out.push(DirEntry {
+                cookie: 1,
+                name: ".".into(),
+                attr: self.getattr(ino)?,
+            });
+        }
+        if cookie < 2 && out.len() < max {
+            out.push(DirEntry {
+                cookie: 2,
+                name: "..".into(),
+                attr: self.getattr(parent)?,
+            });
+        }
+        let skip = cookie.saturating_sub(2) as usize;
+        for (pos, (name, &child)) in entries.iter().enumerate().skip(skip) {
+            if out.len() >= max {
+                break;
+            }
+            out.push(DirEntry {
+                cookie: pos as u64 + 3,
+                name: name.clone(),
+                attr: self.getattr(child)?,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Applies chmod/chown/truncate/utimens. Returns the new attributes and the chunks that a
+    /// truncation freed.
+    pub fn setattr(&mut self, ino: Ino, s: &SetAttr) -> Result<(Attr, Vec<ChunkRef>), Errno> {
+        let chunk_size = self.chunk_size;
+        let i = self.get_mut(ino)?;
+        let t = now();
+        let mut freed = Vec::new();
+        if let Some(size) = s.size {
+            match &mut i.data {
+                Data::File { chunks } => {
+                    let keep = size.div_ceil(chunk_size);
+                    freed = chunks.split_off(&keep).into_values().collect();
+                    i.attr.size = size;
+                    i.attr.mtime = t;
+                }
+                Data::Dir { .. } => return Err(libc::EISDIR),
+                _ => return Err(libc::EINVAL),
+            }
+        }
+        if let Some(mode) = s.mode {
+            i.attr.perm = (mode & 0o7777) as u16;
+        }
+        if let Some(uid) = s.uid {
+            i.attr.uid = uid;
+        }
+        if let Some(gid) = s.gid {
+            i.attr.gid = gid;
+        }
+        if let Some(a) = s.atime {
+            i.attr.atime = a;
+        }
+        if let Some(m) = s.mtime {
+            i.attr.mtime = m;
+        }
+        i.attr.ctime = t;
+        Ok((i.attr, freed))
+    }
+
+    pub fn open(&mut self, ino: Ino) -> Result<Attr, Errno> {
+        let i = self.get_mut(ino)?;
+        i.open += 1;
+        Ok(i.attr)
+    }
+
+    /// Releases an open handle; returns chunks freed if it was the last one of an unlinked file.
+    pub fn release(&mut self, ino: Ino) -> Vec<ChunkRef> {
+        match self.inodes.get_mut(&ino) {
+            Some(i) => {
+                i.open = i.open.saturating_sub(1);
+                self.reap(ino)
+            }
+            None => Vec::new(),
+        }
+    }
+
+    /// Records a client's writes: the size grows to `size` (never shrinks: that is truncate).
+    pub fn commit(&mut self, ino: Ino, size: u64, mtime: Option<Timestamp>) -> Result<Attr, Errno> {
+        let i = self.get_mut(ino)?;
+        if i.attr.kind != FileKind::RegularFile {
+            return Err(libc::EINVAL);
+        }
+        if size > i.attr.size {
+            i.attr.size = size;
+        }
+        if let Some(m) = mtime {
+            i.attr.mtime = m;
+            i.attr.ctime = now();
+        }
+        Ok(i.attr)
+    }
+
+    fn chunks(&self, ino: Ino) -> Result<&BTreeMap<u64, ChunkRef>, Errno> {
+        match &self.get(ino)?.data {
+            Data::File { chunks } => Ok(chunks),
+            Data::Dir { .. } => Err(libc::EISDIR),
+            _ => Err(libc::EINVAL),
+        }
+    }
+
+    /// The allocated chunks among `first..first+count`.
+    pub fn chunk_map(
+        &self,
+        ino: Ino,
+        first: u64,
+        count: u64,
+    ) -> Result<Vec<(u64, ChunkRef)>, Errno> {
+        Ok(self
+            .chunks(ino)?
+            .range(first..first.saturating_add(count))
+            .map(|(&i, &c)| (i, c))
+            .collect())
+    }
+
+    /// Indices in `first..first+count` that have no chunk yet.
+    pub fn missing_chunks(&self, ino: Ino, first: u64, count: u64) -> Result<Vec<u64>, Errno> {
+        let chunks = self.chunks(ino)?;
+        Ok((first..first.saturating_add(count))
+            .filter(|i| !chunks.contains_key(i))
+            .collect())
+    }
+
+    pub fn add_chunks(&mut self, ino: Ino, new: &[(u64, ChunkRef)]) -> Result<(), Errno> {
+        match &mut self.get_mut(ino)?.data {
+            Data::File { chunks } => {
+                for &(i, c) in new {
+                    chunks.entry(i).or_insert(c);
+                }
+                Ok(())
+            }
+            _ => Err(libc::EINVAL),
+        }
+    }
+
+    /// Every chunk on `node`, for when a node leaves: the files keep their map (reads fail).
+    pub fn chunks_on_node(&self, node: u32) -> usize {
+        self.inodes
+            .values()
+            .filter_map(|i| match &i.data {
+                Data::File { chunks } => Some(chunks.values().filter(|c| c.node == node).count()),
+                _ => None,
+            })
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OWNER: Owner = Owner {
+        perm: 0o755,
+        uid: 0,
+        gid: 0,
+    };
+
+    fn ns() -> Namespace {
+        Namespace::new(1 << 20)
+    }
+
+    fn file(ns: &mut Namespace, parent: Ino, name: &str) -> Ino {
+        ns.mknod(parent, name, FileKind::RegularFile, 0, OWNER)
+            .unwrap()
+            .ino
+    }
+
+    fn chunk(n: u64) -> ChunkRef {
+        ChunkRef {
+            node: 0,
+            addr: n << 20,
+            rkey: 1,
+        }
+    }
+
+    #[test]
+    fn create_lookup_and_errors() {
+        let mut n = ns();
+        let f = file(&mut n, ROOT, "a");
+        assert_eq!(n.lookup(ROOT, "a").unwrap().ino, f);
+        assert_eq!(
+            n.mknod(ROOT, "a", FileKind::RegularFile, 0, OWNER),
+            Err(libc::EEXIST)
+        );
+        assert_eq!(n.lookup(ROOT, "b"), Err(libc::ENOENT));
+        assert_eq!(n.lookup(f, "x"), Err(libc::ENOTDIR));
+        let long = "x".repeat(256);
+        assert_eq!(n.mkdir(ROOT, &long, OWNER), Err(libc::ENAMETOOLONG));
+        assert_eq!(n.lookup(ROOT, &long), Err(libc::ENAMETOOLONG));
+        assert_eq!(n.mkdir(ROOT, "a/b", OWNER), Err(libc::EINVAL));
+        assert_eq!(n.lookup(ROOT, "..").unwrap().ino, ROOT);
+    }
+
+    #[test]
+    fn directory_link_counts_and_rmdir() {
+        let mut n = ns();
+        let d = n.mkdir(ROOT, "d", OWNER).unwrap().ino;
+        assert_eq!(n.getattr(ROOT).unwrap().nlink, 3);
+        n.mkdir(d, "e", OWNER).unwrap();
+        file(&mut n, d, "f");
+        assert_eq!(n.getattr(d).unwrap().nlink, 3);
+        assert_eq!(n.rmdir(ROOT, "d"), Err(libc::ENOTEMPTY));
+        assert_eq!(n.rmdir(d, "f"), Err(libc::ENOTDIR));
+        assert_eq!(n.unlink(d, "e"), Err(libc::EISDIR));
+        n.rmdir(d, "e").unwrap();
+        n.unlink(d, "f").unwrap();
+        n.rmdir(ROOT, "d").unwrap();
+        assert_eq!(n.getattr(ROOT).unwrap().nlink, 2);
+        assert_eq!(n.getattr(d), Err(libc::ENOENT));
+    }
+
+    #[test]
+    fn hard_links_count_and_free_on_last_unlink() {
+        let mut n = ns();
+        let f = file(&mut n, ROOT, "a");
+        n.add_chunks(f, &[(0, chunk(0)), (1, chunk(1))]).unwrap();
+        assert_eq!(n.link(f, ROOT, "b").unwrap().nlink, 2);
+        assert!(n.unlink(ROOT, "a").unwrap().is_empty(), "still linked");
+        assert_eq!(n.getattr(f).unwrap().nlink, 1);
+        assert_eq!(n.unlink(ROOT, "b").unwrap().len(), 2, "chunks freed");
+        assert_eq!(n.getattr(f), Err(libc::ENOENT));
+        let d = n.mkdir(ROOT, "d", OWNER).unwrap().ino;
+        assert_eq!(n.link(d, ROOT, "d2"), Err(libc::EPERM));
+    }
+
+    #[test]
+    fn unlink_while_open_keeps_data_until_release() {
+        let mut n = ns();
+        let f = file(&mut n, ROOT, "a");
+        n.add_chunks(f, &[(0, chunk(0))]).unwrap();
+        n.open(f).unwrap();
+        n.open(f).unwrap();
+        assert!(n.unlink(ROOT, "a").unwrap().is_empty());
+        assert_eq!(n.chunk_map(f, 0, 10).unwrap().len(), 1, "data still there");
+        assert!(n.release(f).is_empty(), "one handle left");
+        assert_eq!(n.release(f).len(), 1, "freed at the last release");
+        assert_eq!(n.getattr(f), Err(libc::ENOENT));
+    }
+
+    #[test]
+    fn rename_over_existing_and_its_errors() {
+        let mut n = ns();
+        let a = file(&mut n, ROOT, "a");
+        let b = file(&mut n, ROOT, "b");
+        n.add_chunks(b, &[(0, chunk(7))]).unwrap();
+        assert_eq!(n.rename(ROOT, "a", ROOT, "b", 0).unwrap(), vec![chunk(7)]);
+        assert_eq!(n.lookup(ROOT, "b").unwrap().ino, a);
+        assert_eq!(n.lookup(ROOT, "a"), Err(libc::ENOENT));
+        let d = n.mkdir(ROOT, "d", OWNER).unwrap().ino;
+        let e = n.mkdir(ROOT, "e", OWNER).unwrap().ino;
+        file(&mut n, e, "x");
+        assert_eq!(n.rename(ROOT, "b", ROOT, "d", 0), Err(libc::EISDIR));
+        assert_eq!(n.rename(ROOT, "d", ROOT, "b", 0), Err(libc::ENOTDIR));
+        assert_eq!(n.rename(ROOT, "d", ROOT, "e", 0), Err(libc::ENOTEMPTY));
+        assert_eq!(n.rename(ROOT, "d", d, "inside", 0), Err(libc::EINVAL));
+        assert_eq!(
+            n.rename(ROOT, "b", ROOT, "d", RENAME_NOREPLACE),
+            Err(libc::EEXIST)
+        );
+        // Move a directory into another: link counts follow.
+        n.rename(ROOT, "d", e, "d", 0).unwrap();
+        assert_eq!(n.getattr(e).unwrap().nlink, 3);
+        assert_eq!(n.getattr(ROOT).unwrap().nlink, 3);
+        assert_eq!(n.lookup(d, "..").unwrap().ino, e);
+        // Replace an empty directory.
+        let f = n.mkdir(ROOT, "f", OWNER).unwrap().ino;
+        n.rename(e, "d", ROOT, "f", 0).unwrap();
+        assert_eq!(n.getattr(f), Err(libc::ENOENT));
+        assert_eq!(n.lookup(ROOT, "f").unwrap().ino, d);
+    }
+
+    #[test]
+    fn rename_exchange_swaps() {
+        let mut n = ns();
+        let a = file(&mut n, ROOT, "a");
+        let d = n.mkdir(ROOT, "d", OWNER).unwrap().ino;
+        n.rename(ROOT, "a", ROOT, "d", RENAME_EXCHANGE).unwrap();
+        assert_eq!(n.lookup(ROOT, "a").unwrap().ino, d);
+        assert_eq!(n.lookup(ROOT, "d").unwrap().ino, a);
+        assert_eq!(
+            n.rename(ROOT, "a", ROOT, "zz", RENAME_EXCHANGE),
+            Err(libc::ENOENT)
+        );
+        assert_eq!(n.rename(ROOT, "a", ROOT, "d", 3), Err(libc::EINVAL));
+    }
+
+    #[test]
+    fn truncate_frees_whole_chunks_past_the_size() {
+        let mut n = ns();
+        let f = file(&mut n, ROOT, "a");
+        n.add_chunks(f, &[(0, chunk(0)), (1, chunk(1)), (2, chunk(2))])
+            .unwrap();
+        let set = SetAttr {
+            size: Some((1 << 20) + 1),
+            ..SetAttr::default()
+        };
+        let (attr, freed) = n.setattr(f, &set).unwrap();
+        assert_eq!(attr.size, (1 << 20) + 1);
+        assert_eq!(freed, vec![chunk(2)]);
+        assert_eq!(n.missing_chunks(f, 0, 3).unwrap(), vec![2]);
+        n.commit(f, 10, None).unwrap();
+        assert_eq!(
+            n.getattr(f).unwrap().size,
+            (1 << 20) + 1,
+            "commit never shrinks"
+        );
+    }
+
+    #[test]
+    fn readdir_pages_through_a_large_directory() {
+        let mut n = ns();
+        for i in 0..1000 {
+            file(&mut n, ROOT, &format!("f{i:04}"));
+        }
+        let mut names = Vec::new();
+        let mut cookie = 0;
+        loop {
+            let page = n.readdir(ROOT, cookie, 64).unwrap();
+            if page.is_empty() {
+                break;
+            }
+            cookie = page.last().unwrap().cookie;
+            names.extend(page.into_iter().map(|e| e.name));
+        }
+        assert_eq!(names.len(), 1002);
+        assert_eq!(&names[..3], [".", "..", "f0000"]);
+    }
+}
