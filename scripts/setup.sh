@@ -16,7 +16,7 @@ if [ -f /etc/apt/sources.list.d/debian.sources ] &&
 fi
 
 PKGS=(build-essential pkg-config cmake libclang-dev libnl-3-dev libnl-route-3-dev libibverbs-dev
-      ibverbs-providers fuse3 libfuse3-dev qemu-system-x86 debootstrap cpio kmod python3)
+      ibverbs-providers fuse3 libfuse3-dev fio qemu-system-x86 debootstrap cpio kmod python3)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

@@ -191,8 +191,14 @@ impl Client {
             log::warn!("data node {node} at {addr}: {e}");
             libc::EIO
         })?;
+        // Another thread may have connected meanwhile: keep the first live session, since
+        // dropping a session fails the requests in flight on it.
+        let mut data = self.data.lock().unwrap();
+        if let Some(existing) = data.get(&node).filter(|e| e.session.is_open()) {
+            return Ok(existing.clone());
+        }
         let d = Arc::new(d);
-        self.data.lock().unwrap().insert(node, d.clone());
+        data.insert(node, d.clone());
         Ok(d)
     }
 

@@ -448,7 +448,7 @@ impl Qp {
         let sent = unsafe { sh.transmit(&mut iovs) };
         drop(psn);
         if let Err(e) = sent {
-            log::debug!("qp {}: send failed: {e}", sh.qpn);
+            log::warn!("qp {}: send failed: {e}", sh.qpn);
             sh.enter_error();
             sh.close();
         }
@@ -457,6 +457,11 @@ impl Qp {
         }
         if valid < chain.len() {
             let bad = &chain[valid];
+            log::warn!(
+                "qp {}: wr {} refers to memory outside this protection domain",
+                sh.qpn,
+                bad.wr_id
+            );
             sh.send_cq.push(sh.completion(
                 bad.wr_id,
                 WcStatus::LocalProtectionError,

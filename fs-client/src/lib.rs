@@ -1,0 +1,9 @@
+//! rfs client: a POSIX file system over FUSE whose file data lives in storage nodes' memory.
+//!
+//! - [`fs`]: the operations, testable without FUSE.
+//! - [`fuse`]: the fuser adapter.
+//! - [`options`]: mount options (flags and `-o`).
+
+pub mod fs;
+pub mod fuse;
+pub mod options;

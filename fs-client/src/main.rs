@@ -1,0 +1,330 @@
+//! fs-client: mounts an rfs namespace.
+//!
+//!   fs-client HOST:PORT MOUNTPOINT [-o opt,...]   mount (foreground; --daemon to background)
+//!   fs-client stats MOUNTPOINT                    print the live statistics of a mount
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use fs_client::fs::{Rfs, STATS_NAME};
+use fs_client::fuse::RfsFuse;
+use fs_client::options::MountConfig;
+use fuser::{MountOption, SessionACL};
+use mem_server::client::{Client, ClientConfig};
+use rdmabox::rpc::RpcConfig;
+use rdmabox::transport::TransportConfig;
+use rdmabox::SessionConfig;
+
+/// Mount an rfs namespace: POSIX files whose data moves by one-sided RDMA to storage nodes.
+/// Unmount with `fusermount3 -u MOUNTPOINT` (or SIGINT/SIGTERM). `fs-client stats MOUNTPOINT`
+/// prints the live counters of a mount.
+#[derive(Parser)]
+#[command(version)]
+struct Args {
+    /// The metadata node, HOST:PORT.
+    server: String,
+    /// Where to mount.
+    mountpoint: PathBuf,
+    /// Mount options, comma separated (the flags below by their -o names, e.g.
+    /// -o max_write=128K,qps=2,window=off).
+    #[arg(short = 'o', value_name = "OPTIONS")]
+    options: Vec<String>,
+    /// Background once the mount is ready.
+    #[arg(long)]
+    daemon: bool,
+    /// Let other users access the mount (-o allow_other).
+    #[arg(long)]
+    allow_other: bool,
+    /// Largest write the kernel sends, up to 1M (-o max_write).
+    #[arg(long)]
+    max_write: Option<String>,
+    /// Kernel writeback cache on/off (-o writeback_cache).
+    #[arg(long)]
+    writeback_cache: Option<String>,
+    /// Seconds the kernel caches attributes (-o attr_timeout).
+    #[arg(long)]
+    attr_timeout: Option<String>,
+    /// Seconds the kernel caches names (-o entry_timeout).
+    #[arg(long)]
+    entry_timeout: Option<String>,
+    /// FUSE dispatch threads (-o threads).
+    #[arg(long)]
+    threads: Option<String>,
+    /// auto, verbs or tcp (-o transport).
+    #[arg(long)]
+    transport: Option<String>,
+    /// Shared secret of the storage nodes (-o secret_file).
+    #[arg(long)]
+    secret_file: Option<String>,
+    /// Seconds before I/O to a silent storage node fails with EIO (-o io_timeout).
+    #[arg(long)]
+    io_timeout: Option<String>,
+    /// Queue pairs per storage node (-o qps).
+    #[arg(long)]
+    qps: Option<String>,
+    /// Admission window: off, a size (7M) or adaptive (-o window).
+    #[arg(long)]
+    window: Option<String>,
+    /// preMR/dynMR threshold: a size, or never (-o dyn_threshold).
+    #[arg(long)]
+    dyn_threshold: Option<String>,
+    /// Polling: busy, event, event-batch, adaptive[:MAX_POLL_WC:MAX_RETRY] (-o polling).
+    #[arg(long)]
+    polling: Option<String>,
+    /// Merging of adjacent requests on/off (-o merge).
+    #[arg(long)]
+    merge: Option<String>,
+    /// Doorbell chaining on/off (-o chain).
+    #[arg(long)]
+    chain: Option<String>,
+}
+
+impl Args {
+    fn config(&self) -> Result<MountConfig, String> {
+        let mut c = MountConfig::default();
+        if self.allow_other {
+            c.apply("allow_other")?;
+        }
+        let flags = [
+            ("max_write", &self.max_write),
+            ("writeback_cache", &self.writeback_cache),
+            ("attr_timeout", &self.attr_timeout),
+            ("entry_timeout", &self.entry_timeout),
+            ("threads", &self.threads),
+            ("transport", &self.transport),
+            ("secret_file", &self.secret_file),
+            ("io_timeout", &self.io_timeout),
+            ("qps", &self.qps),
+            ("window", &self.window),
+            ("dyn_threshold", &self.dyn_threshold),
+            ("polling", &self.polling),
+            ("merge", &self.merge),
+            ("chain", &self.chain),
+        ];
+        for (name, value) in flags {
+            if let Some(v) = value {
+                c.apply(&format!("{name}={v}"))?;
+            }
+        }
+        for list in &self.options {
+            c.apply_list(list)?;
+        }
+        Ok(c)
+    }
+}
+
+fn signals() -> libc::sigset_t {
+    // SAFETY: a local, fully initialized signal set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        set
+    }
+}
+
+/// Waits up to `timeout` for SIGINT/SIGTERM (blocked in every thread, so only we take them).
+fn signalled(timeout: Duration) -> bool {
+    let set = signals();
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: valid set and timeout; no siginfo wanted.
+    unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &ts) > 0 }
+}
+
+fn stats(mountpoint: &str) -> ExitCode {
+    match std::fs::read_to_string(PathBuf::from(mountpoint).join(STATS_NAME)) {
+        Ok(s) => {
+            print!("{s}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("fs-client stats: {mountpoint}: {e} (is it an rfs mount?)");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Starts the mount in a child process and returns once it says it is ready.
+fn daemonize() -> ExitCode {
+    use std::os::unix::process::CommandExt;
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--daemon")
+        .collect();
+    let mut child = match Command::new(std::env::current_exe().expect("own path"))
+        .args(&args)
+        .env(DAEMON_ENV, "1")
+        .stdout(Stdio::piped())
+        .stdin(Stdio::null())
+        .process_group(0)
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("fs-client: cannot start the daemon: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut line = String::new();
+    let _ = BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line);
+    if line.trim() == "ready" {
+        println!("fs-client: mounted (pid {})", child.id());
+        ExitCode::SUCCESS
+    } else {
+        let _ = child.wait();
+        ExitCode::FAILURE
+    }
+}
+
+const DAEMON_ENV: &str = "RFS_DAEMON_CHILD";
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some("stats") {
+        return match argv.get(2) {
+            Some(m) if argv.len() == 3 => stats(m),
+            _ => {
+                eprintln!("usage: fs-client stats MOUNTPOINT");
+                ExitCode::from(2)
+            }
+        };
+    }
+    let args = Args::parse();
+    let cfg = match args.config() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("fs-client: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if args.daemon {
+        return daemonize();
+    }
+    let daemon_child = std::env::var_os(DAEMON_ENV).is_some();
+    let secret = match &cfg.secret_file {
+        Some(p) => match mem_server::auth::read_secret(p) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                eprintln!("fs-client: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        None => None,
+    };
+    // Block the signals before any thread starts, so every thread inherits the mask.
+    let set = signals();
+    // SAFETY: valid set; changes only this thread's mask.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+
+    let mut transport = TransportConfig::with_provider(cfg.transport);
+    transport.tcp.dead_peer_timeout = cfg.io_timeout;
+    let client_cfg = ClientConfig {
+        transport,
+        secret,
+        session: SessionConfig {
+            qps: cfg.qps,
+            window: cfg.window,
+            dyn_threshold: cfg.dyn_threshold,
+            polling: cfg.polling,
+            merge: cfg.merge,
+            chain: cfg.chain,
+            ..SessionConfig::default()
+        },
+        rpc: RpcConfig {
+            timeout: cfg.io_timeout * 2,
+            ..RpcConfig::default()
+        },
+        connect_timeout: cfg.io_timeout,
+    };
+    let client = match Client::connect(&args.server, client_cfg) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("fs-client: cannot reach {}: {e}", args.server);
+            return ExitCode::FAILURE;
+        }
+    };
+    let fs = match Rfs::new(client) {
+        Ok(f) => Arc::new(f),
+        Err(e) => {
+            eprintln!(
+                "fs-client: {}: {}",
+                args.server,
+                std::io::Error::from_raw_os_error(e)
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut fuse_cfg = fuser::Config::default();
+    fuse_cfg.mount_options = vec![
+        MountOption::FSName(format!("rfs@{}", args.server)),
+        MountOption::Subtype("rfs".into()),
+        MountOption::DefaultPermissions,
+        MountOption::NoAtime,
+    ];
+    if cfg.allow_other {
+        fuse_cfg
+            .mount_options
+            .push(MountOption::CUSTOM("allow_other".into()));
+        fuse_cfg.acl = SessionACL::All;
+    }
+    fuse_cfg.n_threads = Some(cfg.threads);
+    fuse_cfg.clone_fd = true;
+    let session =
+        match fuser::spawn_mount(RfsFuse::new(fs, cfg.clone()), &args.mountpoint, &fuse_cfg) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!(
+                    "fs-client: mounting on {}: {e} (does it exist? is fuse3 installed?)",
+                    args.mountpoint.display()
+                );
+                return ExitCode::FAILURE;
+            }
+        };
+    if daemon_child {
+        println!("ready");
+        let _ = std::io::stdout().flush();
+        // The parent stops reading: send further output nowhere.
+        if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+            use std::os::fd::AsRawFd;
+            // SAFETY: replaces our stdout with /dev/null; both descriptors are valid.
+            unsafe { libc::dup2(null.as_raw_fd(), 1) };
+        }
+    } else {
+        eprintln!(
+            "fs-client: {} mounted on {}",
+            args.server,
+            args.mountpoint.display()
+        );
+    }
+    loop {
+        if signalled(Duration::from_millis(200)) {
+            log::info!("signal: unmounting");
+            return match session.umount_and_join() {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("fs-client: unmount: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        if session.guard.is_finished() {
+            // Unmounted from outside (fusermount3 -u).
+            return match session.join() {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("fs-client: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! The end-to-end harness: starts real `mem-server` processes and real `fs-client` mounts, each
+//! on its own ephemeral port and mount point, and tears them down (unmount, kill by PID, remove
+//! the directory) when dropped, also when a test fails.
+//!
+//! The binaries come from the workspace's target directory: `cargo test --workspace` builds them
+//! (mem-server and fs-client have integration tests of their own).
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// A binary of this workspace, next to the running test's own profile directory.
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test> -> target/<profile>/<name>
+    let path = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target layout")
+        .join(name);
+    assert!(
+        path.exists(),
+        "{} is not built: run `cargo build --workspace` (or `cargo test --workspace`) first",
+        path.display()
+    );
+    path
+}
+
+/// A mem-server process.
+pub struct MemServer {
+    child: Child,
+    pub addr: SocketAddr,
+}
+
+impl MemServer {
+    pub fn start(args: &[&str]) -> MemServer {
+        let mut child = Command::new(bin("mem-server"))
+            .args(["--listen", "127.0.0.1:0", "--transport", "tcp"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start mem-server");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("piped"))
+            .read_line(&mut line)
+            .expect("mem-server banner");
+        let addr = line
+            .split_whitespace()
+            .nth(3)
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("unexpected mem-server banner {line:?}"));
+        MemServer { child, addr }
+    }
+
+    /// A metadata node lending `memory` with `chunk` chunks.
+    pub fn meta(memory: &str, chunk: &str) -> MemServer {
+        MemServer::start(&["--memory", memory, "--chunk-size", chunk])
+    }
+
+    /// A data node joining `meta`.
+    pub fn data(meta: &MemServer, memory: &str, chunk: &str) -> MemServer {
+        let m = meta.addr.to_string();
+        MemServer::start(&["--memory", memory, "--chunk-size", chunk, "--join", &m])
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for MemServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+static NEXT_MOUNT: AtomicU32 = AtomicU32::new(0);
+
+fn is_mounted(dir: &Path) -> bool {
+    let target = dir.to_string_lossy();
+    std::fs::read_to_string("/proc/mounts")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split_whitespace().nth(1) == Some(&target))
+}
+
+/// An fs-client mount in a fresh directory.
+pub struct Mount {
+    child: Child,
+    pub dir: PathBuf,
+}
+
+impl Mount {
+    pub fn new(server: &MemServer, opts: &[&str]) -> Mount {
+        let n = NEXT_MOUNT.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("rfs-e2e-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("mount point");
+        let mut o = vec!["transport=tcp".to_string()];
+        o.extend(opts.iter().map(|s| s.to_string()));
+        let child = Command::new(bin("fs-client"))
+            .arg(server.addr.to_string())
+            .arg(&dir)
+            .args(["-o", &o.join(",")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start fs-client");
+        let mut m = Mount { child, dir };
+        let start = Instant::now();
+        while !is_mounted(&m.dir) {
+            if let Ok(Some(status)) = m.child.try_wait() {
+                panic!("fs-client exited before mounting: {status}");
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "mount did not appear"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        m.wait_ready();
+        m
+    }
+
+    fn wait_ready(&mut self) {
+        // The first stat goes through the new mount (and proves it answers).
+        let start = Instant::now();
+        while std::fs::metadata(&self.dir).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "mount does not answer"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.join(rel)
+    }
+
+    /// Unmounts with fusermount3 and waits for fs-client to exit; returns its exit success.
+    pub fn unmount(&mut self) -> bool {
+        let ok = Command::new("fusermount3")
+            .arg("-u")
+            .arg(&self.dir)
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(10) {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return ok && status.success();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if is_mounted(&self.dir) {
+            // Lazy unmount: never hang a failing test on a busy mount.
+            let _ = Command::new("fusermount3")
+                .args(["-u", "-z"])
+                .arg(&self.dir)
+                .stderr(Stdio::null())
+                .status();
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// The errno of an I/O error (0 when it has none).
+pub fn errno(e: &std::io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(0)
+}

@@ -1,0 +1,237 @@
+//! POSIX semantics through a real mount.
+
+use std::ffi::CString;
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+use rfs_e2e::{errno, MemServer, Mount};
+
+fn cpath(p: &std::path::Path) -> CString {
+    CString::new(p.as_os_str().as_bytes()).unwrap()
+}
+
+#[test]
+fn files_directories_links_and_their_errors() {
+    let server = MemServer::meta("64M", "1M");
+    let m = Mount::new(&server, &[]);
+    let a = m.path("a");
+    fs::write(&a, b"hello").unwrap();
+    assert_eq!(fs::read(&a).unwrap(), b"hello");
+    // Append and overwrite in the middle.
+    OpenOptions::new()
+        .append(true)
+        .open(&a)
+        .unwrap()
+        .write_all(b" world")
+        .unwrap();
+    let mut f = OpenOptions::new().write(true).open(&a).unwrap();
+    f.seek(SeekFrom::Start(1)).unwrap();
+    f.write_all(b"EL").unwrap();
+    drop(f);
+    assert_eq!(fs::read(&a).unwrap(), b"hELlo world");
+
+    // Errors.
+    assert_eq!(
+        errno(&fs::read(m.path("missing")).unwrap_err()),
+        libc::ENOENT
+    );
+    assert_eq!(
+        errno(
+            &OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&a)
+                .unwrap_err()
+        ),
+        libc::EEXIST
+    );
+    fs::create_dir(m.path("d")).unwrap();
+    fs::write(m.path("d/f"), b"x").unwrap();
+    assert_eq!(
+        errno(&fs::remove_dir(m.path("d")).unwrap_err()),
+        libc::ENOTEMPTY
+    );
+    assert_eq!(
+        errno(&fs::remove_file(m.path("d")).unwrap_err()),
+        libc::EISDIR
+    );
+    assert_eq!(
+        errno(&fs::write(m.path("a/x"), b"").unwrap_err()),
+        libc::ENOTDIR
+    );
+    let long = "n".repeat(256);
+    assert_eq!(
+        errno(&fs::write(m.path(&long), b"").unwrap_err()),
+        libc::ENAMETOOLONG
+    );
+    assert_eq!(
+        errno(
+            &File::open(m.path("d"))
+                .and_then(|mut f| f.read(&mut [0; 4]))
+                .unwrap_err()
+        ),
+        libc::EISDIR
+    );
+
+    // Hard links and symlinks.
+    fs::hard_link(&a, m.path("d/a2")).unwrap();
+    assert_eq!(fs::metadata(&a).unwrap().nlink(), 2);
+    std::os::unix::fs::symlink("../a", m.path("d/sym")).unwrap();
+    assert_eq!(
+        fs::read_link(m.path("d/sym")).unwrap().to_str(),
+        Some("../a")
+    );
+    assert_eq!(fs::read(m.path("d/sym")).unwrap(), b"hELlo world");
+    fs::remove_file(&a).unwrap();
+    assert_eq!(fs::read(m.path("d/a2")).unwrap(), b"hELlo world");
+    assert_eq!(fs::metadata(m.path("d/a2")).unwrap().nlink(), 1);
+
+    // Renames: over an existing file, a directory, NOREPLACE.
+    fs::write(m.path("x"), b"old").unwrap();
+    fs::write(m.path("y"), b"new").unwrap();
+    fs::rename(m.path("y"), m.path("x")).unwrap();
+    assert_eq!(fs::read(m.path("x")).unwrap(), b"new");
+    assert!(!m.path("y").exists());
+    fs::rename(m.path("d"), m.path("e")).unwrap();
+    assert_eq!(fs::read(m.path("e/f")).unwrap(), b"x");
+    fs::write(m.path("z"), b"z").unwrap();
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            cpath(&m.path("z")).as_ptr(),
+            libc::AT_FDCWD,
+            cpath(&m.path("x")).as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    assert_eq!(rc, -1);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::EEXIST)
+    );
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            cpath(&m.path("z")).as_ptr(),
+            libc::AT_FDCWD,
+            cpath(&m.path("x")).as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    assert_eq!(fs::read(m.path("z")).unwrap(), b"new");
+    assert_eq!(fs::read(m.path("x")).unwrap(), b"z");
+}
+
+#[test]
+fn attributes_truncate_fifos_statfs_and_stats() {
+    let server = MemServer::meta("64M", "1M");
+    let m = Mount::new(&server, &["attr_timeout=0", "entry_timeout=0"]);
+    let f = m.path("f");
+    fs::write(&f, vec![7u8; 3 << 20]).unwrap();
+    fs::set_permissions(&f, fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(fs::metadata(&f).unwrap().mode() & 0o7777, 0o600);
+    std::os::unix::fs::chown(&f, Some(1234), Some(5678)).unwrap();
+    let md = fs::metadata(&f).unwrap();
+    assert_eq!((md.uid(), md.gid()), (1234, 5678));
+    let when = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000);
+    File::options()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .set_modified(when)
+        .unwrap();
+    assert_eq!(fs::metadata(&f).unwrap().mtime(), 1_000_000_000);
+
+    // Truncate down inside a chunk, then up: the gap reads zeros, not the old bytes.
+    File::options()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .set_len(1000)
+        .unwrap();
+    assert_eq!(fs::metadata(&f).unwrap().len(), 1000);
+    File::options()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .set_len(2 << 20)
+        .unwrap();
+    let back = fs::read(&f).unwrap();
+    assert_eq!(back.len(), 2 << 20);
+    assert!(back[..1000].iter().all(|&b| b == 7));
+    assert!(
+        back[1000..].iter().all(|&b| b == 0),
+        "truncated bytes came back"
+    );
+
+    // Sparse: a write far out leaves a hole of zeros.
+    let mut s = File::create(m.path("sparse")).unwrap();
+    s.seek(SeekFrom::Start(5 << 20)).unwrap();
+    s.write_all(b"end").unwrap();
+    drop(s);
+    let sp = fs::read(m.path("sparse")).unwrap();
+    assert_eq!(sp.len(), (5 << 20) + 3);
+    assert!(sp[..5 << 20].iter().all(|&b| b == 0));
+
+    let fifo = cpath(&m.path("fifo"));
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+    assert!(std::os::unix::fs::FileTypeExt::is_fifo(
+        &fs::metadata(m.path("fifo")).unwrap().file_type()
+    ));
+
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(cpath(&m.dir).as_ptr(), &mut st) }, 0);
+    assert_eq!(st.f_blocks * st.f_frsize, 64 << 20);
+    assert!(st.f_bfree < st.f_blocks);
+
+    let stats = fs::read_to_string(m.path(".rfs-stats")).unwrap();
+    assert!(stats.contains("work_requests "), "{stats}");
+    assert!(stats.contains("doorbells "), "{stats}");
+    let out = std::process::Command::new(rfs_e2e::bin("fs-client"))
+        .arg("stats")
+        .arg(&m.dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("bytes_written "));
+}
+
+#[test]
+fn large_directories_list_completely() {
+    let server = MemServer::meta("16M", "1M");
+    let m = Mount::new(&server, &[]);
+    fs::create_dir(m.path("big")).unwrap();
+    for i in 0..1500 {
+        File::create(m.path(&format!("big/file-{i:05}"))).unwrap();
+    }
+    let mut names: Vec<String> = fs::read_dir(m.path("big"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 1500);
+    assert_eq!(names[0], "file-00000");
+    assert_eq!(names[1499], "file-01499");
+    for i in (0..1500).step_by(3) {
+        fs::remove_file(m.path(&format!("big/file-{i:05}"))).unwrap();
+    }
+    assert_eq!(fs::read_dir(m.path("big")).unwrap().count(), 1000);
+}
+
+#[test]
+fn unlinked_open_files_keep_their_data_and_unmount_is_clean() {
+    let server = MemServer::meta("16M", "1M");
+    let mut m = Mount::new(&server, &[]);
+    let p = m.path("tmp");
+    fs::write(&p, vec![5u8; 2 << 20]).unwrap();
+    let mut f = File::open(&p).unwrap();
+    fs::remove_file(&p).unwrap();
+    let mut back = Vec::new();
+    f.read_to_end(&mut back).unwrap();
+    assert_eq!(back, vec![5u8; 2 << 20]);
+    drop(f);
+    assert!(m.unmount(), "fusermount3 -u and a clean exit");
+}
