@@ -209,8 +209,13 @@ impl Shared {
                 .name("conn".into())
                 .spawn(move || {
                     let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-                    if let Err(e) = me.serve_connection(s) {
-                        log::info!("connection from {peer} ended: {e}");
+                    match me.serve_connection(s) {
+                        Ok(()) => {}
+                        // Port probes and peers that hang up before saying anything.
+                        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                            log::debug!("connection from {peer} closed early")
+                        }
+                        Err(e) => log::info!("connection from {peer} ended: {e}"),
                     }
                 });
         }
