@@ -1,0 +1,462 @@
+#!/usr/bin/python3
+"""IOzone and fio against an rfs mount and baselines, side by side, with the RDMABox ablation.
+
+Run through iozone/run.sh, which installs what is missing and builds the binaries. Writes
+results/<time>/: results.csv (every number), results.md (tables with ratios), plots/*.png and
+environment.txt (machine, versions, settings).
+"""
+
+import argparse
+import csv
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = ROOT / "target" / "release"
+
+ALL_OFF = {"merge": "off", "chain": "off", "dyn_threshold": "never", "qps": "1",
+           "window": "off", "polling": "event"}
+ALL_ON = {"merge": "on", "chain": "on", "dyn_threshold": "928K", "qps": "4",
+          "window": "7M", "polling": "adaptive"}
+# The paper's ablation: its "Verb" baseline (everything off), each mechanism alone, all on.
+ABLATION = [("all off (Verb)", ALL_OFF)] + [
+    (f"+{label}", {**ALL_OFF, key: ALL_ON[key]})
+    for label, key in [("merging", "merge"), ("chaining", "chain"), ("dynMR", "dyn_threshold"),
+                       ("4 QPs", "qps"), ("window", "window"), ("adaptive polling", "polling")]
+] + [("all on", ALL_ON)]
+
+
+def log(msg):
+    print(f"[rfsbench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw)
+
+
+def drop_caches():
+    subprocess.run(["sync"], check=True)
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def parse_size(s):
+    m = re.fullmatch(r"(\d+)([KMG]?)", s.upper())
+    if not m:
+        raise argparse.ArgumentTypeError(f"bad size {s!r}")
+    return int(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2)]
+
+
+def is_mounted(path):
+    return any(line.split()[1] == str(path) for line in Path("/proc/mounts").read_text().splitlines())
+
+
+class Target:
+    """A directory to measure: an rfs mount, tmpfs, or bindfs over tmpfs."""
+
+    def __init__(self, name, path, stats=None, stop=None):
+        self.name, self.path, self.stats, self._stop = name, Path(path), stats, stop
+
+    def counters(self):
+        if not self.stats:
+            return {}
+        out = {}
+        for line in Path(self.stats).read_text().splitlines():
+            k, _, v = line.partition(" ")
+            if v.isdigit():
+                out[k] = int(v)
+        return out
+
+    def stop(self):
+        if self._stop:
+            self._stop()
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.out = Path(args.results) / (stamp + ("-quick" if args.quick else ""))
+        (self.out / "plots").mkdir(parents=True, exist_ok=True)
+        self.work = Path(args.workdir)
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.rows = []  # target, config, test, metric, value, unit
+        self.server = None
+
+    # --- targets -------------------------------------------------------------------------
+    def start_server(self):
+        mem = max(2 * self.args.size + (512 << 20), 1 << 30)
+        log(f"starting mem-server with {mem >> 20} MiB")
+        self.server = subprocess.Popen(
+            [BIN / "mem-server", "--listen", "127.0.0.1:0", "--memory", str(mem),
+             "--transport", self.args.transport],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        banner = self.server.stdout.readline()
+        self.addr = banner.split()[3]
+
+    def mount_rfs(self, label, opts):
+        path = self.work / f"rfs-{len(self.rows)}-{int(time.time() * 1000) % 100000}"
+        path.mkdir()
+        o = {"transport": self.args.transport, "max_write": self.args.max_write, **opts}
+        ostr = ",".join(f"{k}={v}" for k, v in o.items())
+        proc = subprocess.Popen([BIN / "fs-client", self.addr, str(path), "-o", ostr],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 20
+        while not is_mounted(path):
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"fs-client did not mount {path}")
+            time.sleep(0.05)
+
+        def stop():
+            subprocess.run(["fusermount3", "-u", str(path)], check=False)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            path.rmdir()
+        return Target(label, path, stats=path / ".rfs-stats", stop=stop)
+
+    def tmpfs(self):
+        path = self.work / "tmpfs"
+        path.mkdir(exist_ok=True)
+        size = 2 * self.args.size + (256 << 20)
+        run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)])
+        return Target("tmpfs", path, stop=lambda: run(["umount", str(path)]))
+
+    def bindfs(self):
+        src, path = self.work / "bindfs-src", self.work / "bindfs"
+        src.mkdir(exist_ok=True)
+        path.mkdir(exist_ok=True)
+        size = 2 * self.args.size + (256 << 20)
+        run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(src)])
+        run(["bindfs", str(src), str(path)])
+
+        def stop():
+            run(["fusermount3", "-u", str(path)])
+            run(["umount", str(src)])
+        return Target("bindfs on tmpfs", path, stop=stop)
+
+    # --- measurements --------------------------------------------------------------------
+    def record(self, target, config, test, metric, value, unit):
+        self.rows.append((target.name, config, test, metric, value, unit))
+
+    def counted(self, target, config, test, fn):
+        """Runs fn and records rdmabox work requests and doorbells per MB it moved."""
+        before = target.counters()
+        fn()
+        after = target.counters()
+        if before and after:
+            moved = (after["bytes_read"] + after["bytes_written"]
+                     - before["bytes_read"] - before["bytes_written"]) / 1e6
+            if moved > 0:
+                for k in ("work_requests", "doorbells"):
+                    self.record(target, config, test, f"{k}/MB", (after[k] - before[k]) / moved, "")
+
+    def iozone(self, target, config):
+        f = target.path / "iozone.tmp"
+        size_k = self.args.size >> 10
+        for rec in self.args.records:
+            phases = [("0", ["write", "rewrite"]), ("1", ["read", "reread"]),
+                      ("2", ["random read", "random write"])]
+            for test, names in phases:
+                drop_caches()  # cold reads: nothing of the write phase left in the page cache
+
+                def go():
+                    out = run(["iozone", "-i", test, "-r", f"{rec}k", "-s", f"{size_k}k", "-e",
+                               "-w", "-f", str(f)], cwd=target.path).stdout
+                    values = None
+                    for line in out.splitlines():
+                        nums = line.split()
+                        if len(nums) >= 2 + len(names) and all(n.isdigit() for n in nums[:2 + len(names)]) \
+                                and int(nums[0]) == size_k:
+                            values = [int(n) for n in nums[2:2 + len(names)]]
+                    if values is None:
+                        raise RuntimeError(f"no iozone figures in:\n{out}")
+                    for n, v in zip(names, values):
+                        self.record(target, config, f"iozone {rec}K", n, v / 1024, "MB/s")
+                self.counted(target, config, f"iozone {rec}K {names[0]}", go)
+            f.unlink(missing_ok=True)
+
+    def fio(self, target, config, name, extra, direct=False):
+        size = f"{self.args.size >> 20}M"
+        cmd = ["fio", f"--name={name}", f"--directory={target.path}", f"--size={size}",
+               "--output-format=json", "--group_reporting", "--filename_format=fio.$jobnum"] + extra
+        if direct:
+            cmd.append("--direct=1")
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode != 0:
+            if direct and target.stats is None:
+                log(f"{target.name}: {name} unsupported here ({res.stderr.strip()[:80]}); skipped")
+                return
+            raise RuntimeError(f"fio {name} on {target.name} failed: {res.stderr}")
+        job = json.loads(res.stdout[res.stdout.index("{"):])["jobs"][0]
+        for op in ("read", "write"):
+            d = job[op]
+            if d["io_bytes"] == 0:
+                continue
+            self.record(target, config, f"fio {name}", f"{op} MB/s", d["bw_bytes"] / 1e6, "MB/s")
+            self.record(target, config, f"fio {name}", f"{op} IOPS", d["iops"], "IOPS")
+            pct = d["clat_ns"].get("percentile", {})
+            for p, key in (("p50", "50.000000"), ("p99", "99.000000")):
+                if key in pct:
+                    self.record(target, config, f"fio {name}", f"{op} {p} us", pct[key] / 1000, "us")
+
+    def fio_suite(self, target, config):
+        t = str(self.args.runtime)
+        timed = ["--time_based", f"--runtime={t}"]
+        self.counted(target, config, "fio seq write 128K", lambda: self.fio(
+            target, config, "seq write 128K", ["--rw=write", "--bs=128k", "--end_fsync=1"]))
+        drop_caches()
+        self.counted(target, config, "fio seq read 128K", lambda: self.fio(
+            target, config, "seq read 128K", ["--rw=read", "--bs=128k"]))
+        self.fio(target, config, "rand read 4K qd1 direct",
+                 ["--rw=randread", "--bs=4k", "--iodepth=1"] + timed, direct=True)
+        self.fio(target, config, "rand write 4K qd1 direct",
+                 ["--rw=randwrite", "--bs=4k", "--iodepth=1"] + timed, direct=True)
+        self.fio(target, config, "rand read 4K 4 jobs direct",
+                 ["--rw=randread", "--bs=4k", "--numjobs=4"] + timed, direct=True)
+        for f in target.path.glob("fio.*"):
+            f.unlink()
+
+    def metadata(self, target, config):
+        d = target.path / "meta.tmp"
+        d.mkdir()
+        n = self.args.files
+        names = [d / f"f{i:06}" for i in range(n)]
+        for phase, fn in (("creates/s", lambda p: os.close(os.open(p, os.O_CREAT | os.O_WRONLY, 0o644))),
+                          ("stats/s", os.stat), ("unlinks/s", os.unlink)):
+            t = time.perf_counter()
+            for p in names:
+                fn(p)
+            self.record(target, config, f"metadata {n} files", phase, n / (time.perf_counter() - t), "ops/s")
+        d.rmdir()
+
+    def measure(self, target, config, full=True):
+        log(f"measuring {target.name} ({config})")
+        if full:
+            self.iozone(target, config)
+        self.fio_suite(target, config)
+        if full:
+            self.metadata(target, config)
+
+    # --- the run ---------------------------------------------------------------------------
+    def go(self):
+        a = self.args
+        self.write_env()
+        if a.mount:
+            self.measure(Target("rfs", a.mount, stats=Path(a.mount) / ".rfs-stats"), "given mount")
+        else:
+            self.start_server()
+            try:
+                t = self.mount_rfs("rfs", {})
+                try:
+                    self.measure(t, "default")
+                finally:
+                    t.stop()
+                if not a.skip_ablation:
+                    plan = ABLATION if not a.quick else [ABLATION[0], ABLATION[-1]]
+                    for label, opts in plan:
+                        t = self.mount_rfs("rfs ablation", opts)
+                        try:
+                            self.measure(t, label, full=False)
+                        finally:
+                            t.stop()
+            finally:
+                self.server.kill()
+                self.server.wait()
+        if not a.skip_baselines:
+            for make in (self.tmpfs, self.bindfs):
+                t = make()
+                try:
+                    self.measure(t, "baseline")
+                finally:
+                    t.stop()
+        self.write_outputs()
+        return self.check()
+
+    def write_env(self):
+        def version(cmd):
+            try:
+                return run(cmd).stdout.strip().splitlines()[0]
+            except Exception as e:  # noqa: BLE001 - recorded, not fatal
+                return f"unavailable ({e})"
+        lines = [
+            f"date: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}",
+            f"host: {platform.node()} kernel {platform.release()} cores {os.cpu_count()}",
+            f"cpu: {next((l.split(':', 1)[1].strip() for l in open('/proc/cpuinfo') if l.startswith('model name')), '?')}",
+            f"memory: {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') >> 20} MiB",
+            f"rfs commit: {version(['git', '-C', str(ROOT), 'rev-parse', '--short', 'HEAD'])}",
+            f"iozone: {version(['sh', '-c', 'iozone -v | grep -i version'])}",
+            f"fio: {version(['fio', '--version'])}",
+            f"bindfs: {version(['bindfs', '--version'])}",
+            f"settings: {vars(self.args)}",
+        ]
+        (self.out / "environment.txt").write_text("\n".join(lines) + "\n")
+
+    def value(self, target, config, test, metric):
+        for r in self.rows:
+            if r[0] == target and r[1] == config and r[2] == test and r[3] == metric:
+                return r[4]
+        return None
+
+    def write_outputs(self):
+        with open(self.out / "results.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["target", "config", "test", "metric", "value", "unit"])
+            w.writerows(self.rows)
+        md = [f"# rfs benchmark ({'quick' if self.args.quick else 'full'} run)", "",
+              (self.out / "environment.txt").read_text().replace("\n", "  \n"), ""]
+        tests = sorted({(r[2], r[3]) for r in self.rows if r[1] in ("default", "baseline", "given mount")})
+        md += ["## rfs against baselines", "",
+               "| test | metric | rfs | tmpfs | bindfs on tmpfs | rfs / tmpfs | rfs / bindfs |",
+               "|---|---|---|---|---|---|---|"]
+        rfs_cfg = "given mount" if self.args.mount else "default"
+        for test, metric in tests:
+            if metric.endswith("/MB"):
+                continue
+            r = self.value("rfs", rfs_cfg, test, metric)
+            t = self.value("tmpfs", "baseline", test, metric)
+            b = self.value("bindfs on tmpfs", "baseline", test, metric)
+            fmt = lambda v: "n/a" if v is None else f"{v:,.1f}"  # noqa: E731
+            ratio = lambda x, y: "n/a" if x is None or not y else f"{x / y:.2f}x"  # noqa: E731
+            md.append(f"| {test} | {metric} | {fmt(r)} | {fmt(t)} | {fmt(b)} | {ratio(r, t)} | {ratio(r, b)} |")
+        abl = [r for r in self.rows if r[0] == "rfs ablation"]
+        if abl:
+            configs = list(dict.fromkeys(r[1] for r in abl))
+            metrics = list(dict.fromkeys((r[2], r[3]) for r in abl))
+            md += ["", "## Ablation through the mount (each mechanism alone, then all on)", "",
+                   "| test | metric | " + " | ".join(configs) + " |",
+                   "|---|---|" + "---|" * len(configs)]
+            for test, metric in metrics:
+                vals = [self.value("rfs ablation", c, test, metric) for c in configs]
+                md.append(f"| {test} | {metric} | " + " | ".join(
+                    "n/a" if v is None else f"{v:,.2f}" for v in vals) + " |")
+        (self.out / "results.md").write_text("\n".join(md) + "\n")
+        self.plots()
+        log(f"results in {self.out}")
+
+    def plots(self):
+        try:
+            import matplotlib
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            log("matplotlib missing: no plots")
+            return
+        targets = [t for t in ("rfs", "tmpfs", "bindfs on tmpfs") if any(r[0] == t for r in self.rows)]
+        groups = {}
+        for r in self.rows:
+            if r[0] in targets and r[5] in ("MB/s", "IOPS", "ops/s"):
+                groups.setdefault(r[2], {}).setdefault(r[3], {})[r[0]] = r[4]
+        for test, metrics in groups.items():
+            fig, ax = plt.subplots(figsize=(max(6, len(metrics) * 1.6), 4))
+            width = 0.8 / len(targets)
+            for i, t in enumerate(targets):
+                ax.bar([x + i * width for x in range(len(metrics))],
+                       [metrics[m].get(t, 0) for m in metrics], width, label=t)
+            ax.set_xticks([x + width * (len(targets) - 1) / 2 for x in range(len(metrics))])
+            ax.set_xticklabels(list(metrics), rotation=20, ha="right")
+            ax.set_title(test)
+            ax.legend()
+            fig.tight_layout()
+            fig.savefig(self.out / "plots" / (re.sub(r"[^a-z0-9]+", "_", test.lower()) + ".png"))
+            plt.close(fig)
+        # Throughput against record size, per iozone operation.
+        ops = ["write", "rewrite", "read", "reread", "random read", "random write"]
+        fig, axes = plt.subplots(2, 3, figsize=(13, 7))
+        for ax, op in zip(axes.flat, ops):
+            for t in targets:
+                xs, ys = [], []
+                for rec in self.args.records:
+                    v = self.value(t, "baseline" if t != "rfs" else ("given mount" if self.args.mount else "default"),
+                                   f"iozone {rec}K", op)
+                    if v is not None:
+                        xs.append(rec)
+                        ys.append(v)
+                if xs:
+                    ax.plot(xs, ys, marker="o", label=t)
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"iozone {op}")
+            ax.set_xlabel("record KiB")
+            ax.set_ylabel("MB/s")
+        axes.flat[0].legend()
+        fig.tight_layout()
+        fig.savefig(self.out / "plots" / "iozone_by_record_size.png")
+        plt.close(fig)
+        abl = [r for r in self.rows if r[0] == "rfs ablation" and r[5] == "MB/s"]
+        if abl:
+            configs = list(dict.fromkeys(r[1] for r in abl))
+            metrics = list(dict.fromkeys((r[2], r[3]) for r in abl))
+            fig, ax = plt.subplots(figsize=(12, 4))
+            width = 0.8 / len(configs)
+            for i, c in enumerate(configs):
+                ax.bar([x + i * width for x in range(len(metrics))],
+                       [self.value("rfs ablation", c, t, m) or 0 for t, m in metrics], width, label=c)
+            ax.set_xticks([x + 0.4 for x in range(len(metrics))])
+            ax.set_xticklabels([f"{t}\n{m}" for t, m in metrics], fontsize=8)
+            ax.set_ylabel("MB/s")
+            ax.set_title("ablation through the mount")
+            ax.legend(fontsize=7)
+            fig.tight_layout()
+            fig.savefig(self.out / "plots" / "ablation.png")
+            plt.close(fig)
+
+    def check(self):
+        """Every step must have produced numbers (how fast is not judged here)."""
+        missing = []
+        expect_tests = [f"iozone {r}K" for r in self.args.records] + [
+            "fio seq write 128K", "fio seq read 128K", "fio rand read 4K qd1 direct",
+            "fio rand write 4K qd1 direct", "fio rand read 4K 4 jobs direct", f"metadata {self.args.files} files"]
+        name = "rfs"
+        for t in expect_tests:
+            if not any(r[0] == name and r[2] == t and r[4] and r[4] > 0 for r in self.rows):
+                missing.append(f"{name}: {t}")
+        if not self.args.skip_ablation and not self.args.mount:
+            for label, _ in ([ABLATION[0], ABLATION[-1]] if self.args.quick else ABLATION):
+                if not any(r[1] == label and r[4] and r[4] > 0 for r in self.rows):
+                    missing.append(f"ablation: {label}")
+        if not self.args.skip_baselines:
+            for t in ("tmpfs", "bindfs on tmpfs"):
+                if not any(r[0] == t and r[4] and r[4] > 0 for r in self.rows):
+                    missing.append(t)
+        if missing:
+            log("steps without numbers: " + "; ".join(missing))
+            return 1
+        log(f"{len(self.rows)} figures; every step produced numbers")
+        return 0
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="small files and short runs (seconds); for CI")
+    p.add_argument("--size", type=parse_size, default=None, help="file size (default 2G, quick 32M)")
+    p.add_argument("--records", type=lambda s: [int(x) for x in s.split(",")], default=[4, 128, 1024],
+                   help="IOzone record sizes in KiB (default 4,128,1024)")
+    p.add_argument("--runtime", type=int, default=None, help="seconds per timed fio job (default 20, quick 2)")
+    p.add_argument("--files", type=int, default=None, help="files for the metadata test (default 10000, quick 1000)")
+    p.add_argument("--max-write", default="128K", help="fs-client max_write (the paper used 128K)")
+    p.add_argument("--transport", default="tcp", help="auto, verbs or tcp")
+    p.add_argument("--mount", help="measure this existing rfs mount instead of starting one")
+    p.add_argument("--skip-ablation", action="store_true")
+    p.add_argument("--skip-baselines", action="store_true")
+    p.add_argument("--results", default=str(ROOT / "iozone" / "results"))
+    p.add_argument("--workdir", default="/tmp/rfsbench")
+    a = p.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("rfsbench: run as root (it mounts tmpfs and drops the page cache)")
+    a.size = a.size or (32 << 20 if a.quick else 2 << 30)
+    a.runtime = a.runtime or (2 if a.quick else 20)
+    a.files = a.files or (1000 if a.quick else 10000)
+    if shutil.which("iozone") is None:
+        sys.exit("rfsbench: iozone not found; run through iozone/run.sh, which installs it")
+    sys.exit(Bench(a).go())
+
+
+if __name__ == "__main__":
+    main()
