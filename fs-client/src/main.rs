@@ -187,7 +187,10 @@ fn daemonize() -> ExitCode {
 const DAEMON_ENV: &str = "RFS_DAEMON_CHILD";
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn,fuser::mnt=error")).init();
+    env_logger::Builder::from_env(
+        env_logger::Env::default().default_filter_or("warn,fuser::mnt=error"),
+    )
+    .init();
     let argv: Vec<String> = std::env::args().collect();
     if argv.get(1).map(String::as_str) == Some("stats") {
         return match argv.get(2) {
