@@ -7,6 +7,7 @@
 //! the writer thread, which sends them in order, coalescing consecutive ACKs into one.
 
 use std::io;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -25,6 +26,8 @@ const RESPONSE_QUEUE: usize = 8192;
 
 enum Response {
     Ack(u32),
+    /// Send the frame tail the engine left in `TxState::pending`.
+    Flush,
     ReadData {
         psn: u32,
         mr: Option<Arc<MrInner>>,
@@ -98,12 +101,46 @@ impl Engine {
         self.qp.close();
     }
 
-    fn respond(&self, r: Response) -> Result<(), Stop> {
+    fn enqueue(&self, r: Response) -> Result<(), Stop> {
+        self.qp.responses_queued.fetch_add(1, Ordering::AcqRel);
         self.responses.send(r).map_err(|_| Stop::Disconnected)
     }
 
+    /// Answers a request: straight onto the socket when that cannot block (one thread hop
+    /// fewer), otherwise through the writer thread.
+    fn respond(&self, r: Response) -> Result<(), Stop> {
+        let mut header = match &r {
+            Response::Ack(psn) => Header::new(Kind::Ack, *psn),
+            Response::ReadData { psn, len, .. } => {
+                let mut h = Header::new(Kind::ReadResponse, *psn);
+                h.len = *len as u32;
+                h
+            }
+            Response::Flush | Response::Nak(..) => return self.enqueue(r),
+        }
+        .encode();
+        let mut iovs = vec![iovec(header.as_mut_ptr(), HEADER_LEN)];
+        if let Response::ReadData {
+            mr: Some(mr),
+            offset,
+            len,
+            ..
+        } = &r
+        {
+            // SAFETY (pointer arithmetic): the engine checked offset+len against the region.
+            iovs.push(iovec(unsafe { mr.ptr().add(*offset) }, *len));
+        }
+        // SAFETY: the header is on our stack and READ data is in a region `r` keeps alive.
+        match unsafe { self.qp.try_transmit_now(&iovs) } {
+            Ok(Some(false)) => Ok(()),
+            Ok(Some(true)) => self.enqueue(Response::Flush),
+            Ok(None) => self.enqueue(r),
+            Err(_) => Err(Stop::Disconnected),
+        }
+    }
+
     fn refuse(&self, psn: u32, why: NakReason) -> Stop {
-        let _ = self.responses.send(Response::Nak(psn, why));
+        let _ = self.enqueue(Response::Nak(psn, why));
         Stop::Refused
     }
 
@@ -367,6 +404,7 @@ fn respond(qp: Arc<QpShared>, rx: Receiver<Response>) {
         let mut nak = false;
         for (i, r) in batch.iter().enumerate() {
             let h = match r {
+                Response::Flush => continue,
                 Response::Ack(psn) => {
                     if matches!(batch.get(i + 1), Some(Response::Ack(_))) {
                         continue;
@@ -391,7 +429,9 @@ fn respond(qp: Arc<QpShared>, rx: Receiver<Response>) {
         let mut iovs = Vec::with_capacity(headers.len() * 2);
         let mut next_header = headers.iter();
         for (i, r) in batch.iter().enumerate() {
-            if matches!(r, Response::Ack(_)) && matches!(batch.get(i + 1), Some(Response::Ack(_))) {
+            let coalesced =
+                matches!(r, Response::Ack(_)) && matches!(batch.get(i + 1), Some(Response::Ack(_)));
+            if coalesced || matches!(r, Response::Flush) {
                 continue;
             }
             let h = next_header.next().expect("one header per sent response");
@@ -408,11 +448,12 @@ fn respond(qp: Arc<QpShared>, rx: Receiver<Response>) {
             }
         }
         let sent = {
-            let _frames = qp.tx.lock().unwrap();
+            let mut tx = qp.tx.lock().unwrap();
             // SAFETY: headers are alive in `headers`; READ data points into regions held by
             // the Arcs in `batch`, both alive until after this call.
-            unsafe { qp.transmit(&mut iovs) }
+            unsafe { qp.transmit(&mut tx, &mut iovs) }
         };
+        qp.responses_queued.fetch_sub(batch.len(), Ordering::AcqRel);
         if sent.is_err() || nak {
             // After a NAK the connection is done: let the peer read it, then see the end.
             let _ = qp.stream.shutdown(std::net::Shutdown::Write);

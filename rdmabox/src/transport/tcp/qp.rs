@@ -4,7 +4,7 @@ use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -209,6 +209,16 @@ impl PostedRecv {
     }
 }
 
+/// What the transmit lock protects.
+#[derive(Default)]
+pub(crate) struct TxState {
+    /// PSN of the next request.
+    pub psn: u32,
+    /// The tail of a frame the engine began with a non-blocking send: it goes out before any
+    /// other frame.
+    pub pending: Vec<u8>,
+}
+
 const STATE_RTS: u8 = 0;
 const STATE_ERROR: u8 = 1;
 
@@ -222,8 +232,11 @@ pub(crate) struct QpShared {
     pub rnr_timeout: Duration,
     pub stream: TcpStream,
     state: AtomicU8,
-    /// Serializes whole frames onto the socket; holds the next PSN.
-    pub tx: Mutex<u32>,
+    /// Serializes whole frames onto the socket.
+    pub tx: Mutex<TxState>,
+    /// Responses handed to the writer thread and not yet on the wire: while any are, the engine
+    /// must queue its own behind them to keep responses in order.
+    pub responses_queued: AtomicUsize,
     pub outstanding: Mutex<VecDeque<Outstanding>>,
     pub recvs: Mutex<VecDeque<PostedRecv>>,
     pub recv_ready: Condvar,
@@ -270,15 +283,77 @@ impl QpShared {
         let _ = self.stream.shutdown(Shutdown::Both);
     }
 
-    /// Writes frames under the transmit lock; returns how many `writev` calls it took.
+    /// Writes frames; the caller holds the transmit lock (`tx`). A frame tail left by the
+    /// engine goes first.
     ///
     /// # Safety
     /// The iovecs must point at memory that stays valid during the call.
-    pub unsafe fn transmit(&self, iovs: &mut [libc::iovec]) -> io::Result<()> {
+    pub unsafe fn transmit(&self, tx: &mut TxState, iovs: &mut [libc::iovec]) -> io::Result<()> {
+        let mut calls = 0;
+        if !tx.pending.is_empty() {
+            let mut head = [iovec(tx.pending.as_ptr(), tx.pending.len())];
+            // SAFETY: `pending` is alive for the call.
+            calls += unsafe { writev_all(self.stream.as_raw_fd(), &mut head)? };
+            tx.pending.clear();
+        }
         // SAFETY: forwarded from the caller.
-        let calls = unsafe { writev_all(self.stream.as_raw_fd(), iovs)? };
+        calls += unsafe { writev_all(self.stream.as_raw_fd(), iovs)? };
         self.wire_writes.fetch_add(calls, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Sends frames without blocking, for the engine, which must never wait on the socket (it
+    /// is the one reading it). Returns false, sending nothing, when the transmit lock is taken,
+    /// responses are queued ahead, or the socket is full; a partly sent frame's tail is kept in
+    /// `pending` and `true` is returned: the caller must then have the writer thread flush it.
+    ///
+    /// # Safety
+    /// The iovecs must point at memory that stays valid during the call.
+    pub unsafe fn try_transmit_now(&self, iovs: &[libc::iovec]) -> io::Result<Option<bool>> {
+        if self.responses_queued.load(Ordering::Acquire) != 0 {
+            return Ok(None);
+        }
+        let Ok(mut tx) = self.tx.try_lock() else {
+            return Ok(None);
+        };
+        if !tx.pending.is_empty() {
+            return Ok(None);
+        }
+        // SAFETY: a msghdr over the caller's iovecs; send never writes through them.
+        let n = unsafe {
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = iovs.as_ptr() as *mut libc::iovec;
+            msg.msg_iovlen = iovs.len();
+            libc::sendmsg(
+                self.stream.as_raw_fd(),
+                &msg,
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            return match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(None),
+                _ => Err(e),
+            };
+        }
+        self.wire_writes.fetch_add(1, Ordering::Relaxed);
+        let mut sent = n as usize;
+        let mut partial = false;
+        for v in iovs {
+            if sent >= v.iov_len {
+                sent -= v.iov_len;
+                continue;
+            }
+            // SAFETY: the unsent part of a caller's iovec, valid per the caller.
+            let rest = unsafe {
+                std::slice::from_raw_parts(v.iov_base.cast::<u8>().add(sent), v.iov_len - sent)
+            };
+            tx.pending.extend_from_slice(rest);
+            sent = 0;
+            partial = true;
+        }
+        Ok(Some(partial))
     }
 }
 
@@ -309,7 +384,8 @@ impl Qp {
             rnr_timeout: prep.cfg.rnr_timeout,
             stream,
             state: AtomicU8::new(STATE_RTS),
-            tx: Mutex::new(0),
+            tx: Mutex::new(TxState::default()),
+            responses_queued: AtomicUsize::new(0),
             outstanding: Mutex::new(VecDeque::new()),
             recvs: Mutex::new(VecDeque::new()),
             recv_ready: Condvar::new(),
@@ -365,7 +441,7 @@ impl Qp {
         check_send_chain(chain, &self.shared.caps)?;
         let sh = &self.shared;
         sh.post_calls.fetch_add(1, Ordering::Relaxed);
-        let mut psn = sh.tx.lock().unwrap();
+        let mut tx = sh.tx.lock().unwrap();
         if sh.is_error() {
             sh.send_cq.push_all(
                 chain
@@ -386,7 +462,7 @@ impl Qp {
         let mut pending = Vec::with_capacity(valid);
         for wr in &chain[..valid] {
             let (kind, opcode) = opcode_of(&wr.op);
-            let mut h = Header::new(kind, *psn);
+            let mut h = Header::new(kind, tx.psn);
             h.len = wr.byte_len() as u32;
             match wr.op {
                 SendOp::Write(r) | SendOp::Read(r) => {
@@ -414,7 +490,7 @@ impl Qp {
                 Vec::new()
             };
             pending.push(Outstanding {
-                psn: *psn,
+                psn: tx.psn,
                 wr_id: wr.wr_id,
                 opcode,
                 signaled: wr.signaled,
@@ -422,7 +498,7 @@ impl Qp {
                 read_targets,
             });
             headers.push(h.encode());
-            *psn = psn.wrapping_add(1);
+            tx.psn = tx.psn.wrapping_add(1);
         }
         sh.outstanding.lock().unwrap().extend(pending);
         if sh.is_error() {
@@ -445,8 +521,8 @@ impl Qp {
         }
         // SAFETY: the headers live in `headers`; the payload SGEs point into regions the chain
         // borrows for the duration of this call.
-        let sent = unsafe { sh.transmit(&mut iovs) };
-        drop(psn);
+        let sent = unsafe { sh.transmit(&mut tx, &mut iovs) };
+        drop(tx);
         if let Err(e) = sent {
             log::warn!("qp {}: send failed: {e}", sh.qpn);
             sh.enter_error();
