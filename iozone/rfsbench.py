@@ -183,8 +183,9 @@ class Bench:
                 self.counted(target, config, f"iozone {rec}K {names[0]}", go)
             f.unlink(missing_ok=True)
 
-    def fio(self, target, config, name, extra, direct=False):
-        size = f"{self.args.size >> 20}M"
+    def fio(self, target, config, name, extra, direct=False, jobs=1):
+        # Several jobs share the file size between them: the footprint stays `--size`.
+        size = f"{(self.args.size // jobs) >> 20}M"
         cmd = ["fio", f"--name={name}", f"--directory={target.path}", f"--size={size}",
                "--output-format=json", "--group_reporting", "--filename_format=fio.$jobnum"] + extra
         if direct:
@@ -220,7 +221,7 @@ class Bench:
         self.fio(target, config, "rand write 4K qd1 direct",
                  ["--rw=randwrite", "--bs=4k", "--iodepth=1"] + timed, direct=True)
         self.fio(target, config, "rand read 4K 4 jobs direct",
-                 ["--rw=randread", "--bs=4k", "--numjobs=4"] + timed, direct=True)
+                 ["--rw=randread", "--bs=4k", "--numjobs=4"] + timed, direct=True, jobs=4)
         for f in target.path.glob("fio.*"):
             f.unlink()
 

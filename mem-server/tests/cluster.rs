@@ -2,58 +2,23 @@
 //! metadata RPCs and one-sided chunk I/O across all of them, hostile input, secrets and
 //! exhaustion.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use mem_server::client::{Client, ClientConfig};
 use mem_server::proto::{ChunkRef, FileKind, Reply, Request, StatFs};
 use rdmabox::transport::{ProviderKind, TransportConfig};
+use rfs_e2e::MemServer;
 
-/// A mem-server process, killed when dropped.
-struct Server {
-    child: Child,
-    addr: SocketAddr,
+fn meta(memory: &str) -> MemServer {
+    MemServer::start(&["--memory", memory])
 }
 
-impl Server {
-    fn start(args: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_mem-server"))
-            .args(["--listen", "127.0.0.1:0", "--transport", "tcp"])
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start mem-server");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .split_whitespace()
-            .nth(3)
-            .unwrap_or_else(|| panic!("unexpected banner {line:?}"))
-            .parse()
-            .unwrap();
-        Server { child, addr }
-    }
-
-    fn meta(memory: &str) -> Server {
-        Server::start(&["--memory", memory])
-    }
-
-    fn data(meta: &Server, memory: &str) -> Server {
-        let m = meta.addr.to_string();
-        Server::start(&["--memory", memory, "--join", &m])
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+fn data(meta: &MemServer, memory: &str) -> MemServer {
+    let m = meta.addr.to_string();
+    MemServer::start(&["--memory", memory, "--join", &m])
 }
 
 fn cfg() -> ClientConfig {
@@ -65,7 +30,7 @@ fn cfg() -> ClientConfig {
     c
 }
 
-fn client(s: &Server) -> Client {
+fn client(s: &MemServer) -> Client {
     Client::connect(&s.addr.to_string(), cfg()).expect("client connects")
 }
 
@@ -130,9 +95,9 @@ fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
 
 #[test]
 fn three_nodes_spread_chunks_and_serve_one_sided_io() {
-    let meta = Server::meta("16M");
-    let d1 = Server::data(&meta, "16M");
-    let d2 = Server::data(&meta, "16M");
+    let meta = meta("16M");
+    let d1 = data(&meta, "16M");
+    let d2 = data(&meta, "16M");
     let c = client(&meta);
     wait_until("both data nodes to join", || c.nodes().unwrap().len() == 3);
     let s = statfs(&c);
@@ -178,8 +143,8 @@ fn three_nodes_spread_chunks_and_serve_one_sided_io() {
 
 #[test]
 fn freed_chunks_are_zeroed_before_reuse_and_enospc_allocates_nothing() {
-    let meta = Server::meta("4M");
-    let d1 = Server::data(&meta, "2M");
+    let meta = meta("4M");
+    let d1 = data(&meta, "2M");
     let c = client(&meta);
     wait_until("the data node to join", || c.nodes().unwrap().len() == 2);
     let a = create(&c, "a");
@@ -226,7 +191,7 @@ fn freed_chunks_are_zeroed_before_reuse_and_enospc_allocates_nothing() {
 
 #[test]
 fn a_departed_client_releases_its_open_files() {
-    let meta = Server::meta("8M");
+    let meta = meta("8M");
     let c = client(&meta);
     let ino = create(&c, "f");
     allocate(&c, ino, 0, 4).unwrap();
@@ -258,7 +223,7 @@ fn secrets_are_required_and_checked() {
     let bad = dir.join("bad");
     std::fs::write(&good, "correct horse\n").unwrap();
     std::fs::write(&bad, "wrong horse\n").unwrap();
-    let meta = Server::start(&["--memory", "4M", "--secret-file", good.to_str().unwrap()]);
+    let meta = MemServer::start(&["--memory", "4M", "--secret-file", good.to_str().unwrap()]);
     let with = |secret: Option<&[u8]>| {
         let mut c = cfg();
         c.secret = secret.map(|s| s.to_vec());
@@ -297,7 +262,7 @@ fn secrets_are_required_and_checked() {
 
 #[test]
 fn hostile_input_is_refused_and_harms_no_one() {
-    let meta = Server::meta("4M");
+    let meta = meta("4M");
     let c = client(&meta);
     let ino = create(&c, "keep");
     // Garbage instead of an authentication answer, then a bad hello, then an oversized frame.

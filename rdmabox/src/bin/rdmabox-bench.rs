@@ -35,7 +35,7 @@ struct Cli {
     /// Use a lender already running at this address instead of starting one.
     #[arg(long)]
     connect: Option<SocketAddr>,
-    /// Which tables to print: all, table1, polling, window, qps.
+    /// Which tables to print: all, or a list of table1, polling, window, qps, mr.
     #[arg(long, default_value = "all")]
     only: String,
     /// Remote memory used by the workload.
@@ -522,6 +522,29 @@ fn qps(cli: &Cli, lender: &Lender) {
     }
 }
 
+fn mr(cli: &Cli, lender: &Lender) {
+    println!("\n## preMR (copy into a registered slot) vs dynMR (register the caller's buffer): 4 threads, sequential writes\n");
+    header("size | buffers");
+    for size in [64usize << 10, 256 << 10, 928 << 10] {
+        for (name, threshold) in [("preMR", usize::MAX), ("dynMR", 0)] {
+            let cfg = SessionConfig {
+                dyn_threshold: threshold,
+                ..SessionConfig::default()
+            };
+            let load = Load {
+                threads: 4,
+                depth: 1,
+                size,
+                pattern: Pattern::Seq,
+                op: Op::Write,
+                think: Duration::ZERO,
+            };
+            let c = run_cell(lender, cli.transport, cfg, load, cli.secs);
+            row(&format!("{} | {name}", size_name(size)), &c);
+        }
+    }
+}
+
 fn main() {
     env_logger::init();
     let cli = Cli::parse();
@@ -553,5 +576,8 @@ fn main() {
     }
     if want("qps") {
         qps(&cli, &lender);
+    }
+    if want("mr") {
+        mr(&cli, &lender);
     }
 }
