@@ -556,12 +556,20 @@ impl Rfs {
                 },
             };
         }
-        let job = Arc::new(Gather {
-            buf: Mutex::new(vec![0u8; len]),
-            left: AtomicUsize::new(segs.len()),
-            failed: AtomicBool::new(false),
-            done: Mutex::new(Some(done)),
-        });
+        let buf = Arc::new(Mutex::new(vec![0u8; len]));
+        let job = {
+            let buf = buf.clone();
+            Pieces::new(
+                segs.len(),
+                Box::new(move |ok| {
+                    done(if ok {
+                        Ok(std::mem::take(&mut *buf.lock().unwrap()))
+                    } else {
+                        Err(libc::EIO)
+                    })
+                }),
+            )
+        };
         self.stats.bytes_read.fetch_add(stats_bytes, Relaxed);
         for (s, r) in segs.iter().zip(refs) {
             let Some(c) = r else {
@@ -571,24 +579,22 @@ impl Rfs {
             let d = match self.client.data(c.node) {
                 Ok(d) => d,
                 Err(_) => {
-                    job.failed.store(true, Relaxed);
+                    job.fail();
                     job.part_done();
                     continue;
                 }
             };
-            let (job2, at, stats) = (job.clone(), s.at, self.stats.clone());
+            let (job2, buf, at, stats) = (job.clone(), buf.clone(), s.at, self.stats.clone());
             d.session.read(
                 Client::chunk_addr(&c, s.offset_in_chunk),
                 vec![0; s.len],
                 Box::new(move |r| {
                     match r {
-                        Ok(data) => {
-                            job2.buf.lock().unwrap()[at..at + data.len()].copy_from_slice(&data)
-                        }
+                        Ok(data) => buf.lock().unwrap()[at..at + data.len()].copy_from_slice(&data),
                         Err(e) => {
                             log::warn!("read failed: {e}");
                             stats.io_errors.fetch_add(1, Relaxed);
-                            job2.failed.store(true, Relaxed);
+                            job2.fail();
                         }
                     }
                     job2.part_done();
@@ -613,21 +619,27 @@ impl Rfs {
             Err(e) => return done(Err(e)),
         };
         let len = data.len();
-        let job = Arc::new(Scatter {
-            left: AtomicUsize::new(segs.len()),
-            failed: AtomicBool::new(false),
-            done: Mutex::new(Some(done)),
-            fs: self.clone(),
-            ino,
-            end: offset + len as u64,
-            len: len as u32,
-        });
+        let job = {
+            let fs = self.clone();
+            let (end, len) = (offset + len as u64, len as u32);
+            Pieces::new(
+                segs.len(),
+                Box::new(move |ok| {
+                    if ok {
+                        fs.wrote(ino, end, len);
+                        done(Ok(len));
+                    } else {
+                        done(Err(libc::EIO));
+                    }
+                }),
+            )
+        };
         for (s, r) in segs.iter().zip(refs) {
             let c = r.expect("allocated above");
             let d = match self.client.data(c.node) {
                 Ok(d) => d,
                 Err(_) => {
-                    job.failed.store(true, Relaxed);
+                    job.fail();
                     job.part_done();
                     continue;
                 }
@@ -640,7 +652,7 @@ impl Rfs {
                     if let Err(e) = r {
                         log::warn!("write failed: {e}");
                         stats.io_errors.fetch_add(1, Relaxed);
-                        job2.failed.store(true, Relaxed);
+                        job2.fail();
                     }
                     job2.part_done();
                 }),
@@ -678,51 +690,36 @@ impl Rfs {
     }
 }
 
-/// A read split over several chunks, answered when the last piece lands.
-struct Gather {
-    buf: Mutex<Vec<u8>>,
+/// What a split request does once all its pieces are done: `true` if none failed.
+type Finish = Box<dyn FnOnce(bool) + Send>;
+
+/// A read or write split over several chunks: `finish(ok)` runs once, when the last piece is
+/// done, `ok` unless a piece failed.
+struct Pieces {
     left: AtomicUsize,
     failed: AtomicBool,
-    done: Mutex<Option<ReadDone>>,
+    finish: Mutex<Option<Finish>>,
 }
 
-impl Gather {
-    fn part_done(&self) {
-        if self.left.fetch_sub(1, Relaxed) != 1 {
-            return;
-        }
-        let done = self.done.lock().unwrap().take().expect("answered once");
-        if self.failed.load(Relaxed) {
-            done(Err(libc::EIO));
-        } else {
-            done(Ok(std::mem::take(&mut *self.buf.lock().unwrap())));
-        }
+impl Pieces {
+    fn new(n: usize, finish: Finish) -> Arc<Pieces> {
+        Arc::new(Pieces {
+            left: AtomicUsize::new(n),
+            failed: AtomicBool::new(false),
+            finish: Mutex::new(Some(finish)),
+        })
     }
-}
 
-/// A write split over several chunks.
-struct Scatter {
-    left: AtomicUsize,
-    failed: AtomicBool,
-    done: Mutex<Option<WriteDone>>,
-    fs: Arc<Rfs>,
-    ino: u64,
-    end: u64,
-    len: u32,
-}
+    fn fail(&self) {
+        self.failed.store(true, Relaxed);
+    }
 
-impl Scatter {
     fn part_done(&self) {
         if self.left.fetch_sub(1, Relaxed) != 1 {
             return;
         }
-        let done = self.done.lock().unwrap().take().expect("answered once");
-        if self.failed.load(Relaxed) {
-            done(Err(libc::EIO));
-        } else {
-            self.fs.wrote(self.ino, self.end, self.len);
-            done(Ok(self.len));
-        }
+        let finish = self.finish.lock().unwrap().take().expect("finished once");
+        finish(!self.failed.load(Relaxed));
     }
 }
 

@@ -63,6 +63,29 @@ impl RfsFuse {
         }
     }
 
+    /// Walks a directory from `offset` page by page, handing entries to `add` until it says
+    /// the reply is full.
+    fn list(
+        &self,
+        ino: INodeNo,
+        offset: u64,
+        mut add: impl FnMut(u64, &str, &Attr) -> bool,
+    ) -> Result<(), Errno> {
+        let mut cookie = offset;
+        loop {
+            let page = self.fs.readdir(ino.0, cookie).map_err(Errno::from_i32)?;
+            if page.is_empty() {
+                return Ok(());
+            }
+            for (c, n, a) in &page {
+                if add(*c, n, a) {
+                    return Ok(());
+                }
+                cookie = *c;
+            }
+        }
+    }
+
     fn entry(&self, r: Result<Attr, i32>, reply: ReplyEntry) {
         match r {
             Ok(a) => reply.entry(&self.cfg.entry_timeout, &self.attr(&a), Generation(0)),
@@ -404,21 +427,12 @@ impl Filesystem for RfsFuse {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let mut cookie = offset;
-        loop {
-            let page = or_reply!(
-                self.fs.readdir(ino.0, cookie).map_err(Errno::from_i32),
-                reply
-            );
-            if page.is_empty() {
-                return reply.ok();
-            }
-            for (c, n, a) in &page {
-                if reply.add(INodeNo(a.ino), *c, self.attr(a).kind, n) {
-                    return reply.ok();
-                }
-                cookie = *c;
-            }
+        let listed = self.list(ino, offset, |c, n, a| {
+            reply.add(INodeNo(a.ino), c, self.attr(a).kind, n)
+        });
+        match listed {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
         }
     }
 
@@ -430,29 +444,13 @@ impl Filesystem for RfsFuse {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let mut cookie = offset;
-        loop {
-            let page = or_reply!(
-                self.fs.readdir(ino.0, cookie).map_err(Errno::from_i32),
-                reply
-            );
-            if page.is_empty() {
-                return reply.ok();
-            }
-            for (c, n, a) in &page {
-                let attr = self.attr(a);
-                if reply.add(
-                    INodeNo(a.ino),
-                    *c,
-                    n,
-                    &self.cfg.entry_timeout,
-                    &attr,
-                    Generation(0),
-                ) {
-                    return reply.ok();
-                }
-                cookie = *c;
-            }
+        let ttl = self.cfg.entry_timeout;
+        let listed = self.list(ino, offset, |c, n, a| {
+            reply.add(INodeNo(a.ino), c, n, &ttl, &self.attr(a), Generation(0))
+        });
+        match listed {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
         }
     }
 

@@ -63,10 +63,6 @@ impl Allocator {
         }
     }
 
-    pub fn node(&self, id: u32) -> Option<&NodeChunks> {
-        self.nodes.get(id as usize)
-    }
-
     pub fn nodes(&self) -> Vec<NodeInfo> {
         self.nodes
             .iter()

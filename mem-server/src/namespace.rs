@@ -605,17 +605,6 @@ impl Namespace {
             _ => Err(libc::EINVAL),
         }
     }
-
-    /// Every chunk on `node`, for when a node leaves: the files keep their map (reads fail).
-    pub fn chunks_on_node(&self, node: u32) -> usize {
-        self.inodes
-            .values()
-            .filter_map(|i| match &i.data {
-                Data::File { chunks } => Some(chunks.values().filter(|c| c.node == node).count()),
-                _ => None,
-            })
-            .sum()
-    }
 }
 
 #[cfg(test)]

@@ -12,6 +12,25 @@ fn cpath(p: &std::path::Path) -> CString {
     CString::new(p.as_os_str().as_bytes()).unwrap()
 }
 
+fn renameat2(from: &std::path::Path, to: &std::path::Path, flags: u32) -> std::io::Result<()> {
+    let (from, to) = (cpath(from), cpath(to));
+    // SAFETY: two valid NUL-terminated paths.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            flags,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 #[test]
 fn files_directories_links_and_their_errors() {
     let server = MemServer::meta("64M", "1M");
@@ -97,30 +116,9 @@ fn files_directories_links_and_their_errors() {
     fs::rename(m.path("d"), m.path("e")).unwrap();
     assert_eq!(fs::read(m.path("e/f")).unwrap(), b"x");
     fs::write(m.path("z"), b"z").unwrap();
-    let rc = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            cpath(&m.path("z")).as_ptr(),
-            libc::AT_FDCWD,
-            cpath(&m.path("x")).as_ptr(),
-            libc::RENAME_NOREPLACE,
-        )
-    };
-    assert_eq!(rc, -1);
-    assert_eq!(
-        std::io::Error::last_os_error().raw_os_error(),
-        Some(libc::EEXIST)
-    );
-    let rc = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            cpath(&m.path("z")).as_ptr(),
-            libc::AT_FDCWD,
-            cpath(&m.path("x")).as_ptr(),
-            libc::RENAME_EXCHANGE,
-        )
-    };
-    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    let e = renameat2(&m.path("z"), &m.path("x"), libc::RENAME_NOREPLACE).unwrap_err();
+    assert_eq!(errno(&e), libc::EEXIST);
+    renameat2(&m.path("z"), &m.path("x"), libc::RENAME_EXCHANGE).unwrap();
     assert_eq!(fs::read(m.path("z")).unwrap(), b"new");
     assert_eq!(fs::read(m.path("x")).unwrap(), b"z");
 }
