@@ -1,5 +1,7 @@
-//! The FUSE adapter: translates fuser calls into [`Rfs`] operations and errnos into replies.
-//! Reads and writes answer from the completion path; everything else answers in place.
+//! The FUSE adapter: translates fuser calls into [`Rfs`] operations and their results into
+//! replies; nothing else. Every failure goes through [`fuse_error!`], which logs it (faults as
+//! warnings, plain answers such as ENOENT at debug level) and replies with its errno. Reads and
+//! writes answer from the completion path; everything else answers in place.
 
 use std::ffi::OsStr;
 use std::path::Path;
@@ -7,16 +9,40 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
-    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
-    INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
-    ReplyWrite, Request, TimeOrNow, WriteFlags,
+    AccessFlags, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
+    Request, TimeOrNow, WriteFlags,
 };
-use mem_server::namespace::Owner;
-use mem_server::proto::{Attr, FileKind, SetAttr, Timestamp};
+use rfs_proto::types::{Attr, AttrChanges, FileKind, Owner, Timestamp};
+use rfs_proto::Errno;
 
-use crate::fs::{Rfs, STATS_INO};
+use crate::fs::{Error, Rfs, STATS_INO};
 use crate::options::MountConfig;
+
+/// Logs a failed operation and replies with its errno: faults (a node, the connection) as
+/// warnings, plain answers (ENOENT, EEXIST...) at debug level.
+macro_rules! fuse_error {
+    ($op:expr, $reply:expr, $err:expr) => {{
+        let err: Error = $err.into();
+        if err.is_fault() {
+            log::warn!("{}: {err}", $op);
+        } else {
+            log::debug!("{}: {err}", $op);
+        }
+        $reply.error(fuser::Errno::from_i32(err.errno().raw()))
+    }};
+}
+
+/// The reply on `Ok`, [`fuse_error!`] on `Err`.
+macro_rules! reply {
+    ($op:literal, $result:expr, $reply:ident, |$v:pat_param| $ok:expr) => {
+        match $result {
+            Ok($v) => $ok,
+            Err(e) => fuse_error!($op, $reply, e),
+        }
+    };
+}
 
 pub struct RfsFuse {
     fs: Arc<Rfs>,
@@ -70,49 +96,54 @@ impl RfsFuse {
         ino: INodeNo,
         offset: u64,
         mut add: impl FnMut(u64, &str, &Attr) -> bool,
-    ) -> Result<(), Errno> {
+    ) -> Result<(), Error> {
         let mut cookie = offset;
         loop {
-            let page = self.fs.readdir(ino.0, cookie).map_err(Errno::from_i32)?;
+            let page = self.fs.readdir(ino.0, cookie)?;
             if page.is_empty() {
                 return Ok(());
             }
-            for (c, n, a) in &page {
-                if add(*c, n, a) {
+            for e in &page {
+                if add(e.cookie, &e.name, &e.attr) {
                     return Ok(());
                 }
-                cookie = *c;
+                cookie = e.cookie;
             }
         }
     }
 
-    fn entry(&self, r: Result<Attr, i32>, reply: ReplyEntry) {
+    fn entry(&self, op: &'static str, r: Result<Attr, Error>, reply: ReplyEntry) {
         match r {
             Ok(a) => reply.entry(&self.cfg.entry_timeout, &self.attr(&a), Generation(0)),
-            Err(e) => reply.error(Errno::from_i32(e)),
+            Err(e) => fuse_error!(op, reply, e),
+        }
+    }
+
+    fn attr_reply(&self, op: &'static str, r: Result<Attr, Error>, reply: ReplyAttr) {
+        match r {
+            Ok(a) => reply.attr(&self.cfg.attr_timeout, &self.attr(&a)),
+            Err(e) => fuse_error!(op, reply, e),
         }
     }
 }
 
-fn name(n: &OsStr) -> Result<&str, Errno> {
-    n.to_str().ok_or(Errno::EINVAL)
+fn empty(op: &'static str, r: Result<(), Error>, reply: ReplyEmpty) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => fuse_error!(op, reply, e),
+    }
+}
+
+/// Names are UTF-8 in this namespace.
+fn name(n: &OsStr) -> Result<&str, Error> {
+    n.to_str().ok_or(Error::from(Errno::EINVAL))
 }
 
 fn timestamp(t: TimeOrNow) -> Timestamp {
-    let st = match t {
+    Timestamp::from(match t {
         TimeOrNow::SpecificTime(s) => s,
         TimeOrNow::Now => SystemTime::now(),
-    };
-    match st.duration_since(UNIX_EPOCH) {
-        Ok(d) => Timestamp {
-            secs: d.as_secs() as i64,
-            nsecs: d.subsec_nanos(),
-        },
-        Err(e) => Timestamp {
-            secs: -(e.duration().as_secs() as i64),
-            nsecs: 0,
-        },
-    }
+    })
 }
 
 fn kind_of(mode: u32) -> Option<FileKind> {
@@ -126,11 +157,21 @@ fn kind_of(mode: u32) -> Option<FileKind> {
     })
 }
 
+/// The creator of a new node, with the umask applied.
+fn owner(req: &Request, mode: u32, umask: u32) -> Owner {
+    Owner {
+        perm: (mode & !umask & 0o7777) as u16,
+        uid: req.uid(),
+        gid: req.gid(),
+    }
+}
+
+/// The value on `Ok`; on `Err`, reply and return.
 macro_rules! or_reply {
-    ($e:expr, $reply:ident) => {
+    ($op:literal, $e:expr, $reply:ident) => {
         match $e {
             Ok(v) => v,
-            Err(e) => return $reply.error(e),
+            Err(e) => return fuse_error!($op, $reply, e),
         }
     };
 }
@@ -154,15 +195,12 @@ impl Filesystem for RfsFuse {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
-        let n = or_reply!(name(n), reply);
-        self.entry(self.fs.lookup(parent.0, n), reply);
+        let n = or_reply!("lookup", name(n), reply);
+        self.entry("lookup", self.fs.lookup(parent.0, n), reply);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.fs.getattr(ino.0) {
-            Ok(a) => reply.attr(&self.cfg.attr_timeout, &self.attr(&a)),
-            Err(e) => reply.error(Errno::from_i32(e)),
-        }
+        self.attr_reply("getattr", self.fs.getattr(ino.0), reply);
     }
 
     fn setattr(
@@ -183,7 +221,7 @@ impl Filesystem for RfsFuse {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let set = SetAttr {
+        let changes = AttrChanges {
             mode,
             uid,
             gid,
@@ -191,17 +229,12 @@ impl Filesystem for RfsFuse {
             atime: atime.map(timestamp),
             mtime: mtime.map(timestamp),
         };
-        match self.fs.setattr(ino.0, set) {
-            Ok(a) => reply.attr(&self.cfg.attr_timeout, &self.attr(&a)),
-            Err(e) => reply.error(Errno::from_i32(e)),
-        }
+        self.attr_reply("setattr", self.fs.setattr(ino.0, changes), reply);
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.fs.readlink(ino.0) {
-            Ok(t) => reply.data(t.as_bytes()),
-            Err(e) => reply.error(Errno::from_i32(e)),
-        }
+        reply!("readlink", self.fs.readlink(ino.0), reply, |t| reply
+            .data(t.as_bytes()));
     }
 
     fn mknod(
@@ -214,25 +247,12 @@ impl Filesystem for RfsFuse {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let n = or_reply!(name(n), reply);
-        let Some(kind) = kind_of(mode) else {
-            return reply.error(Errno::EINVAL);
-        };
-        let perm = (mode & !umask & 0o7777) as u16;
-        self.entry(
-            self.fs.mknod(
-                parent.0,
-                n,
-                kind,
-                rdev,
-                Owner {
-                    perm,
-                    uid: req.uid(),
-                    gid: req.gid(),
-                },
-            ),
-            reply,
-        );
+        let n = or_reply!("mknod", name(n), reply);
+        let kind = or_reply!("mknod", kind_of(mode).ok_or(Errno::EINVAL), reply);
+        let made = self
+            .fs
+            .mknod(parent.0, n, kind, rdev, owner(req, mode, umask));
+        self.entry("mknod", made, reply);
     }
 
     fn mkdir(
@@ -244,28 +264,19 @@ impl Filesystem for RfsFuse {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let n = or_reply!(name(n), reply);
-        let perm = (mode & !umask & 0o7777) as u16;
-        self.entry(
-            self.fs.mkdir(parent.0, n, perm, req.uid(), req.gid()),
-            reply,
-        );
+        let n = or_reply!("mkdir", name(n), reply);
+        let made = self.fs.mkdir(parent.0, n, owner(req, mode, umask));
+        self.entry("mkdir", made, reply);
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
-        let n = or_reply!(name(n), reply);
-        match self.fs.unlink(parent.0, n) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(Errno::from_i32(e)),
-        }
+        let n = or_reply!("unlink", name(n), reply);
+        empty("unlink", self.fs.unlink(parent.0, n), reply);
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
-        let n = or_reply!(name(n), reply);
-        match self.fs.rmdir(parent.0, n) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(Errno::from_i32(e)),
-        }
+        let n = or_reply!("rmdir", name(n), reply);
+        empty("rmdir", self.fs.rmdir(parent.0, n), reply);
     }
 
     fn symlink(
@@ -276,13 +287,12 @@ impl Filesystem for RfsFuse {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        let link = or_reply!(name(link), reply);
-        let target = or_reply!(target.to_str().ok_or(Errno::EINVAL), reply);
-        self.entry(
-            self.fs
-                .symlink(parent.0, link, target, req.uid(), req.gid()),
-            reply,
-        );
+        let link = or_reply!("symlink", name(link), reply);
+        let target = or_reply!("symlink", name(target.as_os_str()), reply);
+        let made = self
+            .fs
+            .symlink(parent.0, link, target, req.uid(), req.gid());
+        self.entry("symlink", made, reply);
     }
 
     fn rename(
@@ -295,15 +305,12 @@ impl Filesystem for RfsFuse {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        let n = or_reply!(name(n), reply);
-        let newname = or_reply!(name(newname), reply);
-        match self
+        let n = or_reply!("rename", name(n), reply);
+        let newname = or_reply!("rename", name(newname), reply);
+        let renamed = self
             .fs
-            .rename(parent.0, n, newparent.0, newname, flags.bits())
-        {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(Errno::from_i32(e)),
-        }
+            .rename(parent.0, n, newparent.0, newname, flags.bits());
+        empty("rename", renamed, reply);
     }
 
     fn link(
@@ -314,19 +321,20 @@ impl Filesystem for RfsFuse {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        let newname = or_reply!(name(newname), reply);
-        self.entry(self.fs.link(ino.0, newparent.0, newname), reply);
+        let newname = or_reply!("link", name(newname), reply);
+        self.entry("link", self.fs.link(ino.0, newparent.0, newname), reply);
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.open(ino.0) {
+        reply!("open", self.fs.open(ino.0), reply, |(fh, _)| {
             // The stats file changes size under the kernel's feet: no page cache for it.
-            Ok((fh, _)) if ino.0 == STATS_INO => {
-                reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO)
-            }
-            Ok((fh, _)) => reply.opened(FileHandle(fh), FopenFlags::empty()),
-            Err(e) => reply.error(Errno::from_i32(e)),
-        }
+            let flags = if ino.0 == STATS_INO {
+                FopenFlags::FOPEN_DIRECT_IO
+            } else {
+                FopenFlags::empty()
+            };
+            reply.opened(FileHandle(fh), flags)
+        });
     }
 
     fn read(
@@ -344,10 +352,7 @@ impl Filesystem for RfsFuse {
             ino.0,
             offset,
             size as usize,
-            Box::new(move |r| match r {
-                Ok(d) => reply.data(&d),
-                Err(e) => reply.error(Errno::from_i32(e)),
-            }),
+            Box::new(move |r: Result<Vec<u8>, Error>| reply!("read", r, reply, |d| reply.data(&d))),
         );
     }
 
@@ -367,10 +372,7 @@ impl Filesystem for RfsFuse {
             ino.0,
             offset,
             data,
-            Box::new(move |r| match r {
-                Ok(n) => reply.written(n),
-                Err(e) => reply.error(Errno::from_i32(e)),
-            }),
+            Box::new(move |r| reply!("write", r, reply, |n| reply.written(n))),
         );
     }
 
@@ -382,10 +384,7 @@ impl Filesystem for RfsFuse {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        match self.fs.commit(ino.0) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(Errno::from_i32(e)),
-        }
+        empty("flush", self.fs.commit(ino.0), reply);
     }
 
     fn release(
@@ -398,10 +397,7 @@ impl Filesystem for RfsFuse {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        match self.fs.release(fh.0) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(Errno::from_i32(e)),
-        }
+        empty("release", self.fs.release(fh.0), reply);
     }
 
     fn fsync(
@@ -413,10 +409,7 @@ impl Filesystem for RfsFuse {
         reply: ReplyEmpty,
     ) {
         // Data is in remote memory once a write is answered; fsync commits size and mtime.
-        match self.fs.commit(ino.0) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(Errno::from_i32(e)),
-        }
+        empty("fsync", self.fs.commit(ino.0), reply);
     }
 
     fn readdir(
@@ -430,10 +423,7 @@ impl Filesystem for RfsFuse {
         let listed = self.list(ino, offset, |c, n, a| {
             reply.add(INodeNo(a.ino), c, self.attr(a).kind, n)
         });
-        match listed {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        reply!("readdir", listed, reply, |()| reply.ok());
     }
 
     fn readdirplus(
@@ -448,29 +438,23 @@ impl Filesystem for RfsFuse {
         let listed = self.list(ino, offset, |c, n, a| {
             reply.add(INodeNo(a.ino), c, n, &ttl, &self.attr(a), Generation(0))
         });
-        match listed {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        reply!("readdirplus", listed, reply, |()| reply.ok());
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        match self.fs.statfs() {
-            Ok(s) => {
-                let per = s.chunk_size / 4096;
-                reply.statfs(
-                    s.chunks_total * per,
-                    s.chunks_free * per,
-                    s.chunks_free * per,
-                    u64::MAX / 2,
-                    u64::MAX / 2 - s.inodes,
-                    4096,
-                    255,
-                    4096,
-                )
-            }
-            Err(e) => reply.error(Errno::from_i32(e)),
-        }
+        reply!("statfs", self.fs.statfs(), reply, |s| {
+            let per = s.chunk_size / 4096;
+            reply.statfs(
+                s.chunks_total * per,
+                s.chunks_free * per,
+                s.chunks_free * per,
+                u64::MAX / 2,
+                u64::MAX / 2 - s.inodes,
+                4096,
+                255,
+                4096,
+            )
+        });
     }
 
     fn getxattr(
@@ -482,11 +466,11 @@ impl Filesystem for RfsFuse {
         reply: fuser::ReplyXattr,
     ) {
         // No extended attributes: saying so once lets the kernel stop asking.
-        reply.error(Errno::ENOTSUP);
+        reply.error(fuser::Errno::ENOTSUP);
     }
 
     fn listxattr(&self, _req: &Request, _ino: INodeNo, _size: u32, reply: fuser::ReplyXattr) {
-        reply.error(Errno::ENOTSUP);
+        reply.error(fuser::Errno::ENOTSUP);
     }
 
     fn setxattr(
@@ -499,11 +483,11 @@ impl Filesystem for RfsFuse {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        reply.error(Errno::ENOTSUP);
+        reply.error(fuser::Errno::ENOTSUP);
     }
 
     fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::ENOTSUP);
+        reply.error(fuser::Errno::ENOTSUP);
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
@@ -521,26 +505,17 @@ impl Filesystem for RfsFuse {
         _flags: i32,
         reply: ReplyCreate,
     ) {
-        let n = or_reply!(name(n), reply);
-        let perm = (mode & !umask & 0o7777) as u16;
-        let owner = Owner {
-            perm,
-            uid: req.uid(),
-            gid: req.gid(),
-        };
-        let attr = match self.fs.mknod(parent.0, n, FileKind::RegularFile, 0, owner) {
-            Ok(a) => a,
-            Err(e) => return reply.error(Errno::from_i32(e)),
-        };
-        match self.fs.open(attr.ino) {
-            Ok((fh, a)) => reply.created(
+        let n = or_reply!("create", name(n), reply);
+        let owner = owner(req, mode, umask);
+        let made = self.fs.mknod(parent.0, n, FileKind::RegularFile, 0, owner);
+        let attr = or_reply!("create", made, reply);
+        reply!("create", self.fs.open(attr.ino), reply, |(fh, a)| reply
+            .created(
                 &self.cfg.entry_timeout,
                 &self.attr(&a),
                 Generation(0),
                 FileHandle(fh),
                 FopenFlags::empty(),
-            ),
-            Err(e) => reply.error(Errno::from_i32(e)),
-        }
+            ));
     }
 }

@@ -1,8 +1,8 @@
 //! rfs client: a POSIX file system over FUSE whose file data lives in storage nodes' memory.
 //!
-//! - [`fs`]: the operations, testable without FUSE.
+//! - [`fs`]: the operations, testable without FUSE (and without nodes: see its backend seam).
 //! - [`fuse`]: the fuser adapter.
-//! - [`options`]: mount options (flags and `-o`).
+//! - [`options`]: mount options (flags and `-o`), written once.
 
 pub mod fs;
 pub mod fuse;

@@ -9,19 +9,16 @@ use std::process::{Command, ExitCode, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches, Parser};
 use fs_client::fs::{Rfs, STATS_NAME};
 use fs_client::fuse::RfsFuse;
 use fs_client::options::MountConfig;
 use fuser::{MountOption, SessionACL};
-use mem_server::client::{Client, ClientConfig};
-use rdmabox::rpc::RpcConfig;
-use rdmabox::transport::TransportConfig;
-use rdmabox::SessionConfig;
+use rfs_proto::Client;
 
 /// Mount an rfs namespace: POSIX files whose data moves by one-sided RDMA to storage nodes.
 /// Unmount with `fusermount3 -u MOUNTPOINT` (or SIGINT/SIGTERM). `fs-client stats MOUNTPOINT`
-/// prints the live counters of a mount.
+/// prints the live counters of a mount. Every option below is also an `-o` option.
 #[derive(Parser)]
 #[command(version)]
 struct Args {
@@ -36,85 +33,14 @@ struct Args {
     /// Background once the mount is ready.
     #[arg(long)]
     daemon: bool,
-    /// Let other users access the mount (-o allow_other).
-    #[arg(long)]
-    allow_other: bool,
-    /// Largest write the kernel sends, up to 1M (-o max_write).
-    #[arg(long)]
-    max_write: Option<String>,
-    /// Kernel writeback cache on/off (-o writeback_cache).
-    #[arg(long)]
-    writeback_cache: Option<String>,
-    /// Seconds the kernel caches attributes (-o attr_timeout).
-    #[arg(long)]
-    attr_timeout: Option<String>,
-    /// Seconds the kernel caches names (-o entry_timeout).
-    #[arg(long)]
-    entry_timeout: Option<String>,
-    /// FUSE dispatch threads (-o threads).
-    #[arg(long)]
-    threads: Option<String>,
-    /// auto, verbs or tcp (-o transport).
-    #[arg(long)]
-    transport: Option<String>,
-    /// Shared secret of the storage nodes (-o secret_file).
-    #[arg(long)]
-    secret_file: Option<String>,
-    /// Seconds before I/O to a silent storage node fails with EIO (-o io_timeout).
-    #[arg(long)]
-    io_timeout: Option<String>,
-    /// Queue pairs per storage node (-o qps).
-    #[arg(long)]
-    qps: Option<String>,
-    /// Admission window: off, a size (7M) or adaptive (-o window).
-    #[arg(long)]
-    window: Option<String>,
-    /// preMR/dynMR threshold: a size, or never (-o dyn_threshold).
-    #[arg(long)]
-    dyn_threshold: Option<String>,
-    /// Polling: busy, event, event-batch, adaptive[:MAX_POLL_WC:MAX_RETRY] (-o polling).
-    #[arg(long)]
-    polling: Option<String>,
-    /// Merging of adjacent requests on/off (-o merge).
-    #[arg(long)]
-    merge: Option<String>,
-    /// Doorbell chaining on/off (-o chain).
-    #[arg(long)]
-    chain: Option<String>,
 }
 
-impl Args {
-    fn config(&self) -> Result<MountConfig, String> {
-        let mut c = MountConfig::default();
-        if self.allow_other {
-            c.apply("allow_other")?;
-        }
-        let flags = [
-            ("max_write", &self.max_write),
-            ("writeback_cache", &self.writeback_cache),
-            ("attr_timeout", &self.attr_timeout),
-            ("entry_timeout", &self.entry_timeout),
-            ("threads", &self.threads),
-            ("transport", &self.transport),
-            ("secret_file", &self.secret_file),
-            ("io_timeout", &self.io_timeout),
-            ("qps", &self.qps),
-            ("window", &self.window),
-            ("dyn_threshold", &self.dyn_threshold),
-            ("polling", &self.polling),
-            ("merge", &self.merge),
-            ("chain", &self.chain),
-        ];
-        for (name, value) in flags {
-            if let Some(v) = value {
-                c.apply(&format!("{name}={v}"))?;
-            }
-        }
-        for list in &self.options {
-            c.apply_list(list)?;
-        }
-        Ok(c)
-    }
+/// The command line: the arguments above and a flag per mount option.
+fn parse_args() -> (Args, Result<MountConfig, String>) {
+    let matches = Args::command().args(MountConfig::flags()).get_matches();
+    let args = Args::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let cfg = MountConfig::from_matches(&matches, &args.options);
+    (args, cfg)
 }
 
 fn signals() -> libc::sigset_t {
@@ -201,8 +127,8 @@ fn main() -> ExitCode {
             }
         };
     }
-    let args = Args::parse();
-    let cfg = match args.config() {
+    let (args, cfg) = parse_args();
+    let cfg = match cfg {
         Ok(c) => c,
         Err(e) => {
             eprintln!("fs-client: {e}");
@@ -214,7 +140,7 @@ fn main() -> ExitCode {
     }
     let daemon_child = std::env::var_os(DAEMON_ENV).is_some();
     let secret = match &cfg.secret_file {
-        Some(p) => match mem_server::auth::read_secret(p) {
+        Some(p) => match rfs_proto::handshake::read_secret(p) {
             Ok(s) => Some(s),
             Err(e) => {
                 eprintln!("fs-client: {e}");
@@ -228,27 +154,7 @@ fn main() -> ExitCode {
     // SAFETY: valid set; changes only this thread's mask.
     unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
 
-    let mut transport = TransportConfig::with_provider(cfg.transport);
-    transport.tcp.dead_peer_timeout = cfg.io_timeout;
-    let client_cfg = ClientConfig {
-        transport,
-        secret,
-        session: SessionConfig {
-            qps: cfg.qps,
-            window: cfg.window,
-            dyn_threshold: cfg.dyn_threshold,
-            polling: cfg.polling,
-            merge: cfg.merge,
-            chain: cfg.chain,
-            ..SessionConfig::default()
-        },
-        rpc: RpcConfig {
-            timeout: cfg.io_timeout * 2,
-            ..RpcConfig::default()
-        },
-        connect_timeout: cfg.io_timeout,
-    };
-    let client = match Client::connect(&args.server, client_cfg) {
+    let client = match Client::connect(&args.server, cfg.client_config(secret)) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("fs-client: cannot reach {}: {e}", args.server);
@@ -258,11 +164,7 @@ fn main() -> ExitCode {
     let fs = match Rfs::new(client) {
         Ok(f) => Arc::new(f),
         Err(e) => {
-            eprintln!(
-                "fs-client: {}: {}",
-                args.server,
-                std::io::Error::from_raw_os_error(e)
-            );
+            eprintln!("fs-client: {}: {e}", args.server);
             return ExitCode::FAILURE;
         }
     };

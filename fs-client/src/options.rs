@@ -1,38 +1,50 @@
-//! Mount options: every tunable is a flag and also an `-o name[=value]` option, so that a mount
-//! helper or /etc/fstab can pass them. `-o` values override flags.
+//! Mount options: every tunable is written once, in [`OPTIONS`], which gives both its command
+//! line flag (`--max-write 128K`) and its `-o` form (`-o max_write=128K`, for mount helpers and
+//! /etc/fstab). Flags apply first, then `-o` lists in order; [`MountConfig::validate`] checks
+//! the result once.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use clap::{Arg, ArgAction, ArgMatches};
+use rdmabox::rpc::RpcConfig;
 use rdmabox::size::parse_size;
-use rdmabox::transport::ProviderKind;
-use rdmabox::{PollMode, WindowConfig};
+use rdmabox::transport::{ProviderKind, TransportConfig};
+use rdmabox::SessionConfig;
+use rfs_proto::ClientConfig;
 
 /// Everything the client is configured with.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct MountConfig {
+    /// Let other users access the mount.
     pub allow_other: bool,
     /// Largest FUSE write, in bytes (the kernel allows up to 1 MiB).
     pub max_write: u32,
+    /// Kernel readahead, in bytes.
     pub max_readahead: u32,
+    /// The kernel's writeback cache.
     pub writeback_cache: bool,
+    /// How long the kernel caches attributes.
     pub attr_timeout: Duration,
+    /// How long the kernel caches names.
     pub entry_timeout: Duration,
+    /// FUSE dispatch threads.
     pub threads: usize,
+    /// Which transport provider.
     pub transport: ProviderKind,
+    /// The nodes' shared secret.
     pub secret_file: Option<PathBuf>,
     /// How long a storage node may stay silent before its I/O fails with EIO.
     pub io_timeout: Duration,
-    pub qps: usize,
-    pub window: WindowConfig,
-    pub dyn_threshold: usize,
-    pub polling: PollMode,
-    pub merge: bool,
-    pub chain: bool,
+    /// The rdmabox tunables of every data session.
+    pub session: SessionConfig,
+    /// The metadata channel; its deadline follows `io_timeout`.
+    pub rpc: RpcConfig,
 }
 
 impl Default for MountConfig {
     fn default() -> Self {
+        let io_timeout = Duration::from_secs(5);
         MountConfig {
             allow_other: false,
             max_write: 1 << 20,
@@ -43,22 +55,42 @@ impl Default for MountConfig {
             threads: 4,
             transport: ProviderKind::Auto,
             secret_file: None,
-            io_timeout: Duration::from_secs(5),
-            qps: 4,
-            window: WindowConfig::default(),
-            dyn_threshold: 928 << 10,
-            polling: PollMode::default(),
-            merge: true,
-            chain: true,
+            io_timeout,
+            session: SessionConfig::default(),
+            rpc: RpcConfig {
+                timeout: io_timeout * 2,
+                ..RpcConfig::default()
+            },
         }
     }
 }
 
-fn flag(v: Option<&str>) -> Result<bool, String> {
-    match v.map(str::to_ascii_lowercase).as_deref() {
-        None | Some("1" | "on" | "yes" | "true") => Ok(true),
-        Some("0" | "off" | "no" | "false") => Ok(false),
-        Some(other) => Err(format!("expected on or off, got {other:?}")),
+/// What an option's value looks like.
+#[derive(Clone, Copy)]
+enum Value {
+    /// Turned on by its bare flag or `-o name` (`-o name=off` turns it off).
+    Switch,
+    /// `--name on|off`; a bare `-o name` means on.
+    OnOff,
+    /// A value of this shape.
+    Takes(&'static str),
+}
+
+/// One tunable: its `-o` name (the flag is the same with dashes), its value, its help, and how
+/// it is set.
+pub struct MountOption {
+    /// The `-o` name.
+    pub name: &'static str,
+    value: Value,
+    help: &'static str,
+    set: fn(&mut MountConfig, &str) -> Result<(), String>,
+}
+
+fn on_off(v: &str) -> Result<bool, String> {
+    match v.to_ascii_lowercase().as_str() {
+        "1" | "on" | "yes" | "true" => Ok(true),
+        "0" | "off" | "no" | "false" => Ok(false),
+        other => Err(format!("expected on or off, got {other:?}")),
     }
 }
 
@@ -73,75 +105,148 @@ fn secs(v: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(f))
 }
 
+fn number(v: &str) -> Result<usize, String> {
+    v.parse().map_err(|_| "expected a number".to_string())
+}
+
+/// Every tunable.
+pub const OPTIONS: &[MountOption] = &[
+    MountOption {
+        name: "allow_other",
+        value: Value::Switch,
+        help: "Let other users access the mount",
+        set: |c, v| on_off(v).map(|x| c.allow_other = x),
+    },
+    MountOption {
+        name: "max_write",
+        value: Value::Takes("SIZE"),
+        help: "Largest write the kernel sends, 4K to 1M",
+        set: |c, v| parse_size(v).map(|s| c.max_write = s.min(u32::MAX as u64) as u32),
+    },
+    MountOption {
+        name: "max_readahead",
+        value: Value::Takes("SIZE"),
+        help: "Kernel readahead",
+        set: |c, v| parse_size(v).map(|s| c.max_readahead = s.min(u32::MAX as u64) as u32),
+    },
+    MountOption {
+        name: "writeback_cache",
+        value: Value::OnOff,
+        help: "Kernel writeback cache on/off",
+        set: |c, v| on_off(v).map(|x| c.writeback_cache = x),
+    },
+    MountOption {
+        name: "attr_timeout",
+        value: Value::Takes("SECONDS"),
+        help: "Seconds the kernel caches attributes",
+        set: |c, v| secs(v).map(|x| c.attr_timeout = x),
+    },
+    MountOption {
+        name: "entry_timeout",
+        value: Value::Takes("SECONDS"),
+        help: "Seconds the kernel caches names",
+        set: |c, v| secs(v).map(|x| c.entry_timeout = x),
+    },
+    MountOption {
+        name: "threads",
+        value: Value::Takes("N"),
+        help: "FUSE dispatch threads, 1 to 256",
+        set: |c, v| number(v).map(|x| c.threads = x),
+    },
+    MountOption {
+        name: "transport",
+        value: Value::Takes("auto|verbs|tcp"),
+        help: "Transport: auto (verbs when an RDMA device exists), verbs or tcp",
+        set: |c, v| v.parse().map(|x| c.transport = x),
+    },
+    MountOption {
+        name: "secret_file",
+        value: Value::Takes("PATH"),
+        help: "Shared secret of the storage nodes",
+        set: |c, v| {
+            c.secret_file = Some(PathBuf::from(v));
+            Ok(())
+        },
+    },
+    MountOption {
+        name: "io_timeout",
+        value: Value::Takes("SECONDS"),
+        help: "Seconds before I/O to a silent storage node fails with EIO (at least 1)",
+        set: |c, v| secs(v).map(|x| c.io_timeout = x),
+    },
+    MountOption {
+        name: "qps",
+        value: Value::Takes("N"),
+        help: "Queue pairs per storage node, 1 to 64",
+        set: |c, v| number(v).map(|x| c.session.qps = x),
+    },
+    MountOption {
+        name: "window",
+        value: Value::Takes("off|SIZE|adaptive"),
+        help: "Admission window: off, a size (7M) or adaptive",
+        set: |c, v| v.parse().map(|x| c.session.window = x),
+    },
+    MountOption {
+        name: "dyn_threshold",
+        value: Value::Takes("SIZE|never"),
+        help: "Requests at least this large register their own buffer (dynMR); never: always copy",
+        set: |c, v| {
+            c.session.dyn_threshold = match v {
+                "never" => usize::MAX,
+                size => parse_size(size)? as usize,
+            };
+            Ok(())
+        },
+    },
+    MountOption {
+        name: "polling",
+        value: Value::Takes("MODE"),
+        help: "Completion polling: busy, event, event-batch, adaptive[:MAX_POLL_WC:MAX_RETRY]",
+        set: |c, v| v.parse().map(|x| c.session.polling = x),
+    },
+    MountOption {
+        name: "merge",
+        value: Value::OnOff,
+        help: "Merging of adjacent requests on/off",
+        set: |c, v| on_off(v).map(|x| c.session.merge = x),
+    },
+    MountOption {
+        name: "chain",
+        value: Value::OnOff,
+        help: "Doorbell chaining on/off",
+        set: |c, v| on_off(v).map(|x| c.session.chain = x),
+    },
+];
+
 /// Options that FUSE mount helpers pass and that mean nothing to us.
 const IGNORED: &[&str] = &[
     "rw", "defaults", "auto", "noauto", "user", "nouser", "_netdev", "dev", "suid", "exec",
 ];
 
+/// The flag that sets `opt`.
+fn flag_name(opt: &MountOption) -> String {
+    opt.name.replace('_', "-")
+}
+
 impl MountConfig {
-    /// Applies one `-o` option.
+    /// Applies one `-o` option, `name` or `name=value`.
     pub fn apply(&mut self, opt: &str) -> Result<(), String> {
         let (name, value) = match opt.split_once('=') {
             Some((n, v)) => (n.trim(), Some(v.trim())),
             None => (opt.trim(), None),
         };
-        let need = || value.ok_or_else(|| format!("-o {name} needs a value"));
-        let wrap = |e: String| format!("-o {name}: {e}");
-        match name {
-            "allow_other" => self.allow_other = flag(value).map_err(wrap)?,
-            "max_write" => {
-                let v = parse_size(need()?).map_err(wrap)?;
-                if !(4096..=(1 << 20)).contains(&v) {
-                    return Err(format!("-o max_write must be between 4K and 1M, got {v}"));
-                }
-                self.max_write = v as u32;
-            }
-            "max_readahead" => {
-                self.max_readahead = parse_size(need()?).map_err(wrap)?.min(u32::MAX as u64) as u32
-            }
-            "writeback_cache" => self.writeback_cache = flag(value).map_err(wrap)?,
-            "attr_timeout" => self.attr_timeout = secs(need()?).map_err(wrap)?,
-            "entry_timeout" => self.entry_timeout = secs(need()?).map_err(wrap)?,
-            "threads" => {
-                self.threads = need()?
-                    .parse()
-                    .map_err(|_| wrap("expected a number".into()))?;
-                if !(1..=256).contains(&self.threads) {
-                    return Err("-o threads must be 1..=256".into());
-                }
-            }
-            "transport" => self.transport = need()?.parse().map_err(wrap)?,
-            "secret_file" => self.secret_file = Some(PathBuf::from(need()?)),
-            "io_timeout" => {
-                self.io_timeout = secs(need()?).map_err(wrap)?;
-                if self.io_timeout < Duration::from_secs(1) {
-                    return Err("-o io_timeout must be at least 1 second".into());
-                }
-            }
-            "qps" => {
-                self.qps = need()?
-                    .parse()
-                    .map_err(|_| wrap("expected a number".into()))?;
-                if !(1..=64).contains(&self.qps) {
-                    return Err("-o qps must be 1..=64".into());
-                }
-            }
-            "window" => self.window = need()?.parse().map_err(wrap)?,
-            "dyn_threshold" => {
-                let v = need()?;
-                self.dyn_threshold = if v == "never" {
-                    usize::MAX
-                } else {
-                    parse_size(v).map_err(wrap)? as usize
-                };
-            }
-            "polling" => self.polling = need()?.parse().map_err(wrap)?,
-            "merge" => self.merge = flag(value).map_err(wrap)?,
-            "chain" => self.chain = flag(value).map_err(wrap)?,
-            _ if IGNORED.contains(&name) => {}
-            _ => return Err(format!("unknown mount option -o {name}")),
+        if IGNORED.contains(&name) {
+            return Ok(());
         }
-        Ok(())
+        let Some(o) = OPTIONS.iter().find(|o| o.name == name) else {
+            return Err(format!("unknown mount option -o {name}"));
+        };
+        let value = match (value, o.value) {
+            (Some(v), _) => v,
+            (None, Value::Switch | Value::OnOff) => "on",
+            (None, Value::Takes(_)) => return Err(format!("-o {name} needs a value")),
+        };
+        (o.set)(self, value).map_err(|e| format!("-o {name}: {e}"))
     }
 
     /// Applies a comma-separated `-o` list.
@@ -150,42 +255,163 @@ impl MountConfig {
             .filter(|o| !o.trim().is_empty())
             .try_for_each(|o| self.apply(o))
     }
+
+    /// Checks the ranges and derives what follows from other settings.
+    pub fn validate(&mut self) -> Result<(), String> {
+        if !(4096..=(1 << 20)).contains(&self.max_write) {
+            return Err(format!(
+                "-o max_write must be between 4K and 1M, got {}",
+                self.max_write
+            ));
+        }
+        if !(1..=256).contains(&self.threads) {
+            return Err("-o threads must be 1..=256".into());
+        }
+        if self.io_timeout < Duration::from_secs(1) {
+            return Err("-o io_timeout must be at least 1 second".into());
+        }
+        if !(1..=rfs_proto::hello::MAX_QPS as usize).contains(&self.session.qps) {
+            return Err(format!("-o qps must be 1..={}", rfs_proto::hello::MAX_QPS));
+        }
+        self.rpc.timeout = self.io_timeout * 2;
+        Ok(())
+    }
+
+    /// How the client reaches the nodes: a silent node fails after `io_timeout`.
+    pub fn client_config(&self, secret: Option<Vec<u8>>) -> ClientConfig {
+        let mut transport = TransportConfig::with_provider(self.transport);
+        transport.tcp.dead_peer_timeout = self.io_timeout;
+        ClientConfig {
+            transport,
+            secret,
+            session: self.session.clone(),
+            rpc: self.rpc,
+            connect_timeout: self.io_timeout,
+        }
+    }
+
+    /// The command-line flags of every option, for clap.
+    pub fn flags() -> Vec<Arg> {
+        OPTIONS
+            .iter()
+            .map(|o| {
+                let help = format!("{} (-o {})", o.help, o.name);
+                let arg = Arg::new(o.name).long(flag_name(o)).help(help);
+                match o.value {
+                    Value::Switch => arg.action(ArgAction::SetTrue),
+                    Value::OnOff => arg.value_name("on|off"),
+                    Value::Takes(v) => arg.value_name(v),
+                }
+            })
+            .collect()
+    }
+
+    /// The configuration the flags in `m` and then the `-o` lists give, validated.
+    pub fn from_matches(m: &ArgMatches, lists: &[String]) -> Result<MountConfig, String> {
+        let mut c = MountConfig::default();
+        for o in OPTIONS {
+            let value = match o.value {
+                Value::Switch => m.get_flag(o.name).then(|| "on".to_string()),
+                Value::OnOff | Value::Takes(_) => m.get_one::<String>(o.name).cloned(),
+            };
+            if let Some(v) = value {
+                c.apply(&format!("{}={v}", o.name))?;
+            }
+        }
+        for list in lists {
+            c.apply_list(list)?;
+        }
+        c.validate()?;
+        Ok(c)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rdmabox::{PollMode, WindowConfig};
+
+    fn parse(list: &str) -> Result<MountConfig, String> {
+        let mut c = MountConfig::default();
+        c.apply_list(list)?;
+        c.validate()?;
+        Ok(c)
+    }
 
     #[test]
     fn options_parse() {
-        let mut c = MountConfig::default();
-        c.apply_list("allow_other,max_write=128K,writeback_cache=off,attr_timeout=2.5,threads=8,transport=tcp,qps=2,window=off,dyn_threshold=never,polling=busy,merge=0,chain=no,rw,_netdev")
+        let c = parse("allow_other,max_write=128K,writeback_cache=off,attr_timeout=2.5,threads=8,transport=tcp,qps=2,window=off,dyn_threshold=never,polling=busy,merge=0,chain=no,io_timeout=3,rw,_netdev")
             .unwrap();
         assert!(c.allow_other);
         assert_eq!(c.max_write, 128 << 10);
         assert_eq!(c.attr_timeout, Duration::from_millis(2500));
         assert_eq!(c.threads, 8);
         assert_eq!(c.transport, ProviderKind::Tcp);
-        assert_eq!(c.window, WindowConfig::Off);
-        assert_eq!(c.dyn_threshold, usize::MAX);
-        assert_eq!(c.polling, PollMode::Busy);
-        assert!(!c.merge && !c.chain);
+        assert_eq!(c.session.qps, 2);
+        assert_eq!(c.session.window, WindowConfig::Off);
+        assert_eq!(c.session.dyn_threshold, usize::MAX);
+        assert_eq!(c.session.polling, PollMode::Busy);
+        assert!(!c.session.merge && !c.session.chain);
+        assert_eq!(c.rpc.timeout, Duration::from_secs(6), "follows io_timeout");
+        let cc = c.client_config(None);
+        assert_eq!(cc.transport.tcp.dead_peer_timeout, Duration::from_secs(3));
+        assert_eq!(cc.connect_timeout, Duration::from_secs(3));
+    }
+
+    #[test]
+    fn defaults_are_the_libraries_own() {
+        let c = parse("").unwrap();
+        let s = SessionConfig::default();
+        assert_eq!(
+            (c.session.qps, c.session.dyn_threshold, c.session.polling),
+            (s.qps, s.dyn_threshold, s.polling)
+        );
+        assert_eq!(c.rpc.timeout, c.io_timeout * 2);
     }
 
     #[test]
     fn bad_options_say_what_is_wrong() {
-        for bad in [
-            "max_write=2M",
-            "max_write",
-            "threads=0",
-            "bogus",
-            "transport=smoke",
-            "merge=maybe",
-            "io_timeout=0.1",
-            "attr_timeout=-1",
+        for (bad, needle) in [
+            ("max_write=2M", "max_write"),
+            ("max_write", "needs a value"),
+            ("threads=0", "threads"),
+            ("bogus", "unknown mount option"),
+            ("transport=smoke", "transport"),
+            ("merge=maybe", "merge"),
+            ("io_timeout=0.1", "io_timeout"),
+            ("attr_timeout=-1", "attr_timeout"),
+            ("qps=65", "qps"),
         ] {
-            let e = MountConfig::default().apply_list(bad).unwrap_err();
-            assert!(!e.is_empty(), "{bad}");
+            let e = parse(bad).unwrap_err();
+            assert!(e.contains(needle), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn every_option_has_a_flag_and_flags_apply_before_o_lists() {
+        let cmd = clap::Command::new("t").args(MountConfig::flags()).arg(
+            Arg::new("o")
+                .short('o')
+                .action(ArgAction::Append)
+                .value_name("OPTIONS"),
+        );
+        assert_eq!(cmd.get_arguments().count(), OPTIONS.len() + 1);
+        let m = cmd
+            .try_get_matches_from([
+                "t",
+                "--qps",
+                "3",
+                "--allow-other",
+                "--merge",
+                "off",
+                "-o",
+                "qps=5",
+            ])
+            .unwrap();
+        let lists: Vec<String> = m.get_many::<String>("o").unwrap().cloned().collect();
+        let c = MountConfig::from_matches(&m, &lists).unwrap();
+        assert_eq!(c.session.qps, 5, "-o wins");
+        assert!(c.allow_other);
+        assert!(!c.session.merge);
     }
 }

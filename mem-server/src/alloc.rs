@@ -6,7 +6,8 @@
 //! before they are reused (a new file must read zeros, and must never see another file's data);
 //! until then they sit in the node's `dirty` list.
 
-use crate::proto::{ChunkRef, NodeInfo};
+use rfs_proto::types::{ChunkRef, NodeInfo};
+use rfs_proto::Errno;
 
 pub struct NodeChunks {
     pub id: u32,
@@ -88,7 +89,7 @@ impl Allocator {
     }
 
     /// `n` chunks, or ENOSPC and nothing allocated.
-    pub fn alloc(&mut self, n: usize) -> Result<Vec<ChunkRef>, i32> {
+    pub fn alloc(&mut self, n: usize) -> Result<Vec<ChunkRef>, Errno> {
         let available: usize = self
             .nodes
             .iter()
@@ -96,7 +97,7 @@ impl Allocator {
             .map(|x| x.free.len())
             .sum();
         if available < n {
-            return Err(libc::ENOSPC);
+            return Err(Errno::ENOSPC);
         }
         // Weights are fixed for the batch (free counts at its start), so that the smooth round
         // robin alternates instead of chasing counts that change under it.
@@ -195,11 +196,11 @@ mod tests {
         a.add_node("a".into(), 0, 1, 100, 3);
         a.add_node("b".into(), 1000, 2, 100, 3);
         a.set_alive(1, false);
-        assert_eq!(a.alloc(4), Err(libc::ENOSPC));
+        assert_eq!(a.alloc(4), Err(Errno::ENOSPC));
         assert_eq!(a.totals(), (3, 3));
         let got = a.alloc(3).unwrap();
         assert!(got.iter().all(|c| c.node == 0));
-        assert_eq!(a.alloc(1), Err(libc::ENOSPC));
+        assert_eq!(a.alloc(1), Err(Errno::ENOSPC));
     }
 
     #[test]
@@ -210,7 +211,7 @@ mod tests {
         a.release(got.clone());
         assert_eq!(
             a.alloc(1),
-            Err(libc::ENOSPC),
+            Err(Errno::ENOSPC),
             "dirty chunks are not handed out"
         );
         assert_eq!(a.totals(), (2, 2), "but they count as free space");

@@ -1,16 +1,17 @@
 //! rfs storage node: lends a registered memory pool for one-sided I/O and, on the first node,
-//! runs the metadata service (namespace, chunk maps, chunk allocation across nodes).
+//! runs the metadata service (namespace, chunk maps, chunk allocation across nodes). The
+//! protocol it speaks lives in `rfs-proto`.
 //!
-//! - [`server`]: the node (pool, listener, connection roles, join, zeroing).
+//! - [`node`]: the node (pool, listener, connection roles, data sessions).
+//! - [`meta`]: the metadata service: one RPC channel per client.
 //! - [`namespace`]: POSIX namespace semantics, pure.
 //! - [`alloc`]: chunk allocation across nodes.
-//! - [`proto`]: every message, with its validation.
-//! - [`auth`]: shared-secret challenge-response.
-//! - [`client`]: the client library (metadata RPCs, data sessions).
+//! - [`join`]: data nodes joining the metadata node, both halves.
+//! - [`zeroer`]: zeroing freed chunks before reuse.
 
 pub mod alloc;
-pub mod auth;
-pub mod client;
+mod join;
+mod meta;
 pub mod namespace;
-pub mod proto;
-pub mod server;
+pub mod node;
+mod zeroer;

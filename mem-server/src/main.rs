@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use mem_server::server::{Node, NodeConfig};
+use mem_server::node::{Node, NodeConfig};
 use rdmabox::size::parse_size;
 use rdmabox::transport::{ProviderKind, TransportConfig};
 
@@ -68,7 +68,7 @@ fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let args = Args::parse();
     let secret = match &args.secret_file {
-        Some(p) => match mem_server::auth::read_secret(p) {
+        Some(p) => match rfs_proto::handshake::read_secret(p) {
             Ok(s) => Some(s),
             Err(e) => {
                 eprintln!("mem-server: {e}");

@@ -5,17 +5,12 @@
 //! enforces structure: names, emptiness, types, link counts, unlink-while-open.
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::proto::{Attr, ChunkRef, FileKind, SetAttr, Timestamp};
-
-pub type Ino = u64;
-pub const ROOT: Ino = 1;
-pub type Errno = i32;
-pub const NAME_MAX: usize = 255;
-
-pub const RENAME_NOREPLACE: u32 = 1;
-pub const RENAME_EXCHANGE: u32 = 2;
+use rfs_proto::types::{
+    Attr, AttrChanges, ChunkRef, DirEntry, FileKind, Ino, Owner, Timestamp, NAME_MAX,
+    RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT,
+};
+use rfs_proto::Errno;
 
 enum Data {
     File {
@@ -36,30 +31,8 @@ struct Inode {
     open: u32,
 }
 
-pub fn now() -> Timestamp {
-    let d = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    Timestamp {
-        secs: d.as_secs() as i64,
-        nsecs: d.subsec_nanos(),
-    }
-}
-
-/// One entry of a directory listing; `cookie` resumes the listing after this entry.
-#[derive(Clone, Debug, PartialEq)]
-pub struct DirEntry {
-    pub cookie: u64,
-    pub name: String,
-    pub attr: Attr,
-}
-
-/// Who creates a node, and with which permission bits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Owner {
-    pub perm: u16,
-    pub uid: u32,
-    pub gid: u32,
+fn now() -> Timestamp {
+    Timestamp::now()
 }
 
 pub struct Namespace {
@@ -70,10 +43,10 @@ pub struct Namespace {
 
 fn check_name(name: &str) -> Result<(), Errno> {
     if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0') {
-        return Err(libc::EINVAL);
+        return Err(Errno::EINVAL);
     }
     if name.len() > NAME_MAX {
-        return Err(libc::ENAMETOOLONG);
+        return Err(Errno::ENAMETOOLONG);
     }
     Ok(())
 }
@@ -117,24 +90,24 @@ impl Namespace {
     }
 
     fn get(&self, ino: Ino) -> Result<&Inode, Errno> {
-        self.inodes.get(&ino).ok_or(libc::ENOENT)
+        self.inodes.get(&ino).ok_or(Errno::ENOENT)
     }
 
     fn get_mut(&mut self, ino: Ino) -> Result<&mut Inode, Errno> {
-        self.inodes.get_mut(&ino).ok_or(libc::ENOENT)
+        self.inodes.get_mut(&ino).ok_or(Errno::ENOENT)
     }
 
     fn entries(&self, dir: Ino) -> Result<&BTreeMap<String, Ino>, Errno> {
         match &self.get(dir)?.data {
             Data::Dir { entries, .. } => Ok(entries),
-            _ => Err(libc::ENOTDIR),
+            _ => Err(Errno::ENOTDIR),
         }
     }
 
     fn entries_mut(&mut self, dir: Ino) -> Result<&mut BTreeMap<String, Ino>, Errno> {
         match &mut self.get_mut(dir)?.data {
             Data::Dir { entries, .. } => Ok(entries),
-            _ => Err(libc::ENOTDIR),
+            _ => Err(Errno::ENOTDIR),
         }
     }
 
@@ -152,7 +125,7 @@ impl Namespace {
 
     pub fn lookup(&self, parent: Ino, name: &str) -> Result<Attr, Errno> {
         if name.len() > NAME_MAX {
-            return Err(libc::ENAMETOOLONG);
+            return Err(Errno::ENAMETOOLONG);
         }
         let entries = self.entries(parent)?;
         let ino = match name {
@@ -161,7 +134,7 @@ impl Namespace {
                 Data::Dir { parent, .. } => *parent,
                 _ => unreachable!("entries() checked it is a directory"),
             },
-            _ => *entries.get(name).ok_or(libc::ENOENT)?,
+            _ => *entries.get(name).ok_or(Errno::ENOENT)?,
         };
         self.getattr(ino)
     }
@@ -177,7 +150,7 @@ impl Namespace {
         let Owner { perm, uid, gid } = owner;
         check_name(name)?;
         if self.entries(parent)?.contains_key(name) {
-            return Err(libc::EEXIST);
+            return Err(Errno::EEXIST);
         }
         let ino = self.next_ino;
         self.next_ino += 1;
@@ -231,7 +204,7 @@ impl Namespace {
             | FileKind::CharDevice
             | FileKind::BlockDevice
             | FileKind::Socket => Data::Special,
-            FileKind::Directory | FileKind::Symlink => return Err(libc::EINVAL),
+            FileKind::Directory | FileKind::Symlink => return Err(Errno::EINVAL),
         };
         self.insert(parent, name, (kind, rdev), owner, data)
     }
@@ -253,10 +226,10 @@ impl Namespace {
         gid: u32,
     ) -> Result<Attr, Errno> {
         if target.is_empty() {
-            return Err(libc::ENOENT);
+            return Err(Errno::ENOENT);
         }
         if target.len() > 4096 {
-            return Err(libc::ENAMETOOLONG);
+            return Err(Errno::ENAMETOOLONG);
         }
         let data = Data::Symlink(target.to_string());
         let owner = Owner {
@@ -270,17 +243,17 @@ impl Namespace {
     pub fn readlink(&self, ino: Ino) -> Result<String, Errno> {
         match &self.get(ino)?.data {
             Data::Symlink(t) => Ok(t.clone()),
-            _ => Err(libc::EINVAL),
+            _ => Err(Errno::EINVAL),
         }
     }
 
     pub fn link(&mut self, ino: Ino, newparent: Ino, newname: &str) -> Result<Attr, Errno> {
         check_name(newname)?;
         if self.get(ino)?.attr.kind == FileKind::Directory {
-            return Err(libc::EPERM);
+            return Err(Errno::EPERM);
         }
         if self.entries(newparent)?.contains_key(newname) {
-            return Err(libc::EEXIST);
+            return Err(Errno::EEXIST);
         }
         self.entries_mut(newparent)?
             .insert(newname.to_string(), ino);
@@ -315,9 +288,9 @@ impl Namespace {
 
     pub fn unlink(&mut self, parent: Ino, name: &str) -> Result<Vec<ChunkRef>, Errno> {
         check_name(name)?;
-        let ino = *self.entries(parent)?.get(name).ok_or(libc::ENOENT)?;
+        let ino = *self.entries(parent)?.get(name).ok_or(Errno::ENOENT)?;
         if self.get(ino)?.attr.kind == FileKind::Directory {
-            return Err(libc::EISDIR);
+            return Err(Errno::EISDIR);
         }
         self.entries_mut(parent)?.remove(name);
         self.touch_dir(parent);
@@ -326,15 +299,15 @@ impl Namespace {
 
     pub fn rmdir(&mut self, parent: Ino, name: &str) -> Result<(), Errno> {
         if name == "." {
-            return Err(libc::EINVAL);
+            return Err(Errno::EINVAL);
         }
         if name == ".." {
-            return Err(libc::ENOTEMPTY);
+            return Err(Errno::ENOTEMPTY);
         }
         check_name(name)?;
-        let ino = *self.entries(parent)?.get(name).ok_or(libc::ENOENT)?;
+        let ino = *self.entries(parent)?.get(name).ok_or(Errno::ENOENT)?;
         if !self.entries(ino)?.is_empty() {
-            return Err(libc::ENOTEMPTY);
+            return Err(Errno::ENOTEMPTY);
         }
         self.entries_mut(parent)?.remove(name);
         self.get_mut(parent)?.attr.nlink -= 1;
@@ -381,21 +354,21 @@ impl Namespace {
         if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0
             || flags == RENAME_NOREPLACE | RENAME_EXCHANGE
         {
-            return Err(libc::EINVAL);
+            return Err(Errno::EINVAL);
         }
         check_name(name)?;
         check_name(newname)?;
-        let src = *self.entries(parent)?.get(name).ok_or(libc::ENOENT)?;
+        let src = *self.entries(parent)?.get(name).ok_or(Errno::ENOENT)?;
         let dst = self.entries(newparent)?.get(newname).copied();
         let src_is_dir = self.get(src)?.attr.kind == FileKind::Directory;
         if src_is_dir && self.is_within(newparent, src) {
-            return Err(libc::EINVAL);
+            return Err(Errno::EINVAL);
         }
         if flags & RENAME_EXCHANGE != 0 {
-            let dst = dst.ok_or(libc::ENOENT)?;
+            let dst = dst.ok_or(Errno::ENOENT)?;
             let dst_is_dir = self.get(dst)?.attr.kind == FileKind::Directory;
             if dst_is_dir && self.is_within(parent, dst) {
-                return Err(libc::EINVAL);
+                return Err(Errno::EINVAL);
             }
             self.entries_mut(parent)?.insert(name.to_string(), dst);
             self.entries_mut(newparent)?
@@ -420,16 +393,16 @@ impl Namespace {
         let mut freed = Vec::new();
         if let Some(dst) = dst {
             if flags & RENAME_NOREPLACE != 0 {
-                return Err(libc::EEXIST);
+                return Err(Errno::EEXIST);
             }
             if dst == src {
                 return Ok(Vec::new());
             }
             let dst_is_dir = self.get(dst)?.attr.kind == FileKind::Directory;
             match (src_is_dir, dst_is_dir) {
-                (true, false) => return Err(libc::ENOTDIR),
-                (false, true) => return Err(libc::EISDIR),
-                (true, true) if !self.entries(dst)?.is_empty() => return Err(libc::ENOTEMPTY),
+                (true, false) => return Err(Errno::ENOTDIR),
+                (false, true) => return Err(Errno::EISDIR),
+                (true, true) if !self.entries(dst)?.is_empty() => return Err(Errno::ENOTEMPTY),
                 _ => {}
             }
             self.entries_mut(newparent)?.remove(newname);
@@ -495,7 +468,7 @@ impl Namespace {
 
     /// Applies chmod/chown/truncate/utimens. Returns the new attributes and the chunks that a
     /// truncation freed.
-    pub fn setattr(&mut self, ino: Ino, s: &SetAttr) -> Result<(Attr, Vec<ChunkRef>), Errno> {
+    pub fn setattr(&mut self, ino: Ino, s: &AttrChanges) -> Result<(Attr, Vec<ChunkRef>), Errno> {
         let chunk_size = self.chunk_size;
         let i = self.get_mut(ino)?;
         let t = now();
@@ -508,8 +481,8 @@ impl Namespace {
                     i.attr.size = size;
                     i.attr.mtime = t;
                 }
-                Data::Dir { .. } => return Err(libc::EISDIR),
-                _ => return Err(libc::EINVAL),
+                Data::Dir { .. } => return Err(Errno::EISDIR),
+                _ => return Err(Errno::EINVAL),
             }
         }
         if let Some(mode) = s.mode {
@@ -552,7 +525,7 @@ impl Namespace {
     pub fn commit(&mut self, ino: Ino, size: u64, mtime: Option<Timestamp>) -> Result<Attr, Errno> {
         let i = self.get_mut(ino)?;
         if i.attr.kind != FileKind::RegularFile {
-            return Err(libc::EINVAL);
+            return Err(Errno::EINVAL);
         }
         if size > i.attr.size {
             i.attr.size = size;
@@ -567,8 +540,8 @@ impl Namespace {
     fn chunks(&self, ino: Ino) -> Result<&BTreeMap<u64, ChunkRef>, Errno> {
         match &self.get(ino)?.data {
             Data::File { chunks } => Ok(chunks),
-            Data::Dir { .. } => Err(libc::EISDIR),
-            _ => Err(libc::EINVAL),
+            Data::Dir { .. } => Err(Errno::EISDIR),
+            _ => Err(Errno::EINVAL),
         }
     }
 
@@ -602,7 +575,7 @@ impl Namespace {
                 }
                 Ok(())
             }
-            _ => Err(libc::EINVAL),
+            _ => Err(Errno::EINVAL),
         }
     }
 }
@@ -642,14 +615,14 @@ mod tests {
         assert_eq!(n.lookup(ROOT, "a").unwrap().ino, f);
         assert_eq!(
             n.mknod(ROOT, "a", FileKind::RegularFile, 0, OWNER),
-            Err(libc::EEXIST)
+            Err(Errno::EEXIST)
         );
-        assert_eq!(n.lookup(ROOT, "b"), Err(libc::ENOENT));
-        assert_eq!(n.lookup(f, "x"), Err(libc::ENOTDIR));
+        assert_eq!(n.lookup(ROOT, "b"), Err(Errno::ENOENT));
+        assert_eq!(n.lookup(f, "x"), Err(Errno::ENOTDIR));
         let long = "x".repeat(256);
-        assert_eq!(n.mkdir(ROOT, &long, OWNER), Err(libc::ENAMETOOLONG));
-        assert_eq!(n.lookup(ROOT, &long), Err(libc::ENAMETOOLONG));
-        assert_eq!(n.mkdir(ROOT, "a/b", OWNER), Err(libc::EINVAL));
+        assert_eq!(n.mkdir(ROOT, &long, OWNER), Err(Errno::ENAMETOOLONG));
+        assert_eq!(n.lookup(ROOT, &long), Err(Errno::ENAMETOOLONG));
+        assert_eq!(n.mkdir(ROOT, "a/b", OWNER), Err(Errno::EINVAL));
         assert_eq!(n.lookup(ROOT, "..").unwrap().ino, ROOT);
     }
 
@@ -661,14 +634,14 @@ mod tests {
         n.mkdir(d, "e", OWNER).unwrap();
         file(&mut n, d, "f");
         assert_eq!(n.getattr(d).unwrap().nlink, 3);
-        assert_eq!(n.rmdir(ROOT, "d"), Err(libc::ENOTEMPTY));
-        assert_eq!(n.rmdir(d, "f"), Err(libc::ENOTDIR));
-        assert_eq!(n.unlink(d, "e"), Err(libc::EISDIR));
+        assert_eq!(n.rmdir(ROOT, "d"), Err(Errno::ENOTEMPTY));
+        assert_eq!(n.rmdir(d, "f"), Err(Errno::ENOTDIR));
+        assert_eq!(n.unlink(d, "e"), Err(Errno::EISDIR));
         n.rmdir(d, "e").unwrap();
         n.unlink(d, "f").unwrap();
         n.rmdir(ROOT, "d").unwrap();
         assert_eq!(n.getattr(ROOT).unwrap().nlink, 2);
-        assert_eq!(n.getattr(d), Err(libc::ENOENT));
+        assert_eq!(n.getattr(d), Err(Errno::ENOENT));
     }
 
     #[test]
@@ -680,9 +653,9 @@ mod tests {
         assert!(n.unlink(ROOT, "a").unwrap().is_empty(), "still linked");
         assert_eq!(n.getattr(f).unwrap().nlink, 1);
         assert_eq!(n.unlink(ROOT, "b").unwrap().len(), 2, "chunks freed");
-        assert_eq!(n.getattr(f), Err(libc::ENOENT));
+        assert_eq!(n.getattr(f), Err(Errno::ENOENT));
         let d = n.mkdir(ROOT, "d", OWNER).unwrap().ino;
-        assert_eq!(n.link(d, ROOT, "d2"), Err(libc::EPERM));
+        assert_eq!(n.link(d, ROOT, "d2"), Err(Errno::EPERM));
     }
 
     #[test]
@@ -696,7 +669,7 @@ mod tests {
         assert_eq!(n.chunk_map(f, 0, 10).unwrap().len(), 1, "data still there");
         assert!(n.release(f).is_empty(), "one handle left");
         assert_eq!(n.release(f).len(), 1, "freed at the last release");
-        assert_eq!(n.getattr(f), Err(libc::ENOENT));
+        assert_eq!(n.getattr(f), Err(Errno::ENOENT));
     }
 
     #[test]
@@ -707,17 +680,17 @@ mod tests {
         n.add_chunks(b, &[(0, chunk(7))]).unwrap();
         assert_eq!(n.rename(ROOT, "a", ROOT, "b", 0).unwrap(), vec![chunk(7)]);
         assert_eq!(n.lookup(ROOT, "b").unwrap().ino, a);
-        assert_eq!(n.lookup(ROOT, "a"), Err(libc::ENOENT));
+        assert_eq!(n.lookup(ROOT, "a"), Err(Errno::ENOENT));
         let d = n.mkdir(ROOT, "d", OWNER).unwrap().ino;
         let e = n.mkdir(ROOT, "e", OWNER).unwrap().ino;
         file(&mut n, e, "x");
-        assert_eq!(n.rename(ROOT, "b", ROOT, "d", 0), Err(libc::EISDIR));
-        assert_eq!(n.rename(ROOT, "d", ROOT, "b", 0), Err(libc::ENOTDIR));
-        assert_eq!(n.rename(ROOT, "d", ROOT, "e", 0), Err(libc::ENOTEMPTY));
-        assert_eq!(n.rename(ROOT, "d", d, "inside", 0), Err(libc::EINVAL));
+        assert_eq!(n.rename(ROOT, "b", ROOT, "d", 0), Err(Errno::EISDIR));
+        assert_eq!(n.rename(ROOT, "d", ROOT, "b", 0), Err(Errno::ENOTDIR));
+        assert_eq!(n.rename(ROOT, "d", ROOT, "e", 0), Err(Errno::ENOTEMPTY));
+        assert_eq!(n.rename(ROOT, "d", d, "inside", 0), Err(Errno::EINVAL));
         assert_eq!(
             n.rename(ROOT, "b", ROOT, "d", RENAME_NOREPLACE),
-            Err(libc::EEXIST)
+            Err(Errno::EEXIST)
         );
         // Move a directory into another: link counts follow.
         n.rename(ROOT, "d", e, "d", 0).unwrap();
@@ -727,7 +700,7 @@ mod tests {
         // Replace an empty directory.
         let f = n.mkdir(ROOT, "f", OWNER).unwrap().ino;
         n.rename(e, "d", ROOT, "f", 0).unwrap();
-        assert_eq!(n.getattr(f), Err(libc::ENOENT));
+        assert_eq!(n.getattr(f), Err(Errno::ENOENT));
         assert_eq!(n.lookup(ROOT, "f").unwrap().ino, d);
     }
 
@@ -741,9 +714,9 @@ mod tests {
         assert_eq!(n.lookup(ROOT, "d").unwrap().ino, a);
         assert_eq!(
             n.rename(ROOT, "a", ROOT, "zz", RENAME_EXCHANGE),
-            Err(libc::ENOENT)
+            Err(Errno::ENOENT)
         );
-        assert_eq!(n.rename(ROOT, "a", ROOT, "d", 3), Err(libc::EINVAL));
+        assert_eq!(n.rename(ROOT, "a", ROOT, "d", 3), Err(Errno::EINVAL));
     }
 
     #[test]
@@ -752,9 +725,9 @@ mod tests {
         let f = file(&mut n, ROOT, "a");
         n.add_chunks(f, &[(0, chunk(0)), (1, chunk(1)), (2, chunk(2))])
             .unwrap();
-        let set = SetAttr {
+        let set = AttrChanges {
             size: Some((1 << 20) + 1),
-            ..SetAttr::default()
+            ..AttrChanges::default()
         };
         let (attr, freed) = n.setattr(f, &set).unwrap();
         assert_eq!(attr.size, (1 << 20) + 1);

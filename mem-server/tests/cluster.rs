@@ -7,10 +7,15 @@ use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use mem_server::client::{Client, ClientConfig};
-use mem_server::proto::{ChunkRef, FileKind, Reply, Request, StatFs};
 use rdmabox::transport::{ProviderKind, TransportConfig};
 use rfs_e2e::MemServer;
+use rfs_proto::data::chunk_addr;
+use rfs_proto::message::{
+    decode_reply, Allocate, Call, ChunkMap, GetAttr, GetStatFs, ListNodes, Lookup, Mknod, Open,
+    ReadDir, Release, Unlink,
+};
+use rfs_proto::types::{ChunkRef, FileKind, NodeInfo, Owner, StatFs, ROOT};
+use rfs_proto::{Client, ClientConfig, Errno, MetadataChannel};
 
 fn meta(memory: &str) -> MemServer {
     MemServer::start(&["--memory", memory])
@@ -35,41 +40,48 @@ fn client(s: &MemServer) -> Client {
 }
 
 fn create(c: &Client, name: &str) -> u64 {
-    match c
-        .call(&Request::Mknod {
-            parent: 1,
-            name: name.into(),
-            kind: FileKind::RegularFile,
-            perm: 0o644,
-            uid: 0,
-            gid: 0,
-            rdev: 0,
-        })
-        .unwrap()
-    {
-        Reply::Attr(a) => a.ino,
-        r => panic!("{r:?}"),
-    }
+    let owner = Owner {
+        perm: 0o644,
+        uid: 0,
+        gid: 0,
+    };
+    c.call(Mknod {
+        parent: ROOT,
+        name: name.into(),
+        kind: FileKind::RegularFile,
+        rdev: 0,
+        owner,
+    })
+    .unwrap()
+    .ino
 }
 
-fn allocate(c: &Client, ino: u64, first: u64, count: u32) -> Result<Vec<(u64, ChunkRef)>, i32> {
-    match c.call(&Request::Allocate { ino, first, count })? {
-        Reply::Chunks(cs) => Ok(cs),
-        r => panic!("{r:?}"),
-    }
+fn allocate(c: &Client, ino: u64, first: u64, count: u32) -> Result<Vec<(u64, ChunkRef)>, Errno> {
+    c.call(Allocate { ino, first, count })
+        .map_err(|e| e.errno())
+}
+
+fn chunk_map(c: &Client, ino: u64, count: u32) -> Vec<(u64, ChunkRef)> {
+    c.call(ChunkMap {
+        ino,
+        first: 0,
+        count,
+    })
+    .unwrap()
 }
 
 fn statfs(c: &Client) -> StatFs {
-    match c.call(&Request::StatFs).unwrap() {
-        Reply::StatFs(s) => s,
-        r => panic!("{r:?}"),
-    }
+    c.call(GetStatFs {}).unwrap()
+}
+
+fn nodes(c: &Client) -> Vec<NodeInfo> {
+    c.call(ListNodes {}).unwrap()
 }
 
 fn write_chunk(c: &Client, chunk: &ChunkRef, data: Vec<u8>) {
     let d = c.data(chunk.node).unwrap();
     d.session
-        .write_pending(Client::chunk_addr(chunk, 0), data)
+        .write_pending(chunk_addr(chunk, 0), data)
         .wait()
         .unwrap();
 }
@@ -77,7 +89,7 @@ fn write_chunk(c: &Client, chunk: &ChunkRef, data: Vec<u8>) {
 fn read_chunk(c: &Client, chunk: &ChunkRef, len: usize) -> Vec<u8> {
     let d = c.data(chunk.node).unwrap();
     d.session
-        .read_pending(Client::chunk_addr(chunk, 0), vec![0; len])
+        .read_pending(chunk_addr(chunk, 0), vec![0; len])
         .wait()
         .unwrap()
 }
@@ -99,7 +111,7 @@ fn three_nodes_spread_chunks_and_serve_one_sided_io() {
     let d1 = data(&meta, "16M");
     let d2 = data(&meta, "16M");
     let c = client(&meta);
-    wait_until("both data nodes to join", || c.nodes().unwrap().len() == 3);
+    wait_until("both data nodes to join", || nodes(&c).len() == 3);
     let s = statfs(&c);
     assert_eq!(
         (s.chunk_size, s.chunks_total, s.chunks_free),
@@ -120,17 +132,7 @@ fn three_nodes_spread_chunks_and_serve_one_sided_io() {
     }
     // A second client sees the same bytes through its own sessions.
     let c2 = client(&meta);
-    let map = match c2
-        .call(&Request::ChunkMap {
-            ino,
-            first: 0,
-            count: 100,
-        })
-        .unwrap()
-    {
-        Reply::Chunks(cs) => cs,
-        r => panic!("{r:?}"),
-    };
+    let map = chunk_map(&c2, ino, 100);
     assert_eq!(map, chunks);
     for (i, ch) in &map {
         assert!(read_chunk(&c2, ch, 1 << 20)
@@ -146,26 +148,17 @@ fn freed_chunks_are_zeroed_before_reuse_and_enospc_allocates_nothing() {
     let meta = meta("4M");
     let d1 = data(&meta, "2M");
     let c = client(&meta);
-    wait_until("the data node to join", || c.nodes().unwrap().len() == 2);
+    wait_until("the data node to join", || nodes(&c).len() == 2);
     let a = create(&c, "a");
     let chunks = allocate(&c, a, 0, 6).unwrap();
     for (_, ch) in &chunks {
         write_chunk(&c, ch, vec![0xee; 1 << 20]);
     }
     let b = create(&c, "b");
-    assert_eq!(allocate(&c, b, 0, 1), Err(libc::ENOSPC));
-    assert_eq!(
-        c.call(&Request::ChunkMap {
-            ino: b,
-            first: 0,
-            count: 10
-        })
-        .unwrap(),
-        Reply::Chunks(vec![]),
-        "nothing allocated"
-    );
-    c.call(&Request::Unlink {
-        parent: 1,
+    assert_eq!(allocate(&c, b, 0, 1), Err(Errno::ENOSPC));
+    assert_eq!(chunk_map(&c, b, 10), vec![], "nothing allocated");
+    c.call(Unlink {
+        parent: ROOT,
         name: "a".into(),
     })
     .unwrap();
@@ -197,18 +190,18 @@ fn a_departed_client_releases_its_open_files() {
     allocate(&c, ino, 0, 4).unwrap();
     {
         let other = client(&meta);
-        assert!(matches!(
-            other.call(&Request::Open { ino }).unwrap(),
-            Reply::Attr(_)
-        ));
-        c.call(&Request::Unlink {
-            parent: 1,
+        assert_eq!(other.call(Open { ino }).unwrap().ino, ino);
+        c.call(Unlink {
+            parent: ROOT,
             name: "f".into(),
         })
         .unwrap();
         assert_eq!(statfs(&c).chunks_free, 4, "open elsewhere: data kept");
         // A client may not release handles it does not hold.
-        assert_eq!(c.call(&Request::Release { ino }), Err(libc::EBADF));
+        assert_eq!(
+            c.call(Release { ino }).map_err(|e| e.errno()),
+            Err(Errno::EBADF)
+        );
     }
     wait_until("the departed client's handle to be released", || {
         statfs(&c).chunks_free == 8
@@ -256,7 +249,7 @@ fn secrets_are_required_and_checked() {
         .status()
         .unwrap();
     assert!(!status.success());
-    assert_eq!(c.nodes().unwrap().len(), 1);
+    assert_eq!(nodes(&c).len(), 1);
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -289,13 +282,13 @@ fn hostile_input_is_refused_and_harms_no_one() {
     }
     // Malformed metadata requests get an error reply, on a raw RPC channel.
     {
-        use mem_server::proto::Hello;
         use rdmabox::transport::Context;
+        use rfs_proto::hello::{Hello, Metadata};
         let ctx = Context::open(&cfg().transport).unwrap();
         let pd = ctx.alloc_pd().unwrap();
+        let hello = Hello::Metadata(Metadata {});
         let mut s =
-            mem_server::client::dial(meta.addr, None, &Hello::Metadata, Duration::from_secs(5))
-                .unwrap();
+            rfs_proto::handshake::dial(meta.addr, None, &hello, Duration::from_secs(5)).unwrap();
         let (qp, cq) = rdmabox::connect_links(&ctx, &pd, &mut s, 1, Default::default())
             .unwrap()
             .pop()
@@ -303,35 +296,42 @@ fn hostile_input_is_refused_and_harms_no_one() {
         let rpc = rdmabox::rpc::RpcClient::new(&pd, qp, cq, Default::default()).unwrap();
         for garbage in [
             vec![],
-            vec![mem_server::proto::VERSION, 42, 1, 2, 3],
+            vec![rfs_proto::wire::VERSION, 42, 1, 2, 3],
+            vec![rfs_proto::wire::VERSION, 2, 1, 2, 3],
             vec![9; 1000],
         ] {
-            let reply = Reply::decode(&rpc.call(&garbage).unwrap()).unwrap();
-            assert_eq!(reply, Reply::Error(libc::EPROTO));
+            let raw = rpc.call(&garbage).unwrap();
+            // The error answers the op the garbage claimed to be, whatever that was.
+            let mut as_getattr = raw.clone();
+            as_getattr[1] = GetAttr::OP as u8;
+            assert_eq!(
+                decode_reply::<GetAttr>(&as_getattr).unwrap(),
+                Err(Errno::EPROTO),
+                "{garbage:?}"
+            );
         }
     }
     assert_eq!(
-        c.call(&Request::GetAttr { ino: 999_999 }),
-        Err(libc::ENOENT)
+        c.call(GetAttr { ino: 999_999 }).map_err(|e| e.errno()),
+        Err(Errno::ENOENT)
     );
     assert_eq!(
-        c.call(&Request::Lookup {
+        c.call(Lookup {
             parent: ino,
             name: "x".into()
-        }),
-        Err(libc::ENOTDIR)
+        })
+        .map_err(|e| e.errno()),
+        Err(Errno::ENOTDIR)
     );
     assert_eq!(
-        c.call(&Request::ReadDir {
-            ino: 1,
+        c.call(ReadDir {
+            ino: ROOT,
             cookie: 0,
             max: u32::MAX
         })
-        .map(|r| match r {
-            Reply::Entries(e) => e.len(),
-            _ => 0,
-        }),
-        Ok(3),
+        .unwrap()
+        .len(),
+        3,
         "oversized page requests are clamped"
     );
     // Out-of-pool one-sided access fails that request only.
@@ -343,10 +343,7 @@ fn hostile_input_is_refused_and_harms_no_one() {
     assert!(d.session.read_pending(beyond, vec![0; 16]).wait().is_err());
     // Everyone else is unharmed.
     let c2 = client(&meta);
-    assert!(matches!(
-        c2.call(&Request::GetAttr { ino }).unwrap(),
-        Reply::Attr(_)
-    ));
+    assert_eq!(c2.call(GetAttr { ino }).unwrap().ino, ino);
 }
 
 #[test]

@@ -139,6 +139,8 @@ fn fio_verifies_crc32c() {
             "--verify_fatal=1",
         ])
         .arg(format!("--directory={}", m.dir.display()))
+        // fio saves its verify state in its working directory: keep it inside the mount.
+        .current_dir(&m.dir)
         .output()
         .unwrap();
     assert!(

@@ -7,10 +7,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Parser;
-use mem_server::client::{Client, ClientConfig};
-use mem_server::proto::{FileKind, Reply, Request};
-use mem_server::server::{Node, NodeConfig};
+use mem_server::node::{Node, NodeConfig};
 use rdmabox::transport::{ProviderKind, TransportConfig};
+use rfs_proto::message::{GetAttr, Mknod, Unlink};
+use rfs_proto::types::{FileKind, Owner, ROOT};
+use rfs_proto::{Client, ClientConfig, MetadataChannel};
 
 #[derive(Parser)]
 struct Args {
@@ -47,7 +48,7 @@ fn main() {
     let mut lat: Vec<u64> = (0..args.ops)
         .map(|_| {
             let t = Instant::now();
-            client.call(&Request::GetAttr { ino: 1 }).expect("getattr");
+            client.call(GetAttr { ino: ROOT }).expect("getattr");
             t.elapsed().as_nanos() as u64
         })
         .collect();
@@ -68,18 +69,19 @@ fn main() {
                 std::thread::spawn(move || {
                     for i in 0..per {
                         let name = format!("f-{w}-{i}");
-                        let r = c.call(&Request::Mknod {
-                            parent: 1,
+                        c.call(Mknod {
+                            parent: ROOT,
                             name: name.clone(),
                             kind: FileKind::RegularFile,
-                            perm: 0o644,
-                            uid: 0,
-                            gid: 0,
                             rdev: 0,
-                        });
-                        assert!(matches!(r, Ok(Reply::Attr(_))), "{r:?}");
-                        c.call(&Request::Unlink { parent: 1, name })
-                            .expect("unlink");
+                            owner: Owner {
+                                perm: 0o644,
+                                uid: 0,
+                                gid: 0,
+                            },
+                        })
+                        .expect("mknod");
+                        c.call(Unlink { parent: ROOT, name }).expect("unlink");
                     }
                 })
             })

@@ -6,7 +6,7 @@
 //! Verdict (server): status byte and the server's MAC, which the client checks in turn.
 
 use std::io::{self, Read, Write};
-use std::net::TcpStream;
+use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use hmac::{Hmac, Mac};
@@ -17,6 +17,9 @@ const NONCE: usize = 32;
 const MAC: usize = 32;
 /// A peer gets this long to authenticate before it is dropped.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+use crate::frame::send_frame;
+use crate::hello::Hello;
 
 fn mac(secret: &[u8], role: &[u8], a: &[u8], b: &[u8]) -> Hmac<Sha256> {
     let mut m = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes any key length");
@@ -133,26 +136,19 @@ pub fn read_secret(path: &std::path::Path) -> io::Result<Vec<u8>> {
     Ok(raw[..end].to_vec())
 }
 
-/// Length-prefixed frames on the control connection (hello, pool descriptor).
-pub fn send_frame(s: &mut TcpStream, body: &[u8]) -> io::Result<()> {
-    let mut b = (body.len() as u32).to_le_bytes().to_vec();
-    b.extend_from_slice(body);
-    s.write_all(&b)
-}
-
-pub fn recv_frame(s: &mut TcpStream, max: usize) -> io::Result<Vec<u8>> {
-    let mut n = [0u8; 4];
-    s.read_exact(&mut n)?;
-    let n = u32::from_le_bytes(n) as usize;
-    if n > max {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("frame of {n} bytes over {max}"),
-        ));
-    }
-    let mut b = vec![0u8; n];
-    s.read_exact(&mut b)?;
-    Ok(b)
+/// Connects, authenticates and says what the connection is for.
+pub fn dial(
+    addr: SocketAddr,
+    secret: Option<&[u8]>,
+    hello: &Hello,
+    timeout: Duration,
+) -> io::Result<TcpStream> {
+    let mut s = TcpStream::connect_timeout(&addr, timeout)
+        .map_err(|e| io::Error::new(e.kind(), format!("connecting to {addr}: {e}")))?;
+    s.set_nodelay(true)?;
+    connect(&mut s, secret)?;
+    send_frame(&mut s, &hello.encode())?;
+    Ok(s)
 }
 
 #[cfg(test)]

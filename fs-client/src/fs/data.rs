@@ -1,0 +1,301 @@
+//! The data path: a read or write is split at chunk boundaries, each piece goes one-sidedly to
+//! the chunk's data node through the backend, and the caller is answered once every piece is
+//! done (from the completion path of the last one).
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use rfs_proto::types::Ino;
+use rfs_proto::Errno;
+
+use super::backend::Backend;
+use super::error::{Error, Result};
+use super::stats::{ClientStats, STATS_INO};
+use super::Rfs;
+
+/// Receives the bytes of a read (short at end of file).
+pub type ReadDone = Box<dyn FnOnce(Result<Vec<u8>>) + Send>;
+/// Receives the byte count of a write.
+pub type WriteDone = Box<dyn FnOnce(Result<u32>) + Send>;
+
+/// A piece of a file range that lies in one chunk.
+#[derive(Debug, PartialEq, Eq)]
+struct Segment {
+    index: u64,
+    offset_in_chunk: u64,
+    len: usize,
+    /// Where the piece starts in the caller's buffer.
+    at: usize,
+}
+
+fn segments(offset: u64, len: usize, chunk: u64) -> Vec<Segment> {
+    let mut out = Vec::new();
+    let mut pos = offset;
+    let end = offset + len as u64;
+    while pos < end {
+        let index = pos / chunk;
+        let in_chunk = pos % chunk;
+        let n = (chunk - in_chunk).min(end - pos);
+        out.push(Segment {
+            index,
+            offset_in_chunk: in_chunk,
+            len: n as usize,
+            at: (pos - offset) as usize,
+        });
+        pos += n;
+    }
+    out
+}
+
+impl<B: Backend> Rfs<B> {
+    /// Counts and logs a failed piece; the application sees EIO.
+    fn piece_failed(stats: &ClientStats, e: &Error) {
+        log::warn!("{e}");
+        ClientStats::add(&stats.io_errors, 1);
+    }
+
+    /// Reads up to `len` bytes at `offset`; `done` gets them (short at end of file).
+    pub fn read(&self, ino: Ino, offset: u64, len: usize, done: ReadDone) {
+        if ino == STATS_INO {
+            return done(Ok(self.stats_read(offset, len)));
+        }
+        let size = match self.size_for_read(ino) {
+            Ok(s) => s,
+            Err(e) => return done(Err(e)),
+        };
+        let len = (size.saturating_sub(offset)).min(len as u64) as usize;
+        if len == 0 {
+            return done(Ok(Vec::new()));
+        }
+        ClientStats::add(&self.stats.reads, 1);
+        let segs = segments(offset, len, self.chunk_size);
+        let refs =
+            match self
+                .chunks
+                .refs(&self.backend, ino, segs[0].index, segs.len() as u64, false)
+            {
+                Ok(r) => r,
+                Err(e) => return done(Err(e)),
+            };
+        ClientStats::add(&self.stats.bytes_read, len as u64);
+        // One segment in one chunk (the common case): hand the transfer's buffer straight back.
+        if let [s] = segs.as_slice() {
+            let Some(c) = refs[0] else {
+                return done(Ok(vec![0; len])); // a hole
+            };
+            let stats = self.stats.clone();
+            return self.backend.read(
+                &c,
+                s.offset_in_chunk,
+                vec![0; len],
+                Box::new(move |r| {
+                    if let Err(e) = &r {
+                        Self::piece_failed(&stats, e);
+                    }
+                    done(r)
+                }),
+            );
+        }
+        let buf = Arc::new(Mutex::new(vec![0u8; len]));
+        let job = {
+            let buf = buf.clone();
+            Pieces::new(
+                segs.len(),
+                Box::new(move |ok| {
+                    done(if ok {
+                        Ok(std::mem::take(&mut *buf.lock().unwrap()))
+                    } else {
+                        Err(Errno::EIO.into())
+                    })
+                }),
+            )
+        };
+        for (s, r) in segs.iter().zip(refs) {
+            let Some(c) = r else {
+                job.part_done(); // a hole: zeros already
+                continue;
+            };
+            let (job, buf, at, stats) = (job.clone(), buf.clone(), s.at, self.stats.clone());
+            self.backend.read(
+                &c,
+                s.offset_in_chunk,
+                vec![0; s.len],
+                Box::new(move |r| {
+                    match r {
+                        Ok(data) => buf.lock().unwrap()[at..at + data.len()].copy_from_slice(&data),
+                        Err(e) => {
+                            Self::piece_failed(&stats, &e);
+                            job.fail();
+                        }
+                    }
+                    job.part_done();
+                }),
+            );
+        }
+    }
+
+    /// Writes `data` at `offset`; `done` gets the byte count once every piece is in remote
+    /// memory.
+    pub fn write(self: &Arc<Self>, ino: Ino, offset: u64, data: &[u8], done: WriteDone) {
+        if ino == STATS_INO {
+            return done(Err(Errno::EACCES.into()));
+        }
+        if data.is_empty() {
+            return done(Ok(0));
+        }
+        ClientStats::add(&self.stats.writes, 1);
+        let segs = segments(offset, data.len(), self.chunk_size);
+        let refs =
+            match self
+                .chunks
+                .refs(&self.backend, ino, segs[0].index, segs.len() as u64, true)
+            {
+                Ok(r) => r,
+                Err(e) => return done(Err(e)),
+            };
+        let job = {
+            let fs = self.clone();
+            let (end, len) = (offset + data.len() as u64, data.len() as u32);
+            Pieces::new(
+                segs.len(),
+                Box::new(move |ok| {
+                    if ok {
+                        fs.wrote(ino, end, len);
+                        done(Ok(len));
+                    } else {
+                        done(Err(Errno::EIO.into()));
+                    }
+                }),
+            )
+        };
+        for (s, r) in segs.iter().zip(refs) {
+            let c = r.expect("allocated above");
+            let (job, stats) = (job.clone(), self.stats.clone());
+            self.backend.write(
+                &c,
+                s.offset_in_chunk,
+                data[s.at..s.at + s.len].to_vec(),
+                Box::new(move |r| {
+                    if let Err(e) = r {
+                        Self::piece_failed(&stats, &e);
+                        job.fail();
+                    }
+                    job.part_done();
+                }),
+            );
+        }
+    }
+
+    /// On truncation inside a chunk, zeroes the rest of that chunk (up to the old size), so
+    /// that growing the file again reads zeros there and not the old bytes.
+    pub(crate) fn zero_tail(&self, ino: Ino, new: u64, old: u64) -> Result<()> {
+        let in_chunk = new % self.chunk_size;
+        if in_chunk == 0 {
+            return Ok(());
+        }
+        let index = new / self.chunk_size;
+        let end = ((index + 1) * self.chunk_size).min(old);
+        let Some(chunk) = self.chunks.refs(&self.backend, ino, index, 1, false)?[0] else {
+            return Ok(());
+        };
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.backend.write(
+            &chunk,
+            in_chunk,
+            vec![0; (end - new) as usize],
+            Box::new(move |r| drop(tx.send(r))),
+        );
+        match rx.recv() {
+            Ok(r) => r.map(drop),
+            Err(_) => Err(Error::new(
+                Errno::EIO,
+                "zeroing a truncated tail: no answer",
+            )),
+        }
+    }
+}
+
+/// What a split request does once all its pieces are done: `true` if none failed.
+type Finish = Box<dyn FnOnce(bool) + Send>;
+
+/// A read or write split over several chunks: `finish(ok)` runs once, when the last piece is
+/// done, `ok` unless a piece failed.
+struct Pieces {
+    left: AtomicUsize,
+    failed: AtomicBool,
+    finish: Mutex<Option<Finish>>,
+}
+
+impl Pieces {
+    fn new(n: usize, finish: Finish) -> Arc<Pieces> {
+        Arc::new(Pieces {
+            left: AtomicUsize::new(n),
+            failed: AtomicBool::new(false),
+            finish: Mutex::new(Some(finish)),
+        })
+    }
+
+    /// Marks the request failed; call before this piece's `part_done`.
+    fn fail(&self) {
+        self.failed.store(true, Ordering::Relaxed);
+    }
+
+    fn part_done(&self) {
+        // Release publishes this piece's `fail` (and its bytes); the last finisher's Acquire
+        // sees every other piece's, as in `Arc`'s drop.
+        if self.left.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        let finish = self.finish.lock().unwrap().take().expect("finished once");
+        finish(!self.failed.load(Ordering::Relaxed));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_split_at_chunk_boundaries() {
+        let s = segments(1000, 3000, 1024);
+        let v: Vec<_> = s
+            .iter()
+            .map(|s| (s.index, s.offset_in_chunk, s.len, s.at))
+            .collect();
+        assert_eq!(
+            v,
+            [
+                (0, 1000, 24, 0),
+                (1, 0, 1024, 24),
+                (2, 0, 1024, 1048),
+                (3, 0, 928, 2072)
+            ]
+        );
+        assert_eq!(segments(2048, 1024, 1024).len(), 1);
+        assert!(segments(5, 0, 1024).is_empty());
+    }
+
+    #[test]
+    fn a_failed_piece_fails_the_whole_whoever_finishes_last() {
+        for failing in 0..3 {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let job = Pieces::new(3, Box::new(move |ok| tx.send(ok).unwrap()));
+            let threads: Vec<_> = (0..3)
+                .map(|i| {
+                    let job = job.clone();
+                    std::thread::spawn(move || {
+                        if i == failing {
+                            job.fail();
+                        }
+                        job.part_done();
+                    })
+                })
+                .collect();
+            for t in threads {
+                t.join().unwrap();
+            }
+            assert!(!rx.recv().unwrap(), "piece {failing} failed");
+            assert!(rx.try_recv().is_err(), "finished once");
+        }
+    }
+}

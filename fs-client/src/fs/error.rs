@@ -1,0 +1,93 @@
+//! The file system's one error type: the errno the application gets, and what went wrong, for
+//! the log. Errors map to an errno here and nowhere else.
+
+use std::fmt;
+
+use rdmabox::IoError;
+use rfs_proto::{CallError, Errno};
+
+/// A failed operation: its errno and, when the errno alone does not say it, the cause.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Error {
+    errno: Errno,
+    context: Option<String>,
+}
+
+/// What every file system operation returns.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// `errno`, with what caused it.
+    pub fn new(errno: Errno, context: impl Into<String>) -> Error {
+        Error {
+            errno,
+            context: Some(context.into()),
+        }
+    }
+
+    /// What the application gets.
+    pub fn errno(&self) -> Errno {
+        self.errno
+    }
+
+    /// Whether this is a fault of the system (a node, a connection, a protocol) rather than an
+    /// answer about the file system (no such file, not empty...): faults are worth a warning.
+    pub fn is_fault(&self) -> bool {
+        self.context.is_some()
+    }
+
+    /// An I/O error of a one-sided transfer.
+    pub(crate) fn data(what: &str, e: &IoError) -> Error {
+        Error::new(Errno::EIO, format!("{what} failed: {e}"))
+    }
+}
+
+/// A plain answer (ENOENT, EEXIST...): nothing more to say.
+impl From<Errno> for Error {
+    fn from(errno: Errno) -> Error {
+        Error {
+            errno,
+            context: None,
+        }
+    }
+}
+
+impl From<CallError> for Error {
+    fn from(e: CallError) -> Error {
+        match e {
+            CallError::Remote(errno) => errno.into(),
+            other => Error::new(other.errno(), other.to_string()),
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.context {
+            Some(c) => write!(f, "{c} ({})", self.errno),
+            None => write!(f, "{}", self.errno),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remote_answers_pass_through_and_faults_become_eio_with_their_cause() {
+        let e = Error::from(CallError::Remote(Errno::ENOENT));
+        assert_eq!(e.errno(), Errno::ENOENT);
+        assert!(!e.is_fault());
+        let lost = std::io::Error::new(std::io::ErrorKind::BrokenPipe, "rpc connection lost");
+        let e = Error::from(CallError::Transport(lost));
+        assert_eq!(e.errno(), Errno::EIO);
+        assert!(e.is_fault());
+        assert!(e.to_string().contains("rpc connection lost"), "{e}");
+        let e = Error::data("read", &IoError::Closed);
+        assert_eq!(e.errno(), Errno::EIO);
+        assert!(e.to_string().contains("read failed"), "{e}");
+    }
+}

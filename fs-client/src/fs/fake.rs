@@ -1,0 +1,215 @@
+//! An in-memory stand-in for the nodes, for unit tests of the file system's logic: a tiny
+//! metadata service (the calls the data path and close-to-open use) and chunk memory on two
+//! "nodes", answering synchronously. Several [`Rfs`](super::Rfs) over one [`FakeCluster`] are
+//! several clients.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::sync::{Arc, Mutex};
+
+use rdmabox::Snapshot;
+use rfs_proto::message::{decode_reply, encode_reply, Call, Request, RequestOp};
+use rfs_proto::types::{Attr, ChunkRef, Ino, StatFs, Timestamp, ROOT};
+use rfs_proto::{Errno, MetadataChannel};
+
+use super::backend::{Backend, DataDone};
+use super::error::{Error, Result};
+
+pub(crate) const CHUNK: u64 = 4096;
+const NODES: u32 = 2;
+
+#[derive(Default)]
+struct State {
+    files: HashMap<Ino, Attr>,
+    chunks: BTreeMap<(Ino, u64), ChunkRef>,
+    /// The bytes of every allocated chunk, by (node, address).
+    memory: HashMap<(u32, u64), Vec<u8>>,
+    next_addr: u64,
+    calls: HashMap<RequestOp, usize>,
+    failing_node: Option<u32>,
+}
+
+/// The shared "cluster".
+#[derive(Default)]
+pub(crate) struct FakeCluster {
+    state: Mutex<State>,
+}
+
+/// One client's connection to the cluster.
+#[derive(Clone)]
+pub(crate) struct Fake(pub(crate) Arc<FakeCluster>);
+
+fn answer<C: Call>(_: &C, r: Result<C::Reply, Errno>) -> Vec<u8> {
+    encode_reply(C::OP as u8, &r)
+}
+
+impl FakeCluster {
+    /// How many `op` calls reached the "metadata node".
+    pub(crate) fn calls(&self, op: RequestOp) -> usize {
+        *self.state.lock().unwrap().calls.get(&op).unwrap_or(&0)
+    }
+
+    /// Makes every transfer to `node` fail (None: none).
+    pub(crate) fn fail_node(&self, node: Option<u32>) {
+        self.state.lock().unwrap().failing_node = node;
+    }
+
+    /// The size the "metadata node" has for `ino`.
+    pub(crate) fn size(&self, ino: Ino) -> u64 {
+        self.state.lock().unwrap().files[&ino].size
+    }
+
+    /// Chunks allocated to `ino`.
+    pub(crate) fn chunk_count(&self, ino: Ino) -> usize {
+        let st = self.state.lock().unwrap();
+        st.chunks.keys().filter(|(i, _)| *i == ino).count()
+    }
+
+    fn handle(&self, req: Request) -> Vec<u8> {
+        let mut st = self.state.lock().unwrap();
+        *st.calls.entry(req.op()).or_default() += 1;
+        let st = &mut *st;
+        let attr = |st: &State, ino| st.files.get(&ino).copied().ok_or(Errno::ENOENT);
+        match &req {
+            Request::GetStatFs(m) => answer(
+                m,
+                Ok(StatFs {
+                    chunk_size: CHUNK,
+                    chunks_total: 1 << 20,
+                    chunks_free: 1 << 20,
+                    inodes: st.files.len() as u64,
+                }),
+            ),
+            Request::Mknod(m) => {
+                let ino = ROOT + 1 + st.files.len() as u64;
+                let a = Attr {
+                    ino,
+                    kind: m.kind,
+                    perm: m.owner.perm,
+                    nlink: 1,
+                    uid: m.owner.uid,
+                    gid: m.owner.gid,
+                    rdev: m.rdev,
+                    size: 0,
+                    atime: Timestamp::default(),
+                    mtime: Timestamp::default(),
+                    ctime: Timestamp::default(),
+                };
+                st.files.insert(ino, a);
+                answer(m, Ok(a))
+            }
+            Request::GetAttr(m) => answer(m, attr(st, m.ino)),
+            Request::Open(m) => answer(m, attr(st, m.ino)),
+            Request::Release(m) => answer(m, attr(st, m.ino).map(drop)),
+            Request::Commit(m) => {
+                let r = st.files.get_mut(&m.ino).ok_or(Errno::ENOENT).map(|a| {
+                    a.size = a.size.max(m.size);
+                    a.mtime = m.mtime.unwrap_or(a.mtime);
+                    *a
+                });
+                answer(m, r)
+            }
+            Request::SetAttr(m) => {
+                if let Some(size) = m.changes.size {
+                    let keep = size.div_ceil(CHUNK);
+                    st.chunks.retain(|&(i, idx), _| i != m.ino || idx < keep);
+                }
+                let r = st.files.get_mut(&m.ino).ok_or(Errno::ENOENT).map(|a| {
+                    a.size = m.changes.size.unwrap_or(a.size);
+                    *a
+                });
+                answer(m, r)
+            }
+            Request::ChunkMap(m) => answer(m, Ok(map(st, m.ino, m.first, m.count))),
+            Request::Allocate(m) => {
+                for idx in m.first..m.first + m.count as u64 {
+                    if !st.chunks.contains_key(&(m.ino, idx)) {
+                        let c = ChunkRef {
+                            node: (st.next_addr / CHUNK % NODES as u64) as u32,
+                            addr: st.next_addr,
+                            rkey: 1,
+                        };
+                        st.next_addr += CHUNK;
+                        st.memory.insert((c.node, c.addr), vec![0; CHUNK as usize]);
+                        st.chunks.insert((m.ino, idx), c);
+                    }
+                }
+                answer(m, Ok(map(st, m.ino, m.first, m.count)))
+            }
+            other => {
+                let op = other.op() as u8;
+                encode_reply::<()>(op, &Err(Errno::from_raw(libc::ENOSYS)))
+            }
+        }
+    }
+
+    fn transfer(
+        &self,
+        chunk: &ChunkRef,
+        offset: u64,
+        mut buf: Vec<u8>,
+        write: bool,
+    ) -> Result<Vec<u8>> {
+        let mut st = self.state.lock().unwrap();
+        if st.failing_node == Some(chunk.node) {
+            return Err(Error::new(Errno::EIO, "injected failure"));
+        }
+        let mem = st
+            .memory
+            .get_mut(&(chunk.node, chunk.addr))
+            .ok_or_else(|| Error::new(Errno::EIO, "remote access error"))?;
+        let range = offset as usize..offset as usize + buf.len();
+        if write {
+            mem[range].copy_from_slice(&buf);
+        } else {
+            buf.copy_from_slice(&mem[range]);
+        }
+        Ok(buf)
+    }
+}
+
+fn map(st: &State, ino: Ino, first: u64, count: u32) -> Vec<(u64, ChunkRef)> {
+    st.chunks
+        .range((ino, first)..(ino, first + count as u64))
+        .map(|(&(_, idx), &c)| (idx, c))
+        .collect()
+}
+
+impl MetadataChannel for Fake {
+    fn exchange(&self, request: &[u8]) -> io::Result<Vec<u8>> {
+        let req =
+            Request::decode(request).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        Ok(self.0.handle(req))
+    }
+}
+
+impl Backend for Fake {
+    fn read(&self, chunk: &ChunkRef, offset: u64, buf: Vec<u8>, done: DataDone) {
+        done(self.0.transfer(chunk, offset, buf, false))
+    }
+
+    fn write(&self, chunk: &ChunkRef, offset: u64, data: Vec<u8>, done: DataDone) {
+        done(self.0.transfer(chunk, offset, data, true))
+    }
+
+    fn transport(&self) -> String {
+        "fake".into()
+    }
+
+    fn counters(&self) -> Snapshot {
+        Snapshot::default()
+    }
+}
+
+/// Proves the fake answers like the real service does: typed replies decode.
+#[test]
+fn the_fake_speaks_the_protocol() {
+    let f = Fake(Arc::default());
+    let raw = f
+        .exchange(&Request::from(rfs_proto::message::GetStatFs {}).encode())
+        .unwrap();
+    let s = decode_reply::<rfs_proto::message::GetStatFs>(&raw)
+        .unwrap()
+        .unwrap();
+    assert_eq!(s.chunk_size, CHUNK);
+}

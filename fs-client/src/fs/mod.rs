@@ -1,0 +1,234 @@
+//! The file system operations, independent of FUSE: metadata by RPC to the metadata node, file
+//! data by one-sided RDMA to the data nodes, both through a [`Backend`]. Reads and writes are
+//! asynchronous: they return at once and call `done` from the completion path, so many can be
+//! in flight together (which is what the merge queues feed on).
+//!
+//! - this module: metadata operations, passed through;
+//! - [`open`](self::open): close-to-open state (handles, local sizes, commits);
+//! - [`chunks`](self::chunks): the chunk cache with allocate-ahead;
+//! - [`data`](self::data): the data path (reads and writes split at chunk boundaries);
+//! - [`stats`]: the live statistics file;
+//! - [`error`]: the one error type; [`backend`]: the seam.
+
+mod backend;
+mod chunks;
+mod data;
+mod error;
+#[cfg(test)]
+mod fake;
+mod open;
+mod stats;
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+
+use rfs_proto::message::{
+    Call, GetAttr, GetStatFs, Link, Lookup, Mkdir, Mknod, ReadDir, Readlink, Rename, Rmdir,
+    SetAttr, Symlink, Unlink,
+};
+use rfs_proto::types::{Attr, AttrChanges, DirEntry, FileKind, Ino, Owner, StatFs, ROOT};
+use rfs_proto::wire::MAX_LIST;
+use rfs_proto::{Client, Errno};
+
+pub use backend::{Backend, DataDone};
+pub use data::{ReadDone, WriteDone};
+pub use error::{Error, Result};
+pub use stats::{STATS_INO, STATS_NAME};
+
+use chunks::ChunkCache;
+use open::OpenFile;
+use stats::ClientStats;
+
+/// The file system, over a backend (the real [`Client`] by default).
+pub struct Rfs<B: Backend = Client> {
+    backend: B,
+    chunk_size: u64,
+    chunks: ChunkCache,
+    open: Mutex<HashMap<Ino, OpenFile>>,
+    handles: Mutex<HashMap<u64, Ino>>,
+    next_fh: AtomicU64,
+    stats: Arc<ClientStats>,
+}
+
+impl<B: Backend> Rfs<B> {
+    /// The file system of the namespace behind `backend`.
+    pub fn new(backend: B) -> Result<Rfs<B>> {
+        let chunk_size = backend.call(GetStatFs {})?.chunk_size;
+        if chunk_size == 0 {
+            return Err(Error::new(
+                Errno::EIO,
+                "the metadata node reports 0-byte chunks",
+            ));
+        }
+        Ok(Rfs {
+            backend,
+            chunk_size,
+            chunks: ChunkCache::default(),
+            open: Mutex::new(HashMap::new()),
+            handles: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            stats: Arc::default(),
+        })
+    }
+
+    fn call<C: Call + Debug>(&self, req: C) -> Result<C::Reply> {
+        ClientStats::add(&self.stats.metadata_ops, 1);
+        Ok(self.backend.call(req)?)
+    }
+
+    /// A call answering attributes, seen with our own uncommitted writes.
+    fn attr_of<C: Call<Reply = Attr> + Debug>(&self, req: C) -> Result<Attr> {
+        let a = self.call(req)?;
+        Ok(self.with_local_size(a))
+    }
+
+    /// Looks `name` up in `parent`.
+    pub fn lookup(&self, parent: Ino, name: &str) -> Result<Attr> {
+        if parent == ROOT && name == STATS_NAME {
+            return Ok(self.stats_attr());
+        }
+        self.attr_of(Lookup {
+            parent,
+            name: name.into(),
+        })
+    }
+
+    /// An inode's attributes.
+    pub fn getattr(&self, ino: Ino) -> Result<Attr> {
+        if ino == STATS_INO {
+            return Ok(self.stats_attr());
+        }
+        self.attr_of(GetAttr { ino })
+    }
+
+    /// chmod, chown, utimens and truncate. A truncation commits our writes first and zeroes
+    /// the rest of the last chunk kept, so that growing the file again reads zeros.
+    pub fn setattr(&self, ino: Ino, changes: AttrChanges) -> Result<Attr> {
+        if ino == STATS_INO {
+            return Err(Errno::EACCES.into());
+        }
+        if let Some(new) = changes.size {
+            self.commit(ino)?;
+            let old = self.getattr(ino)?.size;
+            if new < old {
+                self.zero_tail(ino, new, old)?;
+            }
+        }
+        let attr = self.attr_of(SetAttr { ino, changes })?;
+        if let Some(new) = changes.size {
+            self.truncated(ino, new);
+        }
+        Ok(attr)
+    }
+
+    /// Creates a file or special node.
+    pub fn mknod(
+        &self,
+        parent: Ino,
+        name: &str,
+        kind: FileKind,
+        rdev: u32,
+        owner: Owner,
+    ) -> Result<Attr> {
+        self.attr_of(Mknod {
+            parent,
+            name: name.into(),
+            kind,
+            rdev,
+            owner,
+        })
+    }
+
+    /// Creates a directory.
+    pub fn mkdir(&self, parent: Ino, name: &str, owner: Owner) -> Result<Attr> {
+        self.attr_of(Mkdir {
+            parent,
+            name: name.into(),
+            owner,
+        })
+    }
+
+    /// Creates a symbolic link owned by `uid`:`gid`.
+    pub fn symlink(
+        &self,
+        parent: Ino,
+        name: &str,
+        target: &str,
+        uid: u32,
+        gid: u32,
+    ) -> Result<Attr> {
+        self.attr_of(Symlink {
+            parent,
+            name: name.into(),
+            target: target.into(),
+            uid,
+            gid,
+        })
+    }
+
+    /// A symbolic link's target.
+    pub fn readlink(&self, ino: Ino) -> Result<String> {
+        self.call(Readlink { ino })
+    }
+
+    /// A hard link to `ino`.
+    pub fn link(&self, ino: Ino, newparent: Ino, newname: &str) -> Result<Attr> {
+        self.attr_of(Link {
+            ino,
+            newparent,
+            newname: newname.into(),
+        })
+    }
+
+    /// Removes a name (not a directory).
+    pub fn unlink(&self, parent: Ino, name: &str) -> Result<()> {
+        self.call(Unlink {
+            parent,
+            name: name.into(),
+        })
+    }
+
+    /// Removes an empty directory.
+    pub fn rmdir(&self, parent: Ino, name: &str) -> Result<()> {
+        self.call(Rmdir {
+            parent,
+            name: name.into(),
+        })
+    }
+
+    /// rename(2), with renameat2's flags.
+    pub fn rename(
+        &self,
+        parent: Ino,
+        name: &str,
+        newparent: Ino,
+        newname: &str,
+        flags: u32,
+    ) -> Result<()> {
+        self.call(Rename {
+            parent,
+            name: name.into(),
+            newparent,
+            newname: newname.into(),
+            flags,
+        })
+    }
+
+    /// One page of a directory after `cookie`.
+    pub fn readdir(&self, ino: Ino, cookie: u64) -> Result<Vec<DirEntry>> {
+        self.call(ReadDir {
+            ino,
+            cookie,
+            max: MAX_LIST,
+        })
+    }
+
+    /// The file system's capacity.
+    pub fn statfs(&self) -> Result<StatFs> {
+        self.call(GetStatFs {})
+    }
+}

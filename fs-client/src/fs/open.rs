@@ -1,0 +1,134 @@
+//! Close-to-open consistency, as in NFS: what this client knows of the files it has open.
+//! Sizes and mtimes of our writes are committed to the metadata node on flush, fsync and
+//! release; opening a file refetches its attributes and drops its cached chunk map.
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use rfs_proto::message::{Commit, Open, Release};
+use rfs_proto::types::{Attr, FileKind, Ino, Timestamp};
+
+use super::backend::Backend;
+use super::error::Result;
+use super::stats::{ClientStats, STATS_INO};
+use super::Rfs;
+
+/// What this client knows of a file it has open (or has uncommitted writes to).
+#[derive(Default)]
+pub(crate) struct OpenFile {
+    handles: u32,
+    /// The size including our uncommitted writes.
+    size: u64,
+    /// Writes not yet committed to the metadata node.
+    dirty: bool,
+    mtime: Option<Timestamp>,
+}
+
+impl<B: Backend> Rfs<B> {
+    /// Opens a file: fresh attributes and chunk map (close-to-open), and a handle.
+    pub fn open(&self, ino: Ino) -> Result<(u64, Attr)> {
+        if ino == STATS_INO {
+            return Ok((0, self.stats_attr()));
+        }
+        let attr = self.call(Open { ino })?;
+        if attr.kind == FileKind::RegularFile {
+            self.chunks.forget(ino, 0);
+        }
+        let fh = self.next_fh.fetch_add(1, Relaxed);
+        self.handles.lock().unwrap().insert(fh, ino);
+        let mut open = self.open.lock().unwrap();
+        let f = open.entry(ino).or_default();
+        f.handles += 1;
+        if !f.dirty {
+            f.size = attr.size;
+        }
+        drop(open);
+        Ok((fh, self.with_local_size(attr)))
+    }
+
+    /// Commits our size and mtime of `ino` to the metadata node, if we changed them.
+    pub fn commit(&self, ino: Ino) -> Result<()> {
+        let (size, mtime) = {
+            let mut open = self.open.lock().unwrap();
+            match open.get_mut(&ino) {
+                Some(f) if f.dirty => {
+                    f.dirty = false;
+                    (f.size, f.mtime)
+                }
+                _ => return Ok(()),
+            }
+        };
+        match self.call(Commit { ino, size, mtime }) {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                if let Some(f) = self.open.lock().unwrap().get_mut(&ino) {
+                    f.dirty = true;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Closes handle `fh`: commits, then gives the handle back to the metadata node.
+    pub fn release(&self, fh: u64) -> Result<()> {
+        let Some(ino) = self.handles.lock().unwrap().remove(&fh) else {
+            return Ok(()); // the stats file, or an unknown handle
+        };
+        let committed = self.commit(ino);
+        {
+            let mut open = self.open.lock().unwrap();
+            if let Some(f) = open.get_mut(&ino) {
+                f.handles -= 1;
+                if f.handles == 0 && !f.dirty {
+                    open.remove(&ino);
+                }
+            }
+        }
+        let released = self.call(Release { ino });
+        committed.and(released)
+    }
+
+    /// Our uncommitted writes make a file look larger to us than to the server.
+    pub(crate) fn with_local_size(&self, mut a: Attr) -> Attr {
+        if let Some(f) = self.open.lock().unwrap().get_mut(&a.ino) {
+            if f.dirty {
+                a.size = f.size;
+                if let Some(m) = f.mtime {
+                    a.mtime = m;
+                }
+            } else {
+                f.size = a.size;
+            }
+        }
+        a
+    }
+
+    /// A truncation to `size` took effect: our size follows, and the chunks past it are gone.
+    pub(crate) fn truncated(&self, ino: Ino, size: u64) {
+        if let Some(f) = self.open.lock().unwrap().get_mut(&ino) {
+            f.size = size;
+        }
+        self.chunks.forget(ino, size.div_ceil(self.chunk_size));
+    }
+
+    /// A write of `len` bytes ending at `end` is in remote memory.
+    pub(crate) fn wrote(&self, ino: Ino, end: u64, len: u32) {
+        ClientStats::add(&self.stats.bytes_written, len as u64);
+        let mut open = self.open.lock().unwrap();
+        let f = open.entry(ino).or_default();
+        f.size = f.size.max(end);
+        f.dirty = true;
+        f.mtime = Some(Timestamp::now());
+    }
+
+    /// The size reads are bounded by: ours while the file is open here, else the server's.
+    pub(crate) fn size_for_read(&self, ino: Ino) -> Result<u64> {
+        if let Some(f) = self.open.lock().unwrap().get(&ino) {
+            return Ok(f.size);
+        }
+        Ok(self.getattr(ino)?.size)
+    }
+
+    pub(crate) fn open_file_count(&self) -> usize {
+        self.open.lock().unwrap().len()
+    }
+}

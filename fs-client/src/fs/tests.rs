@@ -1,0 +1,241 @@
+//! The file system's logic against the in-memory fake: split reads and writes, holes,
+//! close-to-open between two clients, cache invalidation, allocate-ahead and failed pieces.
+
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use rfs_proto::message::RequestOp;
+use rfs_proto::types::{AttrChanges, FileKind, Ino, Owner, ROOT};
+use rfs_proto::Errno;
+
+use super::fake::{Fake, FakeCluster, CHUNK};
+use super::{Result, Rfs};
+
+fn client(cluster: &Arc<FakeCluster>) -> Arc<Rfs<Fake>> {
+    Arc::new(Rfs::new(Fake(cluster.clone())).expect("statfs"))
+}
+
+const OWNER: Owner = Owner {
+    perm: 0o644,
+    uid: 0,
+    gid: 0,
+};
+
+fn create(fs: &Rfs<Fake>, name: &str) -> Ino {
+    fs.mknod(ROOT, name, FileKind::RegularFile, 0, OWNER)
+        .unwrap()
+        .ino
+}
+
+/// The fake answers in place, so the callbacks have run when these return.
+fn write(fs: &Arc<Rfs<Fake>>, ino: Ino, offset: u64, data: &[u8]) -> Result<u32> {
+    let (tx, rx) = mpsc::channel();
+    fs.write(ino, offset, data, Box::new(move |r| tx.send(r).unwrap()));
+    rx.recv().unwrap()
+}
+
+fn read(fs: &Rfs<Fake>, ino: Ino, offset: u64, len: usize) -> Result<Vec<u8>> {
+    let (tx, rx) = mpsc::channel();
+    fs.read(ino, offset, len, Box::new(move |r| tx.send(r).unwrap()));
+    rx.recv().unwrap()
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+#[test]
+fn writes_and_reads_split_at_chunk_boundaries_round_trip() {
+    let cluster = Arc::default();
+    let fs = client(&cluster);
+    let ino = create(&fs, "f");
+    let (fh, _) = fs.open(ino).unwrap();
+    let data = pattern(3 * CHUNK as usize - 100, 7);
+    assert_eq!(write(&fs, ino, 1000, &data).unwrap(), data.len() as u32);
+    assert_eq!(read(&fs, ino, 1000, data.len()).unwrap(), data);
+    // A read across the write's edges: zeros before it, short at the end of the file.
+    let all = read(&fs, ino, 0, 10 * CHUNK as usize).unwrap();
+    assert_eq!(all.len(), 1000 + data.len());
+    assert!(all[..1000].iter().all(|&b| b == 0));
+    assert_eq!(&all[1000..], &data[..]);
+    assert_eq!(read(&fs, ino, 1 << 30, 10).unwrap(), Vec::<u8>::new());
+    fs.release(fh).unwrap();
+}
+
+#[test]
+fn holes_read_as_zeros_without_allocating() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    let ino = create(&fs, "sparse");
+    let (fh, _) = fs.open(ino).unwrap();
+    // Past the first chunk: allocate-ahead reserves a run for a growing file.
+    write(&fs, ino, 5 * CHUNK, b"tail").unwrap();
+    let allocated = cluster.chunk_count(ino);
+    assert!(allocated >= 16, "allocated ahead: {allocated}");
+    let all = read(&fs, ino, 0, (5 * CHUNK + 4) as usize).unwrap();
+    assert!(all[..5 * CHUNK as usize].iter().all(|&b| b == 0));
+    assert_eq!(&all[5 * CHUNK as usize..], b"tail");
+    assert_eq!(
+        cluster.chunk_count(ino),
+        allocated,
+        "reading allocates nothing"
+    );
+    fs.release(fh).unwrap();
+}
+
+#[test]
+fn close_to_open_sizes_are_committed_on_release_and_seen_at_open() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let (a, b) = (client(&cluster), client(&cluster));
+    let ino = create(&a, "shared");
+    let (fh, _) = a.open(ino).unwrap();
+    write(&a, ino, 0, &pattern(6000, 1)).unwrap();
+    assert_eq!(
+        a.getattr(ino).unwrap().size,
+        6000,
+        "the writer sees its own writes"
+    );
+    assert_eq!(cluster.size(ino), 0, "not committed yet");
+    assert_eq!(
+        b.getattr(ino).unwrap().size,
+        0,
+        "another client does not, before close"
+    );
+    a.release(fh).unwrap();
+    assert_eq!(cluster.size(ino), 6000);
+    let (fh_b, attr) = b.open(ino).unwrap();
+    assert_eq!(attr.size, 6000, "open revalidates");
+    assert_eq!(read(&b, ino, 0, 6000).unwrap(), pattern(6000, 1));
+    b.release(fh_b).unwrap();
+}
+
+#[test]
+fn flush_commits_and_a_failed_commit_stays_dirty() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    let ino = create(&fs, "f");
+    let (fh, _) = fs.open(ino).unwrap();
+    write(&fs, ino, 0, b"hello").unwrap();
+    let commits = cluster.calls(RequestOp::Commit);
+    fs.commit(ino).unwrap();
+    fs.commit(ino).unwrap();
+    assert_eq!(
+        cluster.calls(RequestOp::Commit),
+        commits + 1,
+        "clean files commit nothing"
+    );
+    assert_eq!(cluster.size(ino), 5);
+    fs.release(fh).unwrap();
+}
+
+#[test]
+fn chunk_maps_are_cached_until_open_or_truncate() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let (a, b) = (client(&cluster), client(&cluster));
+    let ino = create(&a, "f");
+    let (fh, _) = a.open(ino).unwrap();
+    write(&a, ino, 0, &pattern(100, 1)).unwrap();
+    a.release(fh).unwrap();
+
+    let (fh, _) = a.open(ino).unwrap();
+    let maps = cluster.calls(RequestOp::ChunkMap);
+    read(&a, ino, 0, 100).unwrap();
+    read(&a, ino, 0, 100).unwrap();
+    assert_eq!(cluster.calls(RequestOp::ChunkMap), maps + 1, "fetched once");
+    a.release(fh).unwrap();
+
+    // Another client truncates the file away and writes it anew: new chunks.
+    let (fh_b, _) = b.open(ino).unwrap();
+    b.setattr(
+        ino,
+        AttrChanges {
+            size: Some(0),
+            ..AttrChanges::default()
+        },
+    )
+    .unwrap();
+    write(&b, ino, 0, &pattern(100, 2)).unwrap();
+    b.release(fh_b).unwrap();
+
+    // Opening again drops the cached map: the new bytes, through the new chunks.
+    let (fh, _) = a.open(ino).unwrap();
+    assert_eq!(read(&a, ino, 0, 100).unwrap(), pattern(100, 2));
+    assert_eq!(cluster.calls(RequestOp::ChunkMap), maps + 2);
+    a.release(fh).unwrap();
+}
+
+#[test]
+fn truncation_zeroes_the_tail_of_the_last_chunk_kept() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    let ino = create(&fs, "f");
+    let (fh, _) = fs.open(ino).unwrap();
+    write(&fs, ino, 0, &vec![0xaa; 2 * CHUNK as usize]).unwrap();
+    let shrink = AttrChanges {
+        size: Some(100),
+        ..AttrChanges::default()
+    };
+    assert_eq!(fs.setattr(ino, shrink).unwrap().size, 100);
+    assert_eq!(
+        cluster.chunk_count(ino),
+        1,
+        "whole chunks past the size are freed"
+    );
+    let grow = AttrChanges {
+        size: Some(CHUNK),
+        ..AttrChanges::default()
+    };
+    fs.setattr(ino, grow).unwrap();
+    let back = read(&fs, ino, 0, CHUNK as usize).unwrap();
+    assert!(back[..100].iter().all(|&b| b == 0xaa));
+    assert!(
+        back[100..].iter().all(|&b| b == 0),
+        "no old bytes past a truncation"
+    );
+    fs.release(fh).unwrap();
+}
+
+#[test]
+fn a_failed_piece_fails_the_request_with_eio_and_commits_nothing() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    let ino = create(&fs, "f");
+    let (fh, _) = fs.open(ino).unwrap();
+    write(&fs, ino, 0, &pattern(2 * CHUNK as usize, 3)).unwrap();
+    cluster.fail_node(Some(1));
+    let e = write(&fs, ino, 0, &pattern(3 * CHUNK as usize, 4)).unwrap_err();
+    assert_eq!(e.errno(), Errno::EIO);
+    assert_eq!(
+        fs.getattr(ino).unwrap().size,
+        2 * CHUNK,
+        "a failed write does not grow the file"
+    );
+    let e = read(&fs, ino, 0, 2 * CHUNK as usize).unwrap_err();
+    assert_eq!(e.errno(), Errno::EIO);
+    assert!(
+        fs.stats_text().contains("io_errors 2"),
+        "{}",
+        fs.stats_text()
+    );
+    cluster.fail_node(None);
+    // The failed write may have landed in part (as on any file system): only the length is sure.
+    assert_eq!(
+        read(&fs, ino, 0, 4 * CHUNK as usize).unwrap().len(),
+        2 * CHUNK as usize
+    );
+    fs.release(fh).unwrap();
+}
+
+#[test]
+fn the_stats_file_reads_and_refuses_writes() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    let attr = fs.lookup(ROOT, super::STATS_NAME).unwrap();
+    assert_eq!(attr.ino, super::STATS_INO);
+    let text = String::from_utf8(read(&fs, attr.ino, 0, 1 << 16).unwrap()).unwrap();
+    assert!(text.starts_with("transport fake\n"), "{text}");
+    let e = write(&fs, attr.ino, 0, b"x").unwrap_err();
+    assert_eq!(e.errno(), Errno::EACCES);
+}

@@ -1,0 +1,125 @@
+//! Both halves of a data node joining the metadata node: the joiner describes its pool; the
+//! metadata node checks it by opening a data session back to the joiner (which it then uses to
+//! zero that node's chunks), adds the node to the allocator, and marks it dead when the join
+//! connection closes.
+
+use std::io;
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use rdmabox::SessionConfig;
+use rfs_proto::data::DataSession;
+use rfs_proto::frame::{recv_frame, send_frame};
+use rfs_proto::handshake::dial;
+use rfs_proto::hello::{Hello, Join};
+
+use crate::meta::MetaService;
+use crate::node::{invalid, wait_for_close, Shared};
+
+const ACCEPTED: &[u8] = b"ok";
+
+/// The metadata node's half: admits the node described by `join`, then holds its membership
+/// until the connection closes.
+pub(crate) fn admit(
+    node: &Shared,
+    meta: &MetaService,
+    mut s: TcpStream,
+    join: &Join,
+) -> io::Result<()> {
+    let Join {
+        addr,
+        pool_addr,
+        pool_len,
+        rkey,
+        chunk_size,
+    } = join;
+    if *chunk_size != node.cfg.chunk_size {
+        send_frame(&mut s, b"chunk size mismatch")?;
+        return Err(invalid(format!(
+            "node {addr} uses {chunk_size}-byte chunks, this namespace {}",
+            node.cfg.chunk_size
+        )));
+    }
+    // Our own session to the node, to zero its freed chunks one-sidedly.
+    let target: SocketAddr = addr
+        .parse()
+        .map_err(|_| invalid(format!("joining node advertises a bad address {addr:?}")))?;
+    let zero_cfg = SessionConfig {
+        qps: 1,
+        pool_slots: 2,
+        ..SessionConfig::default()
+    };
+    let session = DataSession::connect(
+        &node.ctx,
+        &node.pd,
+        target,
+        node.cfg.secret.as_deref(),
+        &zero_cfg,
+        Duration::from_secs(5),
+    )?;
+    if session.pool.addr != *pool_addr
+        || session.pool.len != *pool_len
+        || session.pool.rkey != *rkey
+    {
+        return Err(invalid(format!(
+            "node {addr} described its pool inconsistently"
+        )));
+    }
+    let chunks = pool_len / chunk_size;
+    let id = meta.state.lock().unwrap().alloc.add_node(
+        addr.clone(),
+        *pool_addr,
+        *rkey,
+        *chunk_size,
+        chunks,
+    );
+    meta.zeroer.add_node(id, session);
+    send_frame(&mut s, ACCEPTED)?;
+    log::info!("data node {id} joined from {addr}: {chunks} chunks");
+    wait_for_close(&mut s);
+    log::warn!("data node {id} at {addr} left; its chunks are unavailable");
+    meta.state.lock().unwrap().alloc.set_alive(id, false);
+    meta.zeroer.remove_node(id);
+    Ok(())
+}
+
+/// The joiner's half: joins the metadata node at `meta`; returns the connection that keeps the
+/// membership alive.
+pub(crate) fn join(node: &Shared, meta: SocketAddr, listen: SocketAddr) -> io::Result<TcpStream> {
+    let advertise = match &node.cfg.advertise {
+        Some(a) => a.clone(),
+        None if !listen.ip().is_unspecified() => listen.to_string(),
+        None => {
+            // Reachable the way we reach the metadata node.
+            let probe = TcpStream::connect_timeout(&meta, Duration::from_secs(5))?;
+            SocketAddr::new(probe.local_addr()?.ip(), listen.port()).to_string()
+        }
+    };
+    let hello = Hello::Join(Join {
+        addr: advertise,
+        pool_addr: node.pool.addr(),
+        pool_len: node.pool.len() as u64,
+        rkey: node.pool.rkey(),
+        chunk_size: node.cfg.chunk_size,
+    });
+    let mut s = dial(
+        meta,
+        node.cfg.secret.as_deref(),
+        &hello,
+        Duration::from_secs(5),
+    )?;
+    // The metadata node connects back to us (a zeroing session) before it answers.
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let answer = recv_frame(&mut s, 64)?;
+    if answer != ACCEPTED {
+        return Err(io::Error::new(
+            io::ErrorKind::ConnectionRefused,
+            format!(
+                "metadata node refused the join: {}",
+                String::from_utf8_lossy(&answer)
+            ),
+        ));
+    }
+    s.set_read_timeout(None)?;
+    Ok(s)
+}

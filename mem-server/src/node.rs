@@ -1,0 +1,270 @@
+//! A storage node: the registered pool, the listener, and per connection one of three roles
+//! (metadata channel, data session, data-node join). The first node also runs the metadata
+//! service ([`crate::meta`]); nodes started with `join` lend their pool to it ([`crate::join`]).
+
+use std::io::{self, Read};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use rdmabox::rpc::RpcConfig;
+use rdmabox::transport::{Access, Context, MemoryRegion, ProtectionDomain, TransportConfig};
+use rdmabox::{connect_links, SessionConfig};
+use rfs_proto::frame::send_frame;
+use rfs_proto::handshake::{self, HANDSHAKE_TIMEOUT};
+use rfs_proto::hello::{Data, Hello, PoolDescriptor};
+
+use crate::meta::MetaService;
+
+/// How a node runs.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    /// Where to listen for clients and nodes.
+    pub listen: SocketAddr,
+    /// Bytes of pool to lend.
+    pub memory: u64,
+    /// The unit of allocation.
+    pub chunk_size: u64,
+    /// Which provider, and its settings.
+    pub transport: TransportConfig,
+    /// The shared secret peers must prove they know.
+    pub secret: Option<Vec<u8>>,
+    /// Accept peers from other hosts without a secret.
+    pub insecure: bool,
+    /// Join this metadata node as a data node instead of running the metadata service.
+    pub join: Option<SocketAddr>,
+    /// host:port clients use to reach this node (default: derived from the listen address).
+    pub advertise: Option<String>,
+    /// The metadata channels' buffers and deadline.
+    pub rpc: RpcConfig,
+}
+
+impl NodeConfig {
+    /// A metadata node on `listen` lending `memory` bytes, with the defaults.
+    pub fn new(listen: SocketAddr, memory: u64) -> NodeConfig {
+        NodeConfig {
+            listen,
+            memory,
+            chunk_size: 1 << 20,
+            transport: TransportConfig::default(),
+            secret: None,
+            insecure: false,
+            join: None,
+            advertise: None,
+            rpc: RpcConfig::default(),
+        }
+    }
+
+    fn validate(&self) -> io::Result<()> {
+        if self.chunk_size < 4096 || !self.chunk_size.is_power_of_two() {
+            return Err(invalid(format!(
+                "chunk size {} must be a power of two of at least 4 KiB",
+                self.chunk_size
+            )));
+        }
+        if self.memory < self.chunk_size {
+            return Err(invalid(format!(
+                "memory {} is smaller than one chunk ({})",
+                self.memory, self.chunk_size
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// What every connection of a node shares.
+pub(crate) struct Shared {
+    pub(crate) cfg: NodeConfig,
+    pub(crate) ctx: Context,
+    pub(crate) pd: Arc<ProtectionDomain>,
+    pub(crate) pool: MemoryRegion,
+    /// Present on the metadata node only.
+    meta: Option<Arc<MetaService>>,
+    stop: AtomicBool,
+}
+
+/// A running node.
+pub struct Node {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    accept: Option<JoinHandle<()>>,
+    /// A data node's membership: the metadata node marks it dead when this closes.
+    _join: Option<TcpStream>,
+}
+
+pub(crate) fn invalid(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, msg)
+}
+
+impl Node {
+    /// Allocates and registers the pool, listens, and joins the metadata node if asked to.
+    pub fn start(cfg: NodeConfig) -> io::Result<Node> {
+        cfg.validate()?;
+        let chunks = cfg.memory / cfg.chunk_size;
+        let ctx = Context::open(&cfg.transport)?;
+        let pd = Arc::new(ctx.alloc_pd()?);
+        let pool = pd
+            .alloc_region((chunks * cfg.chunk_size) as usize, Access::ALL)
+            .map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("allocating {} bytes of pool: {e}", cfg.memory),
+                )
+            })?;
+        let listener = TcpListener::bind(cfg.listen)
+            .map_err(|e| io::Error::new(e.kind(), format!("listening on {}: {e}", cfg.listen)))?;
+        let addr = listener.local_addr()?;
+        let meta = match cfg.join {
+            Some(_) => None,
+            None => {
+                let advertise = cfg.advertise.clone().unwrap_or_else(|| addr.to_string());
+                Some(MetaService::new(&cfg, advertise, &pool, chunks))
+            }
+        };
+        let shared = Arc::new(Shared {
+            cfg,
+            ctx,
+            pd,
+            pool,
+            meta,
+            stop: AtomicBool::new(false),
+        });
+        if let Some(meta) = &shared.meta {
+            meta.start_zeroer(shared.clone())?;
+        }
+        // Accept before joining: the metadata node connects back to us while it admits us.
+        let accept = {
+            let s = shared.clone();
+            std::thread::Builder::new()
+                .name("accept".into())
+                .spawn(move || s.accept_loop(listener))?
+        };
+        let mut node = Node {
+            shared: shared.clone(),
+            addr,
+            accept: Some(accept),
+            _join: None,
+        };
+        if let Some(meta) = shared.cfg.join {
+            match crate::join::join(&shared, meta, addr) {
+                Ok(s) => node._join = Some(s),
+                Err(e) => {
+                    node.shutdown();
+                    return Err(io::Error::new(e.kind(), format!("joining {meta}: {e}")));
+                }
+            }
+        }
+        Ok(node)
+    }
+
+    /// Where the node listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The transport in use, in words.
+    pub fn transport(&self) -> String {
+        self.shared.ctx.describe()
+    }
+
+    /// Bytes of pool the node lends.
+    pub fn pool_bytes(&self) -> usize {
+        self.shared.pool.len()
+    }
+
+    /// Stops accepting; established sessions end with the process.
+    pub fn shutdown(mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        // Unblock accept() with a connection of our own.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
+        if let Some(a) = self.accept.take() {
+            let _ = a.join();
+        }
+    }
+}
+
+impl Shared {
+    fn accept_loop(self: Arc<Self>, listener: TcpListener) {
+        for conn in listener.incoming() {
+            if self.stop.load(Ordering::Acquire) {
+                return;
+            }
+            let s = match conn {
+                Ok(s) => s,
+                Err(e) => {
+                    log::warn!("accept: {e}");
+                    continue;
+                }
+            };
+            let me = self.clone();
+            let _ = std::thread::Builder::new()
+                .name("conn".into())
+                .spawn(move || {
+                    let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+                    match me.serve_connection(s) {
+                        Ok(()) => {}
+                        // Port probes and peers that hang up before saying anything.
+                        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                            log::debug!("connection from {peer} closed early")
+                        }
+                        Err(e) => log::info!("connection from {peer} ended: {e}"),
+                    }
+                });
+        }
+    }
+
+    fn serve_connection(&self, mut s: TcpStream) -> io::Result<()> {
+        let peer = s.peer_addr()?;
+        if self.cfg.secret.is_none() && !self.cfg.insecure && !peer.ip().is_loopback() {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("refused {peer}: without --secret-file only loopback peers are allowed (or use --insecure)"),
+            ));
+        }
+        s.set_nodelay(true)?;
+        handshake::accept(&mut s, self.cfg.secret.as_deref())?;
+        s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+        let hello = Hello::receive(&mut s)?;
+        s.set_read_timeout(None)?;
+        log::debug!("{peer}: {hello:?}");
+        let meta = || {
+            self.meta
+                .as_ref()
+                .ok_or_else(|| invalid(format!("{:?} sent to a data node", hello.op())))
+        };
+        match &hello {
+            Hello::Data(Data { qps }) => self.serve_data(s, *qps as usize),
+            Hello::Metadata(_) => meta()?.serve(self, s),
+            Hello::Join(j) => crate::join::admit(self, meta()?, s, j),
+        }
+    }
+
+    /// One-sided service: connect the queue pairs, hand over the pool descriptor, then stay out
+    /// of the way until the client goes.
+    fn serve_data(&self, mut s: TcpStream, qps: usize) -> io::Result<()> {
+        let links = connect_links(
+            &self.ctx,
+            &self.pd,
+            &mut s,
+            qps,
+            SessionConfig::default().caps,
+        )?;
+        let pool = PoolDescriptor {
+            addr: self.pool.addr(),
+            len: self.pool.len() as u64,
+            rkey: self.pool.rkey(),
+        };
+        send_frame(&mut s, &pool.encode())?;
+        wait_for_close(&mut s);
+        drop(links);
+        Ok(())
+    }
+}
+
+/// Blocks until the peer closes the control connection (or sends anything: a protocol error).
+pub(crate) fn wait_for_close(s: &mut TcpStream) {
+    let mut b = [0u8; 1];
+    let _ = s.read(&mut b);
+}

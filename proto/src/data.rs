@@ -1,0 +1,64 @@
+//! A data session: the queue pairs to one data node and the pool it lends, over which the
+//! client (or the metadata node's zeroer) moves bytes one-sidedly.
+
+use std::io;
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdmabox::transport::{Context, ProtectionDomain, RemoteAddr, RemoteRegion};
+use rdmabox::{connect_links, Session, SessionConfig};
+
+use crate::frame::recv_frame;
+use crate::handshake::dial;
+use crate::hello::{Data, Hello, PoolDescriptor};
+use crate::types::ChunkRef;
+
+/// The largest pool descriptor frame.
+const MAX_POOL_FRAME: usize = 64;
+
+/// A data session to one node: its queue pairs, pool and control connection (the node keeps
+/// its side while that connection is open).
+pub struct DataSession {
+    /// The rdmabox session over the node's queue pairs.
+    pub session: Session,
+    /// The region the node lends.
+    pub pool: RemoteRegion,
+    _control: TcpStream,
+}
+
+impl DataSession {
+    /// Connects `cfg.qps` queue pairs to the node at `addr` and learns its pool.
+    pub fn connect(
+        ctx: &Context,
+        pd: &Arc<ProtectionDomain>,
+        addr: SocketAddr,
+        secret: Option<&[u8]>,
+        cfg: &SessionConfig,
+        timeout: Duration,
+    ) -> io::Result<DataSession> {
+        let hello = Hello::Data(Data {
+            qps: cfg.qps as u32,
+        });
+        let mut s = dial(addr, secret, &hello, timeout)?;
+        let links = connect_links(ctx, pd, &mut s, cfg.qps, cfg.caps)?;
+        let frame = recv_frame(&mut s, MAX_POOL_FRAME)?;
+        let PoolDescriptor { addr, len, rkey } = PoolDescriptor::decode(&frame)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        let pool = RemoteRegion { addr, len, rkey };
+        let session = Session::new(pd.clone(), links, vec![pool], cfg.clone())?;
+        Ok(DataSession {
+            session,
+            pool,
+            _control: s,
+        })
+    }
+}
+
+/// Where byte `offset` of a chunk is, remotely.
+pub fn chunk_addr(chunk: &ChunkRef, offset: u64) -> RemoteAddr {
+    RemoteAddr {
+        addr: chunk.addr + offset,
+        rkey: chunk.rkey,
+    }
+}

@@ -1,0 +1,133 @@
+//! What a connection is for, said right after authentication on the control connection, and
+//! the pool descriptor a data node answers a data session with.
+
+use std::io;
+use std::net::TcpStream;
+
+use crate::frame::recv_frame;
+use crate::wire::{bad, DecodeError, Reader, Wire, Writer};
+use crate::{wire_enum, wire_struct};
+
+/// The most queue pairs a data session may ask for.
+pub const MAX_QPS: u32 = 64;
+/// The largest hello a node reads.
+const MAX_HELLO: usize = 4096;
+
+wire_struct! {
+    /// A client's metadata channel (RPC over SEND/RECV on one queue pair).
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct Metadata {}
+}
+
+wire_struct! {
+    /// A client's data session: `qps` queue pairs, then the pool descriptor.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct Data { pub qps: u32 }
+}
+
+wire_struct! {
+    /// A data node joining the metadata node, describing the pool it lends.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct Join {
+        /// host:port where clients reach the joining node.
+        pub addr: String,
+        pub pool_addr: u64,
+        pub pool_len: u64,
+        pub rkey: u32,
+        pub chunk_size: u64,
+    }
+}
+
+wire_enum! {
+    /// The first message on a control connection.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub enum Hello / HelloOp {
+        1 => Metadata,
+        2 => Data,
+        3 => Join,
+    }
+}
+
+impl Hello {
+    /// Decodes and checks a hello: all of it, and within the limits a node accepts.
+    pub fn parse(b: &[u8]) -> Result<Hello, DecodeError> {
+        let h = Hello::decode(b)?;
+        if let Hello::Data(Data { qps }) = h {
+            if !(1..=MAX_QPS).contains(&qps) {
+                return bad(format!("queue pairs must be 1..={MAX_QPS}"));
+            }
+        }
+        Ok(h)
+    }
+
+    /// Reads the peer's hello from the control connection.
+    pub fn receive(s: &mut TcpStream) -> io::Result<Hello> {
+        let frame = recv_frame(s, MAX_HELLO)?;
+        Hello::parse(&frame).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    }
+}
+
+wire_struct! {
+    /// The pool a data node lends: its address, length and remote key.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct PoolDescriptor { pub addr: u64, pub len: u64, pub rkey: u32 }
+}
+
+const POOL_OP: u8 = 1;
+
+impl PoolDescriptor {
+    /// Version, op, fields.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::message(POOL_OP);
+        self.put(&mut w);
+        w.0
+    }
+
+    /// The descriptor in `b`, all of `b`.
+    pub fn decode(b: &[u8]) -> Result<PoolDescriptor, DecodeError> {
+        let mut r = Reader::new(b);
+        if r.header()? != POOL_OP {
+            return bad("not a pool descriptor");
+        }
+        let p = PoolDescriptor::get(&mut r)?;
+        r.finish()?;
+        Ok(p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hellos_and_pools_round_trip() {
+        for h in [
+            Hello::Metadata(Metadata {}),
+            Hello::Data(Data { qps: 4 }),
+            Hello::Join(Join {
+                addr: "h:1".into(),
+                pool_addr: 1,
+                pool_len: 2,
+                rkey: 3,
+                chunk_size: 4,
+            }),
+        ] {
+            assert_eq!(Hello::parse(&h.encode()).unwrap(), h);
+        }
+        let p = PoolDescriptor {
+            addr: 1,
+            len: 2,
+            rkey: 3,
+        };
+        assert_eq!(PoolDescriptor::decode(&p.encode()).unwrap(), p);
+        assert!(PoolDescriptor::decode(&Hello::Metadata(Metadata {}).encode()).is_err());
+    }
+
+    #[test]
+    fn queue_pair_counts_are_bounded() {
+        for qps in [0, MAX_QPS + 1, u32::MAX] {
+            assert!(Hello::parse(&Hello::Data(Data { qps }).encode()).is_err());
+        }
+        assert!(Hello::parse(&Hello::Data(Data { qps: MAX_QPS }).encode()).is_ok());
+    }
+}

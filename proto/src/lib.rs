@@ -1,0 +1,24 @@
+//! The rfs protocol, shared by clients (`fs-client`) and nodes (`mem-server`); neither depends
+//! on the other.
+//!
+//! - [`wire`]: the encoding, with one field list per message for both directions.
+//! - [`types`]: what both sides talk about: attributes, chunk references, nodes.
+//! - [`errno`]: the one error number type.
+//! - [`message`]: metadata requests, each tied to the type of its reply.
+//! - [`hello`]: what a control connection is for; the pool descriptor.
+//! - [`frame`]: length-prefixed frames on control connections.
+//! - [`handshake`]: shared-secret authentication, and dialing a node.
+//! - [`client`]: the metadata client and its data sessions ([`data`]).
+
+pub mod client;
+pub mod data;
+pub mod errno;
+pub mod frame;
+pub mod handshake;
+pub mod hello;
+pub mod message;
+pub mod types;
+pub mod wire;
+
+pub use client::{CallError, Client, ClientConfig, MetadataChannel};
+pub use errno::Errno;

@@ -1,0 +1,216 @@
+//! The types both sides share: inode numbers, attributes, chunk references, node descriptions.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::wire::{bad, DecodeError, Reader, Wire, Writer};
+use crate::wire_struct;
+
+/// An inode number.
+pub type Ino = u64;
+/// The root directory's inode number (as FUSE expects).
+pub const ROOT: Ino = 1;
+/// The longest name a directory entry may have.
+pub const NAME_MAX: usize = 255;
+/// renameat2(2): fail if the new name exists.
+pub const RENAME_NOREPLACE: u32 = 1;
+/// renameat2(2): swap the two names.
+pub const RENAME_EXCHANGE: u32 = 2;
+
+/// A point in time: seconds since the epoch (negative before it) and nanoseconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Timestamp {
+    /// Whole seconds since 1970-01-01 UTC.
+    pub secs: i64,
+    /// Nanoseconds past `secs`, below 10^9.
+    pub nsecs: u32,
+}
+
+impl Timestamp {
+    /// The current time.
+    pub fn now() -> Timestamp {
+        Timestamp::from(SystemTime::now())
+    }
+}
+
+impl From<SystemTime> for Timestamp {
+    fn from(t: SystemTime) -> Timestamp {
+        match t.duration_since(UNIX_EPOCH) {
+            Ok(d) => Timestamp {
+                secs: d.as_secs() as i64,
+                nsecs: d.subsec_nanos(),
+            },
+            Err(e) => Timestamp {
+                secs: -(e.duration().as_secs() as i64),
+                nsecs: 0,
+            },
+        }
+    }
+}
+
+impl Wire for Timestamp {
+    fn put(&self, w: &mut Writer) {
+        self.secs.put(w);
+        self.nsecs.put(w);
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let secs = i64::get(r)?;
+        let nsecs = u32::get(r)?;
+        if nsecs >= 1_000_000_000 {
+            return bad("nanoseconds out of range");
+        }
+        Ok(Timestamp { secs, nsecs })
+    }
+}
+
+/// What an inode is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum FileKind {
+    /// A regular file: its data lives in chunks.
+    RegularFile = 1,
+    /// A directory.
+    Directory = 2,
+    /// A symbolic link.
+    Symlink = 3,
+    /// A FIFO.
+    NamedPipe = 4,
+    /// A character device node.
+    CharDevice = 5,
+    /// A block device node.
+    BlockDevice = 6,
+    /// A Unix socket node.
+    Socket = 7,
+}
+
+impl Wire for FileKind {
+    fn put(&self, w: &mut Writer) {
+        (*self as u8).put(w);
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        Ok(match u8::get(r)? {
+            1 => FileKind::RegularFile,
+            2 => FileKind::Directory,
+            3 => FileKind::Symlink,
+            4 => FileKind::NamedPipe,
+            5 => FileKind::CharDevice,
+            6 => FileKind::BlockDevice,
+            7 => FileKind::Socket,
+            c => return bad(format!("unknown file kind {c}")),
+        })
+    }
+}
+
+wire_struct! {
+    /// An inode's attributes, as stat(2) shows them.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Attr {
+        /// Inode number.
+        pub ino: Ino,
+        /// File type.
+        pub kind: FileKind,
+        /// Permission bits (07777).
+        pub perm: u16,
+        /// Hard links.
+        pub nlink: u32,
+        /// Owner.
+        pub uid: u32,
+        /// Group.
+        pub gid: u32,
+        /// Device number of a device node.
+        pub rdev: u32,
+        /// Size in bytes.
+        pub size: u64,
+        /// Last access.
+        pub atime: Timestamp,
+        /// Last data change.
+        pub mtime: Timestamp,
+        /// Last attribute change.
+        pub ctime: Timestamp,
+    }
+}
+
+wire_struct! {
+    /// The attributes a setattr changes (chmod, chown, truncate, utimens); `None` keeps one.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+    pub struct AttrChanges {
+        /// New mode (permission bits).
+        pub mode: Option<u32>,
+        /// New owner.
+        pub uid: Option<u32>,
+        /// New group.
+        pub gid: Option<u32>,
+        /// New size (truncate).
+        pub size: Option<u64>,
+        /// New access time.
+        pub atime: Option<Timestamp>,
+        /// New modification time.
+        pub mtime: Option<Timestamp>,
+    }
+}
+
+wire_struct! {
+    /// Who creates a node, and with which permission bits.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Owner {
+        /// Permission bits, the umask already applied.
+        pub perm: u16,
+        /// The creator's user.
+        pub uid: u32,
+        /// The creator's group.
+        pub gid: u32,
+    }
+}
+
+wire_struct! {
+    /// One entry of a directory listing; `cookie` resumes the listing after this entry.
+    #[derive(Clone, Debug, PartialEq)]
+    pub struct DirEntry {
+        /// Where the next page starts.
+        pub cookie: u64,
+        /// The entry's name.
+        pub name: String,
+        /// The entry's attributes (readdirplus).
+        pub attr: Attr,
+    }
+}
+
+wire_struct! {
+    /// Where one chunk of a file lives: a data node and a range of its registered pool.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub struct ChunkRef {
+        /// The data node's id.
+        pub node: u32,
+        /// The chunk's first byte in the node's pool.
+        pub addr: u64,
+        /// The pool's remote key.
+        pub rkey: u32,
+    }
+}
+
+wire_struct! {
+    /// A data node as the metadata service knows it.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct NodeInfo {
+        /// The node's id (0: the metadata node).
+        pub id: u32,
+        /// host:port where clients reach the node's data service.
+        pub addr: String,
+        /// False once the node left.
+        pub alive: bool,
+    }
+}
+
+wire_struct! {
+    /// The file system's capacity, for statfs(2).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct StatFs {
+        /// Bytes per chunk.
+        pub chunk_size: u64,
+        /// Chunks across every node.
+        pub chunks_total: u64,
+        /// Chunks that can be allocated now.
+        pub chunks_free: u64,
+        /// Inodes in use.
+        pub inodes: u64,
+    }
+}
