@@ -1,8 +1,10 @@
 //! rdmabox: an RDMABox-style RDMA core.
 //!
-//! - [`transport`]: the verbs model with its two providers (libibverbs and software tcp); the
-//!   "vanilla verbs" layer, usable on its own.
-//! - [`session`]: one peer's queue pairs and the request API on top of the mechanisms below.
+//! - [`transport`]: the verbs model with its two providers (libibverbs and software tcp), and
+//!   queue-pair setup over a control connection ([`connect_links`]); the "vanilla verbs" layer,
+//!   usable on its own.
+//! - [`session`]: the request API over one peer's connected queue pairs, on top of the mechanisms
+//!   below.
 //! - [`merge_queue`]: the shared read and write queues and their first-thread-drains protocol.
 //! - [`batching`]: merging-on-MR and doorbell chaining decisions.
 //! - [`mr_pool`]: preMR staging buffers (dynMR is registration of the caller's buffer).
@@ -25,5 +27,6 @@ pub mod window;
 
 pub use counters::Snapshot;
 pub use poller::PollMode;
-pub use session::{connect_links, IoError, Pending, Session, SessionConfig};
+pub use session::{IoError, Pending, Session, SessionConfig};
+pub use transport::connect_links;
 pub use window::WindowConfig;

@@ -13,7 +13,6 @@ mod request;
 mod submit;
 
 use std::io;
-use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -26,8 +25,7 @@ use crate::merge_queue::MergeQueue;
 use crate::mr_pool::MrPool;
 use crate::poller::PollMode;
 use crate::transport::{
-    exchange_endpoints, CompletionQueue, Context, ProtectionDomain, QpCaps, QueuePair, RemoteAddr,
-    RemoteRegion, WcStatus,
+    CompletionQueue, ProtectionDomain, QpCaps, QueuePair, RemoteAddr, RemoteRegion, WcStatus,
 };
 use crate::window::{AdmissionPolicy, WindowConfig};
 
@@ -139,40 +137,6 @@ struct Inner {
 pub struct Session {
     inner: Arc<Inner>,
     pollers: Vec<JoinHandle<()>>,
-}
-
-/// Creates `n` queue pairs (each with its own CQ) and connects them to the peer's over a
-/// control connection. Both sides call it with the same `n`.
-pub fn connect_links(
-    ctx: &Context,
-    pd: &ProtectionDomain,
-    control: &mut TcpStream,
-    n: usize,
-    caps: QpCaps,
-) -> io::Result<Vec<(QueuePair, CompletionQueue)>> {
-    let mut prepared = Vec::with_capacity(n);
-    let mut local = Vec::with_capacity(n);
-    for _ in 0..n {
-        let cq = ctx.create_cq((caps.max_send_wr + caps.max_recv_wr) as usize)?;
-        let qp = ctx.create_qp(pd, &cq, &cq, caps)?;
-        local.push(qp.endpoint()?);
-        prepared.push((qp, cq));
-    }
-    let remote = exchange_endpoints(control, &local)?;
-    if remote.len() != n {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!(
-                "peer offered {} queue pairs, we asked for {n}",
-                remote.len()
-            ),
-        ));
-    }
-    prepared
-        .into_iter()
-        .zip(&remote)
-        .map(|((qp, cq), r)| Ok((qp.connect(r)?, cq)))
-        .collect()
 }
 
 /// The result of one request, for callers that prefer to wait.

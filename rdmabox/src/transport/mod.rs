@@ -5,8 +5,10 @@
 //! - [`tcp`]: software RDMA over TCP with one-sided semantics, for hosts without a NIC.
 //!
 //! [`ProviderKind::Auto`] picks verbs when a device exists and tcp otherwise. Queue pairs are
-//! connected by exchanging [`Endpoint`]s over a TCP control connection ([`exchange_endpoints`]).
+//! connected by exchanging [`Endpoint`]s over a TCP control connection ([`exchange_endpoints`]);
+//! [`connect_links`] does the whole setup for a set of queue pairs.
 
+mod connect;
 mod endpoint;
 pub mod memory;
 pub mod tcp;
@@ -21,6 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use connect::connect_links;
 pub use endpoint::{exchange_endpoints, Endpoint};
 pub use memory::MemoryRegion;
 pub use tcp::TcpConfig;
