@@ -3,58 +3,73 @@
 //! since a completion frees exactly what a stalled drainer was waiting for (window room, a pool
 //! slot, a send-queue entry).
 
+use std::ops::ControlFlow;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::counters::Counters;
-use crate::poller::{Next, PollState};
+use crate::poller::{self, PollTarget};
 use crate::transport::{Completion, WcStatus};
 
 use super::request::{Buffer, Dir, InflightWr, Staging};
 use super::{Inner, IoError, Link};
 
+/// One link's side of [`poller::drive`]: its CQ, the session's counters and its shutdown rule.
+struct LinkPoller<'a> {
+    inner: &'a Inner,
+    link: &'a Link,
+    wc: Vec<Completion>,
+    stop_deadline: Option<Instant>,
+}
+
+impl PollTarget for LinkPoller<'_> {
+    /// Ends the loop once the session is stopping and the link has nothing in flight, or 5 s
+    /// after stopping began; otherwise polls and finishes what it found.
+    fn poll_round(&mut self) -> ControlFlow<(), usize> {
+        if self.inner.stopping.load(Ordering::Acquire) {
+            let deadline = *self
+                .stop_deadline
+                .get_or_insert_with(|| Instant::now() + Duration::from_secs(5));
+            if self.link.inflight.lock().unwrap().is_empty() || Instant::now() > deadline {
+                return ControlFlow::Break(());
+            }
+        }
+        ControlFlow::Continue(self.inner.poll_once(self.link, &mut self.wc))
+    }
+
+    /// A failed arm is logged; the poller sleeps anyway, since the sleep is bounded.
+    fn arm(&mut self) -> ControlFlow<()> {
+        if let Err(e) = self.link.cq.arm() {
+            log::error!("arming CQ failed: {e}");
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// Counts the wake-ups that an event (not the timeout) caused.
+    fn sleep(&mut self, timeout: Duration) {
+        match self.link.cq.wait_event(Some(timeout)) {
+            Ok(true) => Counters::add(&self.inner.counters.event_wakeups, 1),
+            Ok(false) => {}
+            Err(e) => log::error!("waiting for a CQ event failed: {e}"),
+        }
+    }
+}
+
 impl Inner {
     /// The poller thread of link `li`: polls as the session's [`crate::PollMode`] says until
     /// the session stops and the link has nothing in flight (or 5 s have passed).
     pub(super) fn poll_loop(&self, li: usize) {
-        let link = &self.links[li];
         let mode = self.cfg.polling;
-        let mut state = PollState::new(mode);
-        let mut wc = vec![Completion::EMPTY; mode.batch()];
-        let mut stop_deadline: Option<Instant> = None;
-        loop {
-            if self.stopping.load(Ordering::Acquire) {
-                let deadline =
-                    *stop_deadline.get_or_insert_with(|| Instant::now() + Duration::from_secs(5));
-                if link.inflight.lock().unwrap().is_empty() || Instant::now() > deadline {
-                    return;
-                }
-            }
-            let n = self.poll_once(link, &mut wc);
-            match state.after_poll(n) {
-                Next::Poll => {
-                    if n == 0 {
-                        // Busy polling on a shared core: give way if someone else can run.
-                        std::thread::yield_now();
-                    }
-                }
-                Next::ArmAndSleep => {
-                    if let Err(e) = link.cq.arm() {
-                        log::error!("arming CQ failed: {e}");
-                    }
-                    if self.poll_once(link, &mut wc) > 0 {
-                        continue;
-                    }
-                    // A bounded sleep, so that shutdown is noticed.
-                    match link.cq.wait_event(Some(Duration::from_millis(100))) {
-                        Ok(true) => Counters::add(&self.counters.event_wakeups, 1),
-                        Ok(false) => {}
-                        Err(e) => log::error!("waiting for a CQ event failed: {e}"),
-                    }
-                }
-            }
-        }
+        poller::drive(
+            mode,
+            &mut LinkPoller {
+                inner: self,
+                link: &self.links[li],
+                wc: vec![Completion::EMPTY; mode.batch()],
+                stop_deadline: None,
+            },
+        );
     }
 
     /// Polls the link's CQ once and finishes what it found, then drains both queues.
