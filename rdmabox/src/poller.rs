@@ -6,15 +6,16 @@
 //! have landed before the arm took effect) and only then sleep. The paper's Algorithm 3 never
 //! resets its retry counter; here finding work resets it, so a busy CQ keeps being polled.
 //!
-//! [`PollState`] is the decision; [`drive`] is the loop around it (poll rounds, arm, re-poll,
+//! [`PollState`] is the decision; `drive` is the loop around it (poll rounds, arm, re-poll,
 //! bounded sleep) that both the session's completion threads and the RPC pumps run, each
-//! supplying its CQ and completion handling as a [`PollTarget`].
+//! supplying its CQ and completion handling as a `PollTarget`.
 
 use std::fmt;
 use std::ops::ControlFlow;
 use std::str::FromStr;
 use std::time::Duration;
 
+/// How a poller waits for completions; parsed from and shown as the `--polling` strings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PollMode {
     /// Never sleep.
@@ -24,7 +25,12 @@ pub enum PollMode {
     /// On each event, drain the CQ in batches, then sleep.
     EventBatch,
     /// Keep polling through `max_retry` empty rounds before sleeping.
-    Adaptive { max_poll_wc: usize, max_retry: u32 },
+    Adaptive {
+        /// Completions taken per poll.
+        max_poll_wc: usize,
+        /// Empty rounds before sleeping.
+        max_retry: u32,
+    },
 }
 
 /// The paper's benchmark settings.
@@ -112,6 +118,7 @@ impl FromStr for PollMode {
 /// What the poller does next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Next {
+    /// Poll again right away.
     Poll,
     /// Arm the CQ, poll once more, and sleep if that finds nothing.
     ArmAndSleep,
@@ -124,6 +131,7 @@ pub struct PollState {
 }
 
 impl PollState {
+    /// A fresh count for a poller running in `mode`.
     pub fn new(mode: PollMode) -> PollState {
         PollState {
             mode,

@@ -26,10 +26,14 @@ const ID_LEN: usize = 8;
 /// wr_ids of receives are offset so they never collide with send slots.
 const RECV_BASE: u64 = 1 << 32;
 
+/// The sizing of an RPC channel; both sides must use the same `slots` and `max_msg`.
 #[derive(Clone, Copy, Debug)]
 pub struct RpcConfig {
+    /// Send and receive buffers on each side: the most requests outstanding at once.
     pub slots: usize,
+    /// Largest request or reply body, in bytes.
     pub max_msg: usize,
+    /// How long a call waits for a free slot, and then again for its reply.
     pub timeout: Duration,
 }
 
@@ -210,6 +214,8 @@ pub struct RpcClient {
 }
 
 impl RpcClient {
+    /// Sets up the client side on a connected queue pair and starts its pump thread, which
+    /// delivers replies to waiting callers.
     pub fn new(
         pd: &ProtectionDomain,
         qp: QueuePair,

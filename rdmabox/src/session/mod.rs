@@ -40,6 +40,7 @@ pub struct SessionConfig {
     pub merge: bool,
     /// Chain work requests into one post call.
     pub chain: bool,
+    /// Work requests one post call may carry.
     pub max_chain: usize,
     /// Bytes one merged work request may carry.
     pub max_merge_bytes: usize,
@@ -48,9 +49,13 @@ pub struct SessionConfig {
     pub dyn_threshold: usize,
     /// Size of one pre-registered staging buffer; larger requests always use dynMR.
     pub slot_size: usize,
+    /// Staging buffers in the preMR pool: at most this many staged work requests in flight.
     pub pool_slots: usize,
+    /// Admission control: how many bytes may be in flight.
     pub window: WindowConfig,
+    /// How the poller threads wait for completions.
     pub polling: PollMode,
+    /// Queue depths and SGE limits of each queue pair (`connect_links` creates them so).
     pub caps: QpCaps,
     /// Requests one drain pass takes from a queue.
     pub max_drain: usize,
@@ -79,7 +84,12 @@ impl Default for SessionConfig {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum IoError {
     /// The remote range is not inside a region the peer lent us.
-    OutOfBounds { addr: u64, len: usize },
+    OutOfBounds {
+        /// Remote start address asked for.
+        addr: u64,
+        /// Bytes asked for.
+        len: usize,
+    },
     /// The session is closed, or broken by an earlier transport error.
     Closed,
     /// The transport failed the request (peer gone, access refused...).
@@ -143,6 +153,7 @@ pub struct Session {
 pub struct Pending(crossbeam_channel::Receiver<Result<Vec<u8>, IoError>>);
 
 impl Pending {
+    /// Blocks until the request completes; [`IoError::Closed`] if it was dropped unanswered.
     pub fn wait(self) -> Result<Vec<u8>, IoError> {
         self.0.recv().unwrap_or(Err(IoError::Closed))
     }
@@ -210,10 +221,12 @@ impl Session {
         Ok(Session { inner, pollers })
     }
 
+    /// The settings the session was started with.
     pub fn config(&self) -> &SessionConfig {
         &self.inner.cfg
     }
 
+    /// A copy of the live counters, read effects before causes (see [`crate::counters`]).
     pub fn counters(&self) -> Snapshot {
         self.inner.counters.snapshot()
     }
@@ -238,12 +251,14 @@ impl Session {
         self.inner.submit(Dir::Write, remote, data, done);
     }
 
+    /// [`Session::read`], with a handle to wait on instead of a callback.
     pub fn read_pending(&self, remote: RemoteAddr, buf: Vec<u8>) -> Pending {
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.read(remote, buf, Box::new(move |r| drop(tx.send(r))));
         Pending(rx)
     }
 
+    /// [`Session::write`], with a handle to wait on instead of a callback.
     pub fn write_pending(&self, remote: RemoteAddr, data: Vec<u8>) -> Pending {
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.write(remote, data, Box::new(move |r| drop(tx.send(r))));
