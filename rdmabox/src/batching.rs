@@ -10,17 +10,23 @@
 /// What the planner needs to know of one request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Desc {
+    /// Key of the remote region: requests merge only within one region.
     pub rkey: u32,
+    /// Remote start address.
     pub addr: u64,
+    /// Bytes to transfer.
     pub len: usize,
     /// Carried by a registered caller buffer (one SGE of its own) rather than copied into a
     /// pre-registered staging buffer (where adjacent requests share one SGE).
     pub dynamic: bool,
 }
 
+/// The planner's switches and limits: the session's settings and its queue pairs' caps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PlanConfig {
+    /// Merge requests adjacent in remote memory into one work request.
     pub merge: bool,
+    /// Post several work requests with one call (doorbell chaining).
     pub chain: bool,
     /// Work requests per post call.
     pub max_chain: usize,

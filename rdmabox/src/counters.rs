@@ -4,65 +4,142 @@
 //! Each counter is a relaxed atomic, so the hot path pays one uncontended add per event. A
 //! [`Snapshot`] reads each counter exactly; counters are read in dependency order (effects before
 //! causes, e.g. completions before posts) so that derived figures never go negative.
+//!
+//! Every counter is declared once, in the `counters!` invocation below, which generates
+//! [`Counters`], [`Snapshot`] and the snapshot, sum, difference and text forms.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-#[derive(Default)]
-pub struct Counters {
-    pub(crate) requests: AtomicU64,
-    pub(crate) requests_merged: AtomicU64,
-    pub(crate) requests_chained: AtomicU64,
-    pub(crate) requests_single: AtomicU64,
-    pub(crate) requests_failed: AtomicU64,
-    pub(crate) work_requests: AtomicU64,
-    pub(crate) doorbells: AtomicU64,
-    pub(crate) bytes_read: AtomicU64,
-    pub(crate) bytes_written: AtomicU64,
-    pub(crate) premr_copies: AtomicU64,
-    pub(crate) dynmr_registrations: AtomicU64,
-    pub(crate) inflight_bytes: AtomicU64,
-    pub(crate) inflight_peak: AtomicU64,
-    pub(crate) window_stalls: AtomicU64,
-    pub(crate) pool_stalls: AtomicU64,
-    pub(crate) polls_empty: AtomicU64,
-    pub(crate) polls_nonempty: AtomicU64,
-    pub(crate) completions: AtomicU64,
-    pub(crate) event_wakeups: AtomicU64,
+/// Generates the counter types from one list. Each entry is its doc, its name and how it
+/// combines:
+/// - `sum`: an event count; [`Snapshot::plus`] adds, [`Snapshot::since`] takes the growth;
+/// - `gauge`: a level; `plus` adds, `since` keeps the later value;
+/// - `peak`: a high-water mark; `plus` takes the larger, `since` keeps the later value.
+///
+/// Entries are in display order: the order of [`Snapshot`]'s fields and of its text lines.
+/// `read order` names every counter once more, in the order [`Counters::snapshot`] loads them
+/// (a counter left out or named twice does not compile).
+macro_rules! counters {
+    (@plus sum, $a:expr, $b:expr) => { $a + $b };
+    (@plus gauge, $a:expr, $b:expr) => { $a + $b };
+    (@plus peak, $a:expr, $b:expr) => { $a.max($b) };
+    (@since sum, $now:expr, $then:expr) => { $now.saturating_sub($then) };
+    (@since gauge, $now:expr, $then:expr) => { $now };
+    (@since peak, $now:expr, $then:expr) => { $now };
+    (
+        $( $(#[doc = $doc:literal])+ $name:ident: $kind:ident, )+
+        read order: $( $read:ident ),+ $(,)?
+    ) => {
+        /// A session's live counters: one relaxed atomic per [`Snapshot`] field.
+        #[derive(Default)]
+        pub struct Counters {
+            $( $(#[doc = $doc])+ pub(crate) $name: AtomicU64, )+
+        }
+
+        /// A copy of every counter.
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+        pub struct Snapshot {
+            $( $(#[doc = $doc])+ pub $name: u64, )+
+        }
+
+        impl Counters {
+            /// Reads every counter, effects before causes.
+            pub fn snapshot(&self) -> Snapshot {
+                // One statement per load, so they happen in `read order`.
+                $( let $read = self.$read.load(Relaxed); )+
+                Snapshot { $( $read, )+ }
+            }
+        }
+
+        impl Snapshot {
+            /// The sum of two sessions' counters (peaks: the larger).
+            pub fn plus(&self, o: &Snapshot) -> Snapshot {
+                Snapshot {
+                    $( $name: counters!(@plus $kind, self.$name, o.$name), )+
+                }
+            }
+
+            /// Counter growth from `earlier` to `self` (peaks and the in-flight gauge are kept
+            /// as is).
+            pub fn since(&self, earlier: &Snapshot) -> Snapshot {
+                Snapshot {
+                    $( $name: counters!(@since $kind, self.$name, earlier.$name), )+
+                }
+            }
+        }
+
+        impl fmt::Display for Snapshot {
+            /// `name value` lines, for a stats file or command.
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                $( writeln!(f, "{} {}", stringify!($name), self.$name)?; )+
+                Ok(())
+            }
+        }
+    };
 }
 
-/// A copy of every counter.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Snapshot {
+counters! {
     /// Read and write requests submitted.
-    pub requests: u64,
+    requests: sum,
     /// Requests that went out merged with an adjacent one in a single work request.
-    pub requests_merged: u64,
+    requests_merged: sum,
     /// Requests whose work request was chained behind another in one post call.
-    pub requests_chained: u64,
+    requests_chained: sum,
     /// Requests that went out alone: one work request, one post call.
-    pub requests_single: u64,
-    pub requests_failed: u64,
+    requests_single: sum,
+    /// Requests answered with an error, whether refused at submission or failed later.
+    requests_failed: sum,
     /// RDMA work requests posted.
-    pub work_requests: u64,
+    work_requests: sum,
     /// Post calls (doorbells rung).
-    pub doorbells: u64,
-    pub bytes_read: u64,
-    pub bytes_written: u64,
+    doorbells: sum,
+    /// Payload bytes of completed reads.
+    bytes_read: sum,
+    /// Payload bytes of completed writes.
+    bytes_written: sum,
     /// Requests copied through a pre-registered buffer.
-    pub premr_copies: u64,
+    premr_copies: sum,
     /// Requests whose own buffer was registered.
-    pub dynmr_registrations: u64,
-    pub inflight_bytes: u64,
-    pub inflight_peak: u64,
+    dynmr_registrations: sum,
+    /// Bytes admitted by the window and not yet completed, in whole pages (a gauge).
+    inflight_bytes: gauge,
+    /// The most `inflight_bytes` has been.
+    inflight_peak: peak,
     /// Times the admission window held a request back.
-    pub window_stalls: u64,
+    window_stalls: sum,
     /// Times the pre-registered pool was empty.
-    pub pool_stalls: u64,
-    pub polls_empty: u64,
-    pub polls_nonempty: u64,
-    pub completions: u64,
-    pub event_wakeups: u64,
+    pool_stalls: sum,
+    /// CQ polls that found nothing.
+    polls_empty: sum,
+    /// CQ polls that found at least one completion.
+    polls_nonempty: sum,
+    /// Work requests answered by the transport, flushed ones included.
+    completions: sum,
+    /// Poller sleeps ended by a CQ event rather than the timeout.
+    event_wakeups: sum,
+
+    // Effects first: completions and byte counts, then what caused them.
+    read order:
+        completions,
+        bytes_read,
+        bytes_written,
+        requests_failed,
+        doorbells,
+        work_requests,
+        requests_merged,
+        requests_chained,
+        requests_single,
+        requests,
+        premr_copies,
+        dynmr_registrations,
+        inflight_bytes,
+        inflight_peak,
+        window_stalls,
+        pool_stalls,
+        polls_empty,
+        polls_nonempty,
+        event_wakeups,
 }
 
 impl Counters {
@@ -78,123 +155,138 @@ impl Counters {
     pub(crate) fn retire(&self, bytes: u64) {
         self.inflight_bytes.fetch_sub(bytes, Relaxed);
     }
-
-    pub fn snapshot(&self) -> Snapshot {
-        let r = |c: &AtomicU64| c.load(Relaxed);
-        // Effects first: completions and byte counts, then what caused them.
-        let completions = r(&self.completions);
-        let bytes_read = r(&self.bytes_read);
-        let bytes_written = r(&self.bytes_written);
-        let requests_failed = r(&self.requests_failed);
-        let doorbells = r(&self.doorbells);
-        let work_requests = r(&self.work_requests);
-        let requests_merged = r(&self.requests_merged);
-        let requests_chained = r(&self.requests_chained);
-        let requests_single = r(&self.requests_single);
-        Snapshot {
-            requests: r(&self.requests),
-            requests_merged,
-            requests_chained,
-            requests_single,
-            requests_failed,
-            work_requests,
-            doorbells,
-            bytes_read,
-            bytes_written,
-            premr_copies: r(&self.premr_copies),
-            dynmr_registrations: r(&self.dynmr_registrations),
-            inflight_bytes: r(&self.inflight_bytes),
-            inflight_peak: r(&self.inflight_peak),
-            window_stalls: r(&self.window_stalls),
-            pool_stalls: r(&self.pool_stalls),
-            polls_empty: r(&self.polls_empty),
-            polls_nonempty: r(&self.polls_nonempty),
-            completions,
-            event_wakeups: r(&self.event_wakeups),
-        }
-    }
 }
 
-impl Snapshot {
-    /// The sum of two sessions' counters (peaks: the larger).
-    pub fn plus(&self, o: &Snapshot) -> Snapshot {
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The text names, in the order tools have always seen them.
+    const NAMES: [&str; 19] = [
+        "requests",
+        "requests_merged",
+        "requests_chained",
+        "requests_single",
+        "requests_failed",
+        "work_requests",
+        "doorbells",
+        "bytes_read",
+        "bytes_written",
+        "premr_copies",
+        "dynmr_registrations",
+        "inflight_bytes",
+        "inflight_peak",
+        "window_stalls",
+        "pool_stalls",
+        "polls_empty",
+        "polls_nonempty",
+        "completions",
+        "event_wakeups",
+    ];
+
+    /// Every counter set, each to a different value (1 to 19, in `NAMES` order). No
+    /// `..Default::default()`: a new counter must be added here.
+    fn distinct() -> Snapshot {
         Snapshot {
-            requests: self.requests + o.requests,
-            requests_merged: self.requests_merged + o.requests_merged,
-            requests_chained: self.requests_chained + o.requests_chained,
-            requests_single: self.requests_single + o.requests_single,
-            requests_failed: self.requests_failed + o.requests_failed,
-            work_requests: self.work_requests + o.work_requests,
-            doorbells: self.doorbells + o.doorbells,
-            bytes_read: self.bytes_read + o.bytes_read,
-            bytes_written: self.bytes_written + o.bytes_written,
-            premr_copies: self.premr_copies + o.premr_copies,
-            dynmr_registrations: self.dynmr_registrations + o.dynmr_registrations,
-            inflight_bytes: self.inflight_bytes + o.inflight_bytes,
-            inflight_peak: self.inflight_peak.max(o.inflight_peak),
-            window_stalls: self.window_stalls + o.window_stalls,
-            pool_stalls: self.pool_stalls + o.pool_stalls,
-            polls_empty: self.polls_empty + o.polls_empty,
-            polls_nonempty: self.polls_nonempty + o.polls_nonempty,
-            completions: self.completions + o.completions,
-            event_wakeups: self.event_wakeups + o.event_wakeups,
+            requests: 1,
+            requests_merged: 2,
+            requests_chained: 3,
+            requests_single: 4,
+            requests_failed: 5,
+            work_requests: 6,
+            doorbells: 7,
+            bytes_read: 8,
+            bytes_written: 9,
+            premr_copies: 10,
+            dynmr_registrations: 11,
+            inflight_bytes: 12,
+            inflight_peak: 13,
+            window_stalls: 14,
+            pool_stalls: 15,
+            polls_empty: 16,
+            polls_nonempty: 17,
+            completions: 18,
+            event_wakeups: 19,
         }
     }
 
-    /// Counter growth from `earlier` to `self` (peaks and the in-flight gauge are kept as is).
-    pub fn since(&self, earlier: &Snapshot) -> Snapshot {
-        let d = |a: u64, b: u64| a.saturating_sub(b);
-        Snapshot {
-            requests: d(self.requests, earlier.requests),
-            requests_merged: d(self.requests_merged, earlier.requests_merged),
-            requests_chained: d(self.requests_chained, earlier.requests_chained),
-            requests_single: d(self.requests_single, earlier.requests_single),
-            requests_failed: d(self.requests_failed, earlier.requests_failed),
-            work_requests: d(self.work_requests, earlier.work_requests),
-            doorbells: d(self.doorbells, earlier.doorbells),
-            bytes_read: d(self.bytes_read, earlier.bytes_read),
-            bytes_written: d(self.bytes_written, earlier.bytes_written),
-            premr_copies: d(self.premr_copies, earlier.premr_copies),
-            dynmr_registrations: d(self.dynmr_registrations, earlier.dynmr_registrations),
-            inflight_bytes: self.inflight_bytes,
-            inflight_peak: self.inflight_peak,
-            window_stalls: d(self.window_stalls, earlier.window_stalls),
-            pool_stalls: d(self.pool_stalls, earlier.pool_stalls),
-            polls_empty: d(self.polls_empty, earlier.polls_empty),
-            polls_nonempty: d(self.polls_nonempty, earlier.polls_nonempty),
-            completions: d(self.completions, earlier.completions),
-            event_wakeups: d(self.event_wakeups, earlier.event_wakeups),
-        }
+    /// The `name value` lines of a snapshot's text.
+    fn rows(s: &Snapshot) -> Vec<(String, u64)> {
+        s.to_string()
+            .lines()
+            .map(|l| {
+                let (name, v) = l.split_once(' ').expect("name value");
+                (name.to_string(), v.parse().expect("a number"))
+            })
+            .collect()
     }
-}
 
-impl fmt::Display for Snapshot {
-    /// `name value` lines, for a stats file or command.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let rows = [
-            ("requests", self.requests),
-            ("requests_merged", self.requests_merged),
-            ("requests_chained", self.requests_chained),
-            ("requests_single", self.requests_single),
-            ("requests_failed", self.requests_failed),
-            ("work_requests", self.work_requests),
-            ("doorbells", self.doorbells),
-            ("bytes_read", self.bytes_read),
-            ("bytes_written", self.bytes_written),
-            ("premr_copies", self.premr_copies),
-            ("dynmr_registrations", self.dynmr_registrations),
-            ("inflight_bytes", self.inflight_bytes),
-            ("inflight_peak", self.inflight_peak),
-            ("window_stalls", self.window_stalls),
-            ("pool_stalls", self.pool_stalls),
-            ("polls_empty", self.polls_empty),
-            ("polls_nonempty", self.polls_nonempty),
-            ("completions", self.completions),
-            ("event_wakeups", self.event_wakeups),
-        ];
-        for (name, v) in rows {
-            writeln!(f, "{name} {v}")?;
+    fn value(s: &Snapshot, name: &str) -> u64 {
+        rows(s).into_iter().find(|(n, _)| n == name).unwrap().1
+    }
+
+    #[test]
+    fn text_has_every_counter_once_by_name_in_the_usual_order() {
+        let rows = rows(&distinct());
+        let names: Vec<&str> = rows.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, NAMES);
+        let values: Vec<u64> = rows.iter().map(|&(_, v)| v).collect();
+        assert_eq!(
+            values,
+            (1..=19).collect::<Vec<_>>(),
+            "each line its own counter"
+        );
+    }
+
+    #[test]
+    fn plus_and_since_combine_every_counter() {
+        let a = distinct();
+        let sum = a.plus(&a);
+        let diff = sum.since(&a);
+        for (i, name) in NAMES.iter().enumerate() {
+            let v = i as u64 + 1;
+            match *name {
+                "inflight_peak" => {
+                    assert_eq!(value(&sum, name), v, "peaks: the larger");
+                    assert_eq!(value(&diff, name), v, "peaks: kept");
+                }
+                "inflight_bytes" => {
+                    assert_eq!(value(&sum, name), 2 * v, "gauge: summed");
+                    assert_eq!(value(&diff, name), 2 * v, "gauge: kept");
+                }
+                _ => {
+                    assert_eq!(value(&sum, name), 2 * v, "{name}: summed");
+                    assert_eq!(value(&diff, name), v, "{name}: growth");
+                }
+            }
         }
-        Ok(())
+        assert_eq!(a.since(&sum).requests, 0, "growth saturates at zero");
+    }
+
+    #[test]
+    fn snapshot_reads_every_counter() {
+        let want = distinct();
+        let live = Counters {
+            requests: AtomicU64::new(want.requests),
+            requests_merged: AtomicU64::new(want.requests_merged),
+            requests_chained: AtomicU64::new(want.requests_chained),
+            requests_single: AtomicU64::new(want.requests_single),
+            requests_failed: AtomicU64::new(want.requests_failed),
+            work_requests: AtomicU64::new(want.work_requests),
+            doorbells: AtomicU64::new(want.doorbells),
+            bytes_read: AtomicU64::new(want.bytes_read),
+            bytes_written: AtomicU64::new(want.bytes_written),
+            premr_copies: AtomicU64::new(want.premr_copies),
+            dynmr_registrations: AtomicU64::new(want.dynmr_registrations),
+            inflight_bytes: AtomicU64::new(want.inflight_bytes),
+            inflight_peak: AtomicU64::new(want.inflight_peak),
+            window_stalls: AtomicU64::new(want.window_stalls),
+            pool_stalls: AtomicU64::new(want.pool_stalls),
+            polls_empty: AtomicU64::new(want.polls_empty),
+            polls_nonempty: AtomicU64::new(want.polls_nonempty),
+            completions: AtomicU64::new(want.completions),
+            event_wakeups: AtomicU64::new(want.event_wakeups),
+        };
+        assert_eq!(live.snapshot(), want);
     }
 }

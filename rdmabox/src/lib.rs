@@ -1,15 +1,22 @@
 //! rdmabox: an RDMABox-style RDMA core.
 //!
-//! - [`transport`]: the verbs model with its two providers (libibverbs and software tcp); the
-//!   "vanilla verbs" layer, usable on its own.
-//! - [`session`]: one peer's queue pairs and the request API on top of the mechanisms below.
+//! - [`transport`]: the verbs model with its two providers (libibverbs and software tcp), and
+//!   queue-pair setup over a control connection ([`connect_links`]); the "vanilla verbs" layer,
+//!   usable on its own.
+//! - [`session`]: the request API over one peer's connected queue pairs, on top of the mechanisms
+//!   below; split into the API, submission (admission, staging, posting) and completion (the
+//!   poller threads).
 //! - [`merge_queue`]: the shared read and write queues and their first-thread-drains protocol.
 //! - [`batching`]: merging-on-MR and doorbell chaining decisions.
 //! - [`mr_pool`]: preMR staging buffers (dynMR is registration of the caller's buffer).
 //! - [`window`]: admission control by in-flight bytes, with pluggable policies.
-//! - [`poller`]: busy, event, event-batch and adaptive completion polling.
+//! - [`poller`]: busy, event, event-batch and adaptive completion polling, and the poll loop that
+//!   the session's pollers and the RPC pumps share.
 //! - [`counters`]: live counters and snapshots.
 //! - [`rpc`]: request/response messaging over SEND/RECV, for control and metadata.
+//! - [`random`] and [`size`]: kernel random bytes (keys, tokens, nonces) and "64K"-style sizes.
+
+#![warn(missing_docs)]
 
 pub mod batching;
 pub mod counters;
@@ -25,5 +32,6 @@ pub mod window;
 
 pub use counters::Snapshot;
 pub use poller::PollMode;
-pub use session::{connect_links, IoError, Pending, Session, SessionConfig};
+pub use session::{IoError, Pending, Session, SessionConfig};
+pub use transport::connect_links;
 pub use window::WindowConfig;

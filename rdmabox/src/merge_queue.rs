@@ -11,6 +11,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
+/// A queue of requests in one direction, with the drainer role that one thread at a time holds.
 pub struct MergeQueue<T> {
     pending: Mutex<VecDeque<T>>,
     draining: AtomicBool,
@@ -26,6 +27,7 @@ impl<T> Default for MergeQueue<T> {
 }
 
 impl<T> MergeQueue<T> {
+    /// Appends a request at the tail; the caller then tries to drain.
     pub fn push(&self, item: T) {
         self.pending.lock().unwrap().push_back(item);
     }
@@ -43,6 +45,7 @@ impl<T> MergeQueue<T> {
         }
     }
 
+    /// Whether nothing is queued (a snapshot: other threads may push at any time).
     pub fn is_empty(&self) -> bool {
         self.pending.lock().unwrap().is_empty()
     }

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::transport::{Access, MemoryRegion, ProtectionDomain, Sge};
 
+/// Fixed-size staging slots carved out of one registered region.
 pub struct MrPool {
     region: MemoryRegion,
     slot_size: usize,
@@ -19,6 +20,7 @@ pub struct Slot {
 }
 
 impl MrPool {
+    /// Allocates and registers `slots` (at least one) slots of `slot_size` bytes each.
     pub fn new(pd: &ProtectionDomain, slots: usize, slot_size: usize) -> io::Result<Arc<MrPool>> {
         let slots = slots.max(1);
         let region = pd.alloc_region(slots * slot_size, Access::LOCAL_WRITE)?;
@@ -29,14 +31,17 @@ impl MrPool {
         }))
     }
 
+    /// The most bytes one slot stages.
     pub fn slot_size(&self) -> usize {
         self.slot_size
     }
 
+    /// Slots free right now (a snapshot).
     pub fn available(&self) -> usize {
         self.free.lock().unwrap().len()
     }
 
+    /// Takes a free slot, or `None` when all are in use: the caller backs off, never waits.
     pub fn try_get(self: &Arc<Self>) -> Option<Slot> {
         let index = self.free.lock().unwrap().pop()?;
         Some(Slot {
@@ -66,6 +71,7 @@ impl Slot {
         self.base()
     }
 
+    /// Copies `data` into the slot at `offset` (staging a write). Panics outside the slot.
     pub fn write_at(&self, offset: usize, data: &[u8]) {
         assert!(offset + data.len() <= self.pool.slot_size);
         self.pool
@@ -74,6 +80,7 @@ impl Slot {
             .expect("slot lies inside the pool region");
     }
 
+    /// Copies from the slot at `offset` into `out` (delivering a read). Panics outside the slot.
     pub fn read_at(&self, offset: usize, out: &mut [u8]) {
         assert!(offset + out.len() <= self.pool.slot_size);
         self.pool

@@ -5,10 +5,17 @@
 //! empty rounds and, after `max_retry` of them, re-arm the CQ, poll once more (a completion may
 //! have landed before the arm took effect) and only then sleep. The paper's Algorithm 3 never
 //! resets its retry counter; here finding work resets it, so a busy CQ keeps being polled.
+//!
+//! [`PollState`] is the decision; `drive` is the loop around it (poll rounds, arm, re-poll,
+//! bounded sleep) that both the session's completion threads and the RPC pumps run, each
+//! supplying its CQ and completion handling as a `PollTarget`.
 
 use std::fmt;
+use std::ops::ControlFlow;
 use std::str::FromStr;
+use std::time::Duration;
 
+/// How a poller waits for completions; parsed from and shown as the `--polling` strings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PollMode {
     /// Never sleep.
@@ -18,7 +25,12 @@ pub enum PollMode {
     /// On each event, drain the CQ in batches, then sleep.
     EventBatch,
     /// Keep polling through `max_retry` empty rounds before sleeping.
-    Adaptive { max_poll_wc: usize, max_retry: u32 },
+    Adaptive {
+        /// Completions taken per poll.
+        max_poll_wc: usize,
+        /// Empty rounds before sleeping.
+        max_retry: u32,
+    },
 }
 
 /// The paper's benchmark settings.
@@ -106,6 +118,7 @@ impl FromStr for PollMode {
 /// What the poller does next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Next {
+    /// Poll again right away.
     Poll,
     /// Arm the CQ, poll once more, and sleep if that finds nothing.
     ArmAndSleep,
@@ -118,6 +131,7 @@ pub struct PollState {
 }
 
 impl PollState {
+    /// A fresh count for a poller running in `mode`.
     pub fn new(mode: PollMode) -> PollState {
         PollState {
             mode,
@@ -144,6 +158,52 @@ impl PollState {
             Next::ArmAndSleep
         } else {
             Next::Poll
+        }
+    }
+}
+
+/// The longest a poller sleeps on its CQ event, so that a stop request is noticed.
+pub(crate) const MAX_SLEEP: Duration = Duration::from_millis(100);
+
+/// What [`drive`] polls: a completion queue and what to do with its completions.
+pub(crate) trait PollTarget {
+    /// Polls the CQ once and handles what it found: the number of completions, or `Break` to
+    /// end the loop (stop requested, CQ or connection failed). Called before every poll, so it
+    /// is also where a stop request is checked.
+    fn poll_round(&mut self) -> ControlFlow<(), usize>;
+    /// Asks the CQ for an event at the next completion; `Break` ends the loop.
+    fn arm(&mut self) -> ControlFlow<()>;
+    /// Sleeps until the CQ event fires or `timeout` passes.
+    fn sleep(&mut self, timeout: Duration);
+}
+
+/// Runs a poll loop as `mode` says until `target` ends it. Rounds that find nothing yield the
+/// core while polling goes on; when [`PollState`] says sleep, the CQ is armed and polled once more
+/// (a completion may have landed before the arm took effect), and only if that finds nothing
+/// does the poller sleep, for at most [`MAX_SLEEP`].
+pub(crate) fn drive(mode: PollMode, target: &mut impl PollTarget) {
+    let mut state = PollState::new(mode);
+    loop {
+        let ControlFlow::Continue(n) = target.poll_round() else {
+            return;
+        };
+        match state.after_poll(n) {
+            Next::Poll => {
+                if n == 0 {
+                    // Busy polling on a shared core: give way if someone else can run.
+                    std::thread::yield_now();
+                }
+            }
+            Next::ArmAndSleep => {
+                if target.arm().is_break() {
+                    return;
+                }
+                match target.poll_round() {
+                    ControlFlow::Break(()) => return,
+                    ControlFlow::Continue(0) => target.sleep(MAX_SLEEP),
+                    ControlFlow::Continue(_) => {}
+                }
+            }
         }
     }
 }
@@ -204,5 +264,115 @@ mod tests {
         assert!("spin".parse::<PollMode>().is_err());
         assert!("adaptive:x".parse::<PollMode>().is_err());
         assert!("busy:1".parse::<PollMode>().is_err());
+    }
+
+    /// A CQ that returns scripted poll results and records what the driver did.
+    struct Script {
+        polls: std::collections::VecDeque<usize>,
+        arm_fails: bool,
+        log: Vec<Did>,
+    }
+
+    #[derive(Debug, PartialEq, Eq)]
+    enum Did {
+        Poll(usize),
+        Arm,
+        Sleep,
+    }
+
+    impl Script {
+        fn new(polls: &[usize]) -> Script {
+            Script {
+                polls: polls.iter().copied().collect(),
+                arm_fails: false,
+                log: Vec::new(),
+            }
+        }
+    }
+
+    impl PollTarget for Script {
+        /// Ends the loop when the script runs out.
+        fn poll_round(&mut self) -> ControlFlow<(), usize> {
+            let n = self
+                .polls
+                .pop_front()
+                .map_or(ControlFlow::Break(()), ControlFlow::Continue);
+            if let ControlFlow::Continue(n) = n {
+                self.log.push(Did::Poll(n));
+            }
+            n
+        }
+
+        fn arm(&mut self) -> ControlFlow<()> {
+            self.log.push(Did::Arm);
+            if self.arm_fails {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        }
+
+        fn sleep(&mut self, timeout: std::time::Duration) {
+            assert_eq!(timeout, MAX_SLEEP);
+            self.log.push(Did::Sleep);
+        }
+    }
+
+    #[test]
+    fn driver_arms_re_polls_and_sleeps_only_if_the_re_poll_is_empty() {
+        use Did::*;
+        let mode = PollMode::Adaptive {
+            max_poll_wc: 16,
+            max_retry: 3,
+        };
+        let mut s = Script::new(&[2, 0, 0, 0, 4, 0, 0, 0, 0, 1]);
+        drive(mode, &mut s);
+        assert_eq!(
+            s.log,
+            [
+                Poll(2),
+                Poll(0),
+                Poll(0),
+                Poll(0),
+                Arm,
+                Poll(4), // the re-poll found work: no sleep, fresh count
+                Poll(0),
+                Poll(0),
+                Poll(0),
+                Arm,
+                Poll(0),
+                Sleep,
+                Poll(1),
+            ]
+        );
+    }
+
+    #[test]
+    fn driver_spins_max_retry_empty_rounds_before_arming() {
+        // The RPC pumps' setting.
+        let mode = PollMode::Adaptive {
+            max_poll_wc: 16,
+            max_retry: 200,
+        };
+        let mut s = Script::new(&[0; 201]);
+        drive(mode, &mut s);
+        assert_eq!(s.log.iter().position(|d| *d == Did::Arm), Some(200));
+        assert_eq!(s.log[201..], [Did::Poll(0), Did::Sleep]);
+    }
+
+    #[test]
+    fn driver_stops_when_arming_fails() {
+        let mut s = Script::new(&[0, 0]);
+        s.arm_fails = true;
+        drive(PollMode::EventBatch, &mut s);
+        assert_eq!(s.log, [Did::Poll(0), Did::Arm], "no re-poll, no sleep");
+    }
+
+    #[test]
+    fn busy_driver_never_arms() {
+        let mut s = Script::new(&[0; 1000]);
+        drive(PollMode::Busy, &mut s);
+        assert_eq!(s.log.len(), 1000);
+        assert!(s.log.iter().all(|d| *d == Did::Poll(0)));
     }
 }

@@ -15,6 +15,7 @@ pub fn fill(buf: &mut [u8]) {
     }
 }
 
+/// A random 64-bit value, for tokens, keys and PSNs.
 pub fn u64() -> u64 {
     let mut b = [0u8; 8];
     fill(&mut b);

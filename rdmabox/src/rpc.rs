@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::io;
+use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -15,6 +16,7 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
 
+use crate::poller::{self, PollMode, PollTarget};
 use crate::transport::{
     Access, Completion, CompletionQueue, MemoryRegion, ProtectionDomain, QpState, QueuePair,
     RecvWr, SendOp, SendWr, WcOpcode,
@@ -24,10 +26,14 @@ const ID_LEN: usize = 8;
 /// wr_ids of receives are offset so they never collide with send slots.
 const RECV_BASE: u64 = 1 << 32;
 
+/// The sizing of an RPC channel; both sides must use the same `slots` and `max_msg`.
 #[derive(Clone, Copy, Debug)]
 pub struct RpcConfig {
+    /// Send and receive buffers on each side: the most requests outstanding at once.
     pub slots: usize,
+    /// Largest request or reply body, in bytes.
     pub max_msg: usize,
+    /// How long a call waits for a free slot, and then again for its reply.
     pub timeout: Duration,
 }
 
@@ -131,47 +137,66 @@ impl Channel {
 /// Empty polls before a pump sleeps: requests and replies come in bursts, and a sleep costs a
 /// wake-up on each side of every round trip.
 const SPIN_POLLS: u32 = 200;
+/// Completions taken per poll.
+const BATCH: usize = 16;
+/// How both sides poll: spin through [`SPIN_POLLS`] empty rounds (yielding between them), then
+/// arm, poll once more and sleep on the CQ event (bounded, so that `stop` is noticed).
+const POLLING: PollMode = PollMode::Adaptive {
+    max_poll_wc: BATCH,
+    max_retry: SPIN_POLLS,
+};
 
-/// Polls `cq` adaptively (spinning a while, then sleeping on the CQ event) and hands each
-/// completion to `on`, until `stop`, a poll error, or `on` returns false.
-fn pump(ch: &Channel, stop: &AtomicBool, mut on: impl FnMut(&Completion) -> bool) {
-    let mut wc = [Completion::EMPTY; 16];
-    let mut empty = 0u32;
-    let mut armed = false;
-    while !stop.load(Ordering::Acquire) {
-        let n = match ch.cq.poll(&mut wc) {
+/// Polls `ch`'s CQ as [`POLLING`] says and hands each completion to `on`, until `stop`, a poll
+/// or arm error, or `on` returns false.
+fn pump(ch: &Channel, stop: &AtomicBool, on: impl FnMut(&Completion) -> bool) {
+    poller::drive(
+        POLLING,
+        &mut Pump {
+            ch,
+            stop,
+            wc: [Completion::EMPTY; BATCH],
+            on,
+        },
+    );
+}
+
+/// One side's [`poller::drive`] target: the channel's CQ, the stop flag and the handler.
+struct Pump<'a, F> {
+    ch: &'a Channel,
+    stop: &'a AtomicBool,
+    wc: [Completion; BATCH],
+    on: F,
+}
+
+impl<F: FnMut(&Completion) -> bool> PollTarget for Pump<'_, F> {
+    fn poll_round(&mut self) -> ControlFlow<(), usize> {
+        if self.stop.load(Ordering::Acquire) {
+            return ControlFlow::Break(());
+        }
+        let n = match self.ch.cq.poll(&mut self.wc) {
             Ok(n) => n,
             Err(e) => {
                 log::error!("rpc: polling failed: {e}");
-                return;
+                return ControlFlow::Break(());
             }
         };
-        for c in &wc[..n] {
-            if !on(c) {
-                return;
+        for c in &self.wc[..n] {
+            if !(self.on)(c) {
+                return ControlFlow::Break(());
             }
         }
-        if n > 0 {
-            empty = 0;
-            continue;
+        ControlFlow::Continue(n)
+    }
+
+    fn arm(&mut self) -> ControlFlow<()> {
+        match self.ch.cq.arm() {
+            Ok(()) => ControlFlow::Continue(()),
+            Err(_) => ControlFlow::Break(()),
         }
-        empty += 1;
-        if empty < SPIN_POLLS {
-            std::thread::yield_now();
-            continue;
-        }
-        if !armed {
-            // Arm, then poll once more before sleeping: a completion may have landed between
-            // the empty poll and the arm.
-            if ch.cq.arm().is_err() {
-                return;
-            }
-            armed = true;
-            continue;
-        }
-        armed = false;
-        empty = 0;
-        let _ = ch.cq.wait_event(Some(Duration::from_millis(100)));
+    }
+
+    fn sleep(&mut self, timeout: Duration) {
+        let _ = self.ch.cq.wait_event(Some(timeout));
     }
 }
 
@@ -189,6 +214,8 @@ pub struct RpcClient {
 }
 
 impl RpcClient {
+    /// Sets up the client side on a connected queue pair and starts its pump thread, which
+    /// delivers replies to waiting callers.
     pub fn new(
         pd: &ProtectionDomain,
         qp: QueuePair,
@@ -345,4 +372,55 @@ pub fn serve(
     });
     ch.qp.set_error();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{TcpListener, TcpStream};
+
+    use crate::transport::{connect_links, Context, ProviderKind, QpCaps, TransportConfig};
+
+    fn one_link(
+        ctx: &Context,
+        pd: &ProtectionDomain,
+        s: &mut TcpStream,
+    ) -> (QueuePair, CompletionQueue) {
+        connect_links(ctx, pd, s, 1, QpCaps::default())
+            .unwrap()
+            .pop()
+            .unwrap()
+    }
+
+    #[test]
+    fn calls_are_answered_before_and_after_the_pumps_sleep() {
+        let tcp = TransportConfig::with_provider(ProviderKind::Tcp);
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let server = {
+            let (stop, tcp) = (stop.clone(), tcp.clone());
+            std::thread::spawn(move || {
+                let ctx = Context::open(&tcp).unwrap();
+                let pd = ctx.alloc_pd().unwrap();
+                let (mut s, _) = l.accept().unwrap();
+                let (qp, cq) = one_link(&ctx, &pd, &mut s);
+                serve(&pd, qp, cq, RpcConfig::default(), &stop, |req| {
+                    req.iter().rev().copied().collect()
+                })
+                .unwrap();
+            })
+        };
+        let ctx = Context::open(&tcp).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let (qp, cq) = one_link(&ctx, &pd, &mut TcpStream::connect(addr).unwrap());
+        let client = RpcClient::new(&pd, qp, cq, RpcConfig::default()).unwrap();
+        assert_eq!(client.call(b"abc").unwrap(), b"cba");
+        // Long enough for both pumps to spin out and sleep on their CQ events.
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(client.call(b"xyz").unwrap(), b"zyx");
+        stop.store(true, Ordering::Release);
+        drop(client);
+        server.join().unwrap();
+    }
 }

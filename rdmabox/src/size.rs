@@ -1,5 +1,7 @@
 //! Human sizes for flags: "4096", "64K", "928KiB", "7M", "8G".
 
+/// Parses a byte count with an optional binary unit (K, M, G, T; "KB" and "KiB" alike);
+/// the error says what was wrong, for a flag parser to show.
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());

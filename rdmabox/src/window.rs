@@ -8,6 +8,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
+/// The unit requests are charged in: a request costs at least one page.
 pub const PAGE: u64 = 4096;
 
 /// What a request of `len` bytes costs against the window: whole pages, at least one.
@@ -30,9 +31,11 @@ pub trait AdmissionPolicy: Send + Sync {
     fn limit(&self) -> Option<u64>;
     /// Feedback: a work request of `bytes` completed `latency` after it was posted.
     fn on_completion(&self, _bytes: u64, _latency: Duration) {}
+    /// The policy and its current window, in words (for logs and the bench's report).
     fn describe(&self) -> String;
 }
 
+/// No window: everything queued is admitted.
 pub struct Unlimited;
 
 impl AdmissionPolicy for Unlimited {
@@ -44,6 +47,7 @@ impl AdmissionPolicy for Unlimited {
     }
 }
 
+/// A fixed window of this many bytes (at least a page).
 pub struct StaticWindow(pub u64);
 
 impl AdmissionPolicy for StaticWindow {
@@ -78,6 +82,8 @@ const ROUND: u32 = 32;
 const TOLERANCE: f64 = 1.5;
 
 impl AdaptiveWindow {
+    /// A window that moves between `min` (at least a page) and `max`, starting at a quarter of
+    /// `max`.
     pub fn new(min: u64, max: u64) -> AdaptiveWindow {
         let min = min.max(PAGE);
         let max = max.max(min);
@@ -132,9 +138,17 @@ impl AdmissionPolicy for AdaptiveWindow {
 /// How a session's window is configured (the `--window` flag's values).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WindowConfig {
+    /// No admission control ([`Unlimited`]).
     Off,
+    /// A fixed window of this many bytes ([`StaticWindow`]).
     Static(u64),
-    Adaptive { min: u64, max: u64 },
+    /// A window that follows completion latency ([`AdaptiveWindow`]).
+    Adaptive {
+        /// Smallest window, in bytes.
+        min: u64,
+        /// Largest window, in bytes.
+        max: u64,
+    },
 }
 
 impl Default for WindowConfig {
@@ -145,6 +159,7 @@ impl Default for WindowConfig {
 }
 
 impl WindowConfig {
+    /// The policy this configuration describes, ready for a session.
     pub fn build(self) -> Box<dyn AdmissionPolicy> {
         match self {
             WindowConfig::Off => Box::new(Unlimited),

@@ -9,7 +9,9 @@ use super::verbs::VerbsEndpoint;
 /// What a peer needs to connect to one of our queue pairs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Endpoint {
+    /// A software queue pair: where its provider listens, and which QP.
     Tcp(TcpEndpoint),
+    /// An RDMA NIC's queue pair: its number, starting PSN and address.
     Verbs(VerbsEndpoint),
 }
 
@@ -21,6 +23,7 @@ const VERSION: u16 = 1;
 const MAX_ENDPOINTS: usize = 256;
 
 impl Endpoint {
+    /// The wire form: a provider tag, then that provider's fixed-size fields, little-endian.
     pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(40);
         match self {
@@ -47,6 +50,8 @@ impl Endpoint {
         b
     }
 
+    /// Parses [`Endpoint::encode`]'s output; anything else (wrong tag, length or MTU) is
+    /// `InvalidData`, since it comes from the peer.
     pub fn decode(b: &[u8]) -> io::Result<Endpoint> {
         let bad =
             |why: &str| io::Error::new(io::ErrorKind::InvalidData, format!("endpoint: {why}"));

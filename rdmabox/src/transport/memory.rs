@@ -134,21 +134,27 @@ pub struct MemoryRegion {
 }
 
 impl MemoryRegion {
+    /// Start of the region in this process's address space (also its address for peers).
     pub fn addr(&self) -> u64 {
         self.inner.addr
     }
+    /// Length in bytes.
     pub fn len(&self) -> usize {
         self.inner.len
     }
+    /// Whether the region has no bytes.
     pub fn is_empty(&self) -> bool {
         self.inner.len == 0
     }
+    /// The key our own work requests name it by in their SGEs.
     pub fn lkey(&self) -> u32 {
         self.inner.lkey
     }
+    /// The key a peer names it by in one-sided READs and WRITEs.
     pub fn rkey(&self) -> u32 {
         self.inner.rkey
     }
+    /// What the region was registered to allow.
     pub fn access(&self) -> Access {
         self.inner.access
     }

@@ -5,8 +5,10 @@
 //! - [`tcp`]: software RDMA over TCP with one-sided semantics, for hosts without a NIC.
 //!
 //! [`ProviderKind::Auto`] picks verbs when a device exists and tcp otherwise. Queue pairs are
-//! connected by exchanging [`Endpoint`]s over a TCP control connection ([`exchange_endpoints`]).
+//! connected by exchanging [`Endpoint`]s over a TCP control connection ([`exchange_endpoints`]);
+//! [`connect_links`] does the whole setup for a set of queue pairs.
 
+mod connect;
 mod endpoint;
 pub mod memory;
 pub mod tcp;
@@ -21,6 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use connect::connect_links;
 pub use endpoint::{exchange_endpoints, Endpoint};
 pub use memory::MemoryRegion;
 pub use tcp::TcpConfig;
@@ -35,7 +38,9 @@ pub enum ProviderKind {
     /// verbs when an RDMA device exists, tcp otherwise.
     #[default]
     Auto,
+    /// libibverbs: an RDMA NIC (or Soft-RoCE); fails if there is none.
     Verbs,
+    /// Software RDMA over TCP sockets, for hosts without a NIC.
     Tcp,
 }
 
@@ -66,15 +71,18 @@ impl fmt::Display for ProviderKind {
 /// How to open a [`Context`].
 #[derive(Clone, Debug, Default)]
 pub struct TransportConfig {
+    /// Which provider to open.
     pub provider: ProviderKind,
     /// verbs: the device to open (default: the first).
     pub device: Option<String>,
     /// verbs: the GID index (default: the last RoCE v2 GID, or 0 on InfiniBand).
     pub gid_index: Option<u8>,
+    /// tcp: the provider's listener and timeouts.
     pub tcp: TcpConfig,
 }
 
 impl TransportConfig {
+    /// The defaults, with `provider` chosen.
     pub fn with_provider(provider: ProviderKind) -> TransportConfig {
         TransportConfig {
             provider,
@@ -117,6 +125,8 @@ pub struct Context {
 static NEXT_PD: AtomicU64 = AtomicU64::new(1);
 
 impl Context {
+    /// Opens the provider `cfg` asks for; `Auto` falls back to tcp when no usable RDMA device
+    /// exists.
     pub fn open(cfg: &TransportConfig) -> io::Result<Context> {
         let tcp = || CtxImpl::Tcp(tcp::Context::new(cfg.tcp.clone()));
         let imp = match cfg.provider {
@@ -161,6 +171,7 @@ impl Context {
         }
     }
 
+    /// A new protection domain, for regions and queue pairs used together.
     pub fn alloc_pd(&self) -> io::Result<ProtectionDomain> {
         let id = NEXT_PD.fetch_add(1, Ordering::Relaxed);
         let imp = match &self.imp {
@@ -179,6 +190,8 @@ impl Context {
         Ok(CompletionQueue { imp })
     }
 
+    /// An RC queue pair in `pd`, completing into `send_cq` and `recv_cq`, not yet connected.
+    /// All objects must come from this context's provider.
     pub fn create_qp(
         &self,
         pd: &ProtectionDomain,
@@ -287,6 +300,7 @@ impl CompletionQueue {
         }
     }
 
+    /// Asks for one event at the next completion (completions already queued do not fire it).
     pub fn arm(&self) -> io::Result<()> {
         match &self.imp {
             CqImpl::Tcp(c) => {
@@ -297,6 +311,7 @@ impl CompletionQueue {
         }
     }
 
+    /// The descriptor that turns readable when an armed event fires, for poll/epoll.
     pub fn event_fd(&self) -> RawFd {
         match &self.imp {
             CqImpl::Tcp(c) => c.event_fd(),
@@ -325,6 +340,7 @@ pub struct PreparedQueuePair {
 }
 
 impl PreparedQueuePair {
+    /// The queue pair's number, unique within its provider and host.
     pub fn qp_num(&self) -> u32 {
         match &self.imp {
             PreparedImpl::Tcp(q) => q.qp_num(),
@@ -332,6 +348,7 @@ impl PreparedQueuePair {
         }
     }
 
+    /// What the peer needs to connect to this queue pair.
     pub fn endpoint(&self) -> io::Result<Endpoint> {
         match &self.imp {
             PreparedImpl::Tcp(q) => Ok(Endpoint::Tcp(q.endpoint()?)),
@@ -339,6 +356,7 @@ impl PreparedQueuePair {
         }
     }
 
+    /// Connects to the peer's queue pair at `remote`, which must be of the same provider.
     pub fn connect(self, remote: &Endpoint) -> io::Result<QueuePair> {
         let imp = match (self.imp, remote) {
             (PreparedImpl::Tcp(q), Endpoint::Tcp(r)) => QpImpl::Tcp(q.connect(r)?),
@@ -374,6 +392,7 @@ impl QueuePair {
         }
     }
 
+    /// Posts receive buffers for the peer's SENDs, in order, with one call.
     pub fn post_recv(&self, chain: &[RecvWr<'_>]) -> Result<(), PostError> {
         match &self.imp {
             QpImpl::Tcp(q) => q.post_recv(chain),
@@ -381,6 +400,7 @@ impl QueuePair {
         }
     }
 
+    /// The connection state; `Error` once the peer is gone or [`QueuePair::set_error`] ran.
     pub fn state(&self) -> QpState {
         match &self.imp {
             QpImpl::Tcp(q) => q.state(),
@@ -388,6 +408,7 @@ impl QueuePair {
         }
     }
 
+    /// The queue pair's number, as completions report it.
     pub fn qp_num(&self) -> u32 {
         match &self.imp {
             QpImpl::Tcp(q) => q.qp_num(),

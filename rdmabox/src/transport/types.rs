@@ -10,18 +10,24 @@ use super::memory::MemoryRegion;
 pub struct Access(u32);
 
 impl Access {
+    /// The local side may write it: receives and READ results land in it.
     pub const LOCAL_WRITE: Access = Access(1);
+    /// Peers may WRITE into it.
     pub const REMOTE_WRITE: Access = Access(2);
+    /// Peers may READ from it.
     pub const REMOTE_READ: Access = Access(4);
     /// What a region lent to remote peers for one-sided I/O needs.
     pub const ALL: Access = Access(1 | 2 | 4);
 
+    /// The flags as `ibv_access_flags` bits.
     pub const fn bits(self) -> u32 {
         self.0
     }
+    /// Whether every right in `other` is granted.
     pub const fn contains(self, other: Access) -> bool {
         self.0 & other.0 == other.0
     }
+    /// The rights among `bits` that the model knows; other bits are dropped.
     pub const fn from_bits_truncate(bits: u32) -> Access {
         Access(bits & 7)
     }
@@ -54,15 +60,20 @@ impl fmt::Debug for Access {
 /// registered regions and that region's rkey.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct RemoteAddr {
+    /// Virtual address in the peer's address space.
     pub addr: u64,
+    /// Key of the peer's region that contains it.
     pub rkey: u32,
 }
 
 /// A peer's registered region as it is advertised over the control connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct RemoteRegion {
+    /// Start of the region in the peer's address space.
     pub addr: u64,
+    /// Length in bytes.
     pub len: u64,
+    /// The key one-sided operations on it must carry.
     pub rkey: u32,
 }
 
@@ -91,9 +102,11 @@ impl<'a> Sge<'a> {
         let end = offset.checked_add(len)?;
         (end <= mr.len() && len <= u32::MAX as usize).then_some(Sge { mr, offset, len })
     }
+    /// Bytes in the element.
     pub fn len(&self) -> usize {
         self.len
     }
+    /// Whether the element has no bytes.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -133,8 +146,11 @@ pub enum SendOp {
 /// A send-queue work request. A slice of them posted by one call is a chain (one doorbell).
 #[derive(Clone, Debug)]
 pub struct SendWr<'a> {
+    /// The caller's tag, returned in the request's completion.
     pub wr_id: u64,
+    /// What the request does.
     pub op: SendOp,
+    /// The local buffers gathered (WRITE, SEND) or scattered into (READ), in order.
     pub sges: &'a [Sge<'a>],
     /// Unsignaled requests produce a completion only when they fail.
     pub signaled: bool,
@@ -143,6 +159,7 @@ pub struct SendWr<'a> {
 }
 
 impl<'a> SendWr<'a> {
+    /// A signaled, not inlined request.
     pub fn new(wr_id: u64, op: SendOp, sges: &'a [Sge<'a>]) -> SendWr<'a> {
         SendWr {
             wr_id,
@@ -152,14 +169,17 @@ impl<'a> SendWr<'a> {
             inline: false,
         }
     }
+    /// The same request, completing silently unless it fails.
     pub fn unsignaled(mut self) -> Self {
         self.signaled = false;
         self
     }
+    /// The same request, with its payload copied at post time.
     pub fn inline(mut self) -> Self {
         self.inline = true;
         self
     }
+    /// Payload bytes: the sum of the SGE lengths.
     pub fn byte_len(&self) -> usize {
         self.sges.iter().map(|s| s.len).sum()
     }
@@ -168,30 +188,46 @@ impl<'a> SendWr<'a> {
 /// A receive-queue work request: where the next incoming SEND (or WRITE_WITH_IMM) lands.
 #[derive(Clone, Debug)]
 pub struct RecvWr<'a> {
+    /// The caller's tag, returned in the receive's completion.
     pub wr_id: u64,
+    /// Where the incoming payload is scattered, in order.
     pub sges: &'a [Sge<'a>],
 }
 
 /// Completion status, as `ibv_wc_status`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WcStatus {
+    /// Done as asked.
     Success,
+    /// A length was wrong locally (e.g. an incoming message longer than the receive buffer).
     LocalLengthError,
+    /// The local queue pair could not carry out the request.
     LocalQpOperationError,
+    /// A local SGE is not inside a region of this protection domain with the rights needed.
     LocalProtectionError,
+    /// Never executed: the queue pair went to the error state first.
     WrFlushError,
+    /// The peer answered with an unexpected transport response.
     BadResponse,
+    /// A local buffer refused an incoming operation (e.g. a WRITE with immediate).
     LocalAccessError,
+    /// The peer found the request invalid (an operation or length it does not accept).
     RemoteInvalidRequest,
+    /// The peer refused the access: unknown rkey, range outside the region, or missing rights.
     RemoteAccessError,
+    /// The peer could not carry out the operation (on tcp: a SEND longer than its receive
+    /// buffer).
     RemoteOperationError,
+    /// The peer stopped acknowledging: it is gone or unreachable.
     RetryExceeded,
+    /// The peer had no receive posted for a SEND, longer than the retries allowed.
     RnrRetryExceeded,
     /// Any other status a device reports, with its raw value.
     Other(u32),
 }
 
 impl WcStatus {
+    /// Whether this is [`WcStatus::Success`].
     pub fn is_ok(self) -> bool {
         self == WcStatus::Success
     }
@@ -200,10 +236,15 @@ impl WcStatus {
 /// What a completed work request was.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WcOpcode {
+    /// A SEND (with or without immediate).
     Send,
+    /// An RDMA WRITE (with or without immediate).
     Write,
+    /// An RDMA READ.
     Read,
+    /// A receive that took a SEND.
     Recv,
+    /// A receive that took an immediate value (SEND or WRITE with immediate).
     RecvWithImm,
     /// Unknown to the model (flushed receive completions on some devices say nothing).
     Other(u32),
@@ -212,16 +253,22 @@ pub enum WcOpcode {
 /// A work completion, as `ibv_wc`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Completion {
+    /// The tag of the work request that completed.
     pub wr_id: u64,
+    /// How it ended.
     pub status: WcStatus,
+    /// What it was (may be [`WcOpcode::Other`] for a failed request).
     pub opcode: WcOpcode,
     /// Bytes received (receive completions) or read (READ); 0 where the device leaves it unset.
     pub byte_len: u32,
+    /// The immediate value a receive took, if any.
     pub imm: Option<u32>,
+    /// The queue pair the work request was posted on.
     pub qp_num: u32,
 }
 
 impl Completion {
+    /// A placeholder, to size the arrays that polls fill in.
     pub const EMPTY: Completion = Completion {
         wr_id: 0,
         status: WcStatus::Success,
@@ -235,21 +282,32 @@ impl Completion {
 /// Queue-pair state, as `ibv_qp_state` (only the states a connected QP passes through).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QpState {
+    /// Just created.
     Reset,
+    /// Bound to a port; receives may be posted.
     Init,
+    /// Connected for receiving.
     ReadyToReceive,
+    /// Connected both ways: work requests may be posted.
     ReadyToSend,
+    /// Broken or shut down: outstanding requests complete with flush errors.
     Error,
+    /// Any other state a device reports, with its raw value.
     Other(u32),
 }
 
 /// Queue sizes asked of a queue pair; the provider may grant more.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QpCaps {
+    /// Send-queue depth: work requests outstanding at once.
     pub max_send_wr: u32,
+    /// Receive-queue depth: receives posted at once.
     pub max_recv_wr: u32,
+    /// SGEs one send work request may carry.
     pub max_send_sge: u32,
+    /// SGEs one receive may carry.
     pub max_recv_sge: u32,
+    /// Largest payload a send work request may inline.
     pub max_inline_data: u32,
 }
 
@@ -270,13 +328,18 @@ impl Default for QpCaps {
 #[derive(Debug)]
 pub enum PostError {
     /// The queue had no room; retry the rest after completions drain it.
-    QueueFull { posted: usize },
+    QueueFull {
+        /// Requests at the head of the chain that were posted.
+        posted: usize,
+    },
     /// The request cannot be expressed on this QP (too many SGEs, inline too long...); checked
     /// before anything is posted.
     Invalid(String),
     /// The device refused the post.
     Os {
+        /// Requests at the head of the chain that were posted.
         posted: usize,
+        /// What the device said.
         error: std::io::Error,
     },
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crate::transport::types::Completion;
 
+/// A tcp completion queue, filled by the engines and polled by the application.
 pub struct Cq {
     state: Mutex<CqState>,
     eventfd: OwnedFd,
@@ -20,6 +21,7 @@ struct CqState {
 }
 
 impl Cq {
+    /// An empty, unarmed queue with room reserved for `capacity` completions.
     pub fn new(capacity: usize) -> io::Result<Cq> {
         // SAFETY: plain syscall; the fd is owned right below.
         let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
@@ -36,6 +38,7 @@ impl Cq {
         })
     }
 
+    /// Adds one completion; fires the event if the queue was armed.
     pub fn push(&self, c: Completion) {
         self.push_all(std::iter::once(c));
     }
@@ -54,6 +57,7 @@ impl Cq {
         }
     }
 
+    /// Moves up to `out.len()` completions into `out`, oldest first; returns how many.
     pub fn poll(&self, out: &mut [Completion]) -> usize {
         let mut st = self.state.lock().unwrap();
         let n = out.len().min(st.queue.len());
@@ -68,10 +72,12 @@ impl Cq {
         self.state.lock().unwrap().armed = true;
     }
 
+    /// The eventfd that turns readable when an armed event fires.
     pub fn event_fd(&self) -> RawFd {
         self.eventfd.as_raw_fd()
     }
 
+    /// Sleeps until an armed event fires (true, consumed) or `timeout` passes (false).
     pub fn wait_event(&self, timeout: Option<Duration>) -> io::Result<bool> {
         if !super::super::poll_readable(self.event_fd(), timeout)? {
             return Ok(false);

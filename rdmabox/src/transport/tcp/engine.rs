@@ -127,7 +127,7 @@ impl Engine {
             ..
         } = &r
         {
-            // SAFETY (pointer arithmetic): the engine checked offset+len against the region.
+            // SAFETY: the engine checked offset+len against the region, so the pointer stays in it.
             iovs.push(iovec(unsafe { mr.ptr().add(*offset) }, *len));
         }
         // SAFETY: the header is on our stack and READ data is in a region `r` keeps alive.
@@ -443,7 +443,7 @@ fn respond(qp: Arc<QpShared>, rx: Receiver<Response>) {
                 ..
             } = r
             {
-                // SAFETY (pointer arithmetic): the engine checked offset+len against the region.
+                // SAFETY: the engine checked offset+len against the region, so the pointer stays in it.
                 iovs.push(iovec(unsafe { mr.ptr().add(*offset) }, *len));
             }
         }

@@ -12,7 +12,7 @@ const IOV_MAX: usize = 1024;
 ///
 /// # Safety
 /// Every iovec must describe readable memory that stays valid for the duration of the call.
-pub unsafe fn writev_all(fd: RawFd, iovs: &mut [libc::iovec]) -> io::Result<u64> {
+pub(crate) unsafe fn writev_all(fd: RawFd, iovs: &mut [libc::iovec]) -> io::Result<u64> {
     let mut calls = 0;
     let mut iovs = iovs;
     while !iovs.is_empty() {
@@ -47,7 +47,8 @@ pub unsafe fn writev_all(fd: RawFd, iovs: &mut [libc::iovec]) -> io::Result<u64>
     Ok(calls)
 }
 
-pub fn iovec(ptr: *const u8, len: usize) -> libc::iovec {
+/// An iovec for `len` bytes at `ptr`; building one is safe, using it is where validity counts.
+pub(crate) fn iovec(ptr: *const u8, len: usize) -> libc::iovec {
     libc::iovec {
         iov_base: ptr as *mut libc::c_void,
         iov_len: len,
@@ -55,7 +56,7 @@ pub fn iovec(ptr: *const u8, len: usize) -> libc::iovec {
 }
 
 /// A buffered reader over a socket that can also read a payload directly into raw memory.
-pub struct FrameReader {
+pub(crate) struct FrameReader {
     fd: RawFd,
     buf: Box<[u8]>,
     start: usize,
@@ -66,7 +67,8 @@ pub struct FrameReader {
 const DIRECT_READ_MIN: usize = 16 * 1024;
 
 impl FrameReader {
-    pub fn new(fd: RawFd) -> FrameReader {
+    /// A reader over `fd` with an empty 64 KiB buffer; it does not own the descriptor.
+    pub(crate) fn new(fd: RawFd) -> FrameReader {
         FrameReader {
             fd,
             buf: vec![0u8; 64 * 1024].into_boxed_slice(),
@@ -105,7 +107,7 @@ impl FrameReader {
     }
 
     /// The next header's bytes, or None on a clean end of stream at a frame boundary.
-    pub fn read_header<const N: usize>(&mut self) -> io::Result<Option<[u8; N]>> {
+    pub(crate) fn read_header<const N: usize>(&mut self) -> io::Result<Option<[u8; N]>> {
         if self.start == self.end {
             match self.fill() {
                 Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
@@ -122,7 +124,7 @@ impl FrameReader {
     ///
     /// # Safety
     /// `dst` must be valid for `len` bytes of writes for the duration of the call.
-    pub unsafe fn read_into(&mut self, dst: *mut u8, len: usize) -> io::Result<()> {
+    pub(crate) unsafe fn read_into(&mut self, dst: *mut u8, len: usize) -> io::Result<()> {
         let mut done = 0;
         while done < len {
             let buffered = self.end - self.start;
@@ -149,7 +151,7 @@ impl FrameReader {
     }
 
     /// Reads and drops `len` bytes.
-    pub fn discard(&mut self, mut len: usize) -> io::Result<()> {
+    pub(crate) fn discard(&mut self, mut len: usize) -> io::Result<()> {
         while len > 0 {
             if self.start == self.end {
                 self.fill()?;

@@ -55,13 +55,16 @@ impl Default for TcpConfig {
 /// What a peer needs to connect to one of our queue pairs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TcpEndpoint {
+    /// Where the queue pair's provider listens for the peer's connection.
     pub addr: SocketAddr,
+    /// The queue pair's number.
     pub qpn: u32,
     /// Random per-QP secret that the dialing side must echo, so a stray connection to the
     /// listening port cannot become the queue pair.
     pub token: u64,
 }
 
+/// The opened tcp provider: its settings and the counters that number QPs and PDs.
 pub struct Context {
     cfg: TcpConfig,
     next_qpn: AtomicU32,
@@ -69,6 +72,7 @@ pub struct Context {
 }
 
 impl Context {
+    /// Opens the provider; nothing is bound until a queue pair is created.
     pub fn new(cfg: TcpConfig) -> Context {
         Context {
             cfg,
@@ -77,10 +81,12 @@ impl Context {
         }
     }
 
+    /// The settings the provider was opened with.
     pub fn config(&self) -> &TcpConfig {
         &self.cfg
     }
 
+    /// A new protection domain with an empty rkey table.
     pub fn alloc_pd(&self) -> Pd {
         Pd {
             shared: Arc::new(PdShared {
@@ -91,10 +97,12 @@ impl Context {
         }
     }
 
+    /// A completion queue, shared by the queue pairs that complete into it.
     pub fn create_cq(&self, capacity: usize) -> std::io::Result<Arc<Cq>> {
         Cq::new(capacity).map(Arc::new)
     }
 
+    /// A queue pair listening for its peer's connection, not yet connected.
     pub fn create_qp(
         &self,
         pd: &Pd,
@@ -133,6 +141,7 @@ impl PdShared {
 }
 
 impl Pd {
+    /// Identifies the domain; regions record it so that mixing domains is caught.
     pub fn id(&self) -> u64 {
         self.shared.id
     }

@@ -55,10 +55,12 @@ impl PreparedQp {
         })
     }
 
+    /// The queue pair's number.
     pub fn qp_num(&self) -> u32 {
         self.qpn
     }
 
+    /// Where the peer connects to: the listener's address, our number and the token.
     pub fn endpoint(&self) -> io::Result<TcpEndpoint> {
         Ok(TcpEndpoint {
             addr: self.listener.local_addr()?,
@@ -204,7 +206,7 @@ pub(crate) struct PostedRecv {
 }
 
 impl PostedRecv {
-    pub fn capacity(&self) -> usize {
+    pub(crate) fn capacity(&self) -> usize {
         self.targets.iter().map(|t| t.len).sum()
     }
 }
@@ -245,11 +247,11 @@ pub(crate) struct QpShared {
 }
 
 impl QpShared {
-    pub fn is_error(&self) -> bool {
+    pub(crate) fn is_error(&self) -> bool {
         self.state.load(Ordering::Acquire) == STATE_ERROR
     }
 
-    pub fn completion(&self, wr_id: u64, status: WcStatus, opcode: WcOpcode) -> Completion {
+    pub(crate) fn completion(&self, wr_id: u64, status: WcStatus, opcode: WcOpcode) -> Completion {
         Completion {
             wr_id,
             status,
@@ -262,7 +264,7 @@ impl QpShared {
 
     /// Moves the QP to the error state and flushes every outstanding request and posted
     /// receive. Closing the socket is up to the caller (a responder must first send its NAK).
-    pub fn enter_error(&self) {
+    pub(crate) fn enter_error(&self) {
         self.state.store(STATE_ERROR, Ordering::Release);
         let flushed: Vec<_> = self.outstanding.lock().unwrap().drain(..).collect();
         self.send_cq.push_all(
@@ -279,7 +281,7 @@ impl QpShared {
         );
     }
 
-    pub fn close(&self) {
+    pub(crate) fn close(&self) {
         let _ = self.stream.shutdown(Shutdown::Both);
     }
 
@@ -288,7 +290,11 @@ impl QpShared {
     ///
     /// # Safety
     /// The iovecs must point at memory that stays valid during the call.
-    pub unsafe fn transmit(&self, tx: &mut TxState, iovs: &mut [libc::iovec]) -> io::Result<()> {
+    pub(crate) unsafe fn transmit(
+        &self,
+        tx: &mut TxState,
+        iovs: &mut [libc::iovec],
+    ) -> io::Result<()> {
         let mut calls = 0;
         if !tx.pending.is_empty() {
             let mut head = [iovec(tx.pending.as_ptr(), tx.pending.len())];
@@ -309,7 +315,7 @@ impl QpShared {
     ///
     /// # Safety
     /// The iovecs must point at memory that stays valid during the call.
-    pub unsafe fn try_transmit_now(&self, iovs: &[libc::iovec]) -> io::Result<Option<bool>> {
+    pub(crate) unsafe fn try_transmit_now(&self, iovs: &[libc::iovec]) -> io::Result<Option<bool>> {
         if self.responses_queued.load(Ordering::Acquire) != 0 {
             return Ok(None);
         }
@@ -397,14 +403,17 @@ impl Qp {
         Qp { shared, threads }
     }
 
+    /// The queue pair's number.
     pub fn qp_num(&self) -> u32 {
         self.shared.qpn
     }
 
+    /// The queue sizes in force (exactly those asked for).
     pub fn caps(&self) -> QpCaps {
         self.shared.caps
     }
 
+    /// Ready to send until the connection fails or [`Qp::set_error`] runs; then error.
     pub fn state(&self) -> QpState {
         if self.shared.is_error() {
             QpState::Error
@@ -437,6 +446,8 @@ impl Qp {
         })
     }
 
+    /// Sends a chain's requests as frames with one gathered write (the doorbell); each
+    /// completes when the peer's engine answers it.
     pub fn post_send(&self, chain: &[SendWr<'_>]) -> Result<(), PostError> {
         check_send_chain(chain, &self.shared.caps)?;
         let sh = &self.shared;
@@ -510,13 +521,11 @@ impl Qp {
         for (wr, h) in chain[..valid].iter().zip(&headers) {
             iovs.push(iovec(h.as_ptr(), HEADER_LEN));
             if !matches!(wr.op, SendOp::Read(_)) {
-                iovs.extend(
-                    wr.sges
-                        .iter()
-                        .filter(|s| s.len > 0)
-                        // SAFETY (pointer arithmetic): Sge::new keeps offset+len in the region.
-                        .map(|s| iovec(unsafe { s.mr.inner.ptr().add(s.offset) }, s.len)),
-                );
+                iovs.extend(wr.sges.iter().filter(|s| s.len > 0).map(|s| {
+                    // SAFETY: Sge::new keeps offset+len in the region, so the pointer
+                    // stays in it.
+                    iovec(unsafe { s.mr.inner.ptr().add(s.offset) }, s.len)
+                }));
             }
         }
         // SAFETY: the headers live in `headers`; the payload SGEs point into regions the chain
@@ -554,6 +563,7 @@ impl Qp {
         Ok(())
     }
 
+    /// Queues receive buffers for the engine to fill with incoming SENDs, in order.
     pub fn post_recv(&self, chain: &[RecvWr<'_>]) -> Result<(), PostError> {
         check_recv_chain(chain, &self.shared.caps)?;
         let sh = &self.shared;

@@ -8,16 +8,25 @@ pub const HEADER_LEN: usize = 32;
 /// for more.
 pub const MAX_MESSAGE: u32 = 1 << 31;
 
+/// What a frame is; the first header byte.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Kind {
+    /// Request: write the payload at `remote_addr` under `rkey`.
     Write = 1,
+    /// Request: a write that also consumes a receive and delivers `imm`.
     WriteWithImm = 2,
+    /// Request: send back `len` bytes from `remote_addr` under `rkey`.
     ReadRequest = 3,
+    /// Request: deliver the payload into the next posted receive.
     Send = 4,
+    /// Request: a send that also delivers `imm`.
     SendWithImm = 5,
+    /// Response: the request with this PSN was carried out.
     Ack = 6,
+    /// Response: the request with this PSN was refused; `imm` holds the [`NakReason`].
     Nak = 7,
+    /// Response: the data a READ asked for.
     ReadResponse = 8,
 }
 
@@ -48,13 +57,18 @@ impl Kind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
 pub enum NakReason {
+    /// Bad rkey, range outside the region, or rights missing.
     RemoteAccess = 1,
+    /// A request the responder does not accept.
     InvalidRequest = 2,
+    /// No receive was posted within the RNR window.
     ReceiverNotReady = 3,
+    /// The responder could not carry it out (a SEND longer than the receive buffer).
     RemoteOperation = 4,
 }
 
 impl NakReason {
+    /// The reason a NAK's `imm` carries, or `None` for an unknown value.
     pub fn from_u32(v: u32) -> Option<NakReason> {
         Some(match v {
             1 => NakReason::RemoteAccess,
@@ -66,18 +80,25 @@ impl NakReason {
     }
 }
 
+/// A frame header, decoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Header {
+    /// What the frame is.
     pub kind: Kind,
+    /// Sequence number of the request (a response carries its request's).
     pub psn: u32,
+    /// Target address of a WRITE or READ in the responder's memory.
     pub remote_addr: u64,
+    /// Key of the responder's region for a WRITE or READ.
     pub rkey: u32,
+    /// Payload length, or the length a READ asks for.
     pub len: u32,
     /// Immediate data, or the NAK reason.
     pub imm: u32,
 }
 
 impl Header {
+    /// A header of `kind` and `psn` with every other field zero.
     pub fn new(kind: Kind, psn: u32) -> Header {
         Header {
             kind,
@@ -89,6 +110,7 @@ impl Header {
         }
     }
 
+    /// The 32 wire bytes, little-endian, reserved bytes zero.
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
         b[0] = self.kind as u8;

@@ -16,13 +16,14 @@ fn sge(s: &Sge<'_>) -> ffi::ibv_sge {
 }
 
 /// A chain of `ibv_send_wr` linked through `next`, with the SGE arrays they point into.
-pub struct SendChain {
+pub(crate) struct SendChain {
     wrs: Vec<ffi::ibv_send_wr>,
     sges: Vec<Vec<ffi::ibv_sge>>,
 }
 
 impl SendChain {
-    pub fn build(chain: &[SendWr<'_>]) -> SendChain {
+    /// Converts the chain (not yet linked: see [`SendChain::head`]).
+    pub(crate) fn build(chain: &[SendWr<'_>]) -> SendChain {
         let sges: Vec<Vec<ffi::ibv_sge>> = chain
             .iter()
             .map(|wr| wr.sges.iter().map(sge).collect())
@@ -74,7 +75,7 @@ impl SendChain {
 
     /// Links the requests and returns the first. The pointers stay valid while `self` lives
     /// and is not modified.
-    pub fn head(&mut self) -> *mut ffi::ibv_send_wr {
+    pub(crate) fn head(&mut self) -> *mut ffi::ibv_send_wr {
         for (w, s) in self.wrs.iter_mut().zip(self.sges.iter_mut()) {
             w.sg_list = if s.is_empty() {
                 std::ptr::null_mut()
@@ -91,7 +92,7 @@ impl SendChain {
     }
 
     /// Position of `bad` (as returned by a failed post) in the chain; 0 when unknown.
-    pub fn index_of(&self, bad: *mut ffi::ibv_send_wr) -> usize {
+    pub(crate) fn index_of(&self, bad: *mut ffi::ibv_send_wr) -> usize {
         self.wrs
             .iter()
             .position(|w| std::ptr::eq(w, bad))
@@ -100,13 +101,14 @@ impl SendChain {
 }
 
 /// A chain of `ibv_recv_wr`, as [`SendChain`].
-pub struct RecvChain {
+pub(crate) struct RecvChain {
     wrs: Vec<ffi::ibv_recv_wr>,
     sges: Vec<Vec<ffi::ibv_sge>>,
 }
 
 impl RecvChain {
-    pub fn build(chain: &[RecvWr<'_>]) -> RecvChain {
+    /// Converts the chain (not yet linked: see [`RecvChain::head`]).
+    pub(crate) fn build(chain: &[RecvWr<'_>]) -> RecvChain {
         RecvChain {
             wrs: chain
                 .iter()
@@ -124,7 +126,8 @@ impl RecvChain {
         }
     }
 
-    pub fn head(&mut self) -> *mut ffi::ibv_recv_wr {
+    /// Links the requests and returns the first, as [`SendChain::head`].
+    pub(crate) fn head(&mut self) -> *mut ffi::ibv_recv_wr {
         for (w, s) in self.wrs.iter_mut().zip(self.sges.iter_mut()) {
             w.sg_list = if s.is_empty() {
                 std::ptr::null_mut()
@@ -141,7 +144,7 @@ impl RecvChain {
     }
 
     /// Position of `bad` (as returned by a failed post) in the chain; 0 when unknown.
-    pub fn index_of(&self, bad: *mut ffi::ibv_recv_wr) -> usize {
+    pub(crate) fn index_of(&self, bad: *mut ffi::ibv_recv_wr) -> usize {
         self.wrs
             .iter()
             .position(|w| std::ptr::eq(w, bad))
@@ -149,7 +152,8 @@ impl RecvChain {
     }
 }
 
-pub fn status_from_raw(s: u32) -> WcStatus {
+/// The model's status for an `ibv_wc_status` value.
+pub(crate) fn status_from_raw(s: u32) -> WcStatus {
     use ffi::ibv_wc_status as S;
     match s {
         S::IBV_WC_SUCCESS => WcStatus::Success,
@@ -168,7 +172,8 @@ pub fn status_from_raw(s: u32) -> WcStatus {
     }
 }
 
-pub fn opcode_from_raw(op: u32) -> WcOpcode {
+/// The model's opcode for an `ibv_wc_opcode` value.
+pub(crate) fn opcode_from_raw(op: u32) -> WcOpcode {
     use ffi::ibv_wc_opcode as O;
     match op {
         O::IBV_WC_SEND => WcOpcode::Send,
@@ -180,6 +185,8 @@ pub fn opcode_from_raw(op: u32) -> WcOpcode {
     }
 }
 
+/// The model's completion for an `ibv_wc`; a receive that carried an immediate is reported as
+/// [`WcOpcode::RecvWithImm`] whatever the device's opcode says.
 pub fn completion_from_wc(wc: &ffi::ibv_wc) -> Completion {
     let status = match wc.error() {
         None => WcStatus::Success,
@@ -200,6 +207,7 @@ pub fn completion_from_wc(wc: &ffi::ibv_wc) -> Completion {
     }
 }
 
+/// The model's state for an `ibv_qp_state` value.
 pub fn qp_state_from_raw(s: u32) -> QpState {
     use ffi::ibv_qp_state as Q;
     match s {

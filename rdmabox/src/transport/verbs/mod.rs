@@ -24,9 +24,13 @@ pub use convert::{completion_from_wc, qp_state_from_raw};
 /// RTR takes from the remote side).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct VerbsEndpoint {
+    /// The queue pair's number.
     pub qpn: u32,
+    /// The first packet sequence number it sends (24 bits).
     pub psn: u32,
+    /// The port's LID (InfiniBand; 0 on RoCE).
     pub lid: u16,
+    /// The port's GID at the chosen index (RoCE: the IP address, as a GID).
     pub gid: [u8; 16],
     /// `ibv_mtu` enum value (1 = 256 ... 5 = 4096).
     pub mtu: u8,
@@ -78,6 +82,7 @@ impl Drop for CtxInner {
     }
 }
 
+/// An opened RDMA device, with the port, GID and MTU its queue pairs use.
 pub struct Context {
     inner: Arc<CtxInner>,
 }
@@ -188,12 +193,14 @@ impl Context {
         }))
     }
 
+    /// The device's name, e.g. `mlx5_0` or `rxe0`.
     pub fn device_name(&self) -> &str {
         &self.inner.name
     }
 
+    /// A new protection domain on the device.
     pub fn alloc_pd(&self) -> io::Result<Pd> {
-        // SAFETY: valid context.
+        // SAFETY: the context is open for as long as `self.inner` lives (closed only in its Drop).
         let pd = unsafe { ffi::ibv_alloc_pd(self.inner.ctx) };
         if pd.is_null() {
             return Err(os_err("ibv_alloc_pd"));
@@ -206,8 +213,9 @@ impl Context {
         })
     }
 
+    /// A completion queue with its own (non-blocking) completion channel for events.
     pub fn create_cq(&self, capacity: usize) -> io::Result<Arc<Cq>> {
-        // SAFETY: valid context.
+        // SAFETY: the context is open for as long as `self.inner` lives (closed only in its Drop).
         let channel = unsafe { ffi::ibv_create_comp_channel(self.inner.ctx) };
         if channel.is_null() {
             return Err(os_err("ibv_create_comp_channel"));
@@ -235,6 +243,7 @@ impl Context {
         }))
     }
 
+    /// An RC queue pair, moved to INIT, with a random starting PSN; connect it next.
     pub fn create_qp(
         &self,
         pd: &Pd,
@@ -302,6 +311,7 @@ impl Drop for PdInner {
     }
 }
 
+/// A protection domain on the device.
 pub struct Pd {
     inner: Arc<PdInner>,
 }
@@ -367,6 +377,7 @@ impl Drop for Registration {
     }
 }
 
+/// A device completion queue and its completion channel.
 pub struct Cq {
     cq: *mut ffi::ibv_cq,
     channel: *mut ffi::ibv_comp_channel,
@@ -391,6 +402,7 @@ impl Drop for Cq {
 }
 
 impl Cq {
+    /// Moves up to `out.len()` completions into `out`, 32 per `ibv_poll_cq`; returns how many.
     pub fn poll(&self, out: &mut [Completion]) -> io::Result<usize> {
         const BATCH: usize = 32;
         let mut wc = [ffi::ibv_wc::default(); BATCH];
@@ -419,8 +431,9 @@ impl Cq {
         Ok(total)
     }
 
+    /// Requests an event at the next completion (`ibv_req_notify_cq`, any completion).
     pub fn arm(&self) -> io::Result<()> {
-        // SAFETY: valid CQ.
+        // SAFETY: the CQ lives as long as `self`; req_notify_cq is the context's own op for it.
         let rc = unsafe {
             (*(*self.cq).context)
                 .ops
@@ -433,11 +446,13 @@ impl Cq {
         Ok(())
     }
 
+    /// The completion channel's descriptor, readable when an event is pending.
     pub fn event_fd(&self) -> i32 {
         // SAFETY: the channel lives as long as self.
         unsafe { (*self.channel).fd }
     }
 
+    /// Waits for an event (true, taken and acknowledged) or `timeout` (false).
     pub fn wait_event(&self, timeout: Option<Duration>) -> io::Result<bool> {
         if !super::poll_readable(self.event_fd(), timeout)? {
             return Ok(false);
@@ -459,6 +474,7 @@ impl Cq {
     }
 }
 
+/// A connected RC queue pair on the device.
 pub struct Qp {
     qp: *mut ffi::ibv_qp,
     caps: QpCaps,
@@ -482,6 +498,7 @@ impl Drop for Qp {
     }
 }
 
+/// A queue pair in INIT, waiting for its peer's endpoint.
 pub struct PreparedQp {
     qp: Qp,
     psn: u32,
@@ -503,7 +520,7 @@ fn modify(
 impl PreparedQp {
     fn to_init(&self) -> io::Result<()> {
         use ffi::ibv_qp_attr_mask as M;
-        // SAFETY: zeroed POD.
+        // SAFETY: ibv_qp_attr is plain C data, for which all-zero bytes are a valid value.
         let mut a: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = ffi::ibv_qp_state::IBV_QPS_INIT;
         a.port_num = self.qp.ctx.port;
@@ -516,11 +533,13 @@ impl PreparedQp {
         .map_err(|e| io::Error::new(e.kind(), format!("QP to INIT: {e}")))
     }
 
+    /// The queue pair's number.
     pub fn qp_num(&self) -> u32 {
-        // SAFETY: valid QP.
+        // SAFETY: the QP is live until `self.qp` drops; qp_num is a plain field.
         unsafe { (*self.qp.qp).qp_num }
     }
 
+    /// What the peer needs to connect: our QPN, PSN and port address.
     pub fn endpoint(&self) -> VerbsEndpoint {
         VerbsEndpoint {
             qpn: self.qp_num(),
@@ -535,7 +554,7 @@ impl PreparedQp {
     pub fn connect(self, remote: &VerbsEndpoint) -> io::Result<Qp> {
         use ffi::ibv_qp_attr_mask as M;
         let ctx = &self.qp.ctx;
-        // SAFETY: zeroed POD.
+        // SAFETY: ibv_qp_attr is plain C data, for which all-zero bytes are a valid value.
         let mut a: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = ffi::ibv_qp_state::IBV_QPS_RTR;
         a.path_mtu = ctx.mtu.min(remote.mtu).max(1) as ffi::ibv_mtu;
@@ -563,7 +582,7 @@ impl PreparedQp {
                 | M::IBV_QP_MIN_RNR_TIMER,
         )
         .map_err(|e| io::Error::new(e.kind(), format!("QP to RTR: {e}")))?;
-        // SAFETY: zeroed POD.
+        // SAFETY: ibv_qp_attr is plain C data, for which all-zero bytes are a valid value.
         let mut a: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = ffi::ibv_qp_state::IBV_QPS_RTS;
         // 4.096 us * 2^14 = 67 ms per try, 7 tries: a dead peer fails requests in about 0.5 s.
@@ -588,19 +607,22 @@ impl PreparedQp {
 }
 
 impl Qp {
+    /// The queue pair's number.
     pub fn qp_num(&self) -> u32 {
-        // SAFETY: valid QP.
+        // SAFETY: the QP is live until `self` drops; qp_num is a plain field.
         unsafe { (*self.qp).qp_num }
     }
 
+    /// The queue sizes the device granted.
     pub fn caps(&self) -> QpCaps {
         self.caps
     }
 
+    /// The state the device reports (`Other(u32::MAX)` if the query fails).
     pub fn state(&self) -> QpState {
-        // SAFETY: zeroed POD out-parameters.
+        // SAFETY: plain C data out-parameter, for which all-zero bytes are a valid value.
         let mut attr: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
-        // SAFETY: zeroed POD out-parameters.
+        // SAFETY: plain C data out-parameter, for which all-zero bytes are a valid value.
         let mut init: ffi::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
         // SAFETY: valid QP and out-pointers.
         let rc = unsafe {
@@ -617,8 +639,9 @@ impl Qp {
         qp_state_from_raw(attr.qp_state)
     }
 
+    /// Moves the QP to ERR, so that everything outstanding is flushed.
     pub fn set_error(&self) {
-        // SAFETY: zeroed POD.
+        // SAFETY: ibv_qp_attr is plain C data, for which all-zero bytes are a valid value.
         let mut a: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = ffi::ibv_qp_state::IBV_QPS_ERR;
         if let Err(e) = modify(self.qp, &mut a, ffi::ibv_qp_attr_mask::IBV_QP_STATE) {
@@ -626,6 +649,7 @@ impl Qp {
         }
     }
 
+    /// Posts the chain as one linked `ibv_send_wr` list: one doorbell.
     pub fn post_send(&self, chain: &[SendWr<'_>]) -> Result<(), PostError> {
         super::types::check_send_chain(chain, &self.caps)?;
         if chain.is_empty() {
@@ -644,6 +668,7 @@ impl Qp {
         post_result(rc, built.index_of(bad))
     }
 
+    /// Posts the receives as one linked `ibv_recv_wr` list.
     pub fn post_recv(&self, chain: &[RecvWr<'_>]) -> Result<(), PostError> {
         super::types::check_recv_chain(chain, &self.caps)?;
         if chain.is_empty() {

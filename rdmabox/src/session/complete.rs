@@ -1,0 +1,142 @@
+//! Completion: one poller thread per queue pair reaps its CQ, answers each work request's member
+//! requests (copying staged reads out of their pool slot), and then drains both merge queues,
+//! since a completion frees exactly what a stalled drainer was waiting for (window room, a pool
+//! slot, a send-queue entry).
+
+use std::ops::ControlFlow;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::counters::Counters;
+use crate::poller::{self, PollTarget};
+use crate::transport::{Completion, WcStatus};
+
+use super::request::{Buffer, Dir, InflightWr, Staging};
+use super::{Inner, IoError, Link};
+
+/// One link's side of [`poller::drive`]: its CQ, the session's counters and its shutdown rule.
+struct LinkPoller<'a> {
+    inner: &'a Inner,
+    link: &'a Link,
+    wc: Vec<Completion>,
+    stop_deadline: Option<Instant>,
+}
+
+impl PollTarget for LinkPoller<'_> {
+    /// Ends the loop once the session is stopping and the link has nothing in flight, or 5 s
+    /// after stopping began; otherwise polls and finishes what it found.
+    fn poll_round(&mut self) -> ControlFlow<(), usize> {
+        if self.inner.stopping.load(Ordering::Acquire) {
+            let deadline = *self
+                .stop_deadline
+                .get_or_insert_with(|| Instant::now() + Duration::from_secs(5));
+            if self.link.inflight.lock().unwrap().is_empty() || Instant::now() > deadline {
+                return ControlFlow::Break(());
+            }
+        }
+        ControlFlow::Continue(self.inner.poll_once(self.link, &mut self.wc))
+    }
+
+    /// A failed arm is logged; the poller sleeps anyway, since the sleep is bounded.
+    fn arm(&mut self) -> ControlFlow<()> {
+        if let Err(e) = self.link.cq.arm() {
+            log::error!("arming CQ failed: {e}");
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// Counts the wake-ups that an event (not the timeout) caused.
+    fn sleep(&mut self, timeout: Duration) {
+        match self.link.cq.wait_event(Some(timeout)) {
+            Ok(true) => Counters::add(&self.inner.counters.event_wakeups, 1),
+            Ok(false) => {}
+            Err(e) => log::error!("waiting for a CQ event failed: {e}"),
+        }
+    }
+}
+
+impl Inner {
+    /// The poller thread of link `li`: polls as the session's [`crate::PollMode`] says until
+    /// the session stops and the link has nothing in flight (or 5 s have passed).
+    pub(super) fn poll_loop(&self, li: usize) {
+        let mode = self.cfg.polling;
+        poller::drive(
+            mode,
+            &mut LinkPoller {
+                inner: self,
+                link: &self.links[li],
+                wc: vec![Completion::EMPTY; mode.batch()],
+                stop_deadline: None,
+            },
+        );
+    }
+
+    /// Polls the link's CQ once and finishes what it found, then drains both queues.
+    fn poll_once(&self, link: &Link, wc: &mut [Completion]) -> usize {
+        let n = match link.cq.poll(wc) {
+            Ok(n) => n,
+            Err(e) => {
+                log::error!("polling CQ failed: {e}");
+                0
+            }
+        };
+        if n == 0 {
+            Counters::add(&self.counters.polls_empty, 1);
+            return 0;
+        }
+        Counters::add(&self.counters.polls_nonempty, 1);
+        for c in &wc[..n] {
+            let w = link.inflight.lock().unwrap().try_remove(c.wr_id as usize);
+            match w {
+                Some(w) => self.finish(w, c.status),
+                None => log::error!("completion for unknown work request {}", c.wr_id),
+            }
+        }
+        self.drain(Dir::Read);
+        self.drain(Dir::Write);
+        n
+    }
+
+    /// Answers the member requests of a completed (or flushed) work request. A failure breaks
+    /// the session: every later request fails with [`IoError::Closed`].
+    pub(super) fn finish(&self, w: InflightWr, status: WcStatus) {
+        let c = &self.counters;
+        c.retire(w.cost);
+        Counters::add(&c.completions, 1);
+        if !status.is_ok() {
+            if !self.closed.swap(true, Ordering::AcqRel) {
+                log::warn!("session broken by a transport error: {status:?}");
+            }
+            for (r, _) in w.members {
+                self.fail(r, IoError::Transport(status));
+            }
+            return;
+        }
+        self.policy.on_completion(w.bytes, w.posted.elapsed());
+        match w.dir {
+            Dir::Read => Counters::add(&c.bytes_read, w.bytes),
+            Dir::Write => Counters::add(&c.bytes_written, w.bytes),
+        }
+        for (r, staging) in w.members {
+            let data = match (r.buf, staging) {
+                (Buffer::Plain(mut v), Staging::Pool(off)) => {
+                    if w.dir == Dir::Read {
+                        w.slot
+                            .as_ref()
+                            .expect("staged members have a slot")
+                            .read_at(off, &mut v);
+                    }
+                    v
+                }
+                (Buffer::Registered(mr), _) => match Arc::try_unwrap(mr) {
+                    Ok(mr) => mr.into_vec().unwrap_or_else(|mr| mr.to_vec()),
+                    // The poster still holds its clone for an instant: copy rather than wait.
+                    Err(mr) => mr.to_vec(),
+                },
+                (Buffer::Plain(v), Staging::Dynamic) => v,
+            };
+            (r.done)(Ok(data));
+        }
+    }
+}

@@ -1,0 +1,298 @@
+//! A session: everything one client keeps for one peer. N RC queue pairs (each with its own CQ
+//! and poller thread), the peer's region descriptors, the read and write merge queues, the preMR
+//! pool, the admission window and the counters. Requests are asynchronous: submit from any
+//! thread, get the result through a callback (or a [`Pending`] handle) on a poller thread.
+//!
+//! This module is the API and the state it shares; the work is split by direction of travel:
+//! - `request`: the request model (a request, its buffer, a work request in flight);
+//! - `submit`: admission, draining, staging and posting;
+//! - `complete`: the poller threads and answering completed requests.
+
+mod complete;
+mod request;
+mod submit;
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use slab::Slab;
+
+use crate::batching::PlanConfig;
+use crate::counters::{Counters, Snapshot};
+use crate::merge_queue::MergeQueue;
+use crate::mr_pool::MrPool;
+use crate::poller::PollMode;
+use crate::transport::{
+    CompletionQueue, ProtectionDomain, QpCaps, QueuePair, RemoteAddr, RemoteRegion, WcStatus,
+};
+use crate::window::{AdmissionPolicy, WindowConfig};
+
+use request::{Dir, InflightWr, Request};
+
+/// The tunables of a session; the defaults are the paper's (measured on ConnectX-3).
+#[derive(Clone, Debug)]
+pub struct SessionConfig {
+    /// RC queue pairs to the peer; chains are spread over them.
+    pub qps: usize,
+    /// Merge requests adjacent in remote memory into one work request.
+    pub merge: bool,
+    /// Chain work requests into one post call.
+    pub chain: bool,
+    /// Work requests one post call may carry.
+    pub max_chain: usize,
+    /// Bytes one merged work request may carry.
+    pub max_merge_bytes: usize,
+    /// Requests at least this large register their own buffer (dynMR) instead of being copied
+    /// into a pre-registered one (preMR). `usize::MAX`: always copy (up to `slot_size`).
+    pub dyn_threshold: usize,
+    /// Size of one pre-registered staging buffer; larger requests always use dynMR.
+    pub slot_size: usize,
+    /// Staging buffers in the preMR pool: at most this many staged work requests in flight.
+    pub pool_slots: usize,
+    /// Admission control: how many bytes may be in flight.
+    pub window: WindowConfig,
+    /// How the poller threads wait for completions.
+    pub polling: PollMode,
+    /// Queue depths and SGE limits of each queue pair (`connect_links` creates them so).
+    pub caps: QpCaps,
+    /// Requests one drain pass takes from a queue.
+    pub max_drain: usize,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        SessionConfig {
+            qps: 4,
+            merge: true,
+            chain: true,
+            max_chain: 32,
+            max_merge_bytes: 1 << 20,
+            dyn_threshold: 928 << 10,
+            slot_size: 1 << 20,
+            pool_slots: 64,
+            window: WindowConfig::default(),
+            polling: PollMode::default(),
+            caps: QpCaps::default(),
+            max_drain: 256,
+        }
+    }
+}
+
+/// Why a request failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IoError {
+    /// The remote range is not inside a region the peer lent us.
+    OutOfBounds {
+        /// Remote start address asked for.
+        addr: u64,
+        /// Bytes asked for.
+        len: usize,
+    },
+    /// The session is closed, or broken by an earlier transport error.
+    Closed,
+    /// The transport failed the request (peer gone, access refused...).
+    Transport(WcStatus),
+    /// The buffer could not be registered.
+    Registration(String),
+}
+
+impl std::fmt::Display for IoError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            IoError::OutOfBounds { addr, len } => {
+                write!(
+                    f,
+                    "remote range {addr:#x}+{len} is outside the peer's regions"
+                )
+            }
+            IoError::Closed => write!(f, "session closed"),
+            IoError::Transport(s) => write!(f, "transport error: {s:?}"),
+            IoError::Registration(e) => write!(f, "memory registration failed: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for IoError {}
+
+/// Receives a request's result: the filled buffer for a read, the caller's buffer back for a
+/// write.
+pub type Callback = Box<dyn FnOnce(Result<Vec<u8>, IoError>) + Send>;
+
+/// One queue pair with its CQ and the work requests it has in flight, keyed by wr_id.
+struct Link {
+    qp: QueuePair,
+    cq: CompletionQueue,
+    inflight: Mutex<Slab<InflightWr>>,
+}
+
+/// The state a session shares with its poller threads.
+struct Inner {
+    cfg: SessionConfig,
+    plan: PlanConfig,
+    pd: Arc<ProtectionDomain>,
+    links: Vec<Link>,
+    next_link: AtomicUsize,
+    queues: [MergeQueue<Request>; 2],
+    pool: Arc<MrPool>,
+    policy: Box<dyn AdmissionPolicy>,
+    counters: Counters,
+    remote: Vec<RemoteRegion>,
+    closed: AtomicBool,
+    stopping: AtomicBool,
+}
+
+/// A session with one peer. Dropping it fails whatever is still queued or in flight.
+pub struct Session {
+    inner: Arc<Inner>,
+    pollers: Vec<JoinHandle<()>>,
+}
+
+/// The result of one request, for callers that prefer to wait.
+pub struct Pending(crossbeam_channel::Receiver<Result<Vec<u8>, IoError>>);
+
+impl Pending {
+    /// Blocks until the request completes; [`IoError::Closed`] if it was dropped unanswered.
+    pub fn wait(self) -> Result<Vec<u8>, IoError> {
+        self.0.recv().unwrap_or(Err(IoError::Closed))
+    }
+}
+
+impl Session {
+    /// Starts a session over connected queue pairs. `remote` are the regions the peer lent us;
+    /// requests outside them are refused before they reach the wire.
+    pub fn new(
+        pd: Arc<ProtectionDomain>,
+        links: Vec<(QueuePair, CompletionQueue)>,
+        remote: Vec<RemoteRegion>,
+        cfg: SessionConfig,
+    ) -> io::Result<Session> {
+        if links.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a session needs a queue pair",
+            ));
+        }
+        let max_sge = links
+            .iter()
+            .map(|(qp, _)| qp.caps().max_send_sge as usize)
+            .min()
+            .unwrap_or(1)
+            .max(1);
+        let pool = MrPool::new(&pd, cfg.pool_slots, cfg.slot_size)?;
+        let plan = PlanConfig {
+            merge: cfg.merge,
+            chain: cfg.chain,
+            max_chain: cfg.max_chain,
+            max_merge_bytes: cfg.max_merge_bytes,
+            max_staged_bytes: cfg.slot_size,
+            max_sge,
+        };
+        let inner = Arc::new(Inner {
+            plan,
+            policy: cfg.window.build(),
+            pd,
+            links: links
+                .into_iter()
+                .map(|(qp, cq)| Link {
+                    qp,
+                    cq,
+                    inflight: Mutex::new(Slab::new()),
+                })
+                .collect(),
+            next_link: AtomicUsize::new(0),
+            queues: [MergeQueue::default(), MergeQueue::default()],
+            pool,
+            counters: Counters::default(),
+            remote,
+            closed: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
+            cfg,
+        });
+        let pollers = (0..inner.links.len())
+            .map(|i| {
+                let inner = inner.clone();
+                std::thread::Builder::new()
+                    .name(format!("rdmabox-poll{i}"))
+                    .spawn(move || inner.poll_loop(i))
+            })
+            .collect::<io::Result<Vec<_>>>()?;
+        Ok(Session { inner, pollers })
+    }
+
+    /// The settings the session was started with.
+    pub fn config(&self) -> &SessionConfig {
+        &self.inner.cfg
+    }
+
+    /// A copy of the live counters, read effects before causes (see [`crate::counters`]).
+    pub fn counters(&self) -> Snapshot {
+        self.inner.counters.snapshot()
+    }
+
+    /// The window policy in force, in words.
+    pub fn window(&self) -> String {
+        self.inner.policy.describe()
+    }
+
+    /// False once a transport error broke the session or it was closed.
+    pub fn is_open(&self) -> bool {
+        !self.inner.closed.load(Ordering::Acquire)
+    }
+
+    /// Reads `buf.len()` bytes at `remote` into `buf`; `done` gets the filled buffer.
+    pub fn read(&self, remote: RemoteAddr, buf: Vec<u8>, done: Callback) {
+        self.inner.submit(Dir::Read, remote, buf, done);
+    }
+
+    /// Writes `data` at `remote`; `done` gets the buffer back.
+    pub fn write(&self, remote: RemoteAddr, data: Vec<u8>, done: Callback) {
+        self.inner.submit(Dir::Write, remote, data, done);
+    }
+
+    /// [`Session::read`], with a handle to wait on instead of a callback.
+    pub fn read_pending(&self, remote: RemoteAddr, buf: Vec<u8>) -> Pending {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.read(remote, buf, Box::new(move |r| drop(tx.send(r))));
+        Pending(rx)
+    }
+
+    /// [`Session::write`], with a handle to wait on instead of a callback.
+    pub fn write_pending(&self, remote: RemoteAddr, data: Vec<u8>) -> Pending {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.write(remote, data, Box::new(move |r| drop(tx.send(r))));
+        Pending(rx)
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let inner = &self.inner;
+        inner.closed.store(true, Ordering::Release);
+        inner.drain(Dir::Read);
+        inner.drain(Dir::Write);
+        inner.stopping.store(true, Ordering::Release);
+        for l in &inner.links {
+            l.qp.set_error();
+        }
+        for p in self.pollers.drain(..) {
+            let _ = p.join();
+        }
+        // Anything a provider failed to flush in time still gets its answer.
+        for l in &inner.links {
+            let left: Vec<_> = l.inflight.lock().unwrap().drain().collect();
+            for w in left {
+                inner.finish(w, WcStatus::WrFlushError);
+            }
+        }
+    }
+}
+
+impl Inner {
+    /// Answers a request with an error and counts it as failed.
+    fn fail(&self, r: Request, e: IoError) {
+        Counters::add(&self.counters.requests_failed, 1);
+        (r.done)(Err(e));
+    }
+}

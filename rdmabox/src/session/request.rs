@@ -1,0 +1,55 @@
+//! The request model: what a session keeps for one request from submission to its callback,
+//! and for one work request while it is on the wire. Submission builds these and completion
+//! takes them apart; keeping them apart from both lets each side read as one concern.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::mr_pool::Slot;
+use crate::transport::{MemoryRegion, RemoteAddr};
+
+use super::Callback;
+
+/// The direction of a request; indexes the session's two merge queues.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Dir {
+    Read = 0,
+    Write = 1,
+}
+
+/// The caller's buffer: as handed in (to be staged through the preMR pool), or registered for
+/// the transfer itself (dynMR).
+pub(super) enum Buffer {
+    Plain(Vec<u8>),
+    Registered(Arc<MemoryRegion>),
+}
+
+/// One read or write as submitted: where, how much, the buffer and who gets the result.
+pub(super) struct Request {
+    pub(super) remote: RemoteAddr,
+    pub(super) len: usize,
+    pub(super) buf: Buffer,
+    pub(super) done: Callback,
+}
+
+/// Where a member of a work request is staged.
+pub(super) enum Staging {
+    /// At this offset of the work request's pool slot.
+    Pool(usize),
+    /// In its own registered buffer.
+    Dynamic,
+}
+
+/// One posted work request: its member requests (several when merged), the staging slot they
+/// share, and what it charged to the admission window.
+pub(super) struct InflightWr {
+    pub(super) dir: Dir,
+    pub(super) members: Vec<(Request, Staging)>,
+    pub(super) slot: Option<Slot>,
+    /// Window charge of all members, returned on completion.
+    pub(super) cost: u64,
+    /// Payload bytes of all members.
+    pub(super) bytes: u64,
+    /// When it was posted, for the adaptive window's latency samples.
+    pub(super) posted: Instant,
+}

@@ -1,0 +1,446 @@
+//! Submission: from a caller's read or write to work requests on the wire.
+//!
+//! A request is checked, queued on its direction's merge queue, and posted by whichever thread
+//! drains the queue (see [`crate::merge_queue`]). One drain pass admits what the window allows,
+//! registers the large buffers (dynMR), plans merging and chaining ([`crate::batching`]), and
+//! posts chain by chain: each group of a chain is staged into a preMR slot and becomes one work
+//! request, and the chain goes out with one doorbell. Whatever cannot go out now (no slot, no room
+//! in a send queue) goes back to the head of the queue for whoever frees the resource.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::batching::{self, Chain, Desc};
+use crate::counters::Counters;
+use crate::merge_queue::MergeQueue;
+use crate::mr_pool::{MrPool, Slot};
+use crate::transport::{
+    Access, MemoryRegion, PostError, RemoteAddr, SendOp, SendWr, Sge, WcStatus,
+};
+use crate::window::{admits, charge};
+
+use super::request::{Buffer, Dir, InflightWr, Request, Staging};
+use super::{Callback, Inner, IoError, Link};
+
+/// The requests of a chain that could not be posted, by batch index.
+struct Unposted(Vec<usize>);
+
+impl Inner {
+    /// Checks a request, queues it and drains its queue.
+    pub(super) fn submit(&self, dir: Dir, remote: RemoteAddr, buf: Vec<u8>, done: Callback) {
+        Counters::add(&self.counters.requests, 1);
+        let len = buf.len();
+        if self.closed.load(Ordering::Acquire) {
+            Counters::add(&self.counters.requests_failed, 1);
+            return done(Err(IoError::Closed));
+        }
+        if len == 0 {
+            return done(Ok(buf));
+        }
+        let inside = self.remote.iter().any(|r| {
+            r.rkey == remote.rkey
+                && remote.addr >= r.addr
+                && remote
+                    .addr
+                    .checked_add(len as u64)
+                    .is_some_and(|end| end <= r.addr + r.len)
+        });
+        if !inside || len > i32::MAX as usize {
+            Counters::add(&self.counters.requests_failed, 1);
+            return done(Err(IoError::OutOfBounds {
+                addr: remote.addr,
+                len,
+            }));
+        }
+        self.queues[dir as usize].push(Request {
+            remote,
+            len,
+            buf: Buffer::Plain(buf),
+            done,
+        });
+        self.drain(dir);
+    }
+
+    /// Posts what `dir`'s queue holds, unless another thread is already at it.
+    pub(super) fn drain(&self, dir: Dir) {
+        self.queues[dir as usize].drain_with(|q| self.drain_pass(dir, q), |q| self.can_progress(q));
+    }
+
+    /// Whether the request goes out from its own registered buffer rather than a pool slot.
+    fn is_dynamic(&self, r: &Request) -> bool {
+        matches!(r.buf, Buffer::Registered(_))
+            || r.len >= self.cfg.dyn_threshold
+            || r.len > self.cfg.slot_size
+    }
+
+    /// A link with room for `n` more work requests, trying them round-robin.
+    fn link_room(&self, n: usize) -> Option<usize> {
+        let links = self.links.len();
+        let start = self.next_link.fetch_add(1, Ordering::Relaxed);
+        (0..links).map(|k| (start + k) % links).find(|&i| {
+            self.links[i].inflight.lock().unwrap().len() + n
+                <= self.links[i].qp.caps().max_send_wr as usize
+        })
+    }
+
+    /// Whether the head of the queue could be posted now.
+    fn can_progress(&self, q: &MergeQueue<Request>) -> bool {
+        let pending = q.pending();
+        let Some(front) = pending.front() else {
+            return false;
+        };
+        if self.closed.load(Ordering::Acquire) {
+            return true;
+        }
+        let inflight = self.counters.inflight_bytes.load(Ordering::Relaxed);
+        admits(inflight, charge(front.len), self.policy.limit())
+            && (self.is_dynamic(front) || self.pool.available() > 0)
+            && self
+                .links
+                .iter()
+                .any(|l| l.inflight.lock().unwrap().len() < l.qp.caps().max_send_wr as usize)
+    }
+
+    /// One drain pass: admit, register, plan, post; requeue what could not be posted.
+    fn drain_pass(&self, dir: Dir, q: &MergeQueue<Request>) {
+        if self.closed.load(Ordering::Acquire) {
+            let all: Vec<_> = q.pending().drain(..).collect();
+            for r in all {
+                self.fail(r, IoError::Closed);
+            }
+            return;
+        }
+        let batch = self.admit_batch(q);
+        if batch.is_empty() {
+            return;
+        }
+        let mut ready = self.register_dynamic(batch);
+        let stalled = self.post_batch(dir, &mut ready);
+        if !stalled.is_empty() {
+            // Back to the head of the queue in submission order, where they may still merge.
+            self.requeue_stalled(q, stalled, &mut ready);
+        }
+    }
+
+    /// Takes requests from the head of the queue while the window admits them (and at most
+    /// `max_drain`), and charges them to the in-flight count.
+    fn admit_batch(&self, q: &MergeQueue<Request>) -> Vec<Request> {
+        let limit = self.policy.limit();
+        let inflight = self.counters.inflight_bytes.load(Ordering::Relaxed);
+        let mut batch = Vec::new();
+        let mut cost = 0;
+        {
+            let mut pending = q.pending();
+            while batch.len() < self.cfg.max_drain {
+                let Some(front) = pending.front() else { break };
+                let c = charge(front.len);
+                if !admits(inflight + cost, c, limit) {
+                    Counters::add(&self.counters.window_stalls, 1);
+                    break;
+                }
+                cost += c;
+                batch.push(pending.pop_front().expect("front exists"));
+            }
+        }
+        if !batch.is_empty() {
+            self.counters.admit(cost);
+        }
+        batch
+    }
+
+    /// Registers the buffers of the requests that go out dynMR; a request whose registration
+    /// fails is answered (and uncharged) here. The rest come back as planner input, each `Some`
+    /// until it is posted or requeued.
+    fn register_dynamic(&self, batch: Vec<Request>) -> Vec<Option<Request>> {
+        let mut ready: Vec<Option<Request>> = Vec::with_capacity(batch.len());
+        for mut r in batch {
+            if self.is_dynamic(&r) {
+                if let Buffer::Plain(v) = std::mem::replace(&mut r.buf, Buffer::Plain(Vec::new())) {
+                    match self.pd.register_vec(v, Access::LOCAL_WRITE) {
+                        Ok(mr) => {
+                            Counters::add(&self.counters.dynmr_registrations, 1);
+                            r.buf = Buffer::Registered(Arc::new(mr));
+                        }
+                        Err(e) => {
+                            self.counters.retire(charge(r.len));
+                            self.fail(r, IoError::Registration(e.to_string()));
+                            continue;
+                        }
+                    }
+                }
+            }
+            ready.push(Some(r));
+        }
+        ready
+    }
+
+    /// Plans the batch into chains and posts them in order. After the first chain that cannot
+    /// be posted in full, the later ones are not tried: returns the batch indices left over.
+    fn post_batch(&self, dir: Dir, ready: &mut [Option<Request>]) -> Vec<usize> {
+        let descs: Vec<Desc> = ready
+            .iter()
+            .map(|r| {
+                let r = r.as_ref().expect("all present before planning");
+                Desc {
+                    rkey: r.remote.rkey,
+                    addr: r.remote.addr,
+                    len: r.len,
+                    dynamic: matches!(r.buf, Buffer::Registered(_)),
+                }
+            })
+            .collect();
+        let chains = batching::plan(&descs, &self.plan);
+        let mut stalled: Vec<usize> = Vec::new();
+        for chain in chains {
+            if !stalled.is_empty() {
+                stalled.extend(chain.into_iter().flatten());
+                continue;
+            }
+            if let Err(Unposted(rest)) = self.post_chain(dir, chain, ready) {
+                stalled = rest;
+            }
+        }
+        stalled
+    }
+
+    /// Puts the stalled requests back at the head of the queue in submission order, and
+    /// uncharges them.
+    fn requeue_stalled(
+        &self,
+        q: &MergeQueue<Request>,
+        mut stalled: Vec<usize>,
+        ready: &mut [Option<Request>],
+    ) {
+        stalled.sort_unstable();
+        let back: Vec<Request> = stalled
+            .into_iter()
+            .map(|i| ready[i].take().expect("unposted requests are still here"))
+            .collect();
+        self.counters
+            .retire(back.iter().map(|r| charge(r.len)).sum());
+        q.requeue_front(back.into_iter());
+    }
+
+    /// Stages and posts one chain on one queue pair. Groups are staged in order until the pool
+    /// runs dry; those staged go out, the rest are returned.
+    fn post_chain(
+        &self,
+        dir: Dir,
+        chain: Chain,
+        ready: &mut [Option<Request>],
+    ) -> Result<(), Unposted> {
+        let Some(li) = self.link_room(chain.len()) else {
+            return Err(Unposted(chain.concat()));
+        };
+        let chained = chain.len() > 1;
+        let mut wrs: Vec<InflightWr> = Vec::with_capacity(chain.len());
+        let mut groups = chain.into_iter();
+        let mut unposted = Vec::new();
+        for group in groups.by_ref() {
+            match self.stage_group(dir, &group, chained, ready) {
+                Some(w) => wrs.push(w),
+                None => {
+                    unposted.extend(group);
+                    break;
+                }
+            }
+        }
+        unposted.extend(groups.flatten());
+        if wrs.is_empty() {
+            return Err(Unposted(unposted));
+        }
+        self.post_wrs(&self.links[li], dir, wrs);
+        if unposted.is_empty() {
+            Ok(())
+        } else {
+            Err(Unposted(unposted))
+        }
+    }
+
+    /// Turns one planned group into a work request: takes its requests out of `ready` and, if
+    /// any is staged, copies them into a pool slot (writes only; reads are copied out on
+    /// completion). `None`, with `ready` untouched, if a slot is needed and the pool is empty.
+    fn stage_group(
+        &self,
+        dir: Dir,
+        group: &[usize],
+        chained: bool,
+        ready: &mut [Option<Request>],
+    ) -> Option<InflightWr> {
+        let staged = group
+            .iter()
+            .any(|&i| matches!(ready[i].as_ref().map(|r| &r.buf), Some(Buffer::Plain(_))));
+        let slot = if staged {
+            match self.pool.try_get() {
+                Some(s) => Some(s),
+                None => {
+                    Counters::add(&self.counters.pool_stalls, 1);
+                    return None;
+                }
+            }
+        } else {
+            None
+        };
+        let mut members = Vec::with_capacity(group.len());
+        let mut offset = 0;
+        let mut bytes = 0u64;
+        let mut cost = 0u64;
+        for &i in group {
+            let r = ready[i].take().expect("each request is planned once");
+            bytes += r.len as u64;
+            cost += charge(r.len);
+            let staging = match &r.buf {
+                Buffer::Registered(_) => Staging::Dynamic,
+                Buffer::Plain(data) => {
+                    let slot = slot.as_ref().expect("staged groups have a slot");
+                    if dir == Dir::Write {
+                        slot.write_at(offset, data);
+                        Counters::add(&self.counters.premr_copies, 1);
+                    }
+                    offset += r.len;
+                    Staging::Pool(offset - r.len)
+                }
+            };
+            members.push((r, staging));
+        }
+        self.count_shape(members.len(), chained);
+        Some(InflightWr {
+            dir,
+            members,
+            slot,
+            cost,
+            bytes,
+            posted: Instant::now(),
+        })
+    }
+
+    /// Counts how a work request's members went out: merged, chained or alone.
+    fn count_shape(&self, members: usize, chained: bool) {
+        let c = &self.counters;
+        if members > 1 {
+            Counters::add(&c.requests_merged, members as u64);
+        } else if chained {
+            Counters::add(&c.requests_chained, 1);
+        } else {
+            Counters::add(&c.requests_single, 1);
+        }
+    }
+
+    /// Enters the work requests in the link's in-flight table and posts them with one doorbell;
+    /// those a failed post left behind are taken back.
+    fn post_wrs(&self, link: &Link, dir: Dir, wrs: Vec<InflightWr>) {
+        // Scatter/gather lists, built from Arc clones so that the completion may arrive (and the
+        // slab entry go) before the post returns.
+        let keep: Vec<Vec<SgeSource>> = wrs.iter().map(sge_sources).collect();
+        let remotes: Vec<RemoteAddr> = wrs.iter().map(|w| w.members[0].0.remote).collect();
+        let keys: Vec<usize> = {
+            let mut slab = link.inflight.lock().unwrap();
+            wrs.into_iter().map(|w| slab.insert(w)).collect()
+        };
+        let result = self.ring_doorbell(link, dir, &keys, &keep, &remotes);
+        drop(keep);
+        let posted = match &result {
+            Ok(()) => keys.len(),
+            Err(e) => e.posted(),
+        };
+        Counters::add(&self.counters.work_requests, posted as u64);
+        if posted > 0 {
+            Counters::add(&self.counters.doorbells, 1);
+        }
+        if let Err(e) = result {
+            self.take_back(link, dir, &keys[posted..], &e);
+        }
+    }
+
+    /// Builds the SGE and work request lists (wr_id: the slab key) and posts them in one call.
+    fn ring_doorbell(
+        &self,
+        link: &Link,
+        dir: Dir,
+        keys: &[usize],
+        keep: &[Vec<SgeSource>],
+        remotes: &[RemoteAddr],
+    ) -> Result<(), PostError> {
+        let sges: Vec<Vec<Sge<'_>>> = keep
+            .iter()
+            .map(|srcs| srcs.iter().map(|s| s.sge(&self.pool)).collect())
+            .collect();
+        let send: Vec<SendWr<'_>> = keys
+            .iter()
+            .zip(&sges)
+            .zip(remotes)
+            .map(|((&k, sg), &remote)| {
+                let op = match dir {
+                    Dir::Read => SendOp::Read(remote),
+                    Dir::Write => SendOp::Write(remote),
+                };
+                SendWr::new(k as u64, op, sg)
+            })
+            .collect();
+        link.qp.post_send(&send)
+    }
+
+    /// Removes the work requests a failed post did not take (`keys`) from the in-flight table
+    /// and uncharges them: requeued if the send queue was full, failed otherwise.
+    fn take_back(&self, link: &Link, dir: Dir, keys: &[usize], e: &PostError) {
+        let mut slab = link.inflight.lock().unwrap();
+        let back: Vec<InflightWr> = keys.iter().map(|&k| slab.remove(k)).collect();
+        drop(slab);
+        for w in back {
+            self.counters.retire(w.cost);
+            match e {
+                PostError::QueueFull { .. } => {
+                    // Cannot happen while we keep within max_send_wr; requeue if it does.
+                    self.queues[dir as usize].requeue_front(w.members.into_iter().map(|(r, _)| r));
+                }
+                _ => {
+                    log::error!("post failed: {e}");
+                    for (r, _) in w.members {
+                        self.fail(r, IoError::Transport(WcStatus::LocalQpOperationError));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Where one SGE of a work request points.
+enum SgeSource {
+    Pool { slot_offset: usize, len: usize },
+    Own(Arc<MemoryRegion>),
+}
+
+impl SgeSource {
+    fn sge<'a>(&'a self, pool: &'a MrPool) -> Sge<'a> {
+        match self {
+            SgeSource::Pool { slot_offset, len } => pool.sge_at(*slot_offset, *len),
+            SgeSource::Own(mr) => mr.sge(),
+        }
+    }
+}
+
+/// One SGE per dynamic member, one per run of members staged next to each other.
+fn sge_sources(w: &InflightWr) -> Vec<SgeSource> {
+    let mut out: Vec<SgeSource> = Vec::new();
+    let base = w.slot.as_ref().map_or(0, Slot::offset);
+    for (r, staging) in &w.members {
+        match (staging, &r.buf) {
+            (Staging::Pool(off), _) => {
+                if let Some(SgeSource::Pool { slot_offset, len }) = out.last_mut() {
+                    if *slot_offset + *len == base + off {
+                        *len += r.len;
+                        continue;
+                    }
+                }
+                out.push(SgeSource::Pool {
+                    slot_offset: base + off,
+                    len: r.len,
+                });
+            }
+            (Staging::Dynamic, Buffer::Registered(mr)) => out.push(SgeSource::Own(mr.clone())),
+            (Staging::Dynamic, Buffer::Plain(_)) => unreachable!("dynamic members are registered"),
+        }
+    }
+    out
+}

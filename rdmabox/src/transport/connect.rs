@@ -1,0 +1,42 @@
+//! Queue-pair setup: creating a peer's queue pairs and connecting them over the control
+//! connection, on top of the endpoint exchange. Both ends of a link (a session's client and the
+//! peer that lends it memory) run the same steps, so it lives with the transport, not the session.
+
+use std::io;
+use std::net::TcpStream;
+
+use super::{exchange_endpoints, CompletionQueue, Context, ProtectionDomain, QpCaps, QueuePair};
+
+/// Creates `n` queue pairs (each with its own CQ) and connects them to the peer's over a
+/// control connection. Both sides call it with the same `n`.
+pub fn connect_links(
+    ctx: &Context,
+    pd: &ProtectionDomain,
+    control: &mut TcpStream,
+    n: usize,
+    caps: QpCaps,
+) -> io::Result<Vec<(QueuePair, CompletionQueue)>> {
+    let mut prepared = Vec::with_capacity(n);
+    let mut local = Vec::with_capacity(n);
+    for _ in 0..n {
+        let cq = ctx.create_cq((caps.max_send_wr + caps.max_recv_wr) as usize)?;
+        let qp = ctx.create_qp(pd, &cq, &cq, caps)?;
+        local.push(qp.endpoint()?);
+        prepared.push((qp, cq));
+    }
+    let remote = exchange_endpoints(control, &local)?;
+    if remote.len() != n {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "peer offered {} queue pairs, we asked for {n}",
+                remote.len()
+            ),
+        ));
+    }
+    prepared
+        .into_iter()
+        .zip(&remote)
+        .map(|((qp, cq), r)| Ok((qp.connect(r)?, cq)))
+        .collect()
+}
