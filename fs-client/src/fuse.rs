@@ -1,6 +1,7 @@
 //! The FUSE adapter: translates fuser calls into [`Rfs`] operations and their results into
-//! replies; nothing else. Every failure goes through [`fuse_error!`], which logs it (faults as
-//! warnings, plain answers such as ENOENT at debug level) and replies with its errno. Reads and
+//! replies; nothing else. Every failed operation goes through [`fuse_error!`], which logs it
+//! once (faults as warnings, plain answers such as ENOENT at debug level) and replies with its
+//! errno; extended attributes, which rfs does not have, answer ENOTSUP directly. Reads and
 //! writes answer from the completion path; everything else answers in place.
 
 use std::ffi::OsStr;

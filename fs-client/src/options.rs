@@ -121,7 +121,11 @@ pub const OPTIONS: &[MountOption] = &[
         name: "max_write",
         value: Value::Takes("SIZE"),
         help: "Largest write the kernel sends, 4K to 1M",
-        set: |c, v| parse_size(v).map(|s| c.max_write = s.min(u32::MAX as u64) as u32),
+        set: |c, v| {
+            let s = parse_size(v)?;
+            c.max_write = u32::try_from(s).map_err(|_| format!("{s} is too large"))?;
+            Ok(())
+        },
     },
     MountOption {
         name: "max_readahead",

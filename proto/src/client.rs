@@ -98,21 +98,20 @@ pub trait MetadataChannel {
     /// Sends one encoded request and returns the encoded reply.
     fn exchange(&self, request: &[u8]) -> io::Result<Vec<u8>>;
 
-    /// One metadata call and its typed answer.
+    /// One metadata call and its typed answer. Failures are the caller's to log, once.
     fn call<C: Call + fmt::Debug>(&self, req: C) -> Result<C::Reply, CallError>
     where
         Self: Sized,
     {
-        let raw = self.exchange(&encode_call(&req)).map_err(|e| {
-            log::warn!("metadata call {req:?} failed: {e}");
-            CallError::Transport(e)
-        })?;
+        let raw = self
+            .exchange(&encode_call(&req))
+            .map_err(|e| CallError::Transport(io::Error::new(e.kind(), format!("{req:?}: {e}"))))?;
         match decode_reply::<C>(&raw) {
             Ok(r) => r.map_err(CallError::Remote),
-            Err(e) => {
-                log::warn!("metadata reply to {req:?}: {e}");
-                Err(CallError::Malformed(e))
-            }
+            Err(e) => Err(CallError::Malformed(DecodeError(format!(
+                "reply to {req:?}: {}",
+                e.0
+            )))),
         }
     }
 }
@@ -196,10 +195,7 @@ impl Client {
             &self.cfg.session,
             self.cfg.connect_timeout,
         )
-        .map_err(|e| {
-            log::warn!("data node {node} at {addr}: {e}");
-            gone(format!("{addr}: {e}"))
-        })?;
+        .map_err(|e| gone(format!("{addr}: {e}")))?;
         // Another thread may have connected meanwhile: keep the first live session, since
         // dropping a session fails the requests in flight on it.
         let mut data = self.data.lock().unwrap();

@@ -2,15 +2,16 @@
 //! options and counted lists. [`Wire`] puts and gets one value; [`wire_struct!`] writes a
 //! struct's encoding and decoding from its one field list, so they cannot drift apart.
 //!
-//! Decoding never trusts a length or a count it has not checked against its limit and against
-//! what is left, and a message with trailing bytes is refused.
+//! Decoding checks every length and count against its limit before it takes anything (and
+//! allocates nothing up front), and a message with trailing bytes is refused.
 
 use std::fmt;
 
 use crate::errno::Errno;
 
-/// The protocol version every message starts with.
-pub const VERSION: u8 = 1;
+/// The protocol version every message starts with. 2: requests are structs, and a reply
+/// carries its request's op and a status.
+pub const VERSION: u8 = 2;
 /// Bounds what one list (readdir page, chunk map, node list) may carry: a message is at most
 /// 64 KiB.
 pub const MAX_LIST: u32 = 256;

@@ -26,22 +26,24 @@ pub trait Backend: MetadataChannel + Send + Sync + 'static {
 
 impl Backend for Client {
     fn read(&self, chunk: &ChunkRef, offset: u64, buf: Vec<u8>, done: DataDone) {
-        match self.data(chunk.node) {
+        let node = chunk.node;
+        match self.data(node) {
             Ok(d) => d.session.read(
                 chunk_addr(chunk, offset),
                 buf,
-                Box::new(move |r| done(r.map_err(|e| Error::data("read", &e)))),
+                Box::new(move |r| done(r.map_err(|e| Error::data(node, &e)))),
             ),
             Err(e) => done(Err(e.into())),
         }
     }
 
     fn write(&self, chunk: &ChunkRef, offset: u64, data: Vec<u8>, done: DataDone) {
-        match self.data(chunk.node) {
+        let node = chunk.node;
+        match self.data(node) {
             Ok(d) => d.session.write(
                 chunk_addr(chunk, offset),
                 data,
-                Box::new(move |r| done(r.map_err(|e| Error::data("write", &e)))),
+                Box::new(move |r| done(r.map_err(|e| Error::data(node, &e)))),
             ),
             Err(e) => done(Err(e.into())),
         }

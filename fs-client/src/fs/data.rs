@@ -1,8 +1,9 @@
 //! The data path: a read or write is split at chunk boundaries, each piece goes one-sidedly to
 //! the chunk's data node through the backend, and the caller is answered once every piece is
-//! done (from the completion path of the last one).
+//! done (from the completion path of the last one), with the first failure if any: the FUSE
+//! adapter logs it, once.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rfs_proto::types::Ino;
@@ -48,9 +49,8 @@ fn segments(offset: u64, len: usize, chunk: u64) -> Vec<Segment> {
 }
 
 impl<B: Backend> Rfs<B> {
-    /// Counts and logs a failed piece; the application sees EIO.
-    fn piece_failed(stats: &ClientStats, e: &Error) {
-        log::warn!("{e}");
+    /// Counts a failed piece.
+    fn piece_failed(stats: &ClientStats) {
         ClientStats::add(&stats.io_errors, 1);
     }
 
@@ -72,7 +72,7 @@ impl<B: Backend> Rfs<B> {
         let refs =
             match self
                 .chunks
-                .refs(&self.backend, ino, segs[0].index, segs.len() as u64, false)
+                .refs(&self.meta(), ino, segs[0].index, segs.len() as u64, false)
             {
                 Ok(r) => r,
                 Err(e) => return done(Err(e)),
@@ -89,8 +89,8 @@ impl<B: Backend> Rfs<B> {
                 s.offset_in_chunk,
                 vec![0; len],
                 Box::new(move |r| {
-                    if let Err(e) = &r {
-                        Self::piece_failed(&stats, e);
+                    if r.is_err() {
+                        Self::piece_failed(&stats);
                     }
                     done(r)
                 }),
@@ -101,13 +101,7 @@ impl<B: Backend> Rfs<B> {
             let buf = buf.clone();
             Pieces::new(
                 segs.len(),
-                Box::new(move |ok| {
-                    done(if ok {
-                        Ok(std::mem::take(&mut *buf.lock().unwrap()))
-                    } else {
-                        Err(Errno::EIO.into())
-                    })
-                }),
+                Box::new(move |r| done(r.map(|()| std::mem::take(&mut *buf.lock().unwrap())))),
             )
         };
         for (s, r) in segs.iter().zip(refs) {
@@ -124,8 +118,8 @@ impl<B: Backend> Rfs<B> {
                     match r {
                         Ok(data) => buf.lock().unwrap()[at..at + data.len()].copy_from_slice(&data),
                         Err(e) => {
-                            Self::piece_failed(&stats, &e);
-                            job.fail();
+                            Self::piece_failed(&stats);
+                            job.fail(e);
                         }
                     }
                     job.part_done();
@@ -145,26 +139,23 @@ impl<B: Backend> Rfs<B> {
         }
         ClientStats::add(&self.stats.writes, 1);
         let segs = segments(offset, data.len(), self.chunk_size);
-        let refs =
-            match self
-                .chunks
-                .refs(&self.backend, ino, segs[0].index, segs.len() as u64, true)
-            {
-                Ok(r) => r,
-                Err(e) => return done(Err(e)),
-            };
+        let refs = match self
+            .chunks
+            .refs(&self.meta(), ino, segs[0].index, segs.len() as u64, true)
+        {
+            Ok(r) => r,
+            Err(e) => return done(Err(e)),
+        };
         let job = {
             let fs = self.clone();
             let (end, len) = (offset + data.len() as u64, data.len() as u32);
             Pieces::new(
                 segs.len(),
-                Box::new(move |ok| {
-                    if ok {
+                Box::new(move |r| {
+                    if r.is_ok() {
                         fs.wrote(ino, end, len);
-                        done(Ok(len));
-                    } else {
-                        done(Err(Errno::EIO.into()));
                     }
+                    done(r.map(|()| len))
                 }),
             )
         };
@@ -177,8 +168,8 @@ impl<B: Backend> Rfs<B> {
                 data[s.at..s.at + s.len].to_vec(),
                 Box::new(move |r| {
                     if let Err(e) = r {
-                        Self::piece_failed(&stats, &e);
-                        job.fail();
+                        Self::piece_failed(&stats);
+                        job.fail(e);
                     }
                     job.part_done();
                 }),
@@ -195,7 +186,7 @@ impl<B: Backend> Rfs<B> {
         }
         let index = new / self.chunk_size;
         let end = ((index + 1) * self.chunk_size).min(old);
-        let Some(chunk) = self.chunks.refs(&self.backend, ino, index, 1, false)?[0] else {
+        let Some(chunk) = self.chunks.refs(&self.meta(), ino, index, 1, false)?[0] else {
             return Ok(());
         };
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
@@ -215,14 +206,13 @@ impl<B: Backend> Rfs<B> {
     }
 }
 
-/// What a split request does once all its pieces are done: `true` if none failed.
-type Finish = Box<dyn FnOnce(bool) + Send>;
+/// What a split request does once all its pieces are done: Ok, or the first failure.
+type Finish = Box<dyn FnOnce(Result<()>) + Send>;
 
-/// A read or write split over several chunks: `finish(ok)` runs once, when the last piece is
-/// done, `ok` unless a piece failed.
+/// A read or write split over several chunks: `finish` runs once, when the last piece is done.
 struct Pieces {
     left: AtomicUsize,
-    failed: AtomicBool,
+    failure: Mutex<Option<Error>>,
     finish: Mutex<Option<Finish>>,
 }
 
@@ -230,24 +220,28 @@ impl Pieces {
     fn new(n: usize, finish: Finish) -> Arc<Pieces> {
         Arc::new(Pieces {
             left: AtomicUsize::new(n),
-            failed: AtomicBool::new(false),
+            failure: Mutex::new(None),
             finish: Mutex::new(Some(finish)),
         })
     }
 
-    /// Marks the request failed; call before this piece's `part_done`.
-    fn fail(&self) {
-        self.failed.store(true, Ordering::Relaxed);
+    /// Fails the request (the first failure is the one reported); call before this piece's
+    /// `part_done`.
+    fn fail(&self, e: Error) {
+        self.failure.lock().unwrap().get_or_insert(e);
     }
 
     fn part_done(&self) {
-        // Release publishes this piece's `fail` (and its bytes); the last finisher's Acquire
-        // sees every other piece's, as in `Arc`'s drop.
+        // Release publishes this piece's work (its bytes, its failure); the last finisher's
+        // Acquire sees every other piece's, as in `Arc`'s drop.
         if self.left.fetch_sub(1, Ordering::AcqRel) != 1 {
             return;
         }
         let finish = self.finish.lock().unwrap().take().expect("finished once");
-        finish(!self.failed.load(Ordering::Relaxed));
+        finish(match self.failure.lock().unwrap().take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        });
     }
 }
 
@@ -279,13 +273,13 @@ mod tests {
     fn a_failed_piece_fails_the_whole_whoever_finishes_last() {
         for failing in 0..3 {
             let (tx, rx) = std::sync::mpsc::channel();
-            let job = Pieces::new(3, Box::new(move |ok| tx.send(ok).unwrap()));
+            let job = Pieces::new(3, Box::new(move |r| tx.send(r).unwrap()));
             let threads: Vec<_> = (0..3)
                 .map(|i| {
                     let job = job.clone();
                     std::thread::spawn(move || {
                         if i == failing {
-                            job.fail();
+                            job.fail(Error::new(Errno::EIO, format!("piece {i}")));
                         }
                         job.part_done();
                     })
@@ -294,7 +288,11 @@ mod tests {
             for t in threads {
                 t.join().unwrap();
             }
-            assert!(!rx.recv().unwrap(), "piece {failing} failed");
+            let e = rx.recv().unwrap().unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!("piece {failing} (Input/output error)")
+            );
             assert!(rx.try_recv().is_err(), "finished once");
         }
     }

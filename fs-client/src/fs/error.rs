@@ -36,9 +36,9 @@ impl Error {
         self.context.is_some()
     }
 
-    /// An I/O error of a one-sided transfer.
-    pub(crate) fn data(what: &str, e: &IoError) -> Error {
-        Error::new(Errno::EIO, format!("{what} failed: {e}"))
+    /// A one-sided transfer to data node `node` failed.
+    pub(crate) fn data(node: u32, e: &IoError) -> Error {
+        Error::new(Errno::EIO, format!("data node {node}: {e}"))
     }
 }
 
@@ -86,8 +86,8 @@ mod tests {
         assert_eq!(e.errno(), Errno::EIO);
         assert!(e.is_fault());
         assert!(e.to_string().contains("rpc connection lost"), "{e}");
-        let e = Error::data("read", &IoError::Closed);
+        let e = Error::data(3, &IoError::Closed);
         assert_eq!(e.errno(), Errno::EIO);
-        assert!(e.to_string().contains("read failed"), "{e}");
+        assert!(e.to_string().contains("data node 3"), "{e}");
     }
 }

@@ -49,6 +49,11 @@ impl FakeCluster {
         *self.state.lock().unwrap().calls.get(&op).unwrap_or(&0)
     }
 
+    /// Every call that reached the "metadata node".
+    pub(crate) fn total_calls(&self) -> usize {
+        self.state.lock().unwrap().calls.values().sum()
+    }
+
     /// Makes every transfer to `node` fail (None: none).
     pub(crate) fn fail_node(&self, node: Option<u32>) {
         self.state.lock().unwrap().failing_node = node;

@@ -32,7 +32,7 @@ use rfs_proto::message::{
 };
 use rfs_proto::types::{Attr, AttrChanges, DirEntry, FileKind, Ino, Owner, StatFs, ROOT};
 use rfs_proto::wire::MAX_LIST;
-use rfs_proto::{Client, Errno};
+use rfs_proto::{Client, Errno, MetadataChannel};
 
 pub use backend::{Backend, DataDone};
 pub use data::{ReadDone, WriteDone};
@@ -54,10 +54,23 @@ pub struct Rfs<B: Backend = Client> {
     stats: Arc<ClientStats>,
 }
 
+/// The backend's metadata channel, counting calls for the stats file.
+struct Counted<'a, B>(&'a B, &'a AtomicU64);
+
+impl<B: MetadataChannel> MetadataChannel for Counted<'_, B> {
+    fn exchange(&self, request: &[u8]) -> std::io::Result<Vec<u8>> {
+        ClientStats::add(self.1, 1);
+        self.0.exchange(request)
+    }
+}
+
 impl<B: Backend> Rfs<B> {
     /// The file system of the namespace behind `backend`.
     pub fn new(backend: B) -> Result<Rfs<B>> {
-        let chunk_size = backend.call(GetStatFs {})?.chunk_size;
+        let stats = Arc::<ClientStats>::default();
+        let chunk_size = Counted(&backend, &stats.metadata_ops)
+            .call(GetStatFs {})?
+            .chunk_size;
         if chunk_size == 0 {
             return Err(Error::new(
                 Errno::EIO,
@@ -71,13 +84,17 @@ impl<B: Backend> Rfs<B> {
             open: Mutex::new(HashMap::new()),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
-            stats: Arc::default(),
+            stats,
         })
     }
 
+    /// Where metadata calls go.
+    fn meta(&self) -> Counted<'_, B> {
+        Counted(&self.backend, &self.stats.metadata_ops)
+    }
+
     fn call<C: Call + Debug>(&self, req: C) -> Result<C::Reply> {
-        ClientStats::add(&self.stats.metadata_ops, 1);
-        Ok(self.backend.call(req)?)
+        Ok(self.meta().call(req)?)
     }
 
     /// A call answering attributes, seen with our own uncommitted writes.

@@ -48,7 +48,7 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 
 #[test]
 fn writes_and_reads_split_at_chunk_boundaries_round_trip() {
-    let cluster = Arc::default();
+    let cluster: Arc<FakeCluster> = Arc::default();
     let fs = client(&cluster);
     let ino = create(&fs, "f");
     let (fh, _) = fs.open(ino).unwrap();
@@ -62,6 +62,8 @@ fn writes_and_reads_split_at_chunk_boundaries_round_trip() {
     assert_eq!(&all[1000..], &data[..]);
     assert_eq!(read(&fs, ino, 1 << 30, 10).unwrap(), Vec::<u8>::new());
     fs.release(fh).unwrap();
+    let ops = format!("metadata_ops {}\n", cluster.total_calls());
+    assert!(fs.stats_text().contains(&ops), "every call counted: {ops}");
 }
 
 #[test]
