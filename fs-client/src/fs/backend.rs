@@ -2,7 +2,8 @@
 //! real one (RPC to the metadata node, rdmabox sessions to the data nodes); the tests use an
 //! in-memory one, so that the file system's logic runs without processes or FUSE.
 
-use rdmabox::Snapshot;
+use rdmabox::session::Callback;
+use rdmabox::{Session, Snapshot};
 use rfs_proto::data::chunk_addr;
 use rfs_proto::types::ChunkRef;
 use rfs_proto::{Client, MetadataChannel};
@@ -24,29 +25,35 @@ pub trait Backend: MetadataChannel + Send + Sync + 'static {
     fn counters(&self) -> Snapshot;
 }
 
+/// Starts a transfer on the session to `chunk`'s node, whose result becomes ours; a node that
+/// cannot be reached fails the transfer at once.
+fn one_sided(
+    client: &Client,
+    chunk: &ChunkRef,
+    done: DataDone,
+    start: impl FnOnce(&Session, Callback),
+) {
+    let node = chunk.node;
+    match client.data(node) {
+        Ok(d) => start(
+            &d.session,
+            Box::new(move |r| done(r.map_err(|e| Error::data(node, &e)))),
+        ),
+        Err(e) => done(Err(e.into())),
+    }
+}
+
 impl Backend for Client {
     fn read(&self, chunk: &ChunkRef, offset: u64, buf: Vec<u8>, done: DataDone) {
-        let node = chunk.node;
-        match self.data(node) {
-            Ok(d) => d.session.read(
-                chunk_addr(chunk, offset),
-                buf,
-                Box::new(move |r| done(r.map_err(|e| Error::data(node, &e)))),
-            ),
-            Err(e) => done(Err(e.into())),
-        }
+        one_sided(self, chunk, done, |s, cb| {
+            s.read(chunk_addr(chunk, offset), buf, cb)
+        });
     }
 
     fn write(&self, chunk: &ChunkRef, offset: u64, data: Vec<u8>, done: DataDone) {
-        let node = chunk.node;
-        match self.data(node) {
-            Ok(d) => d.session.write(
-                chunk_addr(chunk, offset),
-                data,
-                Box::new(move |r| done(r.map_err(|e| Error::data(node, &e)))),
-            ),
-            Err(e) => done(Err(e.into())),
-        }
+        one_sided(self, chunk, done, |s, cb| {
+            s.write(chunk_addr(chunk, offset), data, cb)
+        });
     }
 
     fn transport(&self) -> String {
