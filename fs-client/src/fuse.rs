@@ -5,6 +5,7 @@
 //! writes answer from the completion path; everything else answers in place.
 
 use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -96,7 +97,7 @@ impl RfsFuse {
         &self,
         ino: INodeNo,
         offset: u64,
-        mut add: impl FnMut(u64, &str, &Attr) -> bool,
+        mut add: impl FnMut(u64, &OsStr, &Attr) -> bool,
     ) -> Result<(), Error> {
         let mut cookie = offset;
         loop {
@@ -105,7 +106,7 @@ impl RfsFuse {
                 return Ok(());
             }
             for e in &page {
-                if add(e.cookie, &e.name, &e.attr) {
+                if add(e.cookie, OsStr::from_bytes(e.name.as_bytes()), &e.attr) {
                     return Ok(());
                 }
                 cookie = e.cookie;
@@ -135,9 +136,9 @@ fn empty(op: &'static str, r: Result<(), Error>, reply: ReplyEmpty) {
     }
 }
 
-/// Names are UTF-8 in this namespace.
-fn name(n: &OsStr) -> Result<&str, Error> {
-    n.to_str().ok_or(Error::from(Errno::EINVAL))
+/// Names are bytes, as Linux has them.
+fn name(n: &OsStr) -> &[u8] {
+    n.as_bytes()
 }
 
 fn timestamp(t: TimeOrNow) -> Timestamp {
@@ -196,7 +197,7 @@ impl Filesystem for RfsFuse {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
-        let n = or_reply!("lookup", name(n), reply);
+        let n = name(n);
         self.entry("lookup", self.fs.lookup(parent.0, n), reply);
     }
 
@@ -248,7 +249,7 @@ impl Filesystem for RfsFuse {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let n = or_reply!("mknod", name(n), reply);
+        let n = name(n);
         let kind = or_reply!("mknod", kind_of(mode).ok_or(Errno::EINVAL), reply);
         let made = self
             .fs
@@ -265,18 +266,18 @@ impl Filesystem for RfsFuse {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let n = or_reply!("mkdir", name(n), reply);
+        let n = name(n);
         let made = self.fs.mkdir(parent.0, n, owner(req, mode, umask));
         self.entry("mkdir", made, reply);
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
-        let n = or_reply!("unlink", name(n), reply);
+        let n = name(n);
         empty("unlink", self.fs.unlink(parent.0, n), reply);
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
-        let n = or_reply!("rmdir", name(n), reply);
+        let n = name(n);
         empty("rmdir", self.fs.rmdir(parent.0, n), reply);
     }
 
@@ -288,8 +289,8 @@ impl Filesystem for RfsFuse {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        let link = or_reply!("symlink", name(link), reply);
-        let target = or_reply!("symlink", name(target.as_os_str()), reply);
+        let link = name(link);
+        let target = name(target.as_os_str());
         let made = self
             .fs
             .symlink(parent.0, link, target, req.uid(), req.gid());
@@ -306,8 +307,8 @@ impl Filesystem for RfsFuse {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        let n = or_reply!("rename", name(n), reply);
-        let newname = or_reply!("rename", name(newname), reply);
+        let n = name(n);
+        let newname = name(newname);
         let renamed = self
             .fs
             .rename(parent.0, n, newparent.0, newname, flags.bits());
@@ -322,7 +323,7 @@ impl Filesystem for RfsFuse {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        let newname = or_reply!("link", name(newname), reply);
+        let newname = name(newname);
         self.entry("link", self.fs.link(ino.0, newparent.0, newname), reply);
     }
 
@@ -506,7 +507,7 @@ impl Filesystem for RfsFuse {
         _flags: i32,
         reply: ReplyCreate,
     ) {
-        let n = or_reply!("create", name(n), reply);
+        let n = name(n);
         let owner = owner(req, mode, umask);
         let made = self.fs.mknod(parent.0, n, FileKind::RegularFile, 0, owner);
         let attr = or_reply!("create", made, reply);

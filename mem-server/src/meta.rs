@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use rdmabox::connect_links;
 use rdmabox::rpc;
 use rdmabox::transport::MemoryRegion;
-use rfs_proto::message::{encode_reply, Call, Request};
+use rfs_proto::message::{encode_reply, readdir_budget, Call, Request};
 use rfs_proto::types::{ChunkRef, Ino, StatFs};
 use rfs_proto::wire::MAX_LIST;
 use rfs_proto::Errno;
@@ -30,6 +30,8 @@ pub(crate) struct MetaState {
 pub(crate) struct MetaService {
     pub(crate) state: Mutex<MetaState>,
     pub(crate) zeroer: Zeroer,
+    /// Bytes of entries a readdir reply may carry: pages are cut to fit a message.
+    page_bytes: usize,
 }
 
 /// The handles one client holds open, released when it leaves however it leaves.
@@ -62,6 +64,7 @@ impl MetaService {
                 alloc,
             }),
             zeroer: Zeroer::default(),
+            page_bytes: readdir_budget(cfg.rpc.max_msg),
         })
     }
 
@@ -154,9 +157,15 @@ impl MetaService {
                     ns.rename(m.parent, &m.name, m.newparent, &m.newname, m.flags),
                 ),
             ),
-            Request::ReadDir(m) => {
-                answer(m, ns.readdir(m.ino, m.cookie, m.max.min(MAX_LIST) as usize))
-            }
+            Request::ReadDir(m) => answer(
+                m,
+                ns.readdir(
+                    m.ino,
+                    m.cookie,
+                    m.max.min(MAX_LIST) as usize,
+                    self.page_bytes,
+                ),
+            ),
             Request::Open(m) => answer(
                 m,
                 ns.open(m.ino)

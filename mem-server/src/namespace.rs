@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use rfs_proto::types::{
-    Attr, AttrChanges, ChunkRef, DirEntry, FileKind, Ino, Owner, Timestamp, NAME_MAX,
+    Attr, AttrChanges, ChunkRef, DirEntry, FileKind, Ino, Name, Owner, Timestamp, NAME_MAX,
     RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT,
 };
 use rfs_proto::Errno;
@@ -17,10 +17,10 @@ enum Data {
         chunks: BTreeMap<u64, ChunkRef>,
     },
     Dir {
-        entries: BTreeMap<String, Ino>,
+        entries: BTreeMap<Vec<u8>, Ino>,
         parent: Ino,
     },
-    Symlink(String),
+    Symlink(Vec<u8>),
     Special,
 }
 
@@ -41,8 +41,10 @@ pub struct Namespace {
     chunk_size: u64,
 }
 
-fn check_name(name: &str) -> Result<(), Errno> {
-    if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0') {
+/// Names are bytes, as Linux has them: anything but "", ".", "..", '/' and NUL, up to NAME_MAX.
+fn check_name(name: &[u8]) -> Result<(), Errno> {
+    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0)
+    {
         return Err(Errno::EINVAL);
     }
     if name.len() > NAME_MAX {
@@ -97,14 +99,14 @@ impl Namespace {
         self.inodes.get_mut(&ino).ok_or(Errno::ENOENT)
     }
 
-    fn entries(&self, dir: Ino) -> Result<&BTreeMap<String, Ino>, Errno> {
+    fn entries(&self, dir: Ino) -> Result<&BTreeMap<Vec<u8>, Ino>, Errno> {
         match &self.get(dir)?.data {
             Data::Dir { entries, .. } => Ok(entries),
             _ => Err(Errno::ENOTDIR),
         }
     }
 
-    fn entries_mut(&mut self, dir: Ino) -> Result<&mut BTreeMap<String, Ino>, Errno> {
+    fn entries_mut(&mut self, dir: Ino) -> Result<&mut BTreeMap<Vec<u8>, Ino>, Errno> {
         match &mut self.get_mut(dir)?.data {
             Data::Dir { entries, .. } => Ok(entries),
             _ => Err(Errno::ENOTDIR),
@@ -123,14 +125,15 @@ impl Namespace {
         Ok(self.get(ino)?.attr)
     }
 
-    pub fn lookup(&self, parent: Ino, name: &str) -> Result<Attr, Errno> {
+    pub fn lookup(&self, parent: Ino, name: impl AsRef<[u8]>) -> Result<Attr, Errno> {
+        let name = name.as_ref();
         if name.len() > NAME_MAX {
             return Err(Errno::ENAMETOOLONG);
         }
         let entries = self.entries(parent)?;
         let ino = match name {
-            "." => parent,
-            ".." => match &self.get(parent)?.data {
+            b"." => parent,
+            b".." => match &self.get(parent)?.data {
                 Data::Dir { parent, .. } => *parent,
                 _ => unreachable!("entries() checked it is a directory"),
             },
@@ -142,7 +145,7 @@ impl Namespace {
     fn insert(
         &mut self,
         parent: Ino,
-        name: &str,
+        name: &[u8],
         (kind, rdev): (FileKind, u32),
         owner: Owner,
         data: Data,
@@ -180,7 +183,7 @@ impl Namespace {
                 open: 0,
             },
         );
-        self.entries_mut(parent)?.insert(name.to_string(), ino);
+        self.entries_mut(parent)?.insert(name.to_vec(), ino);
         if is_dir {
             self.get_mut(parent)?.attr.nlink += 1;
         }
@@ -191,7 +194,7 @@ impl Namespace {
     pub fn mknod(
         &mut self,
         parent: Ino,
-        name: &str,
+        name: impl AsRef<[u8]>,
         kind: FileKind,
         rdev: u32,
         owner: Owner,
@@ -206,48 +209,60 @@ impl Namespace {
             | FileKind::Socket => Data::Special,
             FileKind::Directory | FileKind::Symlink => return Err(Errno::EINVAL),
         };
-        self.insert(parent, name, (kind, rdev), owner, data)
+        self.insert(parent, name.as_ref(), (kind, rdev), owner, data)
     }
 
-    pub fn mkdir(&mut self, parent: Ino, name: &str, owner: Owner) -> Result<Attr, Errno> {
+    pub fn mkdir(
+        &mut self,
+        parent: Ino,
+        name: impl AsRef<[u8]>,
+        owner: Owner,
+    ) -> Result<Attr, Errno> {
         let data = Data::Dir {
             entries: BTreeMap::new(),
             parent,
         };
-        self.insert(parent, name, (FileKind::Directory, 0), owner, data)
+        self.insert(parent, name.as_ref(), (FileKind::Directory, 0), owner, data)
     }
 
     pub fn symlink(
         &mut self,
         parent: Ino,
-        name: &str,
-        target: &str,
+        name: impl AsRef<[u8]>,
+        target: impl AsRef<[u8]>,
         uid: u32,
         gid: u32,
     ) -> Result<Attr, Errno> {
+        let target = target.as_ref();
         if target.is_empty() {
             return Err(Errno::ENOENT);
         }
         if target.len() > 4096 {
             return Err(Errno::ENAMETOOLONG);
         }
-        let data = Data::Symlink(target.to_string());
+        let data = Data::Symlink(target.to_vec());
         let owner = Owner {
             perm: 0o777,
             uid,
             gid,
         };
-        self.insert(parent, name, (FileKind::Symlink, 0), owner, data)
+        self.insert(parent, name.as_ref(), (FileKind::Symlink, 0), owner, data)
     }
 
-    pub fn readlink(&self, ino: Ino) -> Result<String, Errno> {
+    pub fn readlink(&self, ino: Ino) -> Result<Name, Errno> {
         match &self.get(ino)?.data {
-            Data::Symlink(t) => Ok(t.clone()),
+            Data::Symlink(t) => Ok(Name(t.clone())),
             _ => Err(Errno::EINVAL),
         }
     }
 
-    pub fn link(&mut self, ino: Ino, newparent: Ino, newname: &str) -> Result<Attr, Errno> {
+    pub fn link(
+        &mut self,
+        ino: Ino,
+        newparent: Ino,
+        newname: impl AsRef<[u8]>,
+    ) -> Result<Attr, Errno> {
+        let newname = newname.as_ref();
         check_name(newname)?;
         if self.get(ino)?.attr.kind == FileKind::Directory {
             return Err(Errno::EPERM);
@@ -255,8 +270,7 @@ impl Namespace {
         if self.entries(newparent)?.contains_key(newname) {
             return Err(Errno::EEXIST);
         }
-        self.entries_mut(newparent)?
-            .insert(newname.to_string(), ino);
+        self.entries_mut(newparent)?.insert(newname.to_vec(), ino);
         let i = self.get_mut(ino)?;
         i.attr.nlink += 1;
         i.attr.ctime = now();
@@ -286,7 +300,8 @@ impl Namespace {
         }
     }
 
-    pub fn unlink(&mut self, parent: Ino, name: &str) -> Result<Vec<ChunkRef>, Errno> {
+    pub fn unlink(&mut self, parent: Ino, name: impl AsRef<[u8]>) -> Result<Vec<ChunkRef>, Errno> {
+        let name = name.as_ref();
         check_name(name)?;
         let ino = *self.entries(parent)?.get(name).ok_or(Errno::ENOENT)?;
         if self.get(ino)?.attr.kind == FileKind::Directory {
@@ -297,11 +312,12 @@ impl Namespace {
         Ok(self.drop_link(ino))
     }
 
-    pub fn rmdir(&mut self, parent: Ino, name: &str) -> Result<(), Errno> {
-        if name == "." {
+    pub fn rmdir(&mut self, parent: Ino, name: impl AsRef<[u8]>) -> Result<(), Errno> {
+        let name = name.as_ref();
+        if name == b"." {
             return Err(Errno::EINVAL);
         }
-        if name == ".." {
+        if name == b".." {
             return Err(Errno::ENOTEMPTY);
         }
         check_name(name)?;
@@ -346,11 +362,12 @@ impl Namespace {
     pub fn rename(
         &mut self,
         parent: Ino,
-        name: &str,
+        name: impl AsRef<[u8]>,
         newparent: Ino,
-        newname: &str,
+        newname: impl AsRef<[u8]>,
         flags: u32,
     ) -> Result<Vec<ChunkRef>, Errno> {
+        let (name, newname) = (name.as_ref(), newname.as_ref());
         if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0
             || flags == RENAME_NOREPLACE | RENAME_EXCHANGE
         {
@@ -370,9 +387,8 @@ impl Namespace {
             if dst_is_dir && self.is_within(parent, dst) {
                 return Err(Errno::EINVAL);
             }
-            self.entries_mut(parent)?.insert(name.to_string(), dst);
-            self.entries_mut(newparent)?
-                .insert(newname.to_string(), src);
+            self.entries_mut(parent)?.insert(name.to_vec(), dst);
+            self.entries_mut(newparent)?.insert(newname.to_vec(), src);
             if src_is_dir != dst_is_dir && parent != newparent {
                 let (to_new, to_old) = if src_is_dir { (1i64, -1i64) } else { (-1, 1) };
                 self.get_mut(newparent)?.attr.nlink =
@@ -415,8 +431,7 @@ impl Namespace {
             }
         }
         self.entries_mut(parent)?.remove(name);
-        self.entries_mut(newparent)?
-            .insert(newname.to_string(), src);
+        self.entries_mut(newparent)?.insert(newname.to_vec(), src);
         if src_is_dir && parent != newparent {
             self.get_mut(parent)?.attr.nlink -= 1;
             self.get_mut(newparent)?.attr.nlink += 1;
@@ -428,40 +443,45 @@ impl Namespace {
         Ok(freed)
     }
 
-    /// Entries after `cookie` (0: from the start, with "." and ".."), at most `max`.
-    pub fn readdir(&self, ino: Ino, cookie: u64, max: usize) -> Result<Vec<DirEntry>, Errno> {
+    /// Entries after `cookie` (0: from the start, with "." and ".."): at most `max` of them
+    /// and `max_bytes` of reply (at least one entry, so a listing always moves on).
+    pub fn readdir(
+        &self,
+        ino: Ino,
+        cookie: u64,
+        max: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<DirEntry>, Errno> {
         let entries = self.entries(ino)?;
         let parent = match &self.get(ino)?.data {
             Data::Dir { parent, .. } => *parent,
             _ => unreachable!("entries() checked it is a directory"),
         };
         // Cookies: 1 = ".", 2 = "..", then 3 + the entry's position among the sorted names.
-        // Names are stable keys, so resume by name rather than position when entries change.
-        let mut out = Vec::new();
-        if cookie < 1 {
-            out.push(DirEntry {
-                cookie: 1,
-                name: ".".into(),
-                attr: self.getattr(ino)?,
-            });
-        }
-        if cookie < 2 && out.len() < max {
-            out.push(DirEntry {
-                cookie: 2,
-                name: "..".into(),
-                attr: self.getattr(parent)?,
-            });
-        }
+        let dots = [(1, ".", ino), (2, "..", parent)];
+        let dots = dots
+            .into_iter()
+            .filter(|&(c, _, _)| cookie < c)
+            .map(|(c, n, i)| (c, n.as_bytes(), i));
         let skip = cookie.saturating_sub(2) as usize;
-        for (pos, (name, &child)) in entries.iter().enumerate().skip(skip) {
-            if out.len() >= max {
+        let named = entries
+            .iter()
+            .enumerate()
+            .skip(skip)
+            .map(|(pos, (name, &child))| (pos as u64 + 3, name.as_slice(), child));
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        for (cookie, name, child) in dots.chain(named) {
+            let e = DirEntry {
+                cookie,
+                name: Name::from(name),
+                attr: self.getattr(child)?,
+            };
+            if out.len() >= max || (!out.is_empty() && bytes + e.wire_len() > max_bytes) {
                 break;
             }
-            out.push(DirEntry {
-                cookie: pos as u64 + 3,
-                name: name.clone(),
-                attr: self.getattr(child)?,
-            });
+            bytes += e.wire_len();
+            out.push(e);
         }
         Ok(out)
     }
@@ -594,7 +614,7 @@ mod tests {
         Namespace::new(1 << 20)
     }
 
-    fn file(ns: &mut Namespace, parent: Ino, name: &str) -> Ino {
+    fn file(ns: &mut Namespace, parent: Ino, name: impl AsRef<[u8]>) -> Ino {
         ns.mknod(parent, name, FileKind::RegularFile, 0, OWNER)
             .unwrap()
             .ino
@@ -745,12 +765,12 @@ mod tests {
     fn readdir_pages_through_a_large_directory() {
         let mut n = ns();
         for i in 0..1000 {
-            file(&mut n, ROOT, &format!("f{i:04}"));
+            file(&mut n, ROOT, format!("f{i:04}"));
         }
         let mut names = Vec::new();
         let mut cookie = 0;
         loop {
-            let page = n.readdir(ROOT, cookie, 64).unwrap();
+            let page = n.readdir(ROOT, cookie, 64, usize::MAX).unwrap();
             if page.is_empty() {
                 break;
             }
@@ -758,6 +778,55 @@ mod tests {
             names.extend(page.into_iter().map(|e| e.name));
         }
         assert_eq!(names.len(), 1002);
-        assert_eq!(&names[..3], [".", "..", "f0000"]);
+        assert_eq!(names[..3], [".".into(), "..".into(), "f0000".into()]);
+    }
+
+    #[test]
+    fn readdir_pages_are_cut_to_fit_a_message() {
+        let mut n = ns();
+        for i in 0..260 {
+            file(&mut n, ROOT, format!("{i:03}{}", "x".repeat(177)));
+        }
+        let budget = 16 << 10;
+        let (mut cookie, mut listed, mut pages) = (0, 0, 0);
+        loop {
+            let page = n.readdir(ROOT, cookie, 256, budget).unwrap();
+            if page.is_empty() {
+                break;
+            }
+            let bytes: usize = page.iter().map(DirEntry::wire_len).sum();
+            assert!(bytes <= budget, "page of {bytes} bytes");
+            cookie = page.last().unwrap().cookie;
+            listed += page.len();
+            pages += 1;
+        }
+        assert_eq!(listed, 262);
+        assert!(pages > 4, "{pages} pages");
+        // An entry larger than the budget still goes out, alone: a listing always moves on.
+        assert_eq!(n.readdir(ROOT, 2, 256, 1).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn names_are_bytes() {
+        let mut n = ns();
+        let latin1 = b"caf\xe9";
+        let f = file(&mut n, ROOT, latin1);
+        assert_eq!(n.lookup(ROOT, latin1).unwrap().ino, f);
+        assert_eq!(
+            n.lookup(ROOT, "caf\u{e9}"),
+            Err(Errno::ENOENT),
+            "UTF-8 é is another name"
+        );
+        let page = n.readdir(ROOT, 0, 10, usize::MAX).unwrap();
+        assert_eq!(page[2].name.as_bytes(), latin1);
+        n.symlink(ROOT, b"l\xff", b"/t\xfe", 0, 0).unwrap();
+        let l = n.lookup(ROOT, b"l\xff").unwrap().ino;
+        assert_eq!(n.readlink(l).unwrap().as_bytes(), b"/t\xfe");
+        n.rename(ROOT, latin1, ROOT, b"\x80", 0).unwrap();
+        n.unlink(ROOT, b"\x80").unwrap();
+        for bad in [&b""[..], b".", b"..", b"a/b", b"a\0b"] {
+            assert_eq!(n.mkdir(ROOT, bad, OWNER), Err(Errno::EINVAL), "{bad:?}");
+        }
+        assert_eq!(n.mkdir(ROOT, [b'x'; 256], OWNER), Err(Errno::ENAMETOOLONG));
     }
 }

@@ -7,14 +7,16 @@
 //! (0: ok, 1: failed), then the answer or an [`Errno`].
 
 use crate::errno::Errno;
-use crate::types::{Attr, AttrChanges, ChunkRef, DirEntry, FileKind, Ino, NodeInfo, Owner, StatFs};
+use crate::types::{
+    Attr, AttrChanges, ChunkRef, DirEntry, FileKind, Ino, Name, NodeInfo, Owner, StatFs,
+};
 use crate::wire::{bad, DecodeError, Reader, Wire, Writer};
 use crate::{wire_enum, wire_struct};
 
 wire_struct! {
     /// Looks a name up in a directory.
     #[derive(Clone, Debug, PartialEq)]
-    pub struct Lookup { pub parent: Ino, pub name: String }
+    pub struct Lookup { pub parent: Ino, pub name: Name }
 }
 
 wire_struct! {
@@ -34,7 +36,7 @@ wire_struct! {
     #[derive(Clone, Debug, PartialEq)]
     pub struct Mknod {
         pub parent: Ino,
-        pub name: String,
+        pub name: Name,
         pub kind: FileKind,
         /// Device number of a device node.
         pub rdev: u32,
@@ -45,7 +47,7 @@ wire_struct! {
 wire_struct! {
     /// Creates a directory.
     #[derive(Clone, Debug, PartialEq)]
-    pub struct Mkdir { pub parent: Ino, pub name: String, pub owner: Owner }
+    pub struct Mkdir { pub parent: Ino, pub name: Name, pub owner: Owner }
 }
 
 wire_struct! {
@@ -53,8 +55,8 @@ wire_struct! {
     #[derive(Clone, Debug, PartialEq)]
     pub struct Symlink {
         pub parent: Ino,
-        pub name: String,
-        pub target: String,
+        pub name: Name,
+        pub target: Name,
         pub uid: u32,
         pub gid: u32,
     }
@@ -69,19 +71,19 @@ wire_struct! {
 wire_struct! {
     /// A hard link to `ino` as `newparent/newname`.
     #[derive(Clone, Debug, PartialEq)]
-    pub struct Link { pub ino: Ino, pub newparent: Ino, pub newname: String }
+    pub struct Link { pub ino: Ino, pub newparent: Ino, pub newname: Name }
 }
 
 wire_struct! {
     /// Removes a non-directory name.
     #[derive(Clone, Debug, PartialEq)]
-    pub struct Unlink { pub parent: Ino, pub name: String }
+    pub struct Unlink { pub parent: Ino, pub name: Name }
 }
 
 wire_struct! {
     /// Removes an empty directory.
     #[derive(Clone, Debug, PartialEq)]
-    pub struct Rmdir { pub parent: Ino, pub name: String }
+    pub struct Rmdir { pub parent: Ino, pub name: Name }
 }
 
 wire_struct! {
@@ -89,9 +91,9 @@ wire_struct! {
     #[derive(Clone, Debug, PartialEq)]
     pub struct Rename {
         pub parent: Ino,
-        pub name: String,
+        pub name: Name,
         pub newparent: Ino,
-        pub newname: String,
+        pub newname: Name,
         pub flags: u32,
     }
 }
@@ -194,7 +196,7 @@ calls! {
     Mknod => Attr,
     Mkdir => Attr,
     Symlink => Attr,
-    Readlink => String,
+    Readlink => Name,
     Link => Attr,
     Unlink => (),
     Rmdir => (),
@@ -207,6 +209,12 @@ calls! {
     Commit => Attr,
     GetStatFs => StatFs,
     ListNodes => Vec<NodeInfo>,
+}
+
+/// The bytes of reply that a readdir page may fill, in messages of `max_msg` bytes: what is
+/// left after the reply's header (version, op, status) and the entry count.
+pub fn readdir_budget(max_msg: usize) -> usize {
+    max_msg.saturating_sub(3 + 4)
 }
 
 /// Encodes a call as the client sends it.
@@ -280,7 +288,7 @@ mod tests {
     };
 
     fn all_requests() -> Vec<Request> {
-        let n = || "näme".to_string();
+        let n = || Name::from("näme");
         vec![
             Lookup {
                 parent: 1,
@@ -403,7 +411,7 @@ mod tests {
                     },
                 ]),
             ),
-            encode_reply(7, &Ok("/x".to_string())),
+            encode_reply(7, &Ok(Name::from("/x"))),
             encode_reply(15, &Ok(vec![(0u64, chunk)])),
             encode_reply(
                 18,

@@ -2,7 +2,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::wire::{bad, DecodeError, Reader, Wire, Writer};
+use crate::wire::{bad, DecodeError, Reader, Wire, Writer, MAX_STRING};
 use crate::wire_struct;
 
 /// An inode number.
@@ -15,6 +15,64 @@ pub const NAME_MAX: usize = 255;
 pub const RENAME_NOREPLACE: u32 = 1;
 /// renameat2(2): swap the two names.
 pub const RENAME_EXCHANGE: u32 = 2;
+
+/// A file name or a symbolic link's target: bytes, as Linux has them (not necessarily UTF-8).
+#[derive(Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Name(pub Vec<u8>);
+
+impl Name {
+    /// The bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl AsRef<[u8]> for Name {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl From<&[u8]> for Name {
+    fn from(b: &[u8]) -> Name {
+        Name(b.to_vec())
+    }
+}
+
+impl From<&str> for Name {
+    fn from(s: &str) -> Name {
+        Name(s.as_bytes().to_vec())
+    }
+}
+
+impl From<Vec<u8>> for Name {
+    fn from(b: Vec<u8>) -> Name {
+        Name(b)
+    }
+}
+
+impl std::fmt::Debug for Name {
+    /// As Rust writes a byte string: UTF-8 stays readable, other bytes are escaped.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "\"{}\"", self.0.escape_ascii())
+    }
+}
+
+/// Names are counted by a u16 and refused over [`MAX_STRING`] bytes.
+impl Wire for Name {
+    fn put(&self, w: &mut Writer) {
+        let b = &self.0[..self.0.len().min(u16::MAX as usize)];
+        (b.len() as u16).put(w);
+        w.bytes(b);
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let n = u16::get(r)? as usize;
+        if n > MAX_STRING {
+            return bad("name too long");
+        }
+        Ok(Name(r.take(n)?.to_vec()))
+    }
+}
 
 /// A point in time: seconds since the epoch (negative before it) and nanoseconds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -168,7 +226,7 @@ wire_struct! {
         /// Where the next page starts.
         pub cookie: u64,
         /// The entry's name.
-        pub name: String,
+        pub name: Name,
         /// The entry's attributes (readdirplus).
         pub attr: Attr,
     }
@@ -212,5 +270,47 @@ wire_struct! {
         pub chunks_free: u64,
         /// Inodes in use.
         pub inodes: u64,
+    }
+}
+
+/// Bytes an [`Attr`] takes on the wire.
+const ATTR_WIRE_LEN: usize = 8 + 1 + 2 + 4 + 4 + 4 + 4 + 8 + 3 * 12;
+
+impl DirEntry {
+    /// Bytes this entry takes in a readdir reply, so that a page can be cut to fit a message.
+    pub fn wire_len(&self) -> usize {
+        8 + 2 + self.name.0.len() + ATTR_WIRE_LEN
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_bytes_and_entries_know_their_size() {
+        let e = DirEntry {
+            cookie: 3,
+            name: Name(vec![b'c', b'a', b'f', 0xe9, 0xff]),
+            attr: Attr {
+                ino: 9,
+                kind: FileKind::RegularFile,
+                perm: 0o644,
+                nlink: 1,
+                uid: 0,
+                gid: 0,
+                rdev: 0,
+                size: 0,
+                atime: Timestamp::default(),
+                mtime: Timestamp::default(),
+                ctime: Timestamp::default(),
+            },
+        };
+        let mut w = Writer::default();
+        e.put(&mut w);
+        assert_eq!(w.0.len(), e.wire_len());
+        let back = DirEntry::get(&mut Reader::new(&w.0)).unwrap();
+        assert_eq!(back, e, "bytes that are not UTF-8 survive");
+        assert_eq!(format!("{:?}", e.name), "\"caf\\xe9\\xff\"");
     }
 }

@@ -45,7 +45,7 @@ impl Writer {
         Writer(vec![VERSION, op])
     }
 
-    fn bytes(&mut self, b: &[u8]) {
+    pub(crate) fn bytes(&mut self, b: &[u8]) {
         self.0.extend_from_slice(b);
     }
 }
@@ -68,7 +68,7 @@ impl<'a> Reader<'a> {
         u8::get(self)
     }
 
-    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
         if self.0.len() < n {
             return bad(format!(
                 "truncated: wanted {n} bytes, {} left",

@@ -219,6 +219,46 @@ fn large_directories_list_completely() {
     assert_eq!(fs::read_dir(m.path("big")).unwrap().count(), 1000);
 }
 
+/// Linux names are bytes: a name that is not UTF-8 is created, listed, renamed, linked to and
+/// removed like any other; long names fill readdir pages by bytes, not by count.
+#[test]
+fn names_are_bytes_and_long_names_list_and_remove() {
+    use std::ffi::OsStr;
+    use std::os::unix::fs::symlink;
+    let server = MemServer::meta("16M", "1M");
+    let m = Mount::new(&server, &[]);
+    let latin1 = m.dir.join(OsStr::from_bytes(b"caf\xe9"));
+    fs::write(&latin1, b"bytes").unwrap();
+    let listed: Vec<Vec<u8>> = fs::read_dir(&m.dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().as_bytes().to_vec())
+        .filter(|n| n.as_slice() != b".rfs-stats")
+        .collect();
+    assert_eq!(listed, [b"caf\xe9".to_vec()]);
+    assert_eq!(fs::read(&latin1).unwrap(), b"bytes");
+    let target = OsStr::from_bytes(b"/nowhere/\xff");
+    let link = m.dir.join(OsStr::from_bytes(b"l\xfe"));
+    symlink(target, &link).unwrap();
+    assert_eq!(fs::read_link(&link).unwrap().as_os_str(), target);
+    let renamed = m.dir.join(OsStr::from_bytes(b"\x80\x81"));
+    fs::rename(&latin1, &renamed).unwrap();
+    fs::hard_link(&renamed, m.dir.join(OsStr::from_bytes(b"h\xc0"))).unwrap();
+    assert_eq!(fs::metadata(&renamed).unwrap().nlink(), 2);
+
+    // 260 names of 180 bytes: pages of 256 entries would not fit a 64 KiB message.
+    let big = m.path("long");
+    fs::create_dir(&big).unwrap();
+    for i in 0..260 {
+        File::create(big.join(format!("{i:03}{}", "n".repeat(177)))).unwrap();
+    }
+    assert_eq!(fs::read_dir(&big).unwrap().count(), 260);
+    fs::remove_dir_all(&big).unwrap();
+    assert!(!big.exists());
+    for n in [&b"\x80\x81"[..], b"h\xc0", b"l\xfe"] {
+        fs::remove_file(m.dir.join(OsStr::from_bytes(n))).unwrap();
+    }
+}
+
 #[test]
 fn unlinked_open_files_keep_their_data_and_unmount_is_clean() {
     let server = MemServer::meta("16M", "1M");

@@ -30,7 +30,7 @@ use rfs_proto::message::{
     Call, GetAttr, GetStatFs, Link, Lookup, Mkdir, Mknod, ReadDir, Readlink, Rename, Rmdir,
     SetAttr, Symlink, Unlink,
 };
-use rfs_proto::types::{Attr, AttrChanges, DirEntry, FileKind, Ino, Owner, StatFs, ROOT};
+use rfs_proto::types::{Attr, AttrChanges, DirEntry, FileKind, Ino, Name, Owner, StatFs, ROOT};
 use rfs_proto::wire::MAX_LIST;
 use rfs_proto::{Client, Errno, MetadataChannel};
 
@@ -104,8 +104,8 @@ impl<B: Backend> Rfs<B> {
     }
 
     /// Looks `name` up in `parent`.
-    pub fn lookup(&self, parent: Ino, name: &str) -> Result<Attr> {
-        if parent == ROOT && name == STATS_NAME {
+    pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
+        if parent == ROOT && name == STATS_NAME.as_bytes() {
             return Ok(self.stats_attr());
         }
         self.attr_of(Lookup {
@@ -146,7 +146,7 @@ impl<B: Backend> Rfs<B> {
     pub fn mknod(
         &self,
         parent: Ino,
-        name: &str,
+        name: &[u8],
         kind: FileKind,
         rdev: u32,
         owner: Owner,
@@ -161,7 +161,7 @@ impl<B: Backend> Rfs<B> {
     }
 
     /// Creates a directory.
-    pub fn mkdir(&self, parent: Ino, name: &str, owner: Owner) -> Result<Attr> {
+    pub fn mkdir(&self, parent: Ino, name: &[u8], owner: Owner) -> Result<Attr> {
         self.attr_of(Mkdir {
             parent,
             name: name.into(),
@@ -173,8 +173,8 @@ impl<B: Backend> Rfs<B> {
     pub fn symlink(
         &self,
         parent: Ino,
-        name: &str,
-        target: &str,
+        name: &[u8],
+        target: &[u8],
         uid: u32,
         gid: u32,
     ) -> Result<Attr> {
@@ -188,12 +188,12 @@ impl<B: Backend> Rfs<B> {
     }
 
     /// A symbolic link's target.
-    pub fn readlink(&self, ino: Ino) -> Result<String> {
+    pub fn readlink(&self, ino: Ino) -> Result<Name> {
         self.call(Readlink { ino })
     }
 
     /// A hard link to `ino`.
-    pub fn link(&self, ino: Ino, newparent: Ino, newname: &str) -> Result<Attr> {
+    pub fn link(&self, ino: Ino, newparent: Ino, newname: &[u8]) -> Result<Attr> {
         self.attr_of(Link {
             ino,
             newparent,
@@ -202,7 +202,7 @@ impl<B: Backend> Rfs<B> {
     }
 
     /// Removes a name (not a directory).
-    pub fn unlink(&self, parent: Ino, name: &str) -> Result<()> {
+    pub fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()> {
         self.call(Unlink {
             parent,
             name: name.into(),
@@ -210,7 +210,7 @@ impl<B: Backend> Rfs<B> {
     }
 
     /// Removes an empty directory.
-    pub fn rmdir(&self, parent: Ino, name: &str) -> Result<()> {
+    pub fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()> {
         self.call(Rmdir {
             parent,
             name: name.into(),
@@ -221,9 +221,9 @@ impl<B: Backend> Rfs<B> {
     pub fn rename(
         &self,
         parent: Ino,
-        name: &str,
+        name: &[u8],
         newparent: Ino,
-        newname: &str,
+        newname: &[u8],
         flags: u32,
     ) -> Result<()> {
         self.call(Rename {

@@ -22,7 +22,7 @@ const OWNER: Owner = Owner {
 };
 
 fn create(fs: &Rfs<Fake>, name: &str) -> Ino {
-    fs.mknod(ROOT, name, FileKind::RegularFile, 0, OWNER)
+    fs.mknod(ROOT, name.as_bytes(), FileKind::RegularFile, 0, OWNER)
         .unwrap()
         .ino
 }
@@ -234,7 +234,7 @@ fn a_failed_piece_fails_the_request_with_eio_and_commits_nothing() {
 fn the_stats_file_reads_and_refuses_writes() {
     let cluster: Arc<FakeCluster> = Arc::default();
     let fs = client(&cluster);
-    let attr = fs.lookup(ROOT, super::STATS_NAME).unwrap();
+    let attr = fs.lookup(ROOT, super::STATS_NAME.as_bytes()).unwrap();
     assert_eq!(attr.ino, super::STATS_INO);
     let text = String::from_utf8(read(&fs, attr.ino, 0, 1 << 16).unwrap()).unwrap();
     assert!(text.starts_with("transport fake\n"), "{text}");

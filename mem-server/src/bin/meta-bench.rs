@@ -10,7 +10,7 @@ use clap::Parser;
 use mem_server::node::{Node, NodeConfig};
 use rdmabox::transport::{ProviderKind, TransportConfig};
 use rfs_proto::message::{GetAttr, Mknod, Unlink};
-use rfs_proto::types::{FileKind, Owner, ROOT};
+use rfs_proto::types::{FileKind, Name, Owner, ROOT};
 use rfs_proto::{Client, ClientConfig, MetadataChannel};
 
 #[derive(Parser)]
@@ -68,7 +68,7 @@ fn main() {
                 let c = client.clone();
                 std::thread::spawn(move || {
                     for i in 0..per {
-                        let name = format!("f-{w}-{i}");
+                        let name = Name::from(format!("f-{w}-{i}").as_str());
                         c.call(Mknod {
                             parent: ROOT,
                             name: name.clone(),
