@@ -8,6 +8,7 @@ use std::net::TcpStream;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
+use crossbeam_channel::Receiver;
 use rdmabox::connect_links;
 use rdmabox::rpc;
 use rdmabox::transport::MemoryRegion;
@@ -49,28 +50,34 @@ fn answer<C: Call>(_call: &C, result: Result<C::Reply, Errno>) -> Vec<u8> {
 }
 
 impl MetaService {
-    /// The service over a fresh namespace, with this node's own pool as node 0.
+    /// The service over a fresh namespace, with this node's own pool as node 0, and the kicks
+    /// its zeroer thread waits on.
     pub(crate) fn new(
         cfg: &NodeConfig,
         advertise: String,
         pool: &MemoryRegion,
         chunks: u64,
-    ) -> Arc<MetaService> {
+    ) -> (Arc<MetaService>, Receiver<()>) {
         let mut alloc = Allocator::default();
         alloc.add_node(advertise, pool.addr(), pool.rkey(), cfg.chunk_size, chunks);
-        Arc::new(MetaService {
+        let (zeroer, wait) = Zeroer::new();
+        let meta = Arc::new(MetaService {
             state: Mutex::new(MetaState {
                 ns: Namespace::new(cfg.chunk_size),
                 alloc,
             }),
-            zeroer: Zeroer::default(),
+            zeroer,
             page_bytes: readdir_budget(cfg.rpc.max_msg),
-        })
+        });
+        (meta, wait)
     }
 
-    pub(crate) fn start_zeroer(self: &Arc<Self>, node: Arc<Shared>) -> io::Result<()> {
+    pub(crate) fn start_zeroer(
+        self: &Arc<Self>,
+        node: Arc<Shared>,
+        wait: Receiver<()>,
+    ) -> io::Result<()> {
         let me = self.clone();
-        let wait = self.zeroer.take_waiter();
         std::thread::Builder::new()
             .name("zeroer".into())
             .spawn(move || me.zeroer.run(&node, &me.state, wait))?;

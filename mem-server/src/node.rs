@@ -116,11 +116,12 @@ impl Node {
         let listener = TcpListener::bind(cfg.listen)
             .map_err(|e| io::Error::new(e.kind(), format!("listening on {}: {e}", cfg.listen)))?;
         let addr = listener.local_addr()?;
-        let meta = match cfg.join {
-            Some(_) => None,
+        let (meta, zero_wait) = match cfg.join {
+            Some(_) => (None, None),
             None => {
                 let advertise = cfg.advertise.clone().unwrap_or_else(|| addr.to_string());
-                Some(MetaService::new(&cfg, advertise, &pool, chunks))
+                let (meta, wait) = MetaService::new(&cfg, advertise, &pool, chunks);
+                (Some(meta), Some(wait))
             }
         };
         let shared = Arc::new(Shared {
@@ -131,8 +132,8 @@ impl Node {
             meta,
             stop: AtomicBool::new(false),
         });
-        if let Some(meta) = &shared.meta {
-            meta.start_zeroer(shared.clone())?;
+        if let (Some(meta), Some(wait)) = (&shared.meta, zero_wait) {
+            meta.start_zeroer(shared.clone(), wait)?;
         }
         // Accept before joining: the metadata node connects back to us while it admits us.
         let accept = {

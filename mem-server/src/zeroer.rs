@@ -16,30 +16,23 @@ pub(crate) struct Zeroer {
     /// Sessions to the other data nodes, used only to zero their freed chunks.
     sessions: Mutex<HashMap<u32, Arc<DataSession>>>,
     kick: Sender<()>,
-    wait: Mutex<Option<Receiver<()>>>,
-}
-
-impl Default for Zeroer {
-    fn default() -> Self {
-        // One pending kick is enough: a pass takes every dirty chunk there is.
-        let (kick, wait) = crossbeam_channel::bounded(1);
-        Zeroer {
-            sessions: Mutex::new(HashMap::new()),
-            kick,
-            wait: Mutex::new(Some(wait)),
-        }
-    }
 }
 
 impl Zeroer {
+    /// The zeroer, and the kicks its thread waits on ([`Zeroer::run`]).
+    pub(crate) fn new() -> (Zeroer, Receiver<()>) {
+        // One pending kick is enough: a pass takes every dirty chunk there is.
+        let (kick, wait) = crossbeam_channel::bounded(1);
+        let z = Zeroer {
+            sessions: Mutex::new(HashMap::new()),
+            kick,
+        };
+        (z, wait)
+    }
+
     /// Says there are dirty chunks.
     pub(crate) fn kick(&self) {
         let _ = self.kick.try_send(());
-    }
-
-    /// The receiving end of the kicks, for the one zeroer thread.
-    pub(crate) fn take_waiter(&self) -> Receiver<()> {
-        self.wait.lock().unwrap().take().expect("one zeroer thread")
     }
 
     /// Zeroes the chunks of `node` through `session` from now on.

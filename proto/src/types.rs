@@ -2,7 +2,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::wire::{bad, DecodeError, Reader, Wire, Writer, MAX_STRING};
+use crate::wire::{bad, DecodeError, Reader, Wire, Writer};
 use crate::wire_struct;
 
 /// An inode number.
@@ -58,19 +58,13 @@ impl std::fmt::Debug for Name {
     }
 }
 
-/// Names are counted by a u16 and refused over [`MAX_STRING`] bytes.
+/// Names are counted like strings, without the UTF-8 check.
 impl Wire for Name {
     fn put(&self, w: &mut Writer) {
-        let b = &self.0[..self.0.len().min(u16::MAX as usize)];
-        (b.len() as u16).put(w);
-        w.bytes(b);
+        w.counted(&self.0);
     }
     fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        let n = u16::get(r)? as usize;
-        if n > MAX_STRING {
-            return bad("name too long");
-        }
-        Ok(Name(r.take(n)?.to_vec()))
+        Ok(Name(r.counted()?.to_vec()))
     }
 }
 

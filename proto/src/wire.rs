@@ -45,8 +45,15 @@ impl Writer {
         Writer(vec![VERSION, op])
     }
 
-    pub(crate) fn bytes(&mut self, b: &[u8]) {
+    fn bytes(&mut self, b: &[u8]) {
         self.0.extend_from_slice(b);
+    }
+
+    /// Bytes counted by a u16 (strings, names); cut at 64 KiB, which no receiver accepts.
+    pub(crate) fn counted(&mut self, b: &[u8]) {
+        let b = &b[..b.len().min(u16::MAX as usize)];
+        (b.len() as u16).put(self);
+        self.bytes(b);
     }
 }
 
@@ -68,7 +75,7 @@ impl<'a> Reader<'a> {
         u8::get(self)
     }
 
-    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
         if self.0.len() < n {
             return bad(format!(
                 "truncated: wanted {n} bytes, {} left",
@@ -84,6 +91,15 @@ impl<'a> Reader<'a> {
         let mut a = [0u8; N];
         a.copy_from_slice(self.take(N)?);
         Ok(a)
+    }
+
+    /// Bytes counted by a u16, refused over [`MAX_STRING`].
+    pub(crate) fn counted(&mut self) -> Result<&'a [u8], DecodeError> {
+        let n = u16::get(self)? as usize;
+        if n > MAX_STRING {
+            return bad(format!("{n} bytes over the {MAX_STRING} limit"));
+        }
+        self.take(n)
     }
 
     /// Refuses trailing bytes.
@@ -141,16 +157,10 @@ impl Wire for () {
 
 impl Wire for String {
     fn put(&self, w: &mut Writer) {
-        let b = &self.as_bytes()[..self.len().min(u16::MAX as usize)];
-        (b.len() as u16).put(w);
-        w.bytes(b);
+        w.counted(self.as_bytes());
     }
     fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        let n = u16::get(r)? as usize;
-        if n > MAX_STRING {
-            return bad("string too long");
-        }
-        String::from_utf8(r.take(n)?.to_vec()).or_else(|_| bad("string is not UTF-8"))
+        String::from_utf8(r.counted()?.to_vec()).or_else(|_| bad("string is not UTF-8"))
     }
 }
 
