@@ -1,10 +1,13 @@
 //! Request/response messaging over two-sided SEND/RECV on one queue pair, so that control and
 //! metadata traffic use the same transport (and provider) as the data.
 //!
-//! Each side registers `slots` send buffers and `slots` receive buffers of `max_msg` bytes. The
-//! client never has more than `slots` requests outstanding, and the server re-posts a receive
-//! buffer before it answers, so neither side can overrun the other's receive queue. Every
-//! message starts with the request id; a reply carries the id of its request.
+//! Each side registers `slots` send buffers and `slots` receive buffers of `max_msg` bytes.
+//! Flow control is by credit: a client slot is a credit for one request, taken before the SEND
+//! and given back only once the reply has arrived (and the SEND has completed), and the server
+//! re-posts a receive buffer before it answers. So neither side ever sends to a peer that has
+//! no receive posted for it: a peer that is slow to answer (a descheduled thread, a machine
+//! under load) delays calls, it never fails them. Every message starts with the request id; a
+//! reply carries the id of its request.
 
 use std::collections::HashMap;
 use std::io;
@@ -200,7 +203,22 @@ impl<F: FnMut(&Completion) -> bool> PollTarget for Pump<'_, F> {
     }
 }
 
-type Waiters = Mutex<HashMap<u64, Sender<io::Result<Vec<u8>>>>>;
+/// A call waiting for its reply: the slot it holds, and where the reply goes (a caller that
+/// gave up has dropped the receiving end; the slot still waits for the late reply).
+struct Waiter {
+    slot: usize,
+    reply: Sender<io::Result<Vec<u8>>>,
+}
+
+type Waiters = Mutex<HashMap<u64, Waiter>>;
+
+/// What a client slot still waits for before it is free again: its SEND's completion and its
+/// reply. Owned by the pump, which sees both.
+#[derive(Clone, Copy, Default)]
+struct SlotUse {
+    sent: bool,
+    answered: bool,
+}
 
 /// The requesting side.
 pub struct RpcClient {
@@ -260,8 +278,11 @@ impl RpcClient {
             .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "rpc: no free slot"))?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = crossbeam_channel::bounded(1);
-        self.waiters.lock().unwrap().insert(id, tx);
-        // The slot comes back when the send completes (see client_pump).
+        self.waiters
+            .lock()
+            .unwrap()
+            .insert(id, Waiter { slot, reply: tx });
+        // The slot comes back once the send has completed and the reply arrived (client_pump).
         if let Err(e) = self.ch.send(slot, id, body) {
             self.waiters.lock().unwrap().remove(&id);
             let _ = self.slot_back.send(slot);
@@ -270,7 +291,8 @@ impl RpcClient {
         match rx.recv_timeout(timeout) {
             Ok(r) => r,
             Err(_) => {
-                self.waiters.lock().unwrap().remove(&id);
+                // The waiter stays: its slot is free only once the late reply has come, since
+                // until then the reply may still take one of our receive buffers.
                 Err(if self.ch.broken() {
                     dead()
                 } else {
@@ -282,32 +304,39 @@ impl RpcClient {
 }
 
 fn client_pump(ch: &Channel, waiters: &Waiters, stop: &AtomicBool, slot_back: &Sender<usize>) {
+    let mut slots = vec![SlotUse::default(); ch.cfg.slots];
+    // A slot is a credit: it returns when both its SEND completed and its reply arrived.
+    let mut progress = |slot: usize, f: fn(&mut SlotUse)| {
+        if let Some(u) = slots.get_mut(slot) {
+            f(u);
+            if u.sent && u.answered {
+                *u = SlotUse::default();
+                let _ = slot_back.send(slot);
+            }
+        }
+    };
     pump(ch, stop, |c| {
         if !c.status.is_ok() {
-            log::debug!("rpc client: connection failed ({:?})", c.status);
-            // Fail everyone waiting: the QP is in error and nothing more will come.
-            for (_, w) in waiters.lock().unwrap().drain() {
-                let _ = w.send(Err(io::Error::new(
-                    io::ErrorKind::BrokenPipe,
-                    "rpc connection lost",
-                )));
+            if !stop.load(Ordering::Acquire) {
+                log::warn!("rpc client: connection failed ({:?})", c.status);
             }
             return false;
         }
         match c.opcode {
-            WcOpcode::Send => {
-                let _ = slot_back.send(c.wr_id as usize);
-            }
+            WcOpcode::Send => progress(c.wr_id as usize, |u| u.sent = true),
             WcOpcode::Recv => {
                 let slot = (c.wr_id - RECV_BASE) as usize;
                 let msg = ch.received(slot, c.byte_len as usize);
-                if ch.post_recv(slot).is_err() {
+                if let Err(e) = ch.post_recv(slot) {
+                    log::warn!("rpc client: re-posting a receive failed: {e}");
                     return false;
                 }
                 match msg {
                     Some((id, body)) => {
-                        if let Some(w) = waiters.lock().unwrap().remove(&id) {
-                            let _ = w.send(Ok(body));
+                        let w = waiters.lock().unwrap().remove(&id);
+                        if let Some(w) = w {
+                            let _ = w.reply.send(Ok(body));
+                            progress(w.slot, |u| u.answered = true);
                         }
                     }
                     None => log::warn!("rpc client: malformed reply dropped"),
@@ -317,8 +346,10 @@ fn client_pump(ch: &Channel, waiters: &Waiters, stop: &AtomicBool, slot_back: &S
         }
         true
     });
+    // The QP is in error (or we were stopped): nothing more will come; fail everyone waiting.
+    ch.qp.set_error();
     for (_, w) in waiters.lock().unwrap().drain() {
-        let _ = w.send(Err(io::Error::new(
+        let _ = w.reply.send(Err(io::Error::new(
             io::ErrorKind::BrokenPipe,
             "rpc connection lost",
         )));
@@ -336,7 +367,7 @@ impl Drop for RpcClient {
 }
 
 /// Serves requests on the calling thread until the peer goes away: `handler` maps a request
-/// body to a reply body. Returns when the connection breaks or `stop` is set.
+/// body to a reply body. Returns when `stop` is set (Ok) or the connection ends (Err: why).
 pub fn serve(
     pd: &ProtectionDomain,
     qp: QueuePair,
@@ -346,32 +377,46 @@ pub fn serve(
     mut handler: impl FnMut(&[u8]) -> Vec<u8>,
 ) -> io::Result<()> {
     let ch = Channel::new(pd, qp, cq, cfg)?;
+    let mut ended = None;
+    let mut end = |why: String| {
+        ended = Some(why);
+        false
+    };
     // Replies reuse the receive slot's index as their send slot: at most `slots` are pending.
     pump(&ch, stop, |c| {
         if !c.status.is_ok() {
-            return false;
+            return end(format!("{:?}", c.status));
         }
         if c.opcode != WcOpcode::Recv && c.opcode != WcOpcode::RecvWithImm {
             return true;
         }
         let slot = (c.wr_id - RECV_BASE) as usize;
         let msg = ch.received(slot, c.byte_len as usize);
-        if ch.post_recv(slot).is_err() {
-            return false;
+        if let Err(e) = ch.post_recv(slot) {
+            return end(format!("re-posting a receive: {e}"));
         }
         let Some((id, body)) = msg else {
-            log::warn!("rpc server: malformed message; closing the connection");
-            return false;
+            return end("malformed message".into());
         };
         let mut reply = handler(&body);
         if reply.len() > cfg.max_msg {
             log::error!("rpc server: reply of {} bytes over the limit", reply.len());
             reply.clear();
         }
-        ch.send(slot, id, &reply).is_ok()
+        match ch.send(slot, id, &reply) {
+            Ok(()) => true,
+            Err(e) => end(format!("sending a reply: {e}")),
+        }
     });
     ch.qp.set_error();
-    Ok(())
+    match ended {
+        Some(why) => Err(io::Error::new(io::ErrorKind::ConnectionAborted, why)),
+        None if stop.load(Ordering::Acquire) => Ok(()),
+        None => Err(io::Error::new(
+            io::ErrorKind::ConnectionAborted,
+            "completion queue failed",
+        )),
+    }
 }
 
 #[cfg(test)]
@@ -405,10 +450,9 @@ mod tests {
                 let pd = ctx.alloc_pd().unwrap();
                 let (mut s, _) = l.accept().unwrap();
                 let (qp, cq) = one_link(&ctx, &pd, &mut s);
-                serve(&pd, qp, cq, RpcConfig::default(), &stop, |req| {
+                let _ = serve(&pd, qp, cq, RpcConfig::default(), &stop, |req| {
                     req.iter().rev().copied().collect()
-                })
-                .unwrap();
+                });
             })
         };
         let ctx = Context::open(&tcp).unwrap();
@@ -419,6 +463,51 @@ mod tests {
         // Long enough for both pumps to spin out and sleep on their CQ events.
         std::thread::sleep(Duration::from_millis(300));
         assert_eq!(client.call(b"xyz").unwrap(), b"zyx");
+        stop.store(true, Ordering::Release);
+        drop(client);
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn a_server_slower_than_the_rnr_window_delays_calls_never_fails_them() {
+        // Receivers that are not re-posted in time fail SENDs after the RNR window; credits
+        // must keep the client from ever sending into a receive queue with nothing posted.
+        let mut tcp = TransportConfig::with_provider(ProviderKind::Tcp);
+        tcp.tcp.rnr_timeout = Duration::from_millis(50);
+        let cfg = RpcConfig {
+            slots: 2,
+            ..RpcConfig::default()
+        };
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let server = {
+            let (stop, tcp) = (stop.clone(), tcp.clone());
+            std::thread::spawn(move || {
+                let ctx = Context::open(&tcp).unwrap();
+                let pd = ctx.alloc_pd().unwrap();
+                let (mut s, _) = l.accept().unwrap();
+                let (qp, cq) = one_link(&ctx, &pd, &mut s);
+                let _ = serve(&pd, qp, cq, cfg, &stop, |req| {
+                    // A descheduled server thread: far longer than the RNR window.
+                    std::thread::sleep(Duration::from_millis(150));
+                    req.to_vec()
+                });
+            })
+        };
+        let ctx = Context::open(&tcp).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let (qp, cq) = one_link(&ctx, &pd, &mut TcpStream::connect(addr).unwrap());
+        let client = Arc::new(RpcClient::new(&pd, qp, cq, cfg).unwrap());
+        let callers: Vec<_> = (0..6u8)
+            .map(|i| {
+                let client = client.clone();
+                std::thread::spawn(move || client.call(&[i]))
+            })
+            .collect();
+        for (i, c) in callers.into_iter().enumerate() {
+            assert_eq!(c.join().unwrap().unwrap(), [i as u8], "call {i}");
+        }
         stop.store(true, Ordering::Release);
         drop(client);
         server.join().unwrap();
