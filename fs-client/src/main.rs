@@ -10,10 +10,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{CommandFactory, FromArgMatches, Parser};
-use fs_client::fs::{Rfs, STATS_NAME};
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+
+use fs_client::fs::{KernelInval, Rfs, STATS_NAME};
 use fs_client::fuse::RfsFuse;
 use fs_client::options::MountConfig;
-use fuser::{MountOption, SessionACL};
+use fuser::{INodeNo, MountOption, SessionACL};
 use rfs_proto::Client;
 
 /// Mount an rfs namespace: POSIX files whose data moves by one-sided RDMA to storage nodes.
@@ -112,6 +115,33 @@ fn daemonize() -> ExitCode {
 
 const DAEMON_ENV: &str = "RFS_DAEMON_CHILD";
 
+/// Passes the metadata node's invalidations on to the kernel, from a thread of their own (the
+/// kernel may wait for a lock that one of our operations holds).
+fn invalidate_kernel_caches(fs: &Rfs, notifier: fuser::Notifier) {
+    let (tx, rx) = crossbeam_channel::unbounded();
+    fs.notify_kernel(tx);
+    let spawned = std::thread::Builder::new()
+        .name("kernel-inval".into())
+        .spawn(move || {
+            for inval in rx {
+                // ENOENT: the kernel does not cache it (any more); nothing to drop.
+                let r = match &inval {
+                    KernelInval::Inode { ino, data } => {
+                        notifier.inval_inode(INodeNo(*ino), if *data { 0 } else { -1 }, 0)
+                    }
+                    KernelInval::Entry { parent, name } => notifier
+                        .inval_entry(INodeNo(*parent), OsStr::from_bytes(name.as_bytes())),
+                };
+                if let Err(e) = r {
+                    log::debug!("kernel invalidation {inval:?}: {e}");
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        log::warn!("no kernel invalidations: {e}");
+    }
+}
+
 fn main() -> ExitCode {
     env_logger::Builder::from_env(
         env_logger::Env::default().default_filter_or("warn,fuser::mnt=error"),
@@ -168,6 +198,15 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    fs.attach();
+    if cfg.io_timeout > fs.lease() / 2 {
+        log::warn!(
+            "io_timeout {:?} is over half the metadata node's {:?} lease: a transfer that \
+             outlives a missed recall could reach a reused chunk; raise the node's --lease",
+            cfg.io_timeout,
+            fs.lease()
+        );
+    }
     let mut fuse_cfg = fuser::Config::default();
     fuse_cfg.mount_options = vec![
         MountOption::FSName(format!("rfs@{}", args.server)),
@@ -183,8 +222,11 @@ fn main() -> ExitCode {
     }
     fuse_cfg.n_threads = Some(cfg.threads);
     fuse_cfg.clone_fd = true;
-    let session =
-        match fuser::spawn_mount(RfsFuse::new(fs, cfg.clone()), &args.mountpoint, &fuse_cfg) {
+    let session = match fuser::spawn_mount(
+        RfsFuse::new(fs.clone(), cfg.clone()),
+        &args.mountpoint,
+        &fuse_cfg,
+    ) {
             Ok(s) => s,
             Err(e) => {
                 eprintln!(
@@ -194,6 +236,7 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
+    invalidate_kernel_caches(&fs, session.notifier());
     if daemon_child {
         println!("ready");
         let _ = std::io::stdout().flush();

@@ -10,6 +10,7 @@
 //! - [`zeroer`]: zeroing freed chunks before reuse.
 
 pub mod alloc;
+mod coherence;
 mod join;
 mod meta;
 pub mod namespace;

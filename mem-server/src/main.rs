@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Parser;
 use mem_server::node::{Node, NodeConfig};
@@ -38,6 +39,22 @@ struct Args {
     /// HOST:PORT that clients should use to reach this node (default: from --listen).
     #[arg(long)]
     advertise: Option<String>,
+    /// Seconds a client may take to answer a callback (a recall of chunks freed by truncate,
+    /// unlink or trimming) before its references are taken as dropped; freed chunks wait at
+    /// most this long before reuse. Clients refetch chunk maps older than this, less their
+    /// io_timeout, so keep it above the clients' io_timeout.
+    #[arg(long, default_value = "10", value_parser = parse_secs)]
+    lease: Duration,
+}
+
+fn parse_secs(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if !(0.1..=3600.0).contains(&secs) {
+        return Err("must be between 0.1 and 3600 seconds".into());
+    }
+    Ok(Duration::from_secs_f64(secs))
 }
 
 fn wait_for_signal() {
@@ -85,6 +102,7 @@ fn main() -> ExitCode {
         insecure: args.insecure,
         join: args.join,
         advertise: args.advertise,
+        lease: args.lease,
         ..NodeConfig::new(args.listen, args.memory)
     };
     let node = match Node::start(cfg) {

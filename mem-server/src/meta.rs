@@ -1,31 +1,37 @@
-//! The metadata service, on the first node: one metadata channel per client (RPC over SEND/RECV),
-//! each request applied to the namespace and the allocator under one lock (metadata operations
-//! are short), freed chunks handed to the zeroer.
+//! The metadata service, on the first node: one metadata channel per client session (RPC over
+//! SEND/RECV on one queue pair, callbacks on a second), each request applied to the namespace
+//! and the allocator under one lock (metadata operations are short). What a change means for
+//! other caches is planned under that lock ([`crate::coherence`]); the callbacks are awaited
+//! with it released, and chunks a change freed go to the zeroer only after every holder
+//! dropped them (or its lease ran out): a stale chunk map can never reach another file.
 
 use std::collections::HashMap;
 use std::io;
 use std::net::TcpStream;
-use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
 use rdmabox::connect_links;
 use rdmabox::rpc;
 use rdmabox::transport::MemoryRegion;
 use rfs_proto::message::{encode_reply, readdir_budget, Call, Request};
-use rfs_proto::types::{ChunkRef, Ino, StatFs};
+use rfs_proto::types::{Attr, ChunkRef, Ino, Name, StatFs};
 use rfs_proto::wire::MAX_LIST;
 use rfs_proto::Errno;
 
 use crate::alloc::Allocator;
+use crate::coherence::{Callbacks, Change, Countdown, Holders, SessionId};
 use crate::namespace::Namespace;
 use crate::node::{wait_for_close, NodeConfig, Shared};
 use crate::zeroer::Zeroer;
 
-/// The namespace and the allocator, under one lock.
+/// The namespace, the allocator and who caches what, under one lock.
 pub(crate) struct MetaState {
     pub(crate) ns: Namespace,
     pub(crate) alloc: Allocator,
+    holders: Holders,
 }
 
 pub(crate) struct MetaService {
@@ -33,15 +39,29 @@ pub(crate) struct MetaService {
     pub(crate) zeroer: Zeroer,
     /// Bytes of entries a readdir reply may carry: pages are cut to fit a message.
     page_bytes: usize,
+    lease: Duration,
+    next_session: AtomicU64,
 }
 
 /// The handles one client holds open, released when it leaves however it leaves.
 #[derive(Default)]
 struct OpenHandles(HashMap<Ino, u32>);
 
-/// Keeps the chunks an operation freed, for the zeroer.
-fn freeing(freed: &mut Vec<ChunkRef>, r: Result<Vec<ChunkRef>, Errno>) -> Result<(), Errno> {
-    r.map(|f| freed.extend(f))
+/// What applying a request did beyond its answer: chunks it freed and the change for caches.
+#[derive(Default)]
+struct Effects {
+    freed: Vec<ChunkRef>,
+    change: Change,
+}
+
+impl Effects {
+    /// Records chunks freed from `ino` (from chunk index `from` on).
+    fn freed(&mut self, ino: Ino, from: u64, chunks: Vec<ChunkRef>) {
+        if !chunks.is_empty() {
+            self.change.recalls.push((ino, from));
+            self.freed.extend(chunks);
+        }
+    }
 }
 
 /// The reply to `call`: typed by the call, so each request can only get its own kind of answer.
@@ -65,9 +85,12 @@ impl MetaService {
             state: Mutex::new(MetaState {
                 ns: Namespace::new(cfg.chunk_size),
                 alloc,
+                holders: Holders::default(),
             }),
             zeroer,
             page_bytes: readdir_budget(cfg.rpc.max_msg),
+            lease: cfg.lease,
+            next_session: AtomicU64::new(1),
         });
         (meta, wait)
     }
@@ -84,49 +107,116 @@ impl MetaService {
         Ok(())
     }
 
-    /// Chunks no file uses any more: zeroed before anyone gets them again.
-    fn free(&self, st: &mut MetaState, freed: Vec<ChunkRef>) {
+    /// Tells the caches what `effects` changed, waits (lock released) for their answers up to
+    /// the lease, and only then hands the freed chunks to the zeroer.
+    fn settle(&self, mut st: MutexGuard<'_, MetaState>, caller: SessionId, effects: Effects) {
+        let Effects { freed, change } = effects;
+        if change.is_empty() && freed.is_empty() {
+            return;
+        }
+        let MetaState { ns, holders, .. } = &mut *st;
+        let plan = holders.plan(caller, &change, |ino| ns.getattr(ino).ok());
+        drop(st);
+        let answered = Countdown::new();
+        for (callbacks, cb) in plan {
+            callbacks.send(cb, &answered);
+        }
+        let start = Instant::now();
+        if !answered.wait(start + self.lease) {
+            log::warn!(
+                "callbacks unanswered after the {:?} lease; going on without them",
+                self.lease
+            );
+        }
         if !freed.is_empty() {
-            st.alloc.release(freed);
+            log::debug!(
+                "{} chunks freed after {:?} of recalls",
+                freed.len(),
+                start.elapsed()
+            );
+            self.state.lock().unwrap().alloc.release(freed);
             self.zeroer.kick();
         }
     }
 
-    /// Serves one client's metadata channel until it goes.
+    /// Serves one client session until it goes.
     pub(crate) fn serve(&self, node: &Shared, mut s: TcpStream) -> io::Result<()> {
-        let mut links = connect_links(
-            &node.ctx,
+        let peer = s.peer_addr()?;
+        let caps = rdmabox::SessionConfig::default().caps;
+        let mut links = connect_links(&node.ctx, &node.pd, &mut s, 2, caps)?;
+        let (cb_qp, cb_cq) = links.pop().expect("two links");
+        let (qp, cq) = links.pop().expect("two links");
+        let id = self.next_session.fetch_add(1, Ordering::Relaxed);
+        let stop = Arc::new(AtomicBool::new(false));
+        let callbacks = Callbacks::start(
             &node.pd,
-            &mut s,
-            1,
-            rdmabox::SessionConfig::default().caps,
+            cb_qp,
+            cb_cq,
+            self.lease,
+            format!("{peer} (session {id})"),
+            stop.clone(),
         )?;
-        let (qp, cq) = links.pop().expect("one link");
+        self.state.lock().unwrap().holders.add(id, callbacks.clone());
         let mut open = OpenHandles::default();
-        let stop = AtomicBool::new(false);
+        let closed = Arc::new(AtomicBool::new(false));
         let closer = {
             let mut watch = s.try_clone()?;
-            std::thread::spawn(move || wait_for_close(&mut watch))
+            let closed = closed.clone();
+            std::thread::spawn(move || {
+                wait_for_close(&mut watch);
+                closed.store(true, Ordering::Release);
+            })
         };
         let result = rpc::serve(&node.pd, qp, cq, node.cfg.rpc, &stop, |body| {
-            self.handle(&mut open, body)
+            self.handle(id, &mut open, body)
         });
-        let mut st = self.state.lock().unwrap();
-        let mut freed = Vec::new();
-        for (ino, n) in open.0 {
-            for _ in 0..n {
-                freed.extend(st.ns.release(ino));
+        match &result {
+            Err(e) if !closed.load(Ordering::Acquire) => {
+                log::warn!("client {peer} (session {id}): metadata channel ended: {e}")
             }
+            _ => log::info!("client {peer} (session {id}) left"),
         }
-        self.free(&mut st, freed);
-        drop(st);
+        callbacks.close();
+        self.end_session(id, open);
         drop(s);
         let _ = closer.join();
-        result
+        result.or_else(|e| {
+            if closed.load(Ordering::Acquire) {
+                Ok(())
+            } else {
+                Err(e)
+            }
+        })
+    }
+
+    /// A session ended: it caches nothing any more, and its handles are released (with the
+    /// chunks of files it had unlinked, and what closed files hold past their size).
+    fn end_session(&self, id: SessionId, open: OpenHandles) {
+        let mut st = self.state.lock().unwrap();
+        st.holders.remove(id);
+        let mut effects = Effects::default();
+        for (ino, n) in open.0 {
+            for _ in 0..n {
+                Self::release(&mut st.ns, ino, &mut effects);
+            }
+        }
+        self.settle(st, id, effects);
+    }
+
+    /// One handle of `ino` closed: an unlinked file goes with its last handle, a closed file
+    /// gives back the chunks allocated ahead past its size.
+    fn release(ns: &mut Namespace, ino: Ino, effects: &mut Effects) {
+        let reaped = ns.release(ino);
+        if !reaped.is_empty() {
+            effects.change.inodes.push((ino, true));
+            effects.freed(ino, 0, reaped);
+        } else if let Some((from, trimmed)) = ns.trim(ino) {
+            effects.freed(ino, from, trimmed);
+        }
     }
 
     /// Decodes, applies and answers one request.
-    fn handle(&self, open: &mut OpenHandles, body: &[u8]) -> Vec<u8> {
+    fn handle(&self, session: SessionId, open: &mut OpenHandles, body: &[u8]) -> Vec<u8> {
         let req = match Request::decode(body) {
             Ok(r) => r,
             Err(e) => {
@@ -136,65 +226,141 @@ impl MetaService {
             }
         };
         let mut st = self.state.lock().unwrap();
-        let MetaState { ns, alloc } = &mut *st;
-        let mut freed = Vec::new();
-        let reply = match &req {
-            Request::Lookup(m) => answer(m, ns.lookup(m.parent, &m.name)),
-            Request::GetAttr(m) => answer(m, ns.getattr(m.ino)),
-            Request::SetAttr(m) => answer(
-                m,
-                ns.setattr(m.ino, &m.changes).map(|(a, f)| {
-                    freed = f;
+        let mut effects = Effects::default();
+        let reply = self.apply(&mut st, session, open, &req, &mut effects);
+        self.settle(st, session, effects);
+        reply
+    }
+
+    /// Applies one request under the state lock: its reply, and in `fx` what it changed.
+    fn apply(
+        &self,
+        st: &mut MetaState,
+        session: SessionId,
+        open: &mut OpenHandles,
+        req: &Request,
+        fx: &mut Effects,
+    ) -> Vec<u8> {
+        let MetaState { ns, alloc, holders } = st;
+        let chunk_size = ns.chunk_size();
+        // What the session is told, it may cache: it is told again when that changes. A name
+        // looked up or made in a directory, its kernel may keep.
+        let mut saw = |r: Result<Attr, Errno>, dir: Option<Ino>| {
+            if let Ok(a) = &r {
+                holders.saw(session, a.ino);
+                dir.inspect(|&d| holders.looked_in(session, d));
+            }
+            r
+        };
+        let target = |ns: &Namespace, parent: Ino, name: &Name| ns.lookup(parent, name).ok();
+        match req {
+            Request::Lookup(m) => answer(m, saw(ns.lookup(m.parent, &m.name), Some(m.parent))),
+            Request::GetAttr(m) => answer(m, saw(ns.getattr(m.ino), None)),
+            Request::SetAttr(m) => {
+                let r = ns.setattr(m.ino, &m.changes).map(|(a, freed)| {
+                    fx.change.inodes.push((m.ino, m.changes.size.is_some()));
+                    if let Some(size) = m.changes.size {
+                        // Every size cut is told, freed chunks or not: holders cut their sizes.
+                        let from = size.div_ceil(chunk_size);
+                        fx.change.recalls.push((m.ino, from));
+                        fx.freed.extend(freed);
+                    }
                     a
-                }),
-            ),
-            Request::Mknod(m) => answer(m, ns.mknod(m.parent, &m.name, m.kind, m.rdev, m.owner)),
-            Request::Mkdir(m) => answer(m, ns.mkdir(m.parent, &m.name, m.owner)),
+                });
+                answer(m, saw(r, None))
+            }
+            Request::Mknod(m) => {
+                let r = ns.mknod(m.parent, &m.name, m.kind, m.rdev, m.owner);
+                r.is_ok().then(|| fx.change.inodes.push((m.parent, false)));
+                answer(m, saw(r, Some(m.parent)))
+            }
+            Request::Mkdir(m) => {
+                let r = ns.mkdir(m.parent, &m.name, m.owner);
+                r.is_ok().then(|| fx.change.inodes.push((m.parent, false)));
+                answer(m, saw(r, Some(m.parent)))
+            }
             Request::Symlink(m) => {
-                answer(m, ns.symlink(m.parent, &m.name, &m.target, m.uid, m.gid))
+                let r = ns.symlink(m.parent, &m.name, &m.target, m.uid, m.gid);
+                r.is_ok().then(|| fx.change.inodes.push((m.parent, false)));
+                answer(m, saw(r, Some(m.parent)))
             }
             Request::Readlink(m) => answer(m, ns.readlink(m.ino)),
-            Request::Link(m) => answer(m, ns.link(m.ino, m.newparent, &m.newname)),
-            Request::Unlink(m) => answer(m, freeing(&mut freed, ns.unlink(m.parent, &m.name))),
-            Request::Rmdir(m) => answer(m, ns.rmdir(m.parent, &m.name)),
-            Request::Rename(m) => answer(
-                m,
-                freeing(
-                    &mut freed,
-                    ns.rename(m.parent, &m.name, m.newparent, &m.newname, m.flags),
-                ),
-            ),
-            Request::ReadDir(m) => answer(
-                m,
-                ns.readdir(
-                    m.ino,
-                    m.cookie,
-                    m.max.min(MAX_LIST) as usize,
-                    self.page_bytes,
-                ),
-            ),
-            Request::Open(m) => answer(
-                m,
-                ns.open(m.ino)
-                    .inspect(|_| *open.0.entry(m.ino).or_default() += 1),
-            ),
-            Request::Release(m) => answer(
-                m,
-                match open.0.get_mut(&m.ino) {
+            Request::Link(m) => {
+                let r = ns.link(m.ino, m.newparent, &m.newname);
+                if r.is_ok() {
+                    fx.change.inodes.extend([(m.ino, false), (m.newparent, false)]);
+                }
+                answer(m, saw(r, Some(m.newparent)))
+            }
+            Request::Unlink(m) => {
+                let victim = target(ns, m.parent, &m.name);
+                let r = ns.unlink(m.parent, &m.name).map(|freed| {
+                    let ino = victim.map_or(0, |a| a.ino);
+                    fx.change.inodes.extend([(m.parent, false), (ino, false)]);
+                    fx.change.entries.push((m.parent, m.name.clone()));
+                    fx.freed(ino, 0, freed);
+                });
+                answer(m, r)
+            }
+            Request::Rmdir(m) => {
+                let victim = target(ns, m.parent, &m.name);
+                let r = ns.rmdir(m.parent, &m.name).inspect(|_| {
+                    fx.change.inodes.push((m.parent, false));
+                    fx.change.inodes.extend(victim.map(|a| (a.ino, false)));
+                    fx.change.entries.push((m.parent, m.name.clone()));
+                });
+                answer(m, r)
+            }
+            Request::Rename(m) => {
+                let src = target(ns, m.parent, &m.name);
+                let dst = target(ns, m.newparent, &m.newname);
+                let r = ns
+                    .rename(m.parent, &m.name, m.newparent, &m.newname, m.flags)
+                    .map(|freed| {
+                        let c = &mut fx.change;
+                        c.inodes.extend([(m.parent, false), (m.newparent, false)]);
+                        c.inodes.extend(src.iter().chain(&dst).map(|a| (a.ino, false)));
+                        c.entries.push((m.parent, m.name.clone()));
+                        c.entries.push((m.newparent, m.newname.clone()));
+                        fx.freed(dst.map_or(0, |a| a.ino), 0, freed);
+                    });
+                answer(m, r)
+            }
+            Request::ReadDir(m) => {
+                let max = m.max.min(MAX_LIST) as usize;
+                let r = ns.readdir(m.ino, m.cookie, max, self.page_bytes);
+                if let Ok(page) = &r {
+                    holders.looked_in(session, m.ino);
+                    for e in page {
+                        holders.saw(session, e.attr.ino);
+                    }
+                }
+                answer(m, r)
+            }
+            Request::Open(m) => {
+                let r = ns.open(m.ino);
+                r.is_ok().then(|| *open.0.entry(m.ino).or_default() += 1);
+                answer(m, saw(r, None))
+            }
+            Request::Release(m) => {
+                let r = match open.0.get_mut(&m.ino) {
                     Some(n) if *n > 0 => {
                         *n -= 1;
                         if *n == 0 {
                             open.0.remove(&m.ino);
                         }
-                        freeing(&mut freed, Ok(ns.release(m.ino)))
+                        Self::release(ns, m.ino, fx);
+                        Ok(())
                     }
                     _ => Err(Errno::EBADF),
-                },
-            ),
-            Request::ChunkMap(m) => answer(
-                m,
-                ns.chunk_map(m.ino, m.first, m.count.min(MAX_LIST) as u64),
-            ),
+                };
+                answer(m, r)
+            }
+            Request::ChunkMap(m) => {
+                let r = ns.chunk_map(m.ino, m.first, m.count.min(MAX_LIST) as u64);
+                r.is_ok().then(|| holders.fetched(session, m.ino));
+                answer(m, r)
+            }
             Request::Allocate(m) => {
                 let count = m.count.min(MAX_LIST) as u64;
                 let result = ns
@@ -203,29 +369,33 @@ impl MetaService {
                         let chunks = alloc.alloc(missing.len())?;
                         let new: Vec<_> = missing.into_iter().zip(chunks).collect();
                         if let Err(e) = ns.add_chunks(m.ino, &new) {
-                            freed.extend(new.into_iter().map(|(_, c)| c));
+                            fx.freed.extend(new.into_iter().map(|(_, c)| c));
                             return Err(e);
                         }
                         ns.chunk_map(m.ino, m.first, count)
                     });
+                result.is_ok().then(|| holders.fetched(session, m.ino));
                 answer(m, result)
             }
-            Request::Commit(m) => answer(m, ns.commit(m.ino, m.size, m.mtime)),
+            Request::Commit(m) => {
+                let r = ns.commit(m.ino, m.size, m.mtime);
+                r.is_ok().then(|| fx.change.inodes.push((m.ino, true)));
+                answer(m, saw(r, None))
+            }
             Request::GetStatFs(m) => {
                 let (total, free) = alloc.totals();
                 answer(
                     m,
                     Ok(StatFs {
-                        chunk_size: ns.chunk_size(),
+                        chunk_size,
                         chunks_total: total,
                         chunks_free: free,
                         inodes: ns.inode_count(),
+                        lease_ms: self.lease.as_millis() as u64,
                     }),
                 )
             }
             Request::ListNodes(m) => answer(m, Ok(alloc.nodes())),
-        };
-        self.free(&mut st, freed);
-        reply
+        }
     }
 }

@@ -541,6 +541,23 @@ impl Namespace {
         }
     }
 
+    /// Gives back the chunks past a closed file's size (allocated ahead, never written): the
+    /// first index given back and the chunks. Nothing while any handle is open, since a writer
+    /// may have written into them without committing its size yet.
+    pub fn trim(&mut self, ino: Ino) -> Option<(u64, Vec<ChunkRef>)> {
+        let chunk_size = self.chunk_size;
+        let i = self.inodes.get_mut(&ino)?;
+        if i.open > 0 {
+            return None;
+        }
+        let Data::File { chunks } = &mut i.data else {
+            return None;
+        };
+        let keep = i.attr.size.div_ceil(chunk_size);
+        let freed: Vec<_> = chunks.split_off(&keep).into_values().collect();
+        (!freed.is_empty()).then_some((keep, freed))
+    }
+
     /// Records a client's writes: the size grows to `size` (never shrinks: that is truncate).
     pub fn commit(&mut self, ino: Ino, size: u64, mtime: Option<Timestamp>) -> Result<Attr, Errno> {
         let i = self.get_mut(ino)?;
@@ -759,6 +776,23 @@ mod tests {
             (1 << 20) + 1,
             "commit never shrinks"
         );
+    }
+
+    #[test]
+    fn closed_files_give_back_chunks_past_their_size() {
+        let mut n = ns();
+        let f = file(&mut n, ROOT, "a");
+        let ahead: Vec<_> = (0..16).map(|i| (i, chunk(i))).collect();
+        n.add_chunks(f, &ahead).unwrap();
+        n.open(f).unwrap();
+        n.commit(f, (1 << 20) + 512 * 1024, None).unwrap();
+        assert_eq!(n.trim(f), None, "open: a writer may not have committed yet");
+        n.release(f);
+        let (from, freed) = n.trim(f).unwrap();
+        assert_eq!(from, 2);
+        assert_eq!(freed.len(), 14);
+        assert_eq!(n.chunk_map(f, 0, 16).unwrap().len(), 2);
+        assert_eq!(n.trim(f), None, "nothing left past the size");
     }
 
     #[test]

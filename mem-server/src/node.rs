@@ -39,6 +39,9 @@ pub struct NodeConfig {
     pub advertise: Option<String>,
     /// The metadata channels' buffers and deadline.
     pub rpc: RpcConfig,
+    /// How long a client may take to answer a callback before its chunk references are taken
+    /// as dropped (clients refetch maps older than this, less their I/O deadline).
+    pub lease: Duration,
 }
 
 impl NodeConfig {
@@ -54,6 +57,7 @@ impl NodeConfig {
             join: None,
             advertise: None,
             rpc: RpcConfig::default(),
+            lease: Duration::from_secs(10),
         }
     }
 
@@ -62,6 +66,12 @@ impl NodeConfig {
             return Err(invalid(format!(
                 "chunk size {} must be a power of two of at least 4 KiB",
                 self.chunk_size
+            )));
+        }
+        if self.lease < Duration::from_millis(100) {
+            return Err(invalid(format!(
+                "lease {:?} is too short (at least 100 ms)",
+                self.lease
             )));
         }
         if self.memory < self.chunk_size {

@@ -5,13 +5,16 @@ use std::collections::HashMap;
 use std::fmt;
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
-use rdmabox::rpc::{RpcClient, RpcConfig};
+use rdmabox::rpc::{self, RpcClient, RpcConfig};
 use rdmabox::transport::{Context, ProtectionDomain, TransportConfig};
 use rdmabox::{connect_links, SessionConfig, Snapshot};
 
+use crate::callback::{encode_ack, Callback, CALLBACK_RPC};
 use crate::data::DataSession;
 use crate::errno::Errno;
 use crate::handshake::dial;
@@ -116,6 +119,9 @@ pub trait MetadataChannel {
     }
 }
 
+/// What a client does with a callback; the callback is answered when this returns.
+pub type CallbackHandler = Box<dyn Fn(Callback) + Send + Sync>;
+
 /// A connection to the metadata service and the data sessions opened through it.
 pub struct Client {
     cfg: ClientConfig,
@@ -125,6 +131,9 @@ pub struct Client {
     rpc: RpcClient,
     _meta_control: std::net::TcpStream,
     data: Mutex<HashMap<u32, Arc<DataSession>>>,
+    on_callback: Arc<OnceLock<CallbackHandler>>,
+    callbacks_stop: Arc<AtomicBool>,
+    callbacks: Option<JoinHandle<()>>,
 }
 
 impl MetadataChannel for Client {
@@ -146,9 +155,34 @@ impl Client {
             &hello,
             cfg.connect_timeout,
         )?;
-        let mut links = connect_links(&ctx, &pd, &mut s, 1, cfg.session.caps)?;
-        let (qp, cq) = links.pop().expect("one link");
+        // Calls on the first queue pair, the service's callbacks on the second.
+        let mut links = connect_links(&ctx, &pd, &mut s, 2, cfg.session.caps)?;
+        let (cb_qp, cb_cq) = links.pop().expect("two links");
+        let (qp, cq) = links.pop().expect("two links");
         let rpc = RpcClient::new(&pd, qp, cq, cfg.rpc)?;
+        let on_callback = Arc::<OnceLock<CallbackHandler>>::default();
+        let callbacks_stop = Arc::new(AtomicBool::new(false));
+        let callbacks = {
+            let (pd, on, stop) = (pd.clone(), on_callback.clone(), callbacks_stop.clone());
+            std::thread::Builder::new()
+                .name("rfs-callbacks".into())
+                .spawn(move || {
+                    let served = rpc::serve(&pd, cb_qp, cb_cq, CALLBACK_RPC, &stop, |body| {
+                        match Callback::decode(body) {
+                            Ok(cb) => {
+                                if let Some(handle) = on.get() {
+                                    handle(cb);
+                                }
+                            }
+                            Err(e) => log::warn!("callback dropped: {e}"),
+                        }
+                        encode_ack()
+                    });
+                    if let Err(e) = served {
+                        log::warn!("callback channel ended: {e}");
+                    }
+                })?
+        };
         Ok(Client {
             cfg,
             meta_addr,
@@ -157,7 +191,18 @@ impl Client {
             rpc,
             _meta_control: s,
             data: Mutex::new(HashMap::new()),
+            on_callback,
+            callbacks_stop,
+            callbacks: Some(callbacks),
         })
+    }
+
+    /// Says what to do with the service's callbacks (once; until then they are answered at
+    /// once, since nothing is cached before the file system exists).
+    pub fn on_callback(&self, handler: CallbackHandler) {
+        if self.on_callback.set(handler).is_err() {
+            log::warn!("a callback handler was already set");
+        }
     }
 
     /// The transport in use, in words.
@@ -213,5 +258,14 @@ impl Client {
         data.values().fold(Snapshot::default(), |acc, d| {
             acc.plus(&d.session.counters())
         })
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        self.callbacks_stop.store(true, Ordering::Release);
+        if let Some(t) = self.callbacks.take() {
+            let _ = t.join();
+        }
     }
 }

@@ -8,8 +8,10 @@
 //! - [`hello`]: what a control connection is for; the pool descriptor.
 //! - [`frame`]: length-prefixed frames on control connections.
 //! - [`handshake`]: shared-secret authentication, and dialing a node.
+//! - [`callback`]: what the metadata service tells clients whose caches a change concerns.
 //! - [`client`]: the metadata client and its data sessions ([`data`]).
 
+pub mod callback;
 pub mod client;
 pub mod data;
 pub mod errno;

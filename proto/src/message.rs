@@ -420,6 +420,7 @@ mod tests {
                     chunks_total: 2,
                     chunks_free: 3,
                     inodes: 4,
+                    lease_ms: 5,
                 }),
             ),
             encode_reply(

@@ -6,6 +6,7 @@ use rdmabox::session::Callback;
 use rdmabox::{Session, Snapshot};
 use rfs_proto::data::chunk_addr;
 use rfs_proto::types::ChunkRef;
+use rfs_proto::client::CallbackHandler;
 use rfs_proto::{Client, MetadataChannel};
 
 use super::error::Error;
@@ -23,6 +24,8 @@ pub trait Backend: MetadataChannel + Send + Sync + 'static {
     fn transport(&self) -> String;
     /// The rdmabox counters, for the stats file.
     fn counters(&self) -> Snapshot;
+    /// Where the metadata node's callbacks go.
+    fn on_callback(&self, handler: CallbackHandler);
 }
 
 /// Starts a transfer on the session to `chunk`'s node, whose result becomes ours; a node that
@@ -62,5 +65,9 @@ impl Backend for Client {
 
     fn counters(&self) -> Snapshot {
         Client::counters(self)
+    }
+
+    fn on_callback(&self, handler: CallbackHandler) {
+        Client::on_callback(self, handler)
     }
 }

@@ -1,11 +1,19 @@
-//! The chunk cache: where each chunk of each file lives, fetched from the metadata node once
-//! and then used for one-sided I/O. Writers past a file's first chunk allocate ahead, so that a
+//! The chunk cache: where each chunk of each file lives, fetched from the metadata node and then
+//! used for one-sided I/O. Writers past a file's first chunk allocate ahead, so that a
 //! sequential writer asks for chunks once per run, not once per write.
+//!
+//! References are the metadata node's to take back. A recall (a callback after a truncate,
+//! unlink or trim elsewhere) drops them and is answered only once every transfer that took
+//! them has completed: each transfer holds an [`InFlight`] from the moment it reads its
+//! references (under the cache lock) until its completion. A fetch that a recall overtook is
+//! not cached (a per-file generation tells), and a reference older than the lease's share is
+//! refetched before use: a client that missed a recall (stopped past the lease) never writes
+//! through it.
 
-use std::num::NonZeroUsize;
-use std::sync::Mutex;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
-use lru::LruCache;
 use rfs_proto::message::{Allocate, ChunkMap};
 use rfs_proto::types::{ChunkRef, Ino};
 use rfs_proto::wire::MAX_LIST;
@@ -18,90 +26,258 @@ const ALLOC_AHEAD: u64 = 16;
 /// Chunk references kept.
 const CAPACITY: usize = 1 << 16;
 
-pub(crate) struct ChunkCache {
-    map: Mutex<LruCache<(Ino, u64), ChunkRef>>,
+struct Cached {
+    chunk: ChunkRef,
+    /// When the fetch that brought it was sent.
+    fetched: Instant,
 }
 
-impl Default for ChunkCache {
-    fn default() -> Self {
-        ChunkCache {
-            map: Mutex::new(LruCache::new(
-                NonZeroUsize::new(CAPACITY).expect("non-zero"),
-            )),
+/// What the cache knows of one file.
+#[derive(Default)]
+struct FileChunks {
+    chunks: BTreeMap<u64, Cached>,
+    /// Bumped by every recall: a fetch sent before it may carry what the recall took back.
+    gen: u64,
+    /// Transfers using this file's references, by the generation they took them in.
+    in_flight: Vec<(u64, usize)>,
+    /// Fetches under way (the file's generation must outlive them).
+    fetching: usize,
+}
+
+impl FileChunks {
+    fn idle(&self) -> bool {
+        self.chunks.is_empty() && self.in_flight.is_empty() && self.fetching == 0
+    }
+}
+
+#[derive(Default)]
+struct Files {
+    files: HashMap<Ino, FileChunks>,
+    entries: usize,
+}
+
+impl Files {
+    fn prune(&mut self, ino: Ino) {
+        if self.files.get(&ino).is_some_and(FileChunks::idle) {
+            self.files.remove(&ino);
         }
+    }
+
+    /// Drops `ino`'s references from chunk `from` on and starts a new generation; the old one's
+    /// number.
+    fn drop_from(&mut self, ino: Ino, from: u64) -> Option<u64> {
+        let f = self.files.get_mut(&ino)?;
+        let dropped = f.chunks.split_off(&from).len();
+        self.entries -= dropped;
+        f.gen += 1;
+        Some(f.gen - 1)
+    }
+
+    /// Keeps the cache within its capacity by forgetting whole files no transfer is using.
+    fn shrink(&mut self) {
+        if self.entries <= CAPACITY {
+            return;
+        }
+        let mut freed = 0;
+        for f in self.files.values_mut() {
+            if f.in_flight.is_empty() {
+                freed += f.chunks.len();
+                f.chunks.clear();
+            }
+            if self.entries - freed <= CAPACITY / 2 {
+                break;
+            }
+        }
+        self.entries -= freed;
+        self.files.retain(|_, f| !f.idle());
+    }
+}
+
+pub(crate) struct ChunkCache {
+    files: Mutex<Files>,
+    /// Signalled when transfers finish, for recalls waiting on them.
+    finished: Condvar,
+    /// References older than this are refetched.
+    max_age: Duration,
+}
+
+/// A transfer's hold on a file's chunk references: a recall waits until it is dropped.
+pub(crate) struct InFlight {
+    cache: Arc<ChunkCache>,
+    ino: Ino,
+    gen: u64,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut files = self.cache.lock();
+        if let Some(f) = files.files.get_mut(&self.ino) {
+            if let Some(i) = f.in_flight.iter().position(|&(g, _)| g == self.gen) {
+                f.in_flight[i].1 -= 1;
+                if f.in_flight[i].1 == 0 {
+                    f.in_flight.swap_remove(i);
+                    self.cache.finished.notify_all();
+                }
+            }
+        }
+        files.prune(self.ino);
     }
 }
 
 impl ChunkCache {
-    /// References cached.
-    pub(crate) fn len(&self) -> usize {
-        self.map.lock().unwrap().len()
-    }
-
-    /// Drops what we know of chunks `from..` of `ino` (close-to-open, truncation).
-    pub(crate) fn forget(&self, ino: Ino, from: u64) {
-        let mut cache = self.map.lock().unwrap();
-        let stale: Vec<_> = cache
-            .iter()
-            .filter(|((i, idx), _)| *i == ino && *idx >= from)
-            .map(|(k, _)| *k)
-            .collect();
-        for k in stale {
-            cache.pop(&k);
+    /// A cache whose references live at most `max_age`.
+    pub(crate) fn new(max_age: Duration) -> ChunkCache {
+        ChunkCache {
+            files: Mutex::default(),
+            finished: Condvar::new(),
+            max_age,
         }
     }
 
-    /// The chunks `first..first+count` of `ino` (None: a hole). With `allocate`, holes are
+    fn lock(&self) -> MutexGuard<'_, Files> {
+        self.files.lock().unwrap()
+    }
+
+    /// References cached.
+    pub(crate) fn len(&self) -> usize {
+        self.lock().entries
+    }
+
+    /// Drops what we know of chunks `from..` of `ino` (close-to-open, our own truncation).
+    pub(crate) fn forget(&self, ino: Ino, from: u64) {
+        let mut files = self.lock();
+        files.drop_from(ino, from);
+        files.prune(ino);
+    }
+
+    /// The metadata node takes back `ino`'s chunks from `from` on: drop their references and
+    /// wait (up to `limit`) until no transfer that took them is still running.
+    pub(crate) fn recall(&self, ino: Ino, from: u64, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        let mut files = self.lock();
+        let Some(old) = files.drop_from(ino, from) else {
+            return; // nothing cached, nothing in flight
+        };
+        let busy = |files: &Files| {
+            files
+                .files
+                .get(&ino)
+                .is_some_and(|f| f.in_flight.iter().any(|&(g, _)| g <= old))
+        };
+        while busy(&files) {
+            let now = Instant::now();
+            if now >= deadline {
+                log::warn!("recall of inode {ino}: transfers still running after {limit:?}");
+                break;
+            }
+            files = self.finished.wait_timeout(files, deadline - now).unwrap().0;
+        }
+        files.prune(ino);
+    }
+
+    /// The chunks `first..first+count` of `ino` (None: a hole), and the hold that keeps a
+    /// recall waiting until the transfer through them is done. With `allocate`, holes are
     /// filled by the metadata node first.
     pub(crate) fn refs(
-        &self,
+        self: &Arc<Self>,
         meta: &impl MetadataChannel,
         ino: Ino,
         first: u64,
         count: u64,
         allocate: bool,
-    ) -> Result<Vec<Option<ChunkRef>>> {
-        let mut out: Vec<Option<ChunkRef>> = {
-            let mut cache = self.map.lock().unwrap();
-            (first..first + count)
-                .map(|i| cache.get(&(ino, i)).copied())
-                .collect()
-        };
-        let Some(lo) = out.iter().position(Option::is_none) else {
-            return Ok(out);
-        };
-        let hi = out
-            .iter()
-            .rposition(Option::is_none)
-            .expect("one is missing");
-        let start = first + lo as u64;
-        let needed = (hi - lo + 1) as u64;
-        let mut got = Err(Error::from(Errno::ENOSPC));
-        if allocate && start >= 1 && needed < ALLOC_AHEAD {
-            // A file growing past its first chunk: reserve a run ahead of the writer, unless
-            // space is too short for that; then take only what this write needs.
-            got = self.fetch(meta, ino, start, ALLOC_AHEAD, true);
-        }
-        if matches!(&got, Err(e) if e.errno() == Errno::ENOSPC) {
-            got = self.fetch(meta, ino, start, needed, allocate);
-        }
-        for (i, c) in got? {
-            if (first..first + count).contains(&i) {
-                out[(i - first) as usize] = Some(c);
+    ) -> Result<(Vec<Option<ChunkRef>>, InFlight)> {
+        let range = first..first + count;
+        loop {
+            let mut files = self.lock();
+            let now = Instant::now();
+            let f = files.files.entry(ino).or_default();
+            let fresh = |f: &FileChunks, i: u64| {
+                f.chunks
+                    .get(&i)
+                    .filter(|c| now.duration_since(c.fetched) < self.max_age)
+                    .map(|c| c.chunk)
+            };
+            let out: Vec<Option<ChunkRef>> = range.clone().map(|i| fresh(f, i)).collect();
+            let Some(lo) = out.iter().position(Option::is_none) else {
+                return Ok((out, self.hold(f, ino)));
+            };
+            let hi = out.iter().rposition(Option::is_none).expect("one is missing");
+            let gen = f.gen;
+            f.fetching += 1;
+            drop(files);
+
+            let sent = Instant::now();
+            let got = self.fetch(meta, ino, first + lo as u64, (hi - lo + 1) as u64, allocate);
+            let mut files = self.lock();
+            let f = files.files.get_mut(&ino).expect("kept while fetching");
+            f.fetching -= 1;
+            let got = match got {
+                Ok(g) => g,
+                Err(e) => {
+                    files.prune(ino);
+                    return Err(e);
+                }
+            };
+            if f.gen != gen {
+                continue; // a recall overtook the fetch: its answer may be stale
             }
+            let mut out = out;
+            let mut added = 0;
+            for (i, chunk) in got {
+                if range.contains(&i) {
+                    out[(i - first) as usize] = Some(chunk);
+                }
+                let fetched = sent;
+                added += usize::from(f.chunks.insert(i, Cached { chunk, fetched }).is_none());
+            }
+            if allocate && out.iter().any(Option::is_none) {
+                files.entries += added;
+                return Err(Error::new(
+                    Errno::EIO,
+                    format!(
+                        "the metadata node left holes in chunks {first}+{count} of inode {ino}"
+                    ),
+                ));
+            }
+            let hold = self.hold(f, ino);
+            files.entries += added;
+            files.shrink();
+            return Ok((out, hold));
         }
-        if allocate && out.iter().any(Option::is_none) {
-            return Err(Error::new(
-                Errno::EIO,
-                format!("the metadata node left holes in chunks {first}+{count} of inode {ino}"),
-            ));
-        }
-        Ok(out)
     }
 
-    /// Chunks `start..start+want` from the metadata node (allocated first if asked), cached.
+    fn hold(self: &Arc<Self>, f: &mut FileChunks, ino: Ino) -> InFlight {
+        match f.in_flight.iter_mut().find(|(g, _)| *g == f.gen) {
+            Some((_, n)) => *n += 1,
+            None => f.in_flight.push((f.gen, 1)),
+        }
+        InFlight {
+            cache: self.clone(),
+            ino,
+            gen: f.gen,
+        }
+    }
+
+    /// Chunks `start..start+needed` from the metadata node, allocated first if asked; a writer
+    /// growing a file past its first chunk reserves a run ahead, unless space is too short.
     fn fetch(
         &self,
+        meta: &impl MetadataChannel,
+        ino: Ino,
+        start: u64,
+        needed: u64,
+        allocate: bool,
+    ) -> Result<Vec<(u64, ChunkRef)>> {
+        if allocate && start >= 1 && needed < ALLOC_AHEAD {
+            match Self::call(meta, ino, start, ALLOC_AHEAD, true) {
+                Err(e) if e.errno() == Errno::ENOSPC => {}
+                r => return r,
+            }
+        }
+        Self::call(meta, ino, start, needed, allocate)
+    }
+
+    fn call(
         meta: &impl MetadataChannel,
         ino: Ino,
         mut start: u64,
@@ -111,27 +287,117 @@ impl ChunkCache {
         let mut all = Vec::new();
         while want > 0 {
             let count = want.min(MAX_LIST as u64) as u32;
-            let got = if allocate {
-                meta.call(Allocate {
-                    ino,
-                    first: start,
-                    count,
-                })?
+            let first = start;
+            all.extend(if allocate {
+                meta.call(Allocate { ino, first, count })?
             } else {
-                meta.call(ChunkMap {
-                    ino,
-                    first: start,
-                    count,
-                })?
-            };
-            let mut cache = self.map.lock().unwrap();
-            for &(i, c) in &got {
-                cache.put((ino, i), c);
-            }
-            all.extend(got);
+                meta.call(ChunkMap { ino, first, count })?
+            });
             start += count as u64;
             want -= count as u64;
         }
         Ok(all)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io;
+
+    /// A metadata node whose map of inode 1 is chunks at addresses 1000 + index, and which
+    /// can run something while a fetch is "on the wire".
+    struct Maps(Mutex<Option<Box<dyn FnOnce() + Send>>>);
+
+    impl MetadataChannel for Maps {
+        fn exchange(&self, request: &[u8]) -> io::Result<Vec<u8>> {
+            use rfs_proto::message::{encode_reply, Request};
+            if let Some(meanwhile) = self.0.lock().unwrap().take() {
+                meanwhile();
+            }
+            let (op, first, count) = match Request::decode(request).unwrap() {
+                Request::ChunkMap(m) => (m_op(&m), m.first, m.count),
+                Request::Allocate(m) => (m_op(&m), m.first, m.count),
+                _ => unreachable!(),
+            };
+            let map: Vec<(u64, ChunkRef)> = (first..first + count as u64)
+                .map(|i| (i, chunk(i)))
+                .collect();
+            Ok(encode_reply(op, &Ok(map)))
+        }
+    }
+
+    fn m_op<C: rfs_proto::message::Call>(_: &C) -> u8 {
+        C::OP as u8
+    }
+
+    fn chunk(i: u64) -> ChunkRef {
+        ChunkRef {
+            node: 0,
+            addr: 1000 + i,
+            rkey: 1,
+        }
+    }
+
+    fn cache() -> Arc<ChunkCache> {
+        Arc::new(ChunkCache::new(Duration::from_secs(60)))
+    }
+
+    #[test]
+    fn a_recall_waits_for_the_transfers_that_took_the_references() {
+        let c = cache();
+        let meta = Maps(Mutex::default());
+        let (refs, hold) = c.refs(&meta, 1, 0, 4, false).unwrap();
+        assert_eq!(refs[3], Some(chunk(3)));
+        let recalled = {
+            let c = c.clone();
+            std::thread::spawn(move || {
+                let start = Instant::now();
+                c.recall(1, 2, Duration::from_secs(5));
+                start.elapsed()
+            })
+        };
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(!recalled.is_finished(), "answered with a transfer in flight");
+        drop(hold);
+        let waited = recalled.join().unwrap();
+        assert!(waited >= Duration::from_millis(200), "{waited:?}");
+        assert_eq!(c.len(), 2, "chunks 2 and 3 dropped, 0 and 1 kept");
+        // Nothing in flight: a recall is answered at once.
+        drop(c.refs(&meta, 1, 0, 1, false).unwrap());
+        let start = Instant::now();
+        c.recall(1, 0, Duration::from_secs(5));
+        assert!(start.elapsed() < Duration::from_secs(1));
+        assert_eq!(c.len(), 0);
+    }
+
+    #[test]
+    fn a_fetch_overtaken_by_a_recall_is_not_cached() {
+        let c = cache();
+        let meta = Maps(Mutex::default());
+        drop(c.refs(&meta, 1, 0, 1, false).unwrap());
+        // The next fetch's answer is overtaken by a recall of everything.
+        let c2 = c.clone();
+        *meta.0.lock().unwrap() = Some(Box::new(move || {
+            c2.recall(1, 0, Duration::from_secs(1));
+        }));
+        let (refs, _hold) = c.refs(&meta, 1, 0, 3, false).unwrap();
+        assert_eq!(refs, vec![Some(chunk(0)), Some(chunk(1)), Some(chunk(2))]);
+        assert!(meta.0.lock().unwrap().is_none(), "fetched again after the recall");
+    }
+
+    #[test]
+    fn references_older_than_the_lease_share_are_refetched() {
+        let c = Arc::new(ChunkCache::new(Duration::from_millis(50)));
+        let meta = Maps(Mutex::default());
+        drop(c.refs(&meta, 1, 0, 1, false).unwrap());
+        let fetched_again = Arc::new(Mutex::new(false));
+        let f = fetched_again.clone();
+        *meta.0.lock().unwrap() = Some(Box::new(move || *f.lock().unwrap() = true));
+        drop(c.refs(&meta, 1, 0, 1, false).unwrap());
+        assert!(!*fetched_again.lock().unwrap(), "fresh: from the cache");
+        std::thread::sleep(Duration::from_millis(80));
+        drop(c.refs(&meta, 1, 0, 1, false).unwrap());
+        assert!(*fetched_again.lock().unwrap(), "expired: refetched");
     }
 }

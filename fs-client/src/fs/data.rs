@@ -69,7 +69,7 @@ impl<B: Backend> Rfs<B> {
         }
         ClientStats::add(&self.stats.reads, 1);
         let segs = segments(offset, len, self.chunk_size);
-        let refs =
+        let (refs, hold) =
             match self
                 .chunks
                 .refs(&self.meta(), ino, segs[0].index, segs.len() as u64, false)
@@ -89,6 +89,7 @@ impl<B: Backend> Rfs<B> {
                 s.offset_in_chunk,
                 vec![0; len],
                 Box::new(move |r| {
+                    drop(hold);
                     if r.is_err() {
                         Self::piece_failed(&stats);
                     }
@@ -101,7 +102,10 @@ impl<B: Backend> Rfs<B> {
             let buf = buf.clone();
             Pieces::new(
                 segs.len(),
-                Box::new(move |r| done(r.map(|()| std::mem::take(&mut *buf.lock().unwrap())))),
+                Box::new(move |r| {
+                    drop(hold);
+                    done(r.map(|()| std::mem::take(&mut *buf.lock().unwrap())))
+                }),
             )
         };
         for (s, r) in segs.iter().zip(refs) {
@@ -139,7 +143,7 @@ impl<B: Backend> Rfs<B> {
         }
         ClientStats::add(&self.stats.writes, 1);
         let segs = segments(offset, data.len(), self.chunk_size);
-        let refs = match self
+        let (refs, hold) = match self
             .chunks
             .refs(&self.meta(), ino, segs[0].index, segs.len() as u64, true)
         {
@@ -152,6 +156,7 @@ impl<B: Backend> Rfs<B> {
             Pieces::new(
                 segs.len(),
                 Box::new(move |r| {
+                    drop(hold);
                     if r.is_ok() {
                         fs.wrote(ino, end, len);
                     }
@@ -186,7 +191,8 @@ impl<B: Backend> Rfs<B> {
         }
         let index = new / self.chunk_size;
         let end = ((index + 1) * self.chunk_size).min(old);
-        let Some(chunk) = self.chunks.refs(&self.meta(), ino, index, 1, false)?[0] else {
+        let (refs, _hold) = self.chunks.refs(&self.meta(), ino, index, 1, false)?;
+        let Some(chunk) = refs[0] else {
             return Ok(());
         };
         let (tx, rx) = std::sync::mpsc::sync_channel(1);

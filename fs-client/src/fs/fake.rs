@@ -83,6 +83,7 @@ impl FakeCluster {
                     chunks_total: 1 << 20,
                     chunks_free: 1 << 20,
                     inodes: st.files.len() as u64,
+                    lease_ms: 10_000,
                 }),
             ),
             Request::Mknod(m) => {
@@ -204,6 +205,9 @@ impl Backend for Fake {
     fn counters(&self) -> Snapshot {
         Snapshot::default()
     }
+
+    /// The fake makes no callbacks: the tests call `Rfs::on_callback` themselves.
+    fn on_callback(&self, _handler: rfs_proto::client::CallbackHandler) {}
 }
 
 /// Proves the fake answers like the real service does: typed replies decode.

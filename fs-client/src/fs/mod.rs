@@ -5,13 +5,15 @@
 //!
 //! - this module: metadata operations, passed through;
 //! - [`open`](self::open): close-to-open state (handles, local sizes, commits);
-//! - [`chunks`](self::chunks): the chunk cache with allocate-ahead;
+//! - [`chunks`](self::chunks): the chunk cache with allocate-ahead, recalls and leases;
+//! - [`coherence`](self::coherence): the metadata node's callbacks, and the kernel's caches;
 //! - [`data`](self::data): the data path (reads and writes split at chunk boundaries);
 //! - [`stats`]: the live statistics file;
 //! - [`error`]: the one error type; [`backend`]: the seam.
 
 mod backend;
 mod chunks;
+mod coherence;
 mod data;
 mod error;
 #[cfg(test)]
@@ -24,7 +26,8 @@ mod tests;
 use std::collections::HashMap;
 use std::fmt::Debug;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use rfs_proto::message::{
     Call, GetAttr, GetStatFs, Link, Lookup, Mkdir, Mknod, ReadDir, Readlink, Rename, Rmdir,
@@ -35,6 +38,7 @@ use rfs_proto::wire::MAX_LIST;
 use rfs_proto::{Client, Errno, MetadataChannel};
 
 pub use backend::{Backend, DataDone};
+pub use coherence::KernelInval;
 pub use data::{ReadDone, WriteDone};
 pub use error::{Error, Result};
 pub use stats::{STATS_INO, STATS_NAME};
@@ -47,7 +51,11 @@ use stats::ClientStats;
 pub struct Rfs<B: Backend = Client> {
     backend: B,
     chunk_size: u64,
-    chunks: ChunkCache,
+    chunks: Arc<ChunkCache>,
+    /// How long the metadata node waits for our answer to a callback.
+    lease: Duration,
+    /// Where invalidations of the kernel's caches go (set once mounted).
+    kernel: OnceLock<crossbeam_channel::Sender<KernelInval>>,
     open: Mutex<HashMap<Ino, OpenFile>>,
     handles: Mutex<HashMap<u64, Ino>>,
     next_fh: AtomicU64,
@@ -68,9 +76,8 @@ impl<B: Backend> Rfs<B> {
     /// The file system of the namespace behind `backend`.
     pub fn new(backend: B) -> Result<Rfs<B>> {
         let stats = Arc::<ClientStats>::default();
-        let chunk_size = Counted(&backend, &stats.metadata_ops)
-            .call(GetStatFs {})?
-            .chunk_size;
+        let fs = Counted(&backend, &stats.metadata_ops).call(GetStatFs {})?;
+        let (chunk_size, lease) = (fs.chunk_size, Duration::from_millis(fs.lease_ms));
         if chunk_size == 0 {
             return Err(Error::new(
                 Errno::EIO,
@@ -80,7 +87,11 @@ impl<B: Backend> Rfs<B> {
         Ok(Rfs {
             backend,
             chunk_size,
-            chunks: ChunkCache::default(),
+            // Half the lease: a reference is never used past the lease, counting the
+            // transfer's own deadline (at most the other half).
+            chunks: Arc::new(ChunkCache::new(lease / 2)),
+            lease,
+            kernel: OnceLock::new(),
             open: Mutex::new(HashMap::new()),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),

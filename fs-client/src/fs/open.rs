@@ -23,6 +23,18 @@ pub(crate) struct OpenFile {
     mtime: Option<Timestamp>,
 }
 
+impl OpenFile {
+    /// Follows the size another client set: a cut (truncate) holds even over our uncommitted
+    /// writes (they came before it); otherwise the larger of the two.
+    pub(crate) fn follow(&mut self, size: u64, cut: bool) {
+        self.size = if cut || !self.dirty {
+            size
+        } else {
+            self.size.max(size)
+        };
+    }
+}
+
 impl<B: Backend> Rfs<B> {
     /// Opens a file: fresh attributes and chunk map (close-to-open), and a handle.
     pub fn open(&self, ino: Ino) -> Result<(u64, Attr)> {
@@ -91,6 +103,7 @@ impl<B: Backend> Rfs<B> {
     pub(crate) fn with_local_size(&self, mut a: Attr) -> Attr {
         if let Some(f) = self.open.lock().unwrap().get_mut(&a.ino) {
             if f.dirty {
+                f.size = f.size.max(a.size);
                 a.size = f.size;
                 if let Some(m) = f.mtime {
                     a.mtime = m;

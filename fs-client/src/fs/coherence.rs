@@ -1,0 +1,80 @@
+//! The metadata node's callbacks, as this client takes them: chunk references it recalls are
+//! dropped (and the transfers through them finished) before the answer; sizes of files open
+//! here follow changes made elsewhere; the kernel is told to drop the attributes, pages and
+//! names it caches. Kernel invalidations go through a queue to a thread of their own, since the
+//! kernel may take a lock held by an operation of ours that waits on the metadata node.
+
+use std::sync::Arc;
+
+use rfs_proto::callback::Callback;
+use rfs_proto::types::{Attr, Ino, Name};
+
+use super::backend::Backend;
+use super::Rfs;
+
+/// A cache entry of the kernel's to drop.
+#[derive(Clone, Debug, PartialEq)]
+pub enum KernelInval {
+    /// An inode's attributes, and its cached pages if `data`.
+    Inode { ino: Ino, data: bool },
+    /// A name in a directory.
+    Entry { parent: Ino, name: Name },
+}
+
+impl<B: Backend> Rfs<B> {
+    /// Takes the metadata node's callbacks from now on.
+    pub fn attach(self: &Arc<Self>) {
+        let me = Arc::downgrade(self);
+        self.backend.on_callback(Box::new(move |cb| {
+            if let Some(fs) = me.upgrade() {
+                fs.on_callback(cb);
+            }
+        }));
+    }
+
+    /// Sends the kernel's cache invalidations to `to` from now on (once mounted).
+    pub fn notify_kernel(&self, to: crossbeam_channel::Sender<KernelInval>) {
+        let _ = self.kernel.set(to);
+    }
+
+    /// How long the metadata node waits for our answer to a callback.
+    pub fn lease(&self) -> std::time::Duration {
+        self.lease
+    }
+
+    /// One callback; it is answered when this returns.
+    pub fn on_callback(&self, cb: Callback) {
+        for inv in &cb.inodes {
+            if let Some(from) = inv.chunks_from {
+                self.chunks.recall(inv.ino, from, self.lease);
+            }
+            if let Some(a) = &inv.attr {
+                self.changed_elsewhere(a, inv.chunks_from.is_some());
+            }
+            self.kernel(KernelInval::Inode {
+                ino: inv.ino,
+                data: inv.data,
+            });
+        }
+        for e in cb.entries {
+            self.kernel(KernelInval::Entry {
+                parent: e.parent,
+                name: e.name,
+            });
+        }
+    }
+
+    /// Another client changed `a`'s file: a size cut (truncate) holds for our size too, even
+    /// over our uncommitted writes (they were before it); a commit can only grow it.
+    fn changed_elsewhere(&self, a: &Attr, cut: bool) {
+        if let Some(f) = self.open.lock().unwrap().get_mut(&a.ino) {
+            f.follow(a.size, cut);
+        }
+    }
+
+    fn kernel(&self, inval: KernelInval) {
+        if let Some(k) = self.kernel.get() {
+            let _ = k.send(inval);
+        }
+    }
+}

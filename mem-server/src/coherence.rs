@@ -1,0 +1,333 @@
+//! Coherence by callback, on the metadata node: which client sessions may cache what (chunk
+//! maps they fetched, attributes and names they were told), and telling them when it changes,
+//! as NFSv4 recalls delegations and Lustre cancels locks. A change is planned under the state
+//! lock (so a fetch either precedes it and is recalled, or follows it and sees it), sent by
+//! each session's callback thread, and waited for with the lock released, up to the lease: a
+//! session that does not answer in time is taken to have dropped what it was told (its own
+//! lease makes it refetch), and is not waited for again until it answers.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use rdmabox::rpc::{RpcClient, RpcConfig};
+use rdmabox::transport::{CompletionQueue, ProtectionDomain, QueuePair};
+use rfs_proto::callback::{is_ack, Callback, EntryChange, Invalidation, CALLBACK_RPC};
+use rfs_proto::types::{Attr, Ino, Name};
+
+/// A client session of the metadata service.
+pub(crate) type SessionId = u64;
+
+/// Callbacks queued for one session before it is declared lost: a client that stopped
+/// answering while others keep changing what it cached.
+const MAX_QUEUED: usize = 4096;
+
+/// What one session may cache, as far as the service knows.
+struct Cached {
+    /// Inodes whose chunk maps it fetched: it may read and write their chunks.
+    maps: HashSet<Ino>,
+    /// Inodes whose attributes it was told (forgotten once it is told of a change: it asks
+    /// again).
+    seen: HashSet<Ino>,
+    /// Directories it looked names up in: its kernel may keep those names for as long as it
+    /// likes, whatever it re-asks about the directory itself, so these are kept.
+    dirs: HashSet<Ino>,
+    callbacks: Arc<Callbacks>,
+}
+
+/// Every session's caches.
+#[derive(Default)]
+pub(crate) struct Holders {
+    sessions: HashMap<SessionId, Cached>,
+}
+
+/// A change, described for the caches.
+#[derive(Default)]
+pub(crate) struct Change {
+    /// Inodes whose attributes changed, and whether their contents did.
+    pub(crate) inodes: Vec<(Ino, bool)>,
+    /// Files whose chunks from an index on are no longer theirs.
+    pub(crate) recalls: Vec<(Ino, u64)>,
+    /// Names that no longer lead where they did.
+    pub(crate) entries: Vec<(Ino, Name)>,
+}
+
+impl Change {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.inodes.is_empty() && self.recalls.is_empty() && self.entries.is_empty()
+    }
+}
+
+impl Holders {
+    pub(crate) fn add(&mut self, id: SessionId, callbacks: Arc<Callbacks>) {
+        self.sessions.insert(
+            id,
+            Cached {
+                maps: HashSet::new(),
+                seen: HashSet::new(),
+                dirs: HashSet::new(),
+                callbacks,
+            },
+        );
+    }
+
+    pub(crate) fn remove(&mut self, id: SessionId) {
+        self.sessions.remove(&id);
+    }
+
+    /// `id` was told `ino`'s attributes (or names in it).
+    pub(crate) fn saw(&mut self, id: SessionId, ino: Ino) {
+        if let Some(c) = self.sessions.get_mut(&id) {
+            c.seen.insert(ino);
+        }
+    }
+
+    /// `id` looked names up in directory `dir` (and may cache them).
+    pub(crate) fn looked_in(&mut self, id: SessionId, dir: Ino) {
+        if let Some(c) = self.sessions.get_mut(&id) {
+            c.dirs.insert(dir);
+        }
+    }
+
+    /// `id` fetched part of `ino`'s chunk map.
+    pub(crate) fn fetched(&mut self, id: SessionId, ino: Ino) {
+        if let Some(c) = self.sessions.get_mut(&id) {
+            c.maps.insert(ino);
+        }
+    }
+
+    /// The callback each session needs for `change` made by `caller`: chunk recalls go to
+    /// every holder, the caller too (its other threads may have transfers in flight); the rest
+    /// goes to the others (the caller's kernel knows what it did). Told sessions forget what
+    /// they were told: they are told again only after they fetch again.
+    pub(crate) fn plan(
+        &mut self,
+        caller: SessionId,
+        change: &Change,
+        attr: impl Fn(Ino) -> Option<Attr>,
+    ) -> Vec<(Arc<Callbacks>, Callback)> {
+        let mut out = Vec::new();
+        for (&id, c) in &mut self.sessions {
+            let mut cb = Callback::default();
+            let mut told: HashMap<Ino, usize> = HashMap::new();
+            for &(ino, data) in &change.inodes {
+                if id != caller && c.seen.remove(&ino) && !told.contains_key(&ino) {
+                    told.insert(ino, cb.inodes.len());
+                    cb.inodes.push(Invalidation {
+                        ino,
+                        chunks_from: None,
+                        attr: attr(ino),
+                        data,
+                    });
+                }
+            }
+            for &(ino, from) in &change.recalls {
+                let gone = attr(ino).is_none();
+                let holds = if from == 0 || gone {
+                    c.maps.remove(&ino)
+                } else {
+                    c.maps.contains(&ino)
+                };
+                if !holds {
+                    continue;
+                }
+                match told.get(&ino) {
+                    Some(&i) => cb.inodes[i].chunks_from = Some(from),
+                    None => {
+                        told.insert(ino, cb.inodes.len());
+                        cb.inodes.push(Invalidation {
+                            ino,
+                            chunks_from: Some(from),
+                            attr: attr(ino),
+                            data: true,
+                        });
+                    }
+                }
+            }
+            if id != caller {
+                for (parent, name) in &change.entries {
+                    if c.dirs.contains(parent) {
+                        cb.entries.push(EntryChange {
+                            parent: *parent,
+                            name: name.clone(),
+                        });
+                    }
+                }
+            }
+            if !cb.is_empty() {
+                out.push((c.callbacks.clone(), cb));
+            }
+        }
+        out
+    }
+}
+
+/// Counts answers still awaited.
+pub(crate) struct Countdown {
+    left: Mutex<usize>,
+    zero: Condvar,
+}
+
+impl Countdown {
+    pub(crate) fn new() -> Arc<Countdown> {
+        Arc::new(Countdown {
+            left: Mutex::new(0),
+            zero: Condvar::new(),
+        })
+    }
+
+    fn add(&self) {
+        *self.left.lock().unwrap() += 1;
+    }
+
+    fn done(&self) {
+        let mut left = self.left.lock().unwrap();
+        *left = left.saturating_sub(1);
+        if *left == 0 {
+            self.zero.notify_all();
+        }
+    }
+
+    /// Waits until every answer came or `deadline`; whether they all came.
+    pub(crate) fn wait(&self, deadline: Instant) -> bool {
+        let mut left = self.left.lock().unwrap();
+        while *left > 0 {
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            left = self.zero.wait_timeout(left, deadline - now).unwrap().0;
+        }
+        true
+    }
+}
+
+struct Queue {
+    items: VecDeque<(Callback, Option<Arc<Countdown>>)>,
+    closed: bool,
+}
+
+/// The callback side of one session: a queue, and a thread that sends it in order, merging
+/// what has piled up into one message.
+pub(crate) struct Callbacks {
+    client: String,
+    rpc: RpcClient,
+    queue: Mutex<Queue>,
+    ready: Condvar,
+    /// Whether the client answers: a session that let a callback run past the lease is not
+    /// waited for until it answers again.
+    responsive: AtomicBool,
+    /// Ends the whole session (its request loop watches it).
+    end_session: Arc<AtomicBool>,
+}
+
+impl Callbacks {
+    /// The callback channel on a connected queue pair, answered within `lease`.
+    pub(crate) fn start(
+        pd: &ProtectionDomain,
+        qp: QueuePair,
+        cq: CompletionQueue,
+        lease: Duration,
+        client: String,
+        end_session: Arc<AtomicBool>,
+    ) -> io::Result<Arc<Callbacks>> {
+        let cfg = RpcConfig {
+            timeout: lease,
+            ..CALLBACK_RPC
+        };
+        let me = Arc::new(Callbacks {
+            client,
+            rpc: RpcClient::new(pd, qp, cq, cfg)?,
+            queue: Mutex::new(Queue {
+                items: VecDeque::new(),
+                closed: false,
+            }),
+            ready: Condvar::new(),
+            responsive: AtomicBool::new(true),
+            end_session,
+        });
+        let run = me.clone();
+        std::thread::Builder::new()
+            .name("callbacks".into())
+            .spawn(move || run.run())?;
+        Ok(me)
+    }
+
+    /// Queues `cb`; `answered` counts it while the client is responsive.
+    pub(crate) fn send(&self, cb: Callback, answered: &Arc<Countdown>) {
+        let wait = self.responsive.load(Ordering::Acquire);
+        let mut q = self.queue.lock().unwrap();
+        if q.closed {
+            return;
+        }
+        if q.items.len() >= MAX_QUEUED {
+            log::warn!(
+                "client {}: {MAX_QUEUED} callbacks unanswered; ending its session",
+                self.client
+            );
+            q.closed = true;
+            drop(q);
+            self.end_session.store(true, Ordering::Release);
+            self.ready.notify_all();
+            return;
+        }
+        if wait {
+            answered.add();
+        }
+        q.items.push_back((cb, wait.then(|| answered.clone())));
+        self.ready.notify_one();
+    }
+
+    /// Stops sending: the session ended. Whoever waits for its answers stops waiting.
+    pub(crate) fn close(&self) {
+        self.queue.lock().unwrap().closed = true;
+        self.ready.notify_all();
+    }
+
+    fn run(&self) {
+        loop {
+            let (batch, waiting) = {
+                let mut q = self.queue.lock().unwrap();
+                while q.items.is_empty() && !q.closed {
+                    q = self.ready.wait(q).unwrap();
+                }
+                if q.closed {
+                    for (_, w) in q.items.drain(..) {
+                        w.inspect(|w| w.done());
+                    }
+                    return;
+                }
+                let (mut batch, w) = q.items.pop_front().expect("not empty");
+                let mut waiting: Vec<_> = w.into_iter().collect();
+                while q.items.front().is_some_and(|(c, _)| batch.has_room_for(c)) {
+                    let (c, w) = q.items.pop_front().expect("not empty");
+                    batch.merge(c);
+                    waiting.extend(w);
+                }
+                (batch, waiting)
+            };
+            match self.rpc.call(&batch.encode()) {
+                Ok(reply) if is_ack(&reply) => {
+                    if !self.responsive.swap(true, Ordering::AcqRel) {
+                        log::warn!("client {} answers callbacks again", self.client);
+                    }
+                }
+                Ok(_) => log::warn!("client {}: malformed callback answer", self.client),
+                Err(e) => {
+                    if self.responsive.swap(false, Ordering::AcqRel) {
+                        log::warn!(
+                            "client {}: callback unanswered ({e}); its chunk references are \
+                             taken as dropped (lease)",
+                            self.client
+                        );
+                    }
+                }
+            }
+            for w in waiting {
+                w.done();
+            }
+        }
+    }
+}

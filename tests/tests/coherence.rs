@@ -1,0 +1,155 @@
+//! Two mounts of one namespace: what one does reaches the other's caches by callback, a
+//! descriptor opened before another mount's truncate never reaches a chunk that is no longer
+//! its file's, and space given back is really free.
+
+use std::fs::{self, OpenOptions};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::time::{Duration, Instant};
+
+use rfs_e2e::{MemServer, Mount};
+
+const MIB: usize = 1 << 20;
+
+fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    (0..len as u32 / 4)
+        .flat_map(|i| (i.wrapping_mul(2654435761) ^ seed).to_le_bytes())
+        .collect()
+}
+
+/// Waits up to 3 s for `check` to hold; the mounts cache attributes for a minute, so only an
+/// invalidation can make it hold in time.
+fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !check() {
+        assert!(start.elapsed() < Duration::from_secs(3), "{what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_write_through_a_descriptor_older_than_a_truncate_lands_in_its_own_file() {
+    let server = MemServer::meta("64M", "1M");
+    let a = Mount::new(&server, &[]);
+    let b = Mount::new(&server, &[]);
+    fs::write(a.path("T"), pattern(4 * MIB, 1)).unwrap();
+    let old = OpenOptions::new().write(true).open(b.path("T")).unwrap();
+    old.write_all_at(&[9u8; 4096], 2 * MIB as u64).unwrap();
+
+    // Mount 1 truncates T and writes V, which may reuse T's freed chunks.
+    OpenOptions::new()
+        .write(true)
+        .open(a.path("T"))
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    let v = pattern(40 * MIB, 2);
+    fs::write(a.path("V"), &v).unwrap();
+
+    // Mount 2 writes through its old descriptor: POSIX extends the truncated T with a hole.
+    let late = pattern(MIB, 3);
+    old.write_all_at(&late, 3 * MIB as u64).unwrap();
+    drop(old);
+
+    assert!(fs::read(a.path("V")).unwrap() == v, "V intact (mount 1)");
+    assert!(fs::read(b.path("V")).unwrap() == v, "V intact (mount 2)");
+    let t = fs::read(a.path("T")).unwrap();
+    assert_eq!(t.len(), 4 * MIB, "T grew back to the late write's end");
+    assert!(t[..3 * MIB].iter().all(|&x| x == 0), "the hole reads zeros");
+    assert!(t[3 * MIB..] == late, "the late write is in T");
+}
+
+#[test]
+fn a_read_through_a_descriptor_older_than_a_truncate_sees_the_cut() {
+    let server = MemServer::meta("32M", "1M");
+    let a = Mount::new(&server, &[]);
+    let b = Mount::new(&server, &[]);
+    fs::write(a.path("T"), pattern(3 * MIB, 4)).unwrap();
+    let old = fs::File::open(b.path("T")).unwrap();
+    let mut buf = vec![0u8; 4096];
+    old.read_exact_at(&mut buf, 2 * MIB as u64).unwrap();
+    OpenOptions::new()
+        .write(true)
+        .open(a.path("T"))
+        .unwrap()
+        .set_len(MIB as u64 / 2)
+        .unwrap();
+    // Another file takes the freed chunks and fills them.
+    fs::write(a.path("U"), vec![0xAAu8; 20 * MIB]).unwrap();
+    let n = old.read_at(&mut buf, 2 * MIB as u64).unwrap();
+    assert_eq!(n, 0, "past the new end of T: end of file, not U's bytes");
+    let mut head = vec![0u8; 4096];
+    old.read_exact_at(&mut head, 0).unwrap();
+    assert!(head == pattern(3 * MIB, 4)[..4096], "what T kept");
+}
+
+#[test]
+fn chmod_link_and_truncate_reach_the_other_mounts_next_stat() {
+    let server = MemServer::meta("32M", "1M");
+    let a = Mount::new(&server, &[]);
+    let b = Mount::new(&server, &["attr_timeout=60", "entry_timeout=60"]);
+    fs::write(a.path("f"), vec![1u8; 100_000]).unwrap();
+    let before = fs::metadata(b.path("f")).unwrap();
+    assert_eq!(before.len(), 100_000);
+
+    fs::set_permissions(a.path("f"), fs::Permissions::from_mode(0o600)).unwrap();
+    eventually("chmod seen", || {
+        fs::metadata(b.path("f")).unwrap().mode() & 0o777 == 0o600
+    });
+    fs::hard_link(a.path("f"), a.path("g")).unwrap();
+    eventually("link count seen", || {
+        fs::metadata(b.path("f")).unwrap().nlink() == 2
+    });
+    OpenOptions::new()
+        .write(true)
+        .open(a.path("f"))
+        .unwrap()
+        .set_len(10)
+        .unwrap();
+    eventually("truncate seen", || {
+        fs::metadata(b.path("f")).unwrap().len() == 10
+    });
+    // A name removed on one mount is gone from the other's cached entries.
+    fs::remove_file(a.path("g")).unwrap();
+    eventually("unlink seen", || fs::metadata(b.path("g")).is_err());
+    fs::rename(a.path("f"), a.path("h")).unwrap();
+    eventually("rename seen", || {
+        fs::metadata(b.path("f")).is_err() && fs::metadata(b.path("h")).is_ok()
+    });
+}
+
+#[test]
+fn allocate_ahead_is_given_back_and_deleted_space_returns() {
+    // 64 chunks of 1 MiB: thirty 1.5 MiB files (two chunks each) fit only if the chunks
+    // allocated ahead of each writer come back when it closes.
+    let server = MemServer::meta("64M", "1M");
+    let m = Mount::new(&server, &[]);
+    let data = pattern(3 * MIB / 2, 5);
+    for i in 0..30 {
+        fs::write(m.path(&format!("f{i}")), &data).unwrap_or_else(|e| panic!("file {i}: {e}"));
+    }
+    for i in 0..30 {
+        assert!(fs::read(m.path(&format!("f{i}"))).unwrap() == data, "file {i}");
+    }
+    let free = |m: &Mount| {
+        let s = nix_statvfs(&m.dir);
+        s.0 * s.1 / MIB as u64
+    };
+    let used_full = 64 - free(&m);
+    assert!(used_full <= 62, "{used_full} MiB used for 60 MiB of chunks");
+    for i in 0..30 {
+        fs::remove_file(m.path(&format!("f{i}"))).unwrap();
+    }
+    eventually("space returns", || free(&m) == 64);
+}
+
+/// (free blocks, block size) of the file system at `dir`.
+fn nix_statvfs(dir: &std::path::Path) -> (u64, u64) {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid C string and a zeroed out-parameter of the right type.
+    unsafe {
+        let mut s: libc::statvfs = std::mem::zeroed();
+        assert_eq!(libc::statvfs(c.as_ptr(), &mut s), 0);
+        (s.f_bavail, s.f_frsize)
+    }
+}
