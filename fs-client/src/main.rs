@@ -129,8 +129,9 @@ fn invalidate_kernel_caches(fs: &Rfs, notifier: fuser::Notifier) {
                     KernelInval::Inode { ino, data } => {
                         notifier.inval_inode(INodeNo(*ino), if *data { 0 } else { -1 }, 0)
                     }
-                    KernelInval::Entry { parent, name } => notifier
-                        .inval_entry(INodeNo(*parent), OsStr::from_bytes(name.as_bytes())),
+                    KernelInval::Entry { parent, name } => {
+                        notifier.inval_entry(INodeNo(*parent), OsStr::from_bytes(name.as_bytes()))
+                    }
                 };
                 if let Err(e) = r {
                     log::debug!("kernel invalidation {inval:?}: {e}");
@@ -227,15 +228,15 @@ fn main() -> ExitCode {
         &args.mountpoint,
         &fuse_cfg,
     ) {
-            Ok(s) => s,
-            Err(e) => {
-                eprintln!(
-                    "fs-client: mounting on {}: {e} (does it exist? is fuse3 installed?)",
-                    args.mountpoint.display()
-                );
-                return ExitCode::FAILURE;
-            }
-        };
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!(
+                "fs-client: mounting on {}: {e} (does it exist? is fuse3 installed?)",
+                args.mountpoint.display()
+            );
+            return ExitCode::FAILURE;
+        }
+    };
     invalidate_kernel_caches(&fs, session.notifier());
     if daemon_child {
         println!("ready");

@@ -88,6 +88,15 @@ impl Allocator {
             })
     }
 
+    /// Chunks freed but not yet zeroed: allocatable soon.
+    pub fn zeroing(&self) -> u64 {
+        self.nodes
+            .iter()
+            .filter(|n| n.alive)
+            .map(|n| n.dirty.len() as u64 + n.zeroing)
+            .sum()
+    }
+
     /// `n` chunks, or ENOSPC and nothing allocated.
     pub fn alloc(&mut self, n: usize) -> Result<Vec<ChunkRef>, Errno> {
         let available: usize = self

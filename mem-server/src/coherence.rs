@@ -31,6 +31,8 @@ struct Cached {
     /// Inodes whose attributes it was told (forgotten once it is told of a change: it asks
     /// again).
     seen: HashSet<Ino>,
+    /// Files it has open: it is told of every change to them, since it keeps their sizes.
+    open: HashMap<Ino, u32>,
     /// Directories it looked names up in: its kernel may keep those names for as long as it
     /// likes, whatever it re-asks about the directory itself, so these are kept.
     dirs: HashSet<Ino>,
@@ -68,6 +70,7 @@ impl Holders {
                 maps: HashSet::new(),
                 seen: HashSet::new(),
                 dirs: HashSet::new(),
+                open: HashMap::new(),
                 callbacks,
             },
         );
@@ -88,6 +91,25 @@ impl Holders {
     pub(crate) fn looked_in(&mut self, id: SessionId, dir: Ino) {
         if let Some(c) = self.sessions.get_mut(&id) {
             c.dirs.insert(dir);
+        }
+    }
+
+    /// `id` opened a handle of `ino`.
+    pub(crate) fn opened(&mut self, id: SessionId, ino: Ino) {
+        if let Some(c) = self.sessions.get_mut(&id) {
+            *c.open.entry(ino).or_default() += 1;
+        }
+    }
+
+    /// `id` closed a handle of `ino`.
+    pub(crate) fn closed(&mut self, id: SessionId, ino: Ino) {
+        if let Some(c) = self.sessions.get_mut(&id) {
+            if let Some(n) = c.open.get_mut(&ino) {
+                *n -= 1;
+                if *n == 0 {
+                    c.open.remove(&ino);
+                }
+            }
         }
     }
 
@@ -113,7 +135,8 @@ impl Holders {
             let mut cb = Callback::default();
             let mut told: HashMap<Ino, usize> = HashMap::new();
             for &(ino, data) in &change.inodes {
-                if id != caller && c.seen.remove(&ino) && !told.contains_key(&ino) {
+                let cares = c.seen.remove(&ino) || c.open.contains_key(&ino);
+                if id != caller && cares && !told.contains_key(&ino) {
                     told.insert(ino, cb.inodes.len());
                     cb.inodes.push(Invalidation {
                         ino,

@@ -16,7 +16,7 @@ use crossbeam_channel::Receiver;
 use rdmabox::connect_links;
 use rdmabox::rpc;
 use rdmabox::transport::MemoryRegion;
-use rfs_proto::message::{encode_reply, readdir_budget, Call, Request};
+use rfs_proto::message::{encode_reply, readdir_budget, Call, Request, RequestOp};
 use rfs_proto::types::{Attr, ChunkRef, Ino, Name, StatFs};
 use rfs_proto::wire::MAX_LIST;
 use rfs_proto::Errno;
@@ -43,6 +43,9 @@ pub(crate) struct MetaService {
     next_session: AtomicU64,
 }
 
+/// How long an allocation waits for chunks being zeroed before it answers ENOSPC.
+const ZEROING_WAIT: Duration = Duration::from_secs(2);
+
 /// The handles one client holds open, released when it leaves however it leaves.
 #[derive(Default)]
 struct OpenHandles(HashMap<Ino, u32>);
@@ -62,6 +65,21 @@ impl Effects {
             self.freed.extend(chunks);
         }
     }
+}
+
+/// What the session is told, it may cache: it is told again when that changes. A name looked
+/// up or made in a directory `dir`, its kernel may keep.
+fn told(
+    holders: &mut Holders,
+    session: SessionId,
+    r: Result<Attr, Errno>,
+    dir: Option<Ino>,
+) -> Result<Attr, Errno> {
+    if let Ok(a) = &r {
+        holders.saw(session, a.ino);
+        dir.inspect(|&d| holders.looked_in(session, d));
+    }
+    r
 }
 
 /// The reply to `call`: typed by the call, so each request can only get its own kind of answer.
@@ -156,7 +174,11 @@ impl MetaService {
             format!("{peer} (session {id})"),
             stop.clone(),
         )?;
-        self.state.lock().unwrap().holders.add(id, callbacks.clone());
+        self.state
+            .lock()
+            .unwrap()
+            .holders
+            .add(id, callbacks.clone());
         let mut open = OpenHandles::default();
         let closed = Arc::new(AtomicBool::new(false));
         let closer = {
@@ -225,11 +247,25 @@ impl MetaService {
                 return encode_reply::<()>(op, &Err(Errno::EPROTO));
             }
         };
-        let mut st = self.state.lock().unwrap();
-        let mut effects = Effects::default();
-        let reply = self.apply(&mut st, session, open, &req, &mut effects);
-        self.settle(st, session, effects);
-        reply
+        // Space being zeroed is free space: an allocation that only it would satisfy waits
+        // for the zeroer rather than failing with ENOSPC.
+        let give_up = Instant::now() + ZEROING_WAIT;
+        loop {
+            let mut st = self.state.lock().unwrap();
+            let mut effects = Effects::default();
+            let reply = self.apply(&mut st, session, open, &req, &mut effects);
+            let short = matches!(req, Request::Allocate(_))
+                && reply == encode_reply::<()>(RequestOp::Allocate as u8, &Err(Errno::ENOSPC))
+                && st.alloc.zeroing() > 0;
+            if short && Instant::now() < give_up {
+                drop(st);
+                self.zeroer.kick();
+                std::thread::sleep(Duration::from_millis(2));
+                continue;
+            }
+            self.settle(st, session, effects);
+            return reply;
+        }
     }
 
     /// Applies one request under the state lock: its reply, and in `fx` what it changed.
@@ -243,19 +279,18 @@ impl MetaService {
     ) -> Vec<u8> {
         let MetaState { ns, alloc, holders } = st;
         let chunk_size = ns.chunk_size();
-        // What the session is told, it may cache: it is told again when that changes. A name
-        // looked up or made in a directory, its kernel may keep.
-        let mut saw = |r: Result<Attr, Errno>, dir: Option<Ino>| {
-            if let Ok(a) = &r {
-                holders.saw(session, a.ino);
-                dir.inspect(|&d| holders.looked_in(session, d));
-            }
-            r
-        };
         let target = |ns: &Namespace, parent: Ino, name: &Name| ns.lookup(parent, name).ok();
         match req {
-            Request::Lookup(m) => answer(m, saw(ns.lookup(m.parent, &m.name), Some(m.parent))),
-            Request::GetAttr(m) => answer(m, saw(ns.getattr(m.ino), None)),
+            Request::Lookup(m) => answer(
+                m,
+                told(
+                    holders,
+                    session,
+                    ns.lookup(m.parent, &m.name),
+                    Some(m.parent),
+                ),
+            ),
+            Request::GetAttr(m) => answer(m, told(holders, session, ns.getattr(m.ino), None)),
             Request::SetAttr(m) => {
                 let r = ns.setattr(m.ino, &m.changes).map(|(a, freed)| {
                     fx.change.inodes.push((m.ino, m.changes.size.is_some()));
@@ -267,30 +302,32 @@ impl MetaService {
                     }
                     a
                 });
-                answer(m, saw(r, None))
+                answer(m, told(holders, session, r, None))
             }
             Request::Mknod(m) => {
                 let r = ns.mknod(m.parent, &m.name, m.kind, m.rdev, m.owner);
                 r.is_ok().then(|| fx.change.inodes.push((m.parent, false)));
-                answer(m, saw(r, Some(m.parent)))
+                answer(m, told(holders, session, r, Some(m.parent)))
             }
             Request::Mkdir(m) => {
                 let r = ns.mkdir(m.parent, &m.name, m.owner);
                 r.is_ok().then(|| fx.change.inodes.push((m.parent, false)));
-                answer(m, saw(r, Some(m.parent)))
+                answer(m, told(holders, session, r, Some(m.parent)))
             }
             Request::Symlink(m) => {
                 let r = ns.symlink(m.parent, &m.name, &m.target, m.uid, m.gid);
                 r.is_ok().then(|| fx.change.inodes.push((m.parent, false)));
-                answer(m, saw(r, Some(m.parent)))
+                answer(m, told(holders, session, r, Some(m.parent)))
             }
             Request::Readlink(m) => answer(m, ns.readlink(m.ino)),
             Request::Link(m) => {
                 let r = ns.link(m.ino, m.newparent, &m.newname);
                 if r.is_ok() {
-                    fx.change.inodes.extend([(m.ino, false), (m.newparent, false)]);
+                    fx.change
+                        .inodes
+                        .extend([(m.ino, false), (m.newparent, false)]);
                 }
-                answer(m, saw(r, Some(m.newparent)))
+                answer(m, told(holders, session, r, Some(m.newparent)))
             }
             Request::Unlink(m) => {
                 let victim = target(ns, m.parent, &m.name);
@@ -319,7 +356,8 @@ impl MetaService {
                     .map(|freed| {
                         let c = &mut fx.change;
                         c.inodes.extend([(m.parent, false), (m.newparent, false)]);
-                        c.inodes.extend(src.iter().chain(&dst).map(|a| (a.ino, false)));
+                        c.inodes
+                            .extend(src.iter().chain(&dst).map(|a| (a.ino, false)));
                         c.entries.push((m.parent, m.name.clone()));
                         c.entries.push((m.newparent, m.newname.clone()));
                         fx.freed(dst.map_or(0, |a| a.ino), 0, freed);
@@ -339,8 +377,11 @@ impl MetaService {
             }
             Request::Open(m) => {
                 let r = ns.open(m.ino);
-                r.is_ok().then(|| *open.0.entry(m.ino).or_default() += 1);
-                answer(m, saw(r, None))
+                if r.is_ok() {
+                    *open.0.entry(m.ino).or_default() += 1;
+                    holders.opened(session, m.ino);
+                }
+                answer(m, told(holders, session, r, None))
             }
             Request::Release(m) => {
                 let r = match open.0.get_mut(&m.ino) {
@@ -349,6 +390,7 @@ impl MetaService {
                         if *n == 0 {
                             open.0.remove(&m.ino);
                         }
+                        holders.closed(session, m.ino);
                         Self::release(ns, m.ino, fx);
                         Ok(())
                     }
@@ -380,7 +422,7 @@ impl MetaService {
             Request::Commit(m) => {
                 let r = ns.commit(m.ino, m.size, m.mtime);
                 r.is_ok().then(|| fx.change.inodes.push((m.ino, true)));
-                answer(m, saw(r, None))
+                answer(m, told(holders, session, r, None))
             }
             Request::GetStatFs(m) => {
                 let (total, free) = alloc.totals();

@@ -142,6 +142,11 @@ impl Mount {
         self.dir.join(rel)
     }
 
+    /// The fs-client process, to stop or kill in a test.
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
     /// Unmounts with fusermount3 and waits for fs-client to exit; returns its exit success.
     pub fn unmount(&mut self) -> bool {
         let ok = Command::new("fusermount3")

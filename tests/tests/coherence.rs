@@ -128,7 +128,10 @@ fn allocate_ahead_is_given_back_and_deleted_space_returns() {
         fs::write(m.path(&format!("f{i}")), &data).unwrap_or_else(|e| panic!("file {i}: {e}"));
     }
     for i in 0..30 {
-        assert!(fs::read(m.path(&format!("f{i}"))).unwrap() == data, "file {i}");
+        assert!(
+            fs::read(m.path(&format!("f{i}"))).unwrap() == data,
+            "file {i}"
+        );
     }
     let free = |m: &Mount| {
         let s = nix_statvfs(&m.dir);
@@ -152,4 +155,50 @@ fn nix_statvfs(dir: &std::path::Path) -> (u64, u64) {
         assert_eq!(libc::statvfs(c.as_ptr(), &mut s), 0);
         (s.f_bavail, s.f_frsize)
     }
+}
+
+/// Truncates `path` to 0 and says how long it took.
+fn timed_truncate(path: &std::path::Path) -> Duration {
+    let f = OpenOptions::new().write(true).open(path).unwrap();
+    let start = Instant::now();
+    f.set_len(0).unwrap();
+    start.elapsed()
+}
+
+#[test]
+fn a_truncate_waits_for_a_stopped_holder_only_until_its_lease_and_it_refetches() {
+    let server = MemServer::start(&["--memory", "32M", "--chunk-size", "1M", "--lease", "2"]);
+    let a = Mount::new(&server, &[]);
+    let b = Mount::new(&server, &["io_timeout=1"]);
+    fs::write(a.path("T"), pattern(2 * MIB, 6)).unwrap();
+    let old = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(b.path("T"))
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    old.read_exact_at(&mut buf, MIB as u64).unwrap();
+    let alive = timed_truncate(&a.path("T"));
+    fs::write(a.path("T"), pattern(2 * MIB, 7)).unwrap();
+    old.read_exact_at(&mut buf, MIB as u64).unwrap();
+
+    // SAFETY: plain signals to a child process of ours.
+    unsafe { libc::kill(b.pid(), libc::SIGSTOP) };
+    let stopped = timed_truncate(&a.path("T"));
+    unsafe { libc::kill(b.pid(), libc::SIGCONT) };
+    println!("truncate with the holder alive: {alive:?}, stopped: {stopped:?} (lease 2 s)");
+    assert!(alive < Duration::from_millis(500), "{alive:?}");
+    assert!(
+        (Duration::from_millis(1900)..Duration::from_secs(5)).contains(&stopped),
+        "{stopped:?}"
+    );
+    // Another file takes the freed chunks; the resumed holder's late write stays in T.
+    let u = pattern(20 * MIB, 8);
+    fs::write(a.path("U"), &u).unwrap();
+    old.write_all_at(&[5u8; 4096], MIB as u64).unwrap();
+    drop(old);
+    assert!(fs::read(a.path("U")).unwrap() == u, "U intact");
+    let t = fs::read(a.path("T")).unwrap();
+    assert_eq!(t.len(), MIB + 4096);
+    assert!(t[MIB..].iter().all(|&x| x == 5));
 }

@@ -4,9 +4,9 @@
 
 use rdmabox::session::Callback;
 use rdmabox::{Session, Snapshot};
+use rfs_proto::client::CallbackHandler;
 use rfs_proto::data::chunk_addr;
 use rfs_proto::types::ChunkRef;
-use rfs_proto::client::CallbackHandler;
 use rfs_proto::{Client, MetadataChannel};
 
 use super::error::Error;

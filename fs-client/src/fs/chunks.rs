@@ -201,7 +201,10 @@ impl ChunkCache {
             let Some(lo) = out.iter().position(Option::is_none) else {
                 return Ok((out, self.hold(f, ino)));
             };
-            let hi = out.iter().rposition(Option::is_none).expect("one is missing");
+            let hi = out
+                .iter()
+                .rposition(Option::is_none)
+                .expect("one is missing");
             let gen = f.gen;
             f.fetching += 1;
             drop(files);
@@ -358,7 +361,10 @@ mod tests {
             })
         };
         std::thread::sleep(Duration::from_millis(200));
-        assert!(!recalled.is_finished(), "answered with a transfer in flight");
+        assert!(
+            !recalled.is_finished(),
+            "answered with a transfer in flight"
+        );
         drop(hold);
         let waited = recalled.join().unwrap();
         assert!(waited >= Duration::from_millis(200), "{waited:?}");
@@ -383,7 +389,10 @@ mod tests {
         }));
         let (refs, _hold) = c.refs(&meta, 1, 0, 3, false).unwrap();
         assert_eq!(refs, vec![Some(chunk(0)), Some(chunk(1)), Some(chunk(2))]);
-        assert!(meta.0.lock().unwrap().is_none(), "fetched again after the recall");
+        assert!(
+            meta.0.lock().unwrap().is_none(),
+            "fetched again after the recall"
+        );
     }
 
     #[test]

@@ -143,13 +143,14 @@ impl<B: Backend> Rfs<B> {
         }
         ClientStats::add(&self.stats.writes, 1);
         let segs = segments(offset, data.len(), self.chunk_size);
-        let (refs, hold) = match self
-            .chunks
-            .refs(&self.meta(), ino, segs[0].index, segs.len() as u64, true)
-        {
-            Ok(r) => r,
-            Err(e) => return done(Err(e)),
-        };
+        let (refs, hold) =
+            match self
+                .chunks
+                .refs(&self.meta(), ino, segs[0].index, segs.len() as u64, true)
+            {
+                Ok(r) => r,
+                Err(e) => return done(Err(e)),
+            };
         let job = {
             let fs = self.clone();
             let (end, len) = (offset + data.len() as u64, data.len() as u32);
