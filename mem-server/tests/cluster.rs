@@ -289,10 +289,9 @@ fn hostile_input_is_refused_and_harms_no_one() {
         let hello = Hello::Metadata(Metadata {});
         let mut s =
             rfs_proto::handshake::dial(meta.addr, None, &hello, Duration::from_secs(5)).unwrap();
-        let (qp, cq) = rdmabox::connect_links(&ctx, &pd, &mut s, 1, Default::default())
-            .unwrap()
-            .pop()
-            .unwrap();
+        // Calls on the first queue pair; the second (callbacks) stays open, unused.
+        let mut links = rdmabox::connect_links(&ctx, &pd, &mut s, 2, Default::default()).unwrap();
+        let (qp, cq) = links.remove(0);
         let rpc = rdmabox::rpc::RpcClient::new(&pd, qp, cq, Default::default()).unwrap();
         for garbage in [
             vec![],
