@@ -21,7 +21,9 @@ use rfs_proto::Client;
 
 /// Mount an rfs namespace: POSIX files whose data moves by one-sided RDMA to storage nodes.
 /// Unmount with `fusermount3 -u MOUNTPOINT` (or SIGINT/SIGTERM). `fs-client stats MOUNTPOINT`
-/// prints the live counters of a mount. Every option below is also an `-o` option.
+/// prints the live counters of a mount. Every option below is also an `-o` option. A lost
+/// metadata connection is re-established by the next call (SIGUSR1 severs it on purpose, to
+/// test recovery).
 #[derive(Parser)]
 #[command(version)]
 struct Args {
@@ -46,6 +48,8 @@ fn parse_args() -> (Args, Result<MountConfig, String>) {
     (args, cfg)
 }
 
+/// SIGINT and SIGTERM unmount; SIGUSR1 severs the metadata connection as a network failure
+/// would (the mount reconnects on its next call): a fault to test recovery with.
 fn signals() -> libc::sigset_t {
     // SAFETY: a local, fully initialized signal set.
     unsafe {
@@ -53,19 +57,21 @@ fn signals() -> libc::sigset_t {
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGINT);
         libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGUSR1);
         set
     }
 }
 
-/// Waits up to `timeout` for SIGINT/SIGTERM (blocked in every thread, so only we take them).
-fn signalled(timeout: Duration) -> bool {
+/// Waits up to `timeout` for one of our signals (blocked in every thread, so only we take
+/// them): which one, or 0.
+fn signalled(timeout: Duration) -> i32 {
     let set = signals();
     let ts = libc::timespec {
         tv_sec: timeout.as_secs() as libc::time_t,
         tv_nsec: timeout.subsec_nanos() as libc::c_long,
     };
     // SAFETY: valid set and timeout; no siginfo wanted.
-    unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &ts) > 0 }
+    unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &ts).max(0) }
 }
 
 fn stats(mountpoint: &str) -> ExitCode {
@@ -255,7 +261,10 @@ fn main() -> ExitCode {
         );
     }
     loop {
-        if signalled(Duration::from_millis(200)) {
+        let sig = signalled(Duration::from_millis(200));
+        if sig == libc::SIGUSR1 {
+            fs.backend().sever();
+        } else if sig != 0 {
             log::info!("signal: unmounting");
             return match session.umount_and_join() {
                 Ok(()) => ExitCode::SUCCESS,

@@ -4,7 +4,9 @@
 //! lock (so a fetch either precedes it and is recalled, or follows it and sees it), sent by
 //! each session's callback thread, and waited for with the lock released, up to the lease: a
 //! session that does not answer in time is taken to have dropped what it was told (its own
-//! lease makes it refetch), and is not waited for again until it answers.
+//! lease makes it refetch), and is not waited for again until it answers. Chunks that a
+//! session could not be asked about (its connection is down, dead or cut: the service cannot
+//! tell which) stay in quarantine until the lease has passed.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
@@ -63,17 +65,30 @@ impl Change {
 }
 
 impl Holders {
-    pub(crate) fn add(&mut self, id: SessionId, callbacks: Arc<Callbacks>) {
-        self.sessions.insert(
-            id,
-            Cached {
-                maps: HashSet::new(),
-                seen: HashSet::new(),
-                dirs: HashSet::new(),
-                open: HashMap::new(),
-                callbacks,
-            },
-        );
+    /// Session `id` has a (new) callback channel; returns the one it replaces. What a
+    /// reconnecting session held, it is still taken to hold (it drops its chunk maps once it
+    /// learns it reconnected, which may be after the next recall).
+    pub(crate) fn attach(
+        &mut self,
+        id: SessionId,
+        callbacks: Arc<Callbacks>,
+    ) -> Option<Arc<Callbacks>> {
+        match self.sessions.get_mut(&id) {
+            Some(c) => Some(std::mem::replace(&mut c.callbacks, callbacks)),
+            None => {
+                self.sessions.insert(
+                    id,
+                    Cached {
+                        maps: HashSet::new(),
+                        seen: HashSet::new(),
+                        dirs: HashSet::new(),
+                        open: HashMap::new(),
+                        callbacks,
+                    },
+                );
+                None
+            }
+        }
     }
 
     pub(crate) fn remove(&mut self, id: SessionId) {
@@ -187,10 +202,13 @@ impl Holders {
     }
 }
 
-/// Counts answers still awaited.
+/// Counts answers still awaited, and whether every holder really answered: one that could
+/// not be asked (its connection is down, or it let an earlier callback run out) may still
+/// use what it holds until its lease runs out.
 pub(crate) struct Countdown {
     left: Mutex<usize>,
     zero: Condvar,
+    unanswered: AtomicBool,
 }
 
 impl Countdown {
@@ -198,6 +216,7 @@ impl Countdown {
         Arc::new(Countdown {
             left: Mutex::new(0),
             zero: Condvar::new(),
+            unanswered: AtomicBool::new(false),
         })
     }
 
@@ -205,7 +224,10 @@ impl Countdown {
         *self.left.lock().unwrap() += 1;
     }
 
-    fn done(&self) {
+    fn done(&self, answered: bool) {
+        if !answered {
+            self.unanswered.store(true, Ordering::Release);
+        }
         let mut left = self.left.lock().unwrap();
         *left = left.saturating_sub(1);
         if *left == 0 {
@@ -213,7 +235,7 @@ impl Countdown {
         }
     }
 
-    /// Waits until every answer came or `deadline`; whether they all came.
+    /// Waits until every answer came or `deadline`; whether every holder answered.
     pub(crate) fn wait(&self, deadline: Instant) -> bool {
         let mut left = self.left.lock().unwrap();
         while *left > 0 {
@@ -223,7 +245,7 @@ impl Countdown {
             }
             left = self.zero.wait_timeout(left, deadline - now).unwrap().0;
         }
-        true
+        !self.unanswered.load(Ordering::Acquire)
     }
 }
 
@@ -278,11 +300,18 @@ impl Callbacks {
         Ok(me)
     }
 
-    /// Queues `cb`; `answered` counts it while the client is responsive.
+    /// Queues `cb`; `answered` counts it while the client is responsive, and learns if it
+    /// could not be asked.
     pub(crate) fn send(&self, cb: Callback, answered: &Arc<Countdown>) {
         let wait = self.responsive.load(Ordering::Acquire);
+        if !wait {
+            answered.done(false);
+        }
         let mut q = self.queue.lock().unwrap();
         if q.closed {
+            if wait {
+                answered.done(false);
+            }
             return;
         }
         if q.items.len() >= MAX_QUEUED {
@@ -318,7 +347,7 @@ impl Callbacks {
                 }
                 if q.closed {
                     for (_, w) in q.items.drain(..) {
-                        w.inspect(|w| w.done());
+                        w.inspect(|w| w.done(false));
                     }
                     return;
                 }
@@ -331,13 +360,17 @@ impl Callbacks {
                 }
                 (batch, waiting)
             };
-            match self.rpc.call(&batch.encode()) {
+            let answered = match self.rpc.call(&batch.encode()) {
                 Ok(reply) if is_ack(&reply) => {
                     if !self.responsive.swap(true, Ordering::AcqRel) {
                         log::warn!("client {} answers callbacks again", self.client);
                     }
+                    true
                 }
-                Ok(_) => log::warn!("client {}: malformed callback answer", self.client),
+                Ok(_) => {
+                    log::warn!("client {}: malformed callback answer", self.client);
+                    false
+                }
                 Err(e) => {
                     if self.responsive.swap(false, Ordering::AcqRel) {
                         log::warn!(
@@ -346,10 +379,11 @@ impl Callbacks {
                             self.client
                         );
                     }
+                    false
                 }
-            }
+            };
             for w in waiting {
-                w.done();
+                w.done(answered);
             }
         }
     }

@@ -15,4 +15,5 @@ mod join;
 mod meta;
 pub mod namespace;
 pub mod node;
+mod sessions;
 mod zeroer;

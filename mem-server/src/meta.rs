@@ -8,15 +8,15 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
 use rdmabox::connect_links;
 use rdmabox::rpc;
 use rdmabox::transport::MemoryRegion;
-use rfs_proto::message::{encode_reply, readdir_budget, Call, Request, RequestOp};
+use rfs_proto::message::{encode_reply, readdir_budget, unseal, Call, Request, RequestOp};
 use rfs_proto::types::{Attr, ChunkRef, Ino, Name, StatFs};
 use rfs_proto::wire::MAX_LIST;
 use rfs_proto::Errno;
@@ -25,6 +25,7 @@ use crate::alloc::Allocator;
 use crate::coherence::{Callbacks, Change, Countdown, Holders, SessionId};
 use crate::namespace::Namespace;
 use crate::node::{wait_for_close, NodeConfig, Shared};
+use crate::sessions::{ClientSession, Sessions};
 use crate::zeroer::Zeroer;
 
 /// The namespace, the allocator and who caches what, under one lock.
@@ -40,15 +41,29 @@ pub(crate) struct MetaService {
     /// Bytes of entries a readdir reply may carry: pages are cut to fit a message.
     page_bytes: usize,
     lease: Duration,
-    next_session: AtomicU64,
+    sessions: Sessions,
+    /// Freed chunks a holder could not be asked about, each batch with the end of its lease.
+    quarantine: Mutex<Vec<(Instant, Vec<ChunkRef>)>>,
+    quarantined: Condvar,
 }
 
 /// How long an allocation waits for chunks being zeroed before it answers ENOSPC.
 const ZEROING_WAIT: Duration = Duration::from_secs(2);
 
-/// The handles one client holds open, released when it leaves however it leaves.
-#[derive(Default)]
-struct OpenHandles(HashMap<Ino, u32>);
+/// Whether applying `req` twice would differ from applying it once: its reply is kept for a
+/// resend. (Reading calls are simply applied again.)
+fn changes_something(req: &Request) -> bool {
+    !matches!(
+        req,
+        Request::Lookup(_)
+            | Request::GetAttr(_)
+            | Request::Readlink(_)
+            | Request::ReadDir(_)
+            | Request::ChunkMap(_)
+            | Request::GetStatFs(_)
+            | Request::ListNodes(_)
+    )
+}
 
 /// What applying a request did beyond its answer: chunks it freed and the change for caches.
 #[derive(Default)]
@@ -108,7 +123,9 @@ impl MetaService {
             zeroer,
             page_bytes: readdir_budget(cfg.rpc.max_msg),
             lease: cfg.lease,
-            next_session: AtomicU64::new(1),
+            sessions: Sessions::default(),
+            quarantine: Mutex::default(),
+            quarantined: Condvar::new(),
         });
         (meta, wait)
     }
@@ -140,46 +157,98 @@ impl MetaService {
             callbacks.send(cb, &answered);
         }
         let start = Instant::now();
-        if !answered.wait(start + self.lease) {
-            log::warn!(
-                "callbacks unanswered after the {:?} lease; going on without them",
-                self.lease
-            );
+        let deadline = start + self.lease;
+        let all_answered = answered.wait(deadline);
+        if freed.is_empty() {
+            return;
         }
-        if !freed.is_empty() {
+        if all_answered || Instant::now() >= deadline {
             log::debug!(
                 "{} chunks freed after {:?} of recalls",
                 freed.len(),
                 start.elapsed()
             );
-            self.state.lock().unwrap().alloc.release(freed);
-            self.zeroer.kick();
+            self.reuse(freed);
+        } else {
+            // A holder could not be asked: its references die with its lease.
+            self.quarantine.lock().unwrap().push((deadline, freed));
+            self.quarantined.notify_one();
         }
     }
 
-    /// Serves one client session until it goes.
-    pub(crate) fn serve(&self, node: &Shared, mut s: TcpStream) -> io::Result<()> {
+    /// Freed chunks whose every holder let go: zeroed, then allocatable again.
+    fn reuse(&self, freed: Vec<ChunkRef>) {
+        self.state.lock().unwrap().alloc.release(freed);
+        self.zeroer.kick();
+    }
+
+    /// Releases quarantined chunks as their deadlines pass.
+    pub(crate) fn start_quarantine(self: &Arc<Self>) -> io::Result<()> {
+        let me = self.clone();
+        std::thread::Builder::new()
+            .name("quarantine".into())
+            .spawn(move || {
+                let mut q = me.quarantine.lock().unwrap();
+                loop {
+                    let now = Instant::now();
+                    let (due, waiting): (Vec<_>, Vec<_>) =
+                        q.drain(..).partition(|(at, _)| *at <= now);
+                    *q = waiting;
+                    let due: Vec<ChunkRef> = due.into_iter().flat_map(|(_, c)| c).collect();
+                    if !due.is_empty() {
+                        drop(q);
+                        log::info!("{} quarantined chunks released (lease over)", due.len());
+                        me.reuse(due);
+                        q = me.quarantine.lock().unwrap();
+                        continue;
+                    }
+                    let next = q.iter().map(|(at, _)| *at).min();
+                    q = match next {
+                        Some(at) => me.quarantined.wait_timeout(q, at - now).unwrap().0,
+                        None => me.quarantined.wait(q).unwrap(),
+                    };
+                }
+            })?;
+        Ok(())
+    }
+
+    /// Serves one connection of client `client_id`'s session until it goes; the session
+    /// waits a grace period (the lease) for the client to come back before it ends.
+    pub(crate) fn serve(
+        self: &Arc<Self>,
+        node: &Shared,
+        mut s: TcpStream,
+        client_id: u64,
+    ) -> io::Result<()> {
         let peer = s.peer_addr()?;
         let caps = rdmabox::SessionConfig::default().caps;
         let mut links = connect_links(&node.ctx, &node.pd, &mut s, 2, caps)?;
         let (cb_qp, cb_cq) = links.pop().expect("two links");
         let (qp, cq) = links.pop().expect("two links");
-        let id = self.next_session.fetch_add(1, Ordering::Relaxed);
         let stop = Arc::new(AtomicBool::new(false));
+        let attached = self.sessions.attach(client_id, stop.clone());
+        let id = attached.id;
+        let who = format!("client {peer} (session {id})");
         let callbacks = Callbacks::start(
             &node.pd,
             cb_qp,
             cb_cq,
             self.lease,
-            format!("{peer} (session {id})"),
+            who.clone(),
             stop.clone(),
         )?;
-        self.state
+        let replaced = self
+            .state
             .lock()
             .unwrap()
             .holders
-            .add(id, callbacks.clone());
-        let mut open = OpenHandles::default();
+            .attach(id, callbacks.clone());
+        if let Some(old) = replaced {
+            old.close();
+        }
+        if attached.resumed {
+            log::warn!("{who} reconnected");
+        }
         let closed = Arc::new(AtomicBool::new(false));
         let closer = {
             let mut watch = s.try_clone()?;
@@ -190,16 +259,28 @@ impl MetaService {
             })
         };
         let result = rpc::serve(&node.pd, qp, cq, node.cfg.rpc, &stop, |body| {
-            self.handle(id, &mut open, body)
+            self.handle(&attached.session, body)
         });
-        match &result {
-            Err(e) if !closed.load(Ordering::Acquire) => {
-                log::warn!("client {peer} (session {id}): metadata channel ended: {e}")
-            }
-            _ => log::info!("client {peer} (session {id}) left"),
-        }
         callbacks.close();
-        self.end_session(id, open);
+        if self.sessions.detach(client_id, &attached) {
+            match &result {
+                Err(e) if !closed.load(Ordering::Acquire) => {
+                    log::warn!("{who}: metadata connection ended: {e}")
+                }
+                _ => log::info!("{who}: connection closed"),
+            }
+            let me = self.clone();
+            let grace = self.lease;
+            std::thread::Builder::new()
+                .name("session-grace".into())
+                .spawn(move || {
+                    std::thread::sleep(grace);
+                    if let Some(gone) = me.sessions.expire(client_id, &attached) {
+                        log::info!("{who}: not back within {grace:?}; session ended");
+                        me.end_session(&gone);
+                    }
+                })?;
+        }
         drop(s);
         let _ = closer.join();
         result.or_else(|e| {
@@ -213,16 +294,17 @@ impl MetaService {
 
     /// A session ended: it caches nothing any more, and its handles are released (with the
     /// chunks of files it had unlinked, and what closed files hold past their size).
-    fn end_session(&self, id: SessionId, open: OpenHandles) {
+    fn end_session(&self, session: &Mutex<ClientSession>) {
+        let session = session.lock().unwrap();
         let mut st = self.state.lock().unwrap();
-        st.holders.remove(id);
+        st.holders.remove(session.id);
         let mut effects = Effects::default();
-        for (ino, n) in open.0 {
+        for (&ino, &n) in &session.open {
             for _ in 0..n {
                 Self::release(&mut st.ns, ino, &mut effects);
             }
         }
-        self.settle(st, id, effects);
+        self.settle(st, session.id, effects);
     }
 
     /// One handle of `ino` closed: an unlinked file goes with its last handle, a closed file
@@ -237,23 +319,34 @@ impl MetaService {
         }
     }
 
-    /// Decodes, applies and answers one request.
-    fn handle(&self, session: SessionId, open: &mut OpenHandles, body: &[u8]) -> Vec<u8> {
-        let req = match Request::decode(body) {
+    /// Decodes, applies and answers one call, once: a call resent after a reconnection gets
+    /// the reply it had.
+    fn handle(&self, session: &Mutex<ClientSession>, body: &[u8]) -> Vec<u8> {
+        let Some((seq, oldest, call)) = unseal(body) else {
+            log::warn!("metadata call without an envelope");
+            return encode_reply::<()>(0, &Err(Errno::EPROTO));
+        };
+        let mut session = session.lock().unwrap();
+        if let Some(reply) = session.replayed(seq, oldest) {
+            log::debug!("call {seq} resent: answered from the reply cache");
+            return reply;
+        }
+        let req = match Request::decode(call) {
             Ok(r) => r,
             Err(e) => {
                 log::warn!("malformed metadata request: {e}");
-                let op = body.get(1).copied().unwrap_or(0);
+                let op = call.get(1).copied().unwrap_or(0);
                 return encode_reply::<()>(op, &Err(Errno::EPROTO));
             }
         };
+        let ClientSession { id, open, .. } = &mut *session;
         // Space being zeroed is free space: an allocation that only it would satisfy waits
         // for the zeroer rather than failing with ENOSPC.
         let give_up = Instant::now() + ZEROING_WAIT;
-        loop {
+        let reply = loop {
             let mut st = self.state.lock().unwrap();
             let mut effects = Effects::default();
-            let reply = self.apply(&mut st, session, open, &req, &mut effects);
+            let reply = self.apply(&mut st, *id, open, &req, &mut effects);
             let short = matches!(req, Request::Allocate(_))
                 && reply == encode_reply::<()>(RequestOp::Allocate as u8, &Err(Errno::ENOSPC))
                 && st.alloc.zeroing() > 0;
@@ -263,9 +356,13 @@ impl MetaService {
                 std::thread::sleep(Duration::from_millis(2));
                 continue;
             }
-            self.settle(st, session, effects);
-            return reply;
+            self.settle(st, *id, effects);
+            break reply;
+        };
+        if changes_something(&req) {
+            session.remember(seq, &reply);
         }
+        reply
     }
 
     /// Applies one request under the state lock: its reply, and in `fx` what it changed.
@@ -273,7 +370,7 @@ impl MetaService {
         &self,
         st: &mut MetaState,
         session: SessionId,
-        open: &mut OpenHandles,
+        open: &mut HashMap<Ino, u32>,
         req: &Request,
         fx: &mut Effects,
     ) -> Vec<u8> {
@@ -378,17 +475,17 @@ impl MetaService {
             Request::Open(m) => {
                 let r = ns.open(m.ino);
                 if r.is_ok() {
-                    *open.0.entry(m.ino).or_default() += 1;
+                    *open.entry(m.ino).or_default() += 1;
                     holders.opened(session, m.ino);
                 }
                 answer(m, told(holders, session, r, None))
             }
             Request::Release(m) => {
-                let r = match open.0.get_mut(&m.ino) {
+                let r = match open.get_mut(&m.ino) {
                     Some(n) if *n > 0 => {
                         *n -= 1;
                         if *n == 0 {
-                            open.0.remove(&m.ino);
+                            open.remove(&m.ino);
                         }
                         holders.closed(session, m.ino);
                         Self::release(ns, m.ino, fx);

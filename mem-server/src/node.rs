@@ -144,6 +144,7 @@ impl Node {
         });
         if let (Some(meta), Some(wait)) = (&shared.meta, zero_wait) {
             meta.start_zeroer(shared.clone(), wait)?;
+            meta.start_quarantine()?;
         }
         // Accept before joining: the metadata node connects back to us while it admits us.
         let accept = {
@@ -247,7 +248,7 @@ impl Shared {
         };
         match &hello {
             Hello::Data(Data { qps }) => self.serve_data(s, *qps as usize),
-            Hello::Metadata(_) => meta()?.serve(self, s),
+            Hello::Metadata(m) => meta()?.serve(self, s, m.client_id),
             Hello::Join(j) => crate::join::admit(self, meta()?, s, j),
         }
     }

@@ -286,7 +286,7 @@ fn hostile_input_is_refused_and_harms_no_one() {
         use rfs_proto::hello::{Hello, Metadata};
         let ctx = Context::open(&cfg().transport).unwrap();
         let pd = ctx.alloc_pd().unwrap();
-        let hello = Hello::Metadata(Metadata {});
+        let hello = Hello::Metadata(Metadata { client_id: 1 });
         let mut s =
             rfs_proto::handshake::dial(meta.addr, None, &hello, Duration::from_secs(5)).unwrap();
         // Calls on the first queue pair; the second (callbacks) stays open, unused.

@@ -1,25 +1,23 @@
 //! The client side of the protocol: an authenticated metadata channel with typed calls, and
 //! data sessions to every data node, connected on first use. fs-client and the tests build on it.
 
+use std::collections::BTreeSet;
 use std::collections::HashMap;
 use std::fmt;
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use rdmabox::rpc::{self, RpcClient, RpcConfig};
+use rdmabox::rpc::RpcConfig;
 use rdmabox::transport::{Context, ProtectionDomain, TransportConfig};
-use rdmabox::{connect_links, SessionConfig, Snapshot};
+use rdmabox::{SessionConfig, Snapshot};
 
-use crate::callback::{encode_ack, Callback, CALLBACK_RPC};
+use crate::callback::Callback;
+use crate::channel::{backoff, Channel};
 use crate::data::DataSession;
 use crate::errno::Errno;
-use crate::handshake::dial;
-use crate::hello::{Hello, Metadata};
-use crate::message::{decode_reply, encode_call, Call, ListNodes};
+use crate::message::{decode_reply, encode_call, seal, Call, ListNodes};
 use crate::wire::DecodeError;
 
 /// How a client reaches the nodes.
@@ -119,26 +117,57 @@ pub trait MetadataChannel {
     }
 }
 
-/// What a client does with a callback; the callback is answered when this returns.
-pub type CallbackHandler = Box<dyn Fn(Callback) + Send + Sync>;
+/// What the service's side of a session tells a client.
+pub enum Notice {
+    /// Something the client caches changed; answered when the handler returns.
+    Callback(Callback),
+    /// The metadata connection was lost and is back: callbacks sent meanwhile are lost, so
+    /// whatever the client caches from the service is to be fetched again.
+    Reconnected,
+}
 
-/// A connection to the metadata service and the data sessions opened through it.
+/// What a client does with the service's notices.
+pub type NoticeHandler = Box<dyn Fn(Notice) + Send + Sync>;
+
+/// Calls under way, by sequence number: the service keeps the replies of those at or above
+/// the lowest, in case they are resent.
+#[derive(Default)]
+struct Calls {
+    next: u64,
+    outstanding: BTreeSet<u64>,
+}
+
+/// A connection to the metadata service and the data sessions opened through it. A lost
+/// metadata connection is dialled again (with backoff, within a call's deadline) under the
+/// same client id, and calls that were under way are resent with their sequence numbers:
+/// the service applies each once.
 pub struct Client {
     cfg: ClientConfig,
     meta_addr: SocketAddr,
     ctx: Context,
     pd: Arc<ProtectionDomain>,
-    rpc: RpcClient,
-    _meta_control: std::net::TcpStream,
+    client_id: u64,
+    channel: Mutex<Option<Arc<Channel>>>,
+    /// Held by the one thread that reconnects; the others wait for it.
+    reconnecting: Mutex<()>,
+    calls: Mutex<Calls>,
     data: Mutex<HashMap<u32, Arc<DataSession>>>,
-    on_callback: Arc<OnceLock<CallbackHandler>>,
-    callbacks_stop: Arc<AtomicBool>,
-    callbacks: Option<JoinHandle<()>>,
+    on_notice: Arc<OnceLock<NoticeHandler>>,
 }
 
 impl MetadataChannel for Client {
     fn exchange(&self, request: &[u8]) -> io::Result<Vec<u8>> {
-        self.rpc.call(request)
+        let deadline = Instant::now() + self.cfg.rpc.timeout;
+        let seq = {
+            let mut c = self.calls.lock().unwrap();
+            c.next += 1;
+            let seq = c.next;
+            c.outstanding.insert(seq);
+            seq
+        };
+        let result = self.exchange_until(seq, request, deadline);
+        self.calls.lock().unwrap().outstanding.remove(&seq);
+        result
     }
 }
 
@@ -148,60 +177,105 @@ impl Client {
         let meta_addr = resolve(addr)?;
         let ctx = Context::open(&cfg.transport)?;
         let pd = Arc::new(ctx.alloc_pd()?);
-        let hello = Hello::Metadata(Metadata {});
-        let mut s = dial(
-            meta_addr,
-            cfg.secret.as_deref(),
-            &hello,
-            cfg.connect_timeout,
-        )?;
-        // Calls on the first queue pair, the service's callbacks on the second.
-        let mut links = connect_links(&ctx, &pd, &mut s, 2, cfg.session.caps)?;
-        let (cb_qp, cb_cq) = links.pop().expect("two links");
-        let (qp, cq) = links.pop().expect("two links");
-        let rpc = RpcClient::new(&pd, qp, cq, cfg.rpc)?;
-        let on_callback = Arc::<OnceLock<CallbackHandler>>::default();
-        let callbacks_stop = Arc::new(AtomicBool::new(false));
-        let callbacks = {
-            let (pd, on, stop) = (pd.clone(), on_callback.clone(), callbacks_stop.clone());
-            std::thread::Builder::new()
-                .name("rfs-callbacks".into())
-                .spawn(move || {
-                    let served = rpc::serve(&pd, cb_qp, cb_cq, CALLBACK_RPC, &stop, |body| {
-                        match Callback::decode(body) {
-                            Ok(cb) => {
-                                if let Some(handle) = on.get() {
-                                    handle(cb);
-                                }
-                            }
-                            Err(e) => log::warn!("callback dropped: {e}"),
-                        }
-                        encode_ack()
-                    });
-                    if let Err(e) = served {
-                        log::warn!("callback channel ended: {e}");
-                    }
-                })?
-        };
+        let client_id = rdmabox::random::u64();
+        let on_notice = Arc::<OnceLock<NoticeHandler>>::default();
+        let channel = Channel::open(&ctx, &pd, meta_addr, &cfg, client_id, &on_notice)?;
         Ok(Client {
             cfg,
             meta_addr,
             ctx,
             pd,
-            rpc,
-            _meta_control: s,
+            client_id,
+            channel: Mutex::new(Some(Arc::new(channel))),
+            reconnecting: Mutex::new(()),
+            calls: Mutex::default(),
             data: Mutex::new(HashMap::new()),
-            on_callback,
-            callbacks_stop,
-            callbacks: Some(callbacks),
+            on_notice,
         })
     }
 
-    /// Says what to do with the service's callbacks (once; until then they are answered at
+    /// Says what to do with the service's notices (once; until then callbacks are answered at
     /// once, since nothing is cached before the file system exists).
-    pub fn on_callback(&self, handler: CallbackHandler) {
-        if self.on_callback.set(handler).is_err() {
-            log::warn!("a callback handler was already set");
+    pub fn on_notice(&self, handler: NoticeHandler) {
+        if self.on_notice.set(handler).is_err() {
+            log::warn!("a notice handler was already set");
+        }
+    }
+
+    /// Breaks the metadata connection as a network failure would (the next call reconnects):
+    /// for tests, and for operators who want a client to find a restarted service at once.
+    pub fn sever(&self) {
+        if let Some(c) = self.channel.lock().unwrap().as_ref() {
+            log::warn!("severing the metadata connection on request");
+            c.sever();
+        }
+    }
+
+    /// Sends call `seq` until it is answered, resending it over new connections if the
+    /// connection breaks, until `deadline`.
+    fn exchange_until(&self, seq: u64, request: &[u8], deadline: Instant) -> io::Result<Vec<u8>> {
+        loop {
+            let channel = self.channel(deadline)?;
+            let oldest = self.calls.lock().unwrap().outstanding.first().copied();
+            let sealed = seal(seq, oldest.unwrap_or(seq), request);
+            let left = deadline.saturating_duration_since(Instant::now());
+            match channel.rpc.call_within(&sealed, left) {
+                Err(e) if channel.is_broken() && Instant::now() < deadline => {
+                    log::debug!("call {seq}: {e}; resending over a new connection");
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// The live channel, reconnecting if it broke (until `deadline`).
+    fn channel(&self, deadline: Instant) -> io::Result<Arc<Channel>> {
+        let live = |c: &Option<Arc<Channel>>| c.as_ref().filter(|c| !c.is_broken()).cloned();
+        if let Some(c) = live(&self.channel.lock().unwrap()) {
+            return Ok(c);
+        }
+        let _one = self.reconnecting.lock().unwrap();
+        if let Some(c) = live(&self.channel.lock().unwrap()) {
+            return Ok(c); // another thread reconnected meanwhile
+        }
+        if self.channel.lock().unwrap().take().is_some() {
+            log::warn!(
+                "metadata connection to {} lost; reconnecting",
+                self.meta_addr
+            );
+        }
+        let mut wait = Duration::ZERO;
+        loop {
+            let opened = Channel::open(
+                &self.ctx,
+                &self.pd,
+                self.meta_addr,
+                &self.cfg,
+                self.client_id,
+                &self.on_notice,
+            );
+            match opened {
+                Ok(c) => {
+                    let c = Arc::new(c);
+                    *self.channel.lock().unwrap() = Some(c.clone());
+                    log::warn!("metadata connection to {} re-established", self.meta_addr);
+                    if let Some(handle) = self.on_notice.get() {
+                        handle(Notice::Reconnected);
+                    }
+                    return Ok(c);
+                }
+                Err(e) => {
+                    wait = backoff(wait);
+                    if Instant::now() + wait >= deadline {
+                        return Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            format!("metadata node {} unreachable: {e}", self.meta_addr),
+                        ));
+                    }
+                    log::debug!("reconnecting to {}: {e}", self.meta_addr);
+                    std::thread::sleep(wait);
+                }
+            }
         }
     }
 
@@ -258,14 +332,5 @@ impl Client {
         data.values().fold(Snapshot::default(), |acc, d| {
             acc.plus(&d.session.counters())
         })
-    }
-}
-
-impl Drop for Client {
-    fn drop(&mut self) {
-        self.callbacks_stop.store(true, Ordering::Release);
-        if let Some(t) = self.callbacks.take() {
-            let _ = t.join();
-        }
     }
 }

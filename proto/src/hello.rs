@@ -14,9 +14,12 @@ pub const MAX_QPS: u32 = 64;
 const MAX_HELLO: usize = 4096;
 
 wire_struct! {
-    /// A client's metadata channel (RPC over SEND/RECV on one queue pair).
+    /// A client's metadata channel: calls on one queue pair, callbacks on a second. The
+    /// client's id names its session, which outlives a lost connection for a grace period: a
+    /// client that reconnects with the same id finds its handles, and the replies to calls it
+    /// may resend.
     #[derive(Clone, Debug, PartialEq, Eq)]
-    pub struct Metadata {}
+    pub struct Metadata { pub client_id: u64 }
 }
 
 wire_struct! {
@@ -102,7 +105,7 @@ mod tests {
     #[test]
     fn hellos_and_pools_round_trip() {
         for h in [
-            Hello::Metadata(Metadata {}),
+            Hello::Metadata(Metadata { client_id: 1 }),
             Hello::Data(Data { qps: 4 }),
             Hello::Join(Join {
                 addr: "h:1".into(),
@@ -120,7 +123,9 @@ mod tests {
             rkey: 3,
         };
         assert_eq!(PoolDescriptor::decode(&p.encode()).unwrap(), p);
-        assert!(PoolDescriptor::decode(&Hello::Metadata(Metadata {}).encode()).is_err());
+        assert!(
+            PoolDescriptor::decode(&Hello::Metadata(Metadata { client_id: 1 }).encode()).is_err()
+        );
     }
 
     #[test]

@@ -9,9 +9,10 @@
 //! - [`frame`]: length-prefixed frames on control connections.
 //! - [`handshake`]: shared-secret authentication, and dialing a node.
 //! - [`callback`]: what the metadata service tells clients whose caches a change concerns.
-//! - [`client`]: the metadata client and its data sessions ([`data`]).
+//! - [`client`] (over a reconnecting `channel`): the metadata client and its data sessions ([`data`]).
 
 pub mod callback;
+mod channel;
 pub mod client;
 pub mod data;
 pub mod errno;

@@ -217,6 +217,28 @@ pub fn readdir_budget(max_msg: usize) -> usize {
     max_msg.saturating_sub(3 + 4)
 }
 
+/// Bytes before every call: its sequence number in the client's session, and the lowest
+/// sequence number whose reply the client still waits for (the service forgets the replies
+/// below it). A call resent after a reconnection keeps its number, so the service answers it
+/// from its reply cache instead of applying it twice.
+pub const ENVELOPE: usize = 16;
+
+/// `call` in its envelope.
+pub fn seal(seq: u64, oldest_unanswered: u64, call: &[u8]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(ENVELOPE + call.len());
+    b.extend_from_slice(&seq.to_le_bytes());
+    b.extend_from_slice(&oldest_unanswered.to_le_bytes());
+    b.extend_from_slice(call);
+    b
+}
+
+/// (sequence number, oldest unanswered, call) of a sealed call.
+pub fn unseal(b: &[u8]) -> Option<(u64, u64, &[u8])> {
+    let seq = u64::from_le_bytes(b.get(..8)?.try_into().ok()?);
+    let oldest = u64::from_le_bytes(b.get(8..16)?.try_into().ok()?);
+    Some((seq, oldest, &b[16..]))
+}
+
 /// Encodes a call as the client sends it.
 pub fn encode_call<C: Call>(call: &C) -> Vec<u8> {
     let mut w = Writer::message(C::OP as u8);
@@ -447,6 +469,14 @@ mod tests {
             name: "a".into(),
         };
         assert_eq!(encode_call(&typed), Request::from(typed).encode());
+    }
+
+    #[test]
+    fn envelopes_round_trip_and_short_ones_are_refused() {
+        let b = seal(7, 3, b"call");
+        assert_eq!(unseal(&b), Some((7, 3, &b"call"[..])));
+        assert_eq!(unseal(&b[..15]), None);
+        assert_eq!(unseal(&b[..16]), Some((7, 3, &b""[..])));
     }
 
     #[test]

@@ -267,7 +267,21 @@ impl RpcClient {
 
     /// Sends `body` and waits for the reply (up to the configured timeout).
     pub fn call(&self, body: &[u8]) -> io::Result<Vec<u8>> {
-        let timeout = self.ch.cfg.timeout;
+        self.call_within(body, self.ch.cfg.timeout)
+    }
+
+    /// Whether the connection is gone (no call can succeed any more).
+    pub fn is_broken(&self) -> bool {
+        self.ch.broken()
+    }
+
+    /// Breaks the connection as a network failure would: calls in flight and to come fail.
+    pub fn abort(&self) {
+        self.ch.qp.set_error();
+    }
+
+    /// Sends `body` and waits up to `timeout` for a free slot, and again for the reply.
+    pub fn call_within(&self, body: &[u8], timeout: Duration) -> io::Result<Vec<u8>> {
         let dead = || io::Error::new(io::ErrorKind::BrokenPipe, "rpc connection lost");
         if self.ch.broken() {
             return Err(dead());

@@ -147,6 +147,12 @@ impl Mount {
         self.child.id() as i32
     }
 
+    /// Kills fs-client (SIGKILL), as a crash would; the mount is left to `Drop`.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// Unmounts with fusermount3 and waits for fs-client to exit; returns its exit success.
     pub fn unmount(&mut self) -> bool {
         let ok = Command::new("fusermount3")

@@ -307,3 +307,70 @@ fn two_mounts_at_random_agree_with_a_model() {
         }
     }
 }
+
+#[test]
+fn a_severed_metadata_connection_comes_back_and_no_call_is_lost_or_applied_twice() {
+    let server = MemServer::meta("64M", "64K");
+    let m = Mount::new(&server, &[]);
+    let pid = m.pid();
+    let cutting = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let cutter = {
+        let cutting = cutting.clone();
+        std::thread::spawn(move || {
+            let mut cuts = 0;
+            while cutting.load(std::sync::atomic::Ordering::Acquire) && cuts < 40 {
+                // SAFETY: a signal to our own child process.
+                unsafe { libc::kill(pid, libc::SIGUSR1) };
+                cuts += 1;
+                std::thread::sleep(Duration::from_millis(25));
+            }
+            cuts
+        })
+    };
+    // Exclusive creates fail with EEXIST if applied twice; size commits must all land.
+    for i in 0..200u32 {
+        let data = pattern(10_000 + i as usize * 97, i);
+        let path = m.path(&format!("f{i}"));
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .unwrap_or_else(|e| panic!("create f{i}: {e}"));
+        std::io::Write::write_all(&mut f, &data).unwrap_or_else(|e| panic!("write f{i}: {e}"));
+        drop(f);
+        fs::rename(&path, m.path(&format!("g{i}"))).unwrap_or_else(|e| panic!("rename f{i}: {e}"));
+    }
+    cutting.store(false, std::sync::atomic::Ordering::Release);
+    let cuts = cutter.join().unwrap();
+    assert!(cuts >= 5, "only {cuts} cuts");
+    for i in 0..200u32 {
+        let data = pattern(10_000 + i as usize * 97, i);
+        let got = fs::read(m.path(&format!("g{i}"))).unwrap();
+        assert!(got == data, "g{i}: {} bytes", got.len());
+    }
+    let stats = fs::read_to_string(m.path(".rfs-stats")).unwrap();
+    assert!(stats.contains("io_errors 0"), "{stats}");
+}
+
+#[test]
+fn a_killed_clients_handles_are_released_after_its_grace_period() {
+    let server = MemServer::start(&["--memory", "16M", "--chunk-size", "1M", "--lease", "1"]);
+    let a = Mount::new(&server, &[]);
+    let mut b = Mount::new(&server, &[]);
+    let free = |m: &Mount| {
+        let s = nix_statvfs(&m.dir);
+        s.0 * s.1 / MIB as u64
+    };
+    assert_eq!(free(&a), 16);
+    // b writes a file and dies before closing it: allocate-ahead and all.
+    let f = OpenOptions::new()
+        .create(true)
+        .write(true)
+        .open(b.path("open-when-killed"))
+        .unwrap();
+    f.write_all_at(&vec![1u8; 3 * MIB], 0).unwrap();
+    assert!(free(&a) < 16);
+    b.kill();
+    eventually("space comes back after the grace period", || free(&a) == 16);
+    fs::write(a.path("after"), vec![2u8; 14 * MIB]).unwrap();
+}

@@ -4,7 +4,7 @@
 
 use rdmabox::session::Callback;
 use rdmabox::{Session, Snapshot};
-use rfs_proto::client::CallbackHandler;
+use rfs_proto::client::NoticeHandler;
 use rfs_proto::data::chunk_addr;
 use rfs_proto::types::ChunkRef;
 use rfs_proto::{Client, MetadataChannel};
@@ -24,8 +24,8 @@ pub trait Backend: MetadataChannel + Send + Sync + 'static {
     fn transport(&self) -> String;
     /// The rdmabox counters, for the stats file.
     fn counters(&self) -> Snapshot;
-    /// Where the metadata node's callbacks go.
-    fn on_callback(&self, handler: CallbackHandler);
+    /// Where the metadata node's callbacks and reconnections are told.
+    fn on_notice(&self, handler: NoticeHandler);
 }
 
 /// Starts a transfer on the session to `chunk`'s node, whose result becomes ours; a node that
@@ -67,7 +67,7 @@ impl Backend for Client {
         Client::counters(self)
     }
 
-    fn on_callback(&self, handler: CallbackHandler) {
-        Client::on_callback(self, handler)
+    fn on_notice(&self, handler: NoticeHandler) {
+        Client::on_notice(self, handler)
     }
 }

@@ -175,6 +175,15 @@ impl ChunkCache {
         files.prune(ino);
     }
 
+    /// Recalls every file's references (the metadata connection was lost: recalls sent
+    /// meanwhile never came).
+    pub(crate) fn recall_all(&self, limit: Duration) {
+        let files: Vec<Ino> = self.lock().files.keys().copied().collect();
+        for ino in files {
+            self.recall(ino, 0, limit);
+        }
+    }
+
     /// The chunks `first..first+count` of `ino` (None: a hole), and the hold that keeps a
     /// recall waiting until the transfer through them is done. With `allocate`, holes are
     /// filled by the metadata node first.

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use rfs_proto::callback::Callback;
+use rfs_proto::client::Notice;
 use rfs_proto::types::{Attr, Ino, Name};
 
 use super::backend::Backend;
@@ -22,12 +23,15 @@ pub enum KernelInval {
 }
 
 impl<B: Backend> Rfs<B> {
-    /// Takes the metadata node's callbacks from now on.
+    /// Takes the metadata node's callbacks from now on, and drops every chunk map when the
+    /// connection comes back after a loss (callbacks sent meanwhile did not arrive).
     pub fn attach(self: &Arc<Self>) {
         let me = Arc::downgrade(self);
-        self.backend.on_callback(Box::new(move |cb| {
-            if let Some(fs) = me.upgrade() {
-                fs.on_callback(cb);
+        self.backend.on_notice(Box::new(move |notice| {
+            let Some(fs) = me.upgrade() else { return };
+            match notice {
+                Notice::Callback(cb) => fs.on_callback(cb),
+                Notice::Reconnected => fs.chunks.recall_all(fs.lease),
             }
         }));
     }

@@ -207,7 +207,7 @@ impl Backend for Fake {
     }
 
     /// The fake makes no callbacks: the tests call `Rfs::on_callback` themselves.
-    fn on_callback(&self, _handler: rfs_proto::client::CallbackHandler) {}
+    fn on_notice(&self, _handler: rfs_proto::client::NoticeHandler) {}
 }
 
 /// Proves the fake answers like the real service does: typed replies decode.

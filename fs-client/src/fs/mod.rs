@@ -99,6 +99,11 @@ impl<B: Backend> Rfs<B> {
         })
     }
 
+    /// What the file system runs on.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
     /// Where metadata calls go.
     fn meta(&self) -> Counted<'_, B> {
         Counted(&self.backend, &self.stats.metadata_ops)

@@ -1,0 +1,172 @@
+//! Client sessions of the metadata service. A session is named by the id its client chose and
+//! outlives the connection that carries it: a client that loses its connection reconnects
+//! under the same id within the grace period and finds its open handles, and the replies to
+//! calls it may resend (each call is applied once, as NFSv4.1 sessions do with their reply
+//! cache). A session whose client does not come back within the grace period ends: its
+//! handles are released.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use rfs_proto::types::Ino;
+
+use crate::coherence::SessionId;
+
+/// One client's session.
+pub(crate) struct ClientSession {
+    pub(crate) id: SessionId,
+    /// Handles the client holds open, by inode.
+    pub(crate) open: HashMap<Ino, u32>,
+    /// Replies to the calls that change something, by sequence number, kept until the client
+    /// says it has them.
+    replies: BTreeMap<u64, Vec<u8>>,
+}
+
+impl ClientSession {
+    /// The reply already given to call `seq`, if it is a resend; replies below `oldest` (the
+    /// client's oldest unanswered call) are forgotten first.
+    pub(crate) fn replayed(&mut self, seq: u64, oldest: u64) -> Option<Vec<u8>> {
+        self.replies = self.replies.split_off(&oldest);
+        self.replies.get(&seq).cloned()
+    }
+
+    /// Keeps the reply to call `seq` in case it is resent.
+    pub(crate) fn remember(&mut self, seq: u64, reply: &[u8]) {
+        self.replies.insert(seq, reply.to_vec());
+    }
+}
+
+struct Entry {
+    session: Arc<Mutex<ClientSession>>,
+    /// Bumped by every connection that attaches.
+    epoch: u64,
+    /// Stops the loop of the connection attached now; None while detached.
+    attached: Option<Arc<AtomicBool>>,
+}
+
+/// Every client's session, by client id.
+#[derive(Default)]
+pub(crate) struct Sessions {
+    by_client: Mutex<HashMap<u64, Entry>>,
+    next_id: Mutex<SessionId>,
+}
+
+/// A connection's hold on its session.
+pub(crate) struct Attached {
+    pub(crate) session: Arc<Mutex<ClientSession>>,
+    pub(crate) id: SessionId,
+    epoch: u64,
+    /// Whether the session existed before (a reconnection).
+    pub(crate) resumed: bool,
+}
+
+impl Sessions {
+    /// Attaches a connection whose loop stops with `stop` to `client`'s session (a new one if
+    /// it has none); a connection still attached to it is told to stop.
+    pub(crate) fn attach(&self, client: u64, stop: Arc<AtomicBool>) -> Attached {
+        let mut all = self.by_client.lock().unwrap();
+        let resumed = all.contains_key(&client);
+        let e = all.entry(client).or_insert_with(|| {
+            let mut next = self.next_id.lock().unwrap();
+            *next += 1;
+            Entry {
+                session: Arc::new(Mutex::new(ClientSession {
+                    id: *next,
+                    open: HashMap::new(),
+                    replies: BTreeMap::new(),
+                })),
+                epoch: 0,
+                attached: None,
+            }
+        });
+        if let Some(old) = e.attached.replace(stop) {
+            old.store(true, Ordering::Release);
+        }
+        e.epoch += 1;
+        let id = e.session.lock().unwrap().id;
+        Attached {
+            session: e.session.clone(),
+            id,
+            epoch: e.epoch,
+            resumed,
+        }
+    }
+
+    /// The connection of `a` ended: whether it was still the one attached (a newer one may
+    /// have taken the session over).
+    pub(crate) fn detach(&self, client: u64, a: &Attached) -> bool {
+        let mut all = self.by_client.lock().unwrap();
+        match all.get_mut(&client) {
+            Some(e) if e.epoch == a.epoch => {
+                e.attached = None;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Ends `client`'s session if no connection attached since `a` left it.
+    pub(crate) fn expire(&self, client: u64, a: &Attached) -> Option<Arc<Mutex<ClientSession>>> {
+        let mut all = self.by_client.lock().unwrap();
+        match all.get(&client) {
+            Some(e) if e.epoch == a.epoch && e.attached.is_none() => {
+                all.remove(&client).map(|e| e.session)
+            }
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reconnection_finds_its_session_and_supersedes_the_old_connection() {
+        let s = Sessions::default();
+        let first_stop = Arc::new(AtomicBool::new(false));
+        let first = s.attach(7, first_stop.clone());
+        assert!(!first.resumed);
+        first.session.lock().unwrap().open.insert(5, 1);
+        // The client reconnects before the server noticed the old connection died.
+        let second = s.attach(7, Arc::new(AtomicBool::new(false)));
+        assert!(second.resumed);
+        assert_eq!(second.id, first.id);
+        assert!(
+            first_stop.load(Ordering::Acquire),
+            "old connection told to stop"
+        );
+        assert_eq!(second.session.lock().unwrap().open.get(&5), Some(&1));
+        assert!(
+            !s.detach(7, &first),
+            "the old connection no longer holds it"
+        );
+        assert!(s.expire(7, &first).is_none());
+        assert!(s.detach(7, &second));
+        assert!(
+            s.expire(7, &second).is_some(),
+            "gone after its grace period"
+        );
+        assert!(!s.attach(7, Arc::default()).resumed, "a new session");
+        assert!(s.attach(8, Arc::default()).id != second.id);
+    }
+
+    #[test]
+    fn replies_are_replayed_until_the_client_has_them() {
+        let s = Sessions::default();
+        let a = s.attach(1, Arc::default());
+        let mut sess = a.session.lock().unwrap();
+        assert_eq!(sess.replayed(10, 10), None);
+        sess.remember(10, b"ten");
+        sess.remember(11, b"eleven");
+        assert_eq!(sess.replayed(10, 10).as_deref(), Some(&b"ten"[..]));
+        assert_eq!(sess.replayed(12, 11), None);
+        assert_eq!(
+            sess.replayed(10, 12),
+            None,
+            "forgotten once the client had it"
+        );
+        assert_eq!(sess.replayed(11, 11).as_deref(), Some(&b"eleven"[..]));
+    }
+}

@@ -1,0 +1,100 @@
+//! One connection to the metadata service: calls on the first queue pair, the service's
+//! callbacks answered on the second by a thread of their own, and the control connection that
+//! keeps both. A [`crate::Client`] replaces a channel that broke with a new one.
+
+use std::io;
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use rdmabox::connect_links;
+use rdmabox::rpc::{self, RpcClient};
+use rdmabox::transport::{Context, ProtectionDomain};
+
+use crate::callback::{encode_ack, Callback, CALLBACK_RPC};
+use crate::client::{ClientConfig, Notice, NoticeHandler};
+use crate::handshake::dial;
+use crate::hello::{Hello, Metadata};
+
+pub(crate) struct Channel {
+    pub(crate) rpc: RpcClient,
+    control: TcpStream,
+    callbacks_stop: Arc<AtomicBool>,
+    callbacks: Option<JoinHandle<()>>,
+}
+
+impl Channel {
+    /// Dials the service as client `client_id` and sets both queue pairs up.
+    pub(crate) fn open(
+        ctx: &Context,
+        pd: &Arc<ProtectionDomain>,
+        addr: SocketAddr,
+        cfg: &ClientConfig,
+        client_id: u64,
+        on_notice: &Arc<OnceLock<NoticeHandler>>,
+    ) -> io::Result<Channel> {
+        let hello = Hello::Metadata(Metadata { client_id });
+        let mut s = dial(addr, cfg.secret.as_deref(), &hello, cfg.connect_timeout)?;
+        let mut links = connect_links(ctx, pd, &mut s, 2, cfg.session.caps)?;
+        let (cb_qp, cb_cq) = links.pop().expect("two links");
+        let (qp, cq) = links.pop().expect("two links");
+        let rpc = RpcClient::new(pd, qp, cq, cfg.rpc)?;
+        let callbacks_stop = Arc::new(AtomicBool::new(false));
+        let callbacks = {
+            let (pd, on, stop) = (pd.clone(), on_notice.clone(), callbacks_stop.clone());
+            std::thread::Builder::new()
+                .name("rfs-callbacks".into())
+                .spawn(move || {
+                    let served = rpc::serve(&pd, cb_qp, cb_cq, CALLBACK_RPC, &stop, |body| {
+                        match Callback::decode(body) {
+                            // Nothing is cached before there is a handler: answer at once.
+                            Ok(cb) => {
+                                if let Some(handle) = on.get() {
+                                    handle(Notice::Callback(cb));
+                                }
+                            }
+                            Err(e) => log::warn!("callback dropped: {e}"),
+                        }
+                        encode_ack()
+                    });
+                    if let Err(e) = served {
+                        log::warn!("callback channel ended: {e}");
+                    }
+                })?
+        };
+        Ok(Channel {
+            rpc,
+            control: s,
+            callbacks_stop,
+            callbacks: Some(callbacks),
+        })
+    }
+
+    /// Whether the channel is gone.
+    pub(crate) fn is_broken(&self) -> bool {
+        self.rpc.is_broken()
+    }
+
+    /// Breaks the channel as a network failure would.
+    pub(crate) fn sever(&self) {
+        self.rpc.abort();
+        let _ = self.control.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+impl Drop for Channel {
+    fn drop(&mut self) {
+        self.callbacks_stop.store(true, Ordering::Release);
+        let _ = self.control.shutdown(std::net::Shutdown::Both);
+        if let Some(t) = self.callbacks.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// How long to wait before the next attempt to reach the service.
+pub(crate) fn backoff(previous: Duration) -> Duration {
+    (previous * 2).clamp(Duration::from_millis(20), Duration::from_secs(1))
+}
