@@ -238,7 +238,11 @@ fn two_mounts_at_random_agree_with_a_model() {
             0 | 1 => {
                 let (off, len) = (rng.below(MAX), 1 + rng.below(70_000) as usize);
                 let data = vec![(step % 251) as u8 + 1; len];
-                let f = OpenOptions::new().create(true).write(true).open(&path);
+                let f = OpenOptions::new()
+                    .create(true)
+                    .truncate(false)
+                    .write(true)
+                    .open(&path);
                 f.unwrap().write_all_at(&data, off).unwrap();
                 let ino = *at.entry(name).or_insert_with(|| {
                     files.push(Vec::new());
@@ -365,6 +369,7 @@ fn a_killed_clients_handles_are_released_after_its_grace_period() {
     // b writes a file and dies before closing it: allocate-ahead and all.
     let f = OpenOptions::new()
         .create(true)
+        .truncate(false)
         .write(true)
         .open(b.path("open-when-killed"))
         .unwrap();
