@@ -39,6 +39,8 @@ impl ClientSession {
 
 struct Entry {
     session: Arc<Mutex<ClientSession>>,
+    /// The session's id (also inside it, whose lock a call may hold for a while).
+    id: SessionId,
     /// Bumped by every connection that attaches.
     epoch: u64,
     /// Stops the loop of the connection attached now; None while detached.
@@ -76,6 +78,7 @@ impl Sessions {
                     open: HashMap::new(),
                     replies: BTreeMap::new(),
                 })),
+                id: *next,
                 epoch: 0,
                 attached: None,
             }
@@ -84,10 +87,9 @@ impl Sessions {
             old.store(true, Ordering::Release);
         }
         e.epoch += 1;
-        let id = e.session.lock().unwrap().id;
         Attached {
             session: e.session.clone(),
-            id,
+            id: e.id,
             epoch: e.epoch,
             resumed,
         }
