@@ -206,6 +206,9 @@ fn main() -> ExitCode {
         }
     };
     fs.attach();
+    // A call may wait for other clients' answers up to the node's lease.
+    let call_timeout = cfg.rpc.timeout.max(fs.lease() + cfg.io_timeout);
+    fs.backend().set_call_timeout(call_timeout);
     if cfg.io_timeout > fs.lease() / 2 {
         log::warn!(
             "io_timeout {:?} is over half the metadata node's {:?} lease: a transfer that \

@@ -35,6 +35,8 @@ struct Cached {
     seen: HashSet<Ino>,
     /// Files it has open: it is told of every change to them, since it keeps their sizes.
     open: HashMap<Ino, u32>,
+    /// The connection whose callback channel this is.
+    epoch: u64,
     /// Directories it looked names up in: its kernel may keep those names for as long as it
     /// likes, whatever it re-asks about the directory itself, so these are kept.
     dirs: HashSet<Ino>,
@@ -65,16 +67,22 @@ impl Change {
 }
 
 impl Holders {
-    /// Session `id` has a (new) callback channel; returns the one it replaces. What a
+    /// Session `id`'s connection `epoch` has a callback channel; returns the one that goes
+    /// (the older of the two: connections of one session may race to get here). What a
     /// reconnecting session held, it is still taken to hold (it drops its chunk maps once it
     /// learns it reconnected, which may be after the next recall).
     pub(crate) fn attach(
         &mut self,
         id: SessionId,
+        epoch: u64,
         callbacks: Arc<Callbacks>,
     ) -> Option<Arc<Callbacks>> {
         match self.sessions.get_mut(&id) {
-            Some(c) => Some(std::mem::replace(&mut c.callbacks, callbacks)),
+            Some(c) if c.epoch > epoch => Some(callbacks),
+            Some(c) => {
+                c.epoch = epoch;
+                Some(std::mem::replace(&mut c.callbacks, callbacks))
+            }
             None => {
                 self.sessions.insert(
                     id,
@@ -84,6 +92,7 @@ impl Holders {
                         dirs: HashSet::new(),
                         open: HashMap::new(),
                         callbacks,
+                        epoch,
                     },
                 );
                 None
@@ -150,8 +159,10 @@ impl Holders {
             let mut cb = Callback::default();
             let mut told: HashMap<Ino, usize> = HashMap::new();
             for &(ino, data) in &change.inodes {
-                let cares = c.seen.remove(&ino) || c.open.contains_key(&ino);
-                if id != caller && cares && !told.contains_key(&ino) {
+                if id == caller || told.contains_key(&ino) {
+                    continue;
+                }
+                if c.seen.remove(&ino) || c.open.contains_key(&ino) {
                     told.insert(ino, cb.inodes.len());
                     cb.inodes.push(Invalidation {
                         ino,
@@ -321,14 +332,19 @@ impl Callbacks {
             );
             q.closed = true;
             drop(q);
+            if wait {
+                answered.done(false);
+            }
             self.end_session.store(true, Ordering::Release);
             self.ready.notify_all();
             return;
         }
-        if wait {
-            answered.add();
+        for part in cb.split() {
+            if wait {
+                answered.add();
+            }
+            q.items.push_back((part, wait.then(|| answered.clone())));
         }
-        q.items.push_back((cb, wait.then(|| answered.clone())));
         self.ready.notify_one();
     }
 

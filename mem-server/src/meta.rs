@@ -16,6 +16,7 @@ use crossbeam_channel::Receiver;
 use rdmabox::connect_links;
 use rdmabox::rpc;
 use rdmabox::transport::MemoryRegion;
+use rfs_proto::frame::send_frame;
 use rfs_proto::message::{encode_reply, readdir_budget, unseal, Call, Request, RequestOp};
 use rfs_proto::types::{Attr, ChunkRef, Ino, Name, StatFs};
 use rfs_proto::wire::MAX_LIST;
@@ -25,7 +26,7 @@ use crate::alloc::Allocator;
 use crate::coherence::{Callbacks, Change, Countdown, Holders, SessionId};
 use crate::namespace::Namespace;
 use crate::node::{wait_for_close, NodeConfig, Shared};
-use crate::sessions::{ClientSession, Sessions};
+use crate::sessions::{Attached, ClientSession, Sessions};
 use crate::zeroer::Zeroer;
 
 /// The namespace, the allocator and who caches what, under one lock.
@@ -158,6 +159,11 @@ impl MetaService {
         }
         let start = Instant::now();
         let deadline = start + self.lease;
+        // Live holders answer in microseconds. One that is slow (stopped, descheduled) is
+        // waited for up to the lease, as NFS waits out a delegation: once its answer or its
+        // lease is in, a write it makes through an old descriptor goes to the file as it is
+        // now. One that cannot be asked (its connection is down) is not waited for; the
+        // chunks wait out its lease instead.
         let all_answered = answered.wait(deadline);
         if freed.is_empty() {
             return;
@@ -171,7 +177,10 @@ impl MetaService {
             self.reuse(freed);
         } else {
             // A holder could not be asked: its references die with its lease.
-            self.quarantine.lock().unwrap().push((deadline, freed));
+            self.quarantine
+                .lock()
+                .unwrap()
+                .push((start + self.lease, freed));
             self.quarantined.notify_one();
         }
     }
@@ -212,8 +221,9 @@ impl MetaService {
         Ok(())
     }
 
-    /// Serves one connection of client `client_id`'s session until it goes; the session
-    /// waits a grace period (the lease) for the client to come back before it ends.
+    /// Serves one connection of client `client_id`'s session until it goes (first telling the
+    /// client whether its session was still there); the session waits a grace period (twice
+    /// the lease) for the client to come back before it ends.
     pub(crate) fn serve(
         self: &Arc<Self>,
         node: &Shared,
@@ -225,10 +235,10 @@ impl MetaService {
         let mut links = connect_links(&node.ctx, &node.pd, &mut s, 2, caps)?;
         let (cb_qp, cb_cq) = links.pop().expect("two links");
         let (qp, cq) = links.pop().expect("two links");
+        let closed = Arc::new(AtomicBool::new(false));
+        let mut watch = s.try_clone()?;
         let stop = Arc::new(AtomicBool::new(false));
-        let attached = self.sessions.attach(client_id, stop.clone());
-        let id = attached.id;
-        let who = format!("client {peer} (session {id})");
+        let who = format!("client {peer} (id {client_id:016x})");
         let callbacks = Callbacks::start(
             &node.pd,
             cb_qp,
@@ -237,29 +247,33 @@ impl MetaService {
             who.clone(),
             stop.clone(),
         )?;
-        let replaced = self
-            .state
-            .lock()
-            .unwrap()
-            .holders
-            .attach(id, callbacks.clone());
+        // From here on, every way out goes through the detach below.
+        let attached = self.sessions.attach(client_id, stop.clone());
+        let replaced = self.state.lock().unwrap().holders.attach(
+            attached.id,
+            attached.epoch(),
+            callbacks.clone(),
+        );
         if let Some(old) = replaced {
             old.close();
         }
         if attached.resumed {
             log::warn!("{who} reconnected");
         }
-        let closed = Arc::new(AtomicBool::new(false));
-        let closer = {
-            let mut watch = s.try_clone()?;
-            let closed = closed.clone();
-            std::thread::spawn(move || {
-                wait_for_close(&mut watch);
-                closed.store(true, Ordering::Release);
-            })
-        };
-        let result = rpc::serve(&node.pd, qp, cq, node.cfg.rpc, &stop, |body| {
-            self.handle(&attached.session, body)
+        let result = send_frame(&mut s, &[attached.resumed as u8]).and_then(|()| {
+            let closer = {
+                let closed = closed.clone();
+                std::thread::spawn(move || {
+                    wait_for_close(&mut watch);
+                    closed.store(true, Ordering::Release);
+                })
+            };
+            let served = rpc::serve(&node.pd, qp, cq, node.cfg.rpc, &stop, |body| {
+                self.handle(&attached, body)
+            });
+            let _ = s.shutdown(std::net::Shutdown::Both);
+            let _ = closer.join();
+            served
         });
         callbacks.close();
         if self.sessions.detach(client_id, &attached) {
@@ -269,20 +283,8 @@ impl MetaService {
                 }
                 _ => log::info!("{who}: connection closed"),
             }
-            let me = self.clone();
-            let grace = self.lease;
-            std::thread::Builder::new()
-                .name("session-grace".into())
-                .spawn(move || {
-                    std::thread::sleep(grace);
-                    if let Some(gone) = me.sessions.expire(client_id, &attached) {
-                        log::info!("{who}: not back within {grace:?}; session ended");
-                        me.end_session(&gone);
-                    }
-                })?;
+            self.expire_later(client_id, attached, who);
         }
-        drop(s);
-        let _ = closer.join();
         result.or_else(|e| {
             if closed.load(Ordering::Acquire) {
                 Ok(())
@@ -290,6 +292,29 @@ impl MetaService {
                 Err(e)
             }
         })
+    }
+
+    /// Ends a detached session unless its client comes back within the grace period: twice
+    /// the lease, since clients resend for up to their call deadline, which the lease is meant
+    /// to exceed.
+    fn expire_later(self: &Arc<Self>, client_id: u64, attached: Attached, who: String) {
+        let me = self.clone();
+        let grace = self.lease * 2;
+        let expire = move || {
+            std::thread::sleep(grace);
+            if let Some(gone) = me.sessions.expire(client_id, &attached) {
+                log::info!("{who}: not back within {grace:?}; session ended");
+                me.end_session(&gone);
+            }
+        };
+        if let Err(e) = std::thread::Builder::new()
+            .name("session-grace".into())
+            .spawn(expire)
+        {
+            log::error!(
+                "no thread to end a session later ({e}); it stays until its client returns"
+            );
+        }
     }
 
     /// A session ended: it caches nothing any more, and its handles are released (with the
@@ -321,12 +346,16 @@ impl MetaService {
 
     /// Decodes, applies and answers one call, once: a call resent after a reconnection gets
     /// the reply it had.
-    fn handle(&self, session: &Mutex<ClientSession>, body: &[u8]) -> Vec<u8> {
+    fn handle(&self, attached: &Attached, body: &[u8]) -> Vec<u8> {
         let Some((seq, oldest, call)) = unseal(body) else {
             log::warn!("metadata call without an envelope");
             return encode_reply::<()>(0, &Err(Errno::EPROTO));
         };
-        let mut session = session.lock().unwrap();
+        let mut session = attached.session.lock().unwrap();
+        if !attached.is_current() {
+            // A newer connection took the session over: the client resends there.
+            return encode_reply::<()>(call.get(1).copied().unwrap_or(0), &Err(Errno::EIO));
+        }
         if let Some(reply) = session.replayed(seq, oldest) {
             log::debug!("call {seq} resent: answered from the reply cache");
             return reply;

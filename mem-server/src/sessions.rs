@@ -6,12 +6,15 @@
 //! handles are released.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rfs_proto::types::Ino;
 
 use crate::coherence::SessionId;
+
+/// Replies a session keeps at most.
+const MAX_REPLIES: usize = 1024;
 
 /// One client's session.
 pub(crate) struct ClientSession {
@@ -31,9 +34,13 @@ impl ClientSession {
         self.replies.get(&seq).cloned()
     }
 
-    /// Keeps the reply to call `seq` in case it is resent.
+    /// Keeps the reply to call `seq` in case it is resent (the oldest go first past
+    /// [`MAX_REPLIES`]: a client never has that many calls under way).
     pub(crate) fn remember(&mut self, seq: u64, reply: &[u8]) {
         self.replies.insert(seq, reply.to_vec());
+        while self.replies.len() > MAX_REPLIES {
+            self.replies.pop_first();
+        }
     }
 }
 
@@ -41,8 +48,9 @@ struct Entry {
     session: Arc<Mutex<ClientSession>>,
     /// The session's id (also inside it, whose lock a call may hold for a while).
     id: SessionId,
-    /// Bumped by every connection that attaches.
-    epoch: u64,
+    /// Bumped by every connection that attaches; shared with them, so a superseded one stops
+    /// applying calls at once.
+    epoch: Arc<AtomicU64>,
     /// Stops the loop of the connection attached now; None while detached.
     attached: Option<Arc<AtomicBool>>,
 }
@@ -59,8 +67,21 @@ pub(crate) struct Attached {
     pub(crate) session: Arc<Mutex<ClientSession>>,
     pub(crate) id: SessionId,
     epoch: u64,
+    current: Arc<AtomicU64>,
     /// Whether the session existed before (a reconnection).
     pub(crate) resumed: bool,
+}
+
+impl Attached {
+    /// Which connection of the session this is (later ones are larger).
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Whether no newer connection took the session over.
+    pub(crate) fn is_current(&self) -> bool {
+        self.current.load(Ordering::Acquire) == self.epoch
+    }
 }
 
 impl Sessions {
@@ -79,18 +100,19 @@ impl Sessions {
                     replies: BTreeMap::new(),
                 })),
                 id: *next,
-                epoch: 0,
+                epoch: Arc::default(),
                 attached: None,
             }
         });
         if let Some(old) = e.attached.replace(stop) {
             old.store(true, Ordering::Release);
         }
-        e.epoch += 1;
+        let epoch = e.epoch.fetch_add(1, Ordering::AcqRel) + 1;
         Attached {
             session: e.session.clone(),
             id: e.id,
-            epoch: e.epoch,
+            epoch,
+            current: e.epoch.clone(),
             resumed,
         }
     }
@@ -100,7 +122,7 @@ impl Sessions {
     pub(crate) fn detach(&self, client: u64, a: &Attached) -> bool {
         let mut all = self.by_client.lock().unwrap();
         match all.get_mut(&client) {
-            Some(e) if e.epoch == a.epoch => {
+            Some(e) if a.is_current() => {
                 e.attached = None;
                 true
             }
@@ -112,7 +134,7 @@ impl Sessions {
     pub(crate) fn expire(&self, client: u64, a: &Attached) -> Option<Arc<Mutex<ClientSession>>> {
         let mut all = self.by_client.lock().unwrap();
         match all.get(&client) {
-            Some(e) if e.epoch == a.epoch && e.attached.is_none() => {
+            Some(e) if a.is_current() && e.attached.is_none() => {
                 all.remove(&client).map(|e| e.session)
             }
             _ => None,
@@ -164,11 +186,15 @@ mod tests {
         sess.remember(11, b"eleven");
         assert_eq!(sess.replayed(10, 10).as_deref(), Some(&b"ten"[..]));
         assert_eq!(sess.replayed(12, 11), None);
+        assert_eq!(sess.replayed(11, 11).as_deref(), Some(&b"eleven"[..]));
         assert_eq!(
-            sess.replayed(10, 12),
+            sess.replayed(11, 12),
             None,
             "forgotten once the client had it"
         );
-        assert_eq!(sess.replayed(11, 11).as_deref(), Some(&b"eleven"[..]));
+        for seq in 100..100 + MAX_REPLIES as u64 + 10 {
+            sess.remember(seq, b"x");
+        }
+        assert_eq!(sess.replies.len(), MAX_REPLIES, "bounded");
     }
 }

@@ -17,8 +17,9 @@ use rfs_proto::message::{
 use rfs_proto::types::{ChunkRef, FileKind, NodeInfo, Owner, StatFs, ROOT};
 use rfs_proto::{Client, ClientConfig, Errno, MetadataChannel};
 
+/// A metadata node with a short lease: departed clients' sessions end two leases after.
 fn meta(memory: &str) -> MemServer {
-    MemServer::start(&["--memory", memory])
+    MemServer::start(&["--memory", memory, "--lease", "1"])
 }
 
 fn data(meta: &MemServer, memory: &str) -> MemServer {

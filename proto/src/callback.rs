@@ -66,6 +66,33 @@ impl Callback {
             && self.wire_len() + other.wire_len() <= BUDGET
     }
 
+    /// This callback in messages that each fit (a session that ends may free hundreds of
+    /// files at once).
+    pub fn split(self) -> Vec<Callback> {
+        let mut parts = vec![Callback::default()];
+        let pieces = self
+            .inodes
+            .into_iter()
+            .map(|i| Callback {
+                inodes: vec![i],
+                entries: Vec::new(),
+            })
+            .chain(self.entries.into_iter().map(|e| Callback {
+                inodes: Vec::new(),
+                entries: vec![e],
+            }));
+        for piece in pieces {
+            let last = parts.last_mut().expect("one part at least");
+            if last.has_room_for(&piece) {
+                last.merge(piece);
+            } else {
+                parts.push(piece);
+            }
+        }
+        parts.retain(|p| !p.is_empty());
+        parts
+    }
+
     /// Appends `other`'s changes.
     pub fn merge(&mut self, other: Callback) {
         self.inodes.extend(other.inodes);
@@ -153,5 +180,29 @@ mod tests {
         }
         assert!(n > 1);
         assert!(batch.encode().len() <= CALLBACK_RPC.max_msg);
+        // One callback too large for a message goes as several that each fit and decode.
+        let mut huge = Callback::default();
+        for _ in 0..3 * n {
+            huge.merge(big.clone());
+        }
+        huge.inodes = (0..600)
+            .map(|ino| Invalidation {
+                ino,
+                chunks_from: Some(0),
+                attr: None,
+                data: true,
+            })
+            .collect();
+        let parts = huge.split();
+        assert!(parts.len() >= 3);
+        let (mut inodes, mut entries) = (0, 0);
+        for p in parts {
+            let b = p.encode();
+            assert!(b.len() <= CALLBACK_RPC.max_msg);
+            let back = Callback::decode(&b).unwrap();
+            inodes += back.inodes.len();
+            entries += back.entries.len();
+        }
+        assert_eq!((inodes, entries), (600, 3 * n));
     }
 }

@@ -15,11 +15,14 @@ use rdmabox::transport::{Context, ProtectionDomain};
 
 use crate::callback::{encode_ack, Callback, CALLBACK_RPC};
 use crate::client::{ClientConfig, Notice, NoticeHandler};
+use crate::frame::recv_frame;
 use crate::handshake::dial;
 use crate::hello::{Hello, Metadata};
 
 pub(crate) struct Channel {
     pub(crate) rpc: RpcClient,
+    /// Whether the service still had this client's session (false: a new one).
+    pub(crate) resumed: bool,
     control: TcpStream,
     callbacks_stop: Arc<AtomicBool>,
     callbacks: Option<JoinHandle<()>>,
@@ -40,6 +43,7 @@ impl Channel {
         let mut links = connect_links(ctx, pd, &mut s, 2, cfg.session.caps)?;
         let (cb_qp, cb_cq) = links.pop().expect("two links");
         let (qp, cq) = links.pop().expect("two links");
+        let resumed = matches!(recv_frame(&mut s, 1)?.as_slice(), [1]);
         let rpc = RpcClient::new(pd, qp, cq, cfg.rpc)?;
         let callbacks_stop = Arc::new(AtomicBool::new(false));
         let callbacks = {
@@ -54,10 +58,14 @@ impl Channel {
                                 if let Some(handle) = on.get() {
                                     handle(Notice::Callback(cb));
                                 }
+                                encode_ack()
                             }
-                            Err(e) => log::warn!("callback dropped: {e}"),
+                            // Not an answer: the service counts it as unanswered.
+                            Err(e) => {
+                                log::warn!("callback not understood: {e}");
+                                Vec::new()
+                            }
                         }
-                        encode_ack()
                     });
                     if let Err(e) = served {
                         log::warn!("callback channel ended: {e}");
@@ -66,6 +74,7 @@ impl Channel {
         };
         Ok(Channel {
             rpc,
+            resumed,
             control: s,
             callbacks_stop,
             callbacks: Some(callbacks),

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -150,14 +151,20 @@ pub struct Client {
     channel: Mutex<Option<Arc<Channel>>>,
     /// Held by the one thread that reconnects; the others wait for it.
     reconnecting: Mutex<()>,
+    /// Sessions the service lost (expired, or the service restarted): a call under way when
+    /// that happens cannot be resent, since its reply is gone with the session.
+    sessions_lost: AtomicU64,
     calls: Mutex<Calls>,
+    /// How long a call may take, reconnections and resends included.
+    call_timeout_ms: AtomicU64,
     data: Mutex<HashMap<u32, Arc<DataSession>>>,
     on_notice: Arc<OnceLock<NoticeHandler>>,
 }
 
 impl MetadataChannel for Client {
     fn exchange(&self, request: &[u8]) -> io::Result<Vec<u8>> {
-        let deadline = Instant::now() + self.cfg.rpc.timeout;
+        let timeout = Duration::from_millis(self.call_timeout_ms.load(Ordering::Relaxed));
+        let deadline = Instant::now() + timeout;
         let seq = {
             let mut c = self.calls.lock().unwrap();
             c.next += 1;
@@ -180,6 +187,7 @@ impl Client {
         let client_id = rdmabox::random::u64();
         let on_notice = Arc::<OnceLock<NoticeHandler>>::default();
         let channel = Channel::open(&ctx, &pd, meta_addr, &cfg, client_id, &on_notice)?;
+        let call_timeout_ms = cfg.rpc.timeout.as_millis() as u64;
         Ok(Client {
             cfg,
             meta_addr,
@@ -188,7 +196,9 @@ impl Client {
             client_id,
             channel: Mutex::new(Some(Arc::new(channel))),
             reconnecting: Mutex::new(()),
+            sessions_lost: AtomicU64::new(0),
             calls: Mutex::default(),
+            call_timeout_ms: AtomicU64::new(call_timeout_ms),
             data: Mutex::new(HashMap::new()),
             on_notice,
         })
@@ -200,6 +210,13 @@ impl Client {
         if self.on_notice.set(handler).is_err() {
             log::warn!("a notice handler was already set");
         }
+    }
+
+    /// Lets calls take up to `timeout`: a call that the service makes wait for other clients
+    /// (up to its lease) must not be given up on while the service still applies it.
+    pub fn set_call_timeout(&self, timeout: Duration) {
+        self.call_timeout_ms
+            .store(timeout.as_millis() as u64, Ordering::Relaxed);
     }
 
     /// Breaks the metadata connection as a network failure would (the next call reconnects):
@@ -214,8 +231,15 @@ impl Client {
     /// Sends call `seq` until it is answered, resending it over new connections if the
     /// connection breaks, until `deadline`.
     fn exchange_until(&self, seq: u64, request: &[u8], deadline: Instant) -> io::Result<Vec<u8>> {
+        let session = self.sessions_lost.load(Ordering::Acquire);
         loop {
             let channel = self.channel(deadline)?;
+            if self.sessions_lost.load(Ordering::Acquire) != session {
+                return Err(io::Error::new(
+                    io::ErrorKind::ConnectionReset,
+                    "the metadata node lost this client's session while the call was under way",
+                ));
+            }
             let oldest = self.calls.lock().unwrap().outstanding.first().copied();
             let sealed = seal(seq, oldest.unwrap_or(seq), request);
             let left = deadline.saturating_duration_since(Instant::now());
@@ -234,16 +258,46 @@ impl Client {
         if let Some(c) = live(&self.channel.lock().unwrap()) {
             return Ok(c);
         }
-        let _one = self.reconnecting.lock().unwrap();
-        if let Some(c) = live(&self.channel.lock().unwrap()) {
-            return Ok(c); // another thread reconnected meanwhile
-        }
-        if self.channel.lock().unwrap().take().is_some() {
+        let (c, broken) = {
+            let _one = self.reconnecting.lock().unwrap();
+            if let Some(c) = live(&self.channel.lock().unwrap()) {
+                return Ok(c); // another thread reconnected meanwhile
+            }
+            let broken = self.channel.lock().unwrap().take();
+            if broken.is_some() {
+                log::warn!(
+                    "metadata connection to {} lost; reconnecting",
+                    self.meta_addr
+                );
+            }
+            let c = Arc::new(self.reconnect(deadline)?);
+            if !c.resumed {
+                // Before any call can use the new channel.
+                self.sessions_lost.fetch_add(1, Ordering::AcqRel);
+            }
+            *self.channel.lock().unwrap() = Some(c.clone());
+            (c, broken)
+        };
+        // Outside the lock: the old channel's callback thread may still be busy, and the
+        // handler may take a while; neither should hold up calls on the new channel.
+        drop(broken);
+        if c.resumed {
+            log::warn!("metadata connection to {} re-established", self.meta_addr);
+        } else {
             log::warn!(
-                "metadata connection to {} lost; reconnecting",
+                "metadata connection to {} re-established, but the node had ended this \
+                 client's session: calls under way fail, open files must be opened again",
                 self.meta_addr
             );
         }
+        if let Some(handle) = self.on_notice.get() {
+            handle(Notice::Reconnected);
+        }
+        Ok(c)
+    }
+
+    /// Dials the service again, with backoff, until `deadline`.
+    fn reconnect(&self, deadline: Instant) -> io::Result<Channel> {
         let mut wait = Duration::ZERO;
         loop {
             let opened = Channel::open(
@@ -255,15 +309,7 @@ impl Client {
                 &self.on_notice,
             );
             match opened {
-                Ok(c) => {
-                    let c = Arc::new(c);
-                    *self.channel.lock().unwrap() = Some(c.clone());
-                    log::warn!("metadata connection to {} re-established", self.meta_addr);
-                    if let Some(handle) = self.on_notice.get() {
-                        handle(Notice::Reconnected);
-                    }
-                    return Ok(c);
-                }
+                Ok(c) => return Ok(c),
                 Err(e) => {
                     wait = backoff(wait);
                     if Instant::now() + wait >= deadline {
@@ -284,12 +330,16 @@ impl Client {
         self.ctx.describe()
     }
 
+    /// The data session to `node` if it is connected: never a metadata call.
+    pub fn connected(&self, node: u32) -> Option<Arc<DataSession>> {
+        let data = self.data.lock().unwrap();
+        data.get(&node).filter(|d| d.session.is_open()).cloned()
+    }
+
     /// The data session to `node`, connected on first use.
     pub fn data(&self, node: u32) -> Result<Arc<DataSession>, CallError> {
-        if let Some(d) = self.data.lock().unwrap().get(&node) {
-            if d.session.is_open() {
-                return Ok(d.clone());
-            }
+        if let Some(d) = self.connected(node) {
+            return Ok(d);
         }
         let gone = |why: String| CallError::NoDataNode { node, why };
         let info = self

@@ -286,10 +286,22 @@ impl RpcClient {
         if self.ch.broken() {
             return Err(dead());
         }
-        let slot = self
-            .free_slots
-            .recv_timeout(timeout)
-            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "rpc: no free slot"))?;
+        // Slots of a broken connection never come back: look for that while waiting.
+        let give_up = std::time::Instant::now() + timeout;
+        let slot = loop {
+            let left = give_up.saturating_duration_since(std::time::Instant::now());
+            match self
+                .free_slots
+                .recv_timeout(left.min(Duration::from_millis(50)))
+            {
+                Ok(slot) => break slot,
+                Err(_) if self.ch.broken() => return Err(dead()),
+                Err(_) if left.is_zero() => {
+                    return Err(io::Error::new(io::ErrorKind::TimedOut, "rpc: no free slot"))
+                }
+                Err(_) => {}
+            }
+        };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.waiters

@@ -7,7 +7,7 @@ use rdmabox::{Session, Snapshot};
 use rfs_proto::client::NoticeHandler;
 use rfs_proto::data::chunk_addr;
 use rfs_proto::types::ChunkRef;
-use rfs_proto::{Client, MetadataChannel};
+use rfs_proto::{Client, Errno, MetadataChannel};
 
 use super::error::Error;
 
@@ -16,6 +16,10 @@ pub type DataDone = Box<dyn FnOnce(Result<Vec<u8>, Error>) + Send>;
 
 /// Where the file system's metadata and data go.
 pub trait Backend: MetadataChannel + Send + Sync + 'static {
+    /// Whether transfers to `node` can start at once (no metadata call on the way).
+    fn is_connected(&self, node: u32) -> bool;
+    /// Connects the data session to `node` (may ask the metadata node where it is).
+    fn connect(&self, node: u32) -> Result<(), Error>;
     /// Reads `buf.len()` bytes at `offset` of `chunk`.
     fn read(&self, chunk: &ChunkRef, offset: u64, buf: Vec<u8>, done: DataDone);
     /// Writes `data` at `offset` of `chunk`.
@@ -28,8 +32,9 @@ pub trait Backend: MetadataChannel + Send + Sync + 'static {
     fn on_notice(&self, handler: NoticeHandler);
 }
 
-/// Starts a transfer on the session to `chunk`'s node, whose result becomes ours; a node that
-/// cannot be reached fails the transfer at once.
+/// Starts a transfer on the session to `chunk`'s node, whose result becomes ours. The session
+/// is connected beforehand ([`Backend::connect`]): a transfer holds its chunk references, and
+/// must not wait on a metadata call that may be waiting for them to be let go.
 fn one_sided(
     client: &Client,
     chunk: &ChunkRef,
@@ -37,16 +42,27 @@ fn one_sided(
     start: impl FnOnce(&Session, Callback),
 ) {
     let node = chunk.node;
-    match client.data(node) {
-        Ok(d) => start(
+    match client.connected(node) {
+        Some(d) => start(
             &d.session,
             Box::new(move |r| done(r.map_err(|e| Error::data(node, &e)))),
         ),
-        Err(e) => done(Err(e.into())),
+        None => done(Err(Error::new(
+            Errno::EIO,
+            format!("data node {node}: session lost"),
+        ))),
     }
 }
 
 impl Backend for Client {
+    fn is_connected(&self, node: u32) -> bool {
+        self.connected(node).is_some()
+    }
+
+    fn connect(&self, node: u32) -> Result<(), Error> {
+        self.data(node).map(drop).map_err(Error::from)
+    }
+
     fn read(&self, chunk: &ChunkRef, offset: u64, buf: Vec<u8>, done: DataDone) {
         one_sided(self, chunk, done, |s, cb| {
             s.read(chunk_addr(chunk, offset), buf, cb)

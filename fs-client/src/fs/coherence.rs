@@ -31,7 +31,7 @@ impl<B: Backend> Rfs<B> {
             let Some(fs) = me.upgrade() else { return };
             match notice {
                 Notice::Callback(cb) => fs.on_callback(cb),
-                Notice::Reconnected => fs.chunks.recall_all(fs.lease),
+                Notice::Reconnected => fs.chunks.forget_all(),
             }
         }));
     }

@@ -6,10 +6,11 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use rfs_proto::types::Ino;
+use rfs_proto::types::{ChunkRef, Ino};
 use rfs_proto::Errno;
 
 use super::backend::Backend;
+use super::chunks::InFlight;
 use super::error::{Error, Result};
 use super::stats::{ClientStats, STATS_INO};
 use super::Rfs;
@@ -49,6 +50,39 @@ fn segments(offset: u64, len: usize, chunk: u64) -> Vec<Segment> {
 }
 
 impl<B: Backend> Rfs<B> {
+    /// The references of chunks `first..first+count` of `ino`, held, with a data session to
+    /// each node they are on: connecting may take metadata calls, which must not happen while
+    /// the references are held (a recall of them may be what the metadata node is busy with).
+    fn refs(
+        &self,
+        ino: Ino,
+        first: u64,
+        count: u64,
+        allocate: bool,
+    ) -> Result<(Vec<Option<ChunkRef>>, InFlight)> {
+        for attempt in 0.. {
+            let (refs, hold) = self
+                .chunks
+                .refs(&self.meta(), ino, first, count, allocate)?;
+            let mut missing: Vec<u32> = refs
+                .iter()
+                .flatten()
+                .map(|c| c.node)
+                .filter(|&n| !self.backend.is_connected(n))
+                .collect();
+            // A session lost again at once fails the transfer in the backend (EIO).
+            if missing.is_empty() || attempt == 2 {
+                return Ok((refs, hold));
+            }
+            drop(hold);
+            missing.dedup();
+            for node in missing {
+                self.backend.connect(node)?;
+            }
+        }
+        unreachable!("the loop returns by its third attempt")
+    }
+
     /// Counts a failed piece.
     fn piece_failed(stats: &ClientStats) {
         ClientStats::add(&stats.io_errors, 1);
@@ -69,14 +103,10 @@ impl<B: Backend> Rfs<B> {
         }
         ClientStats::add(&self.stats.reads, 1);
         let segs = segments(offset, len, self.chunk_size);
-        let (refs, hold) =
-            match self
-                .chunks
-                .refs(&self.meta(), ino, segs[0].index, segs.len() as u64, false)
-            {
-                Ok(r) => r,
-                Err(e) => return done(Err(e)),
-            };
+        let (refs, hold) = match self.refs(ino, segs[0].index, segs.len() as u64, false) {
+            Ok(r) => r,
+            Err(e) => return done(Err(e)),
+        };
         ClientStats::add(&self.stats.bytes_read, len as u64);
         // One segment in one chunk (the common case): hand the transfer's buffer straight back.
         if let [s] = segs.as_slice() {
@@ -143,14 +173,10 @@ impl<B: Backend> Rfs<B> {
         }
         ClientStats::add(&self.stats.writes, 1);
         let segs = segments(offset, data.len(), self.chunk_size);
-        let (refs, hold) =
-            match self
-                .chunks
-                .refs(&self.meta(), ino, segs[0].index, segs.len() as u64, true)
-            {
-                Ok(r) => r,
-                Err(e) => return done(Err(e)),
-            };
+        let (refs, hold) = match self.refs(ino, segs[0].index, segs.len() as u64, true) {
+            Ok(r) => r,
+            Err(e) => return done(Err(e)),
+        };
         let job = {
             let fs = self.clone();
             let (end, len) = (offset + data.len() as u64, data.len() as u32);
@@ -192,7 +218,7 @@ impl<B: Backend> Rfs<B> {
         }
         let index = new / self.chunk_size;
         let end = ((index + 1) * self.chunk_size).min(old);
-        let (refs, _hold) = self.chunks.refs(&self.meta(), ino, index, 1, false)?;
+        let (refs, _hold) = self.refs(ino, index, 1, false)?;
         let Some(chunk) = refs[0] else {
             return Ok(());
         };

@@ -190,6 +190,14 @@ impl MetadataChannel for Fake {
 }
 
 impl Backend for Fake {
+    fn is_connected(&self, _node: u32) -> bool {
+        true
+    }
+
+    fn connect(&self, _node: u32) -> Result<()> {
+        Ok(())
+    }
+
     fn read(&self, chunk: &ChunkRef, offset: u64, buf: Vec<u8>, done: DataDone) {
         done(self.0.transfer(chunk, offset, buf, false))
     }
