@@ -154,6 +154,12 @@ impl Holders {
         change: &Change,
         attr: impl Fn(Ino) -> Option<Attr>,
     ) -> Vec<(Arc<Callbacks>, Callback)> {
+        let gone: Vec<Ino> = change
+            .inodes
+            .iter()
+            .map(|&(ino, _)| ino)
+            .filter(|&ino| attr(ino).is_none())
+            .collect();
         let mut out = Vec::new();
         for (&id, c) in &mut self.sessions {
             let mut cb = Callback::default();
@@ -204,6 +210,12 @@ impl Holders {
                         });
                     }
                 }
+            }
+            // An inode that is gone is cached by no one any more, once told.
+            for ino in &gone {
+                c.maps.remove(ino);
+                c.seen.remove(ino);
+                c.dirs.remove(ino);
             }
             if !cb.is_empty() {
                 out.push((c.callbacks.clone(), cb));

@@ -222,16 +222,27 @@ impl Rng {
 
 #[test]
 fn two_mounts_at_random_agree_with_a_model() {
+    random_against_a_model(0x5eed_0001, &[]);
+}
+
+#[test]
+fn two_mounts_at_random_agree_with_a_model_with_every_mechanism_off() {
+    let off = ["merge=off", "chain=off", "window=off", "polling=event"];
+    random_against_a_model(0x5eed_0002, &off);
+}
+
+/// Two mounts (with `opts`) take turns at random operations on three names; whatever either
+/// reads must be what a model of inodes and contents says.
+fn random_against_a_model(seed: u64, opts: &[&str]) {
     // Small chunks, so files span several and freed chunks are reused at once.
     let server = MemServer::meta("8M", "64K");
-    let mounts = [Mount::new(&server, &[]), Mount::new(&server, &[])];
+    let mounts = [Mount::new(&server, opts), Mount::new(&server, opts)];
     let names = ["a", "b", "c"];
     // The model: inodes' contents, which inode each name leads to.
     let mut files: Vec<Vec<u8>> = Vec::new();
     let mut at: std::collections::HashMap<&str, usize> = Default::default();
     // Descriptors kept open across steps: (mount, inode, file).
     let mut held: Vec<(usize, usize, fs::File)> = Vec::new();
-    let seed = 0x5eed_0001;
     let mut rng = Rng(seed);
     const MAX: u64 = 200 << 10;
     for step in 0..400 {

@@ -245,13 +245,13 @@ fn names_are_bytes_and_long_names_list_and_remove() {
     fs::hard_link(&renamed, m.dir.join(OsStr::from_bytes(b"h\xc0"))).unwrap();
     assert_eq!(fs::metadata(&renamed).unwrap().nlink(), 2);
 
-    // 260 names of 180 bytes: pages of 256 entries would not fit a 64 KiB message.
+    // 500 names of 200 bytes: pages of 256 entries would not fit a 64 KiB message.
     let big = m.path("long");
     fs::create_dir(&big).unwrap();
-    for i in 0..260 {
-        File::create(big.join(format!("{i:03}{}", "n".repeat(177)))).unwrap();
+    for i in 0..500 {
+        File::create(big.join(format!("{i:03}{}", "n".repeat(197)))).unwrap();
     }
-    assert_eq!(fs::read_dir(&big).unwrap().count(), 260);
+    assert_eq!(fs::read_dir(&big).unwrap().count(), 500);
     fs::remove_dir_all(&big).unwrap();
     assert!(!big.exists());
     for n in [&b"\x80\x81"[..], b"h\xc0", b"l\xfe"] {
