@@ -405,3 +405,44 @@ fn a_killed_clients_handles_are_released_after_its_grace_period() {
     );
     fs::write(a.path("after"), vec![2u8; 14 * MIB]).unwrap();
 }
+
+#[test]
+fn unlink_and_rename_over_a_file_open_on_the_other_mount_keep_its_data_apart() {
+    let server = MemServer::meta("16M", "1M");
+    let a = Mount::new(&server, &[]);
+    let b = Mount::new(&server, &[]);
+    for name in ["T", "R"] {
+        fs::write(a.path(name), pattern(2 * MIB, 9)).unwrap();
+    }
+    fs::write(a.path("X"), b"replacement").unwrap();
+    let t = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(b.path("T"))
+        .unwrap();
+    let r = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(b.path("R"))
+        .unwrap();
+    // Mount 1 unlinks T and renames X over R, then fills the node with V.
+    fs::remove_file(a.path("T")).unwrap();
+    fs::rename(a.path("X"), a.path("R")).unwrap();
+    let v = pattern(10 * MIB, 10);
+    fs::write(a.path("V"), &v).unwrap();
+    // Mount 2's descriptors still reach their own (now nameless) files, and only them.
+    for f in [&t, &r] {
+        f.write_all_at(&[7u8; 4096], MIB as u64).unwrap();
+        let mut back = vec![0u8; 8192];
+        f.read_exact_at(&mut back, MIB as u64 - 4096).unwrap();
+        assert!(back[..4096] == pattern(2 * MIB, 9)[MIB - 4096..MIB]);
+        assert!(back[4096..].iter().all(|&x| x == 7));
+    }
+    assert_eq!(fs::read(b.path("R")).unwrap(), b"replacement");
+    assert!(fs::metadata(b.path("T")).is_err());
+    drop((t, r));
+    // Closed, their chunks are free again; V never saw them.
+    assert!(fs::read(a.path("V")).unwrap() == v);
+    fs::write(a.path("W"), pattern(5 * MIB, 11)).unwrap();
+    assert!(fs::read(b.path("V")).unwrap() == v);
+}
