@@ -492,6 +492,21 @@ impl Filesystem for RfsFuse {
         reply.error(fuser::Errno::ENOTSUP);
     }
 
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        // No ioctls: the answer of a file that has none (Python asks TCGETS at every open).
+        reply.error(fuser::Errno::ENOTTY);
+    }
+
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
         // Mounted with default_permissions: the kernel checks modes itself.
         reply.ok();

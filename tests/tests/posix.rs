@@ -273,3 +273,19 @@ fn unlinked_open_files_keep_their_data_and_unmount_is_clean() {
     drop(f);
     assert!(m.unmount(), "fusermount3 -u and a clean exit");
 }
+
+#[test]
+fn ioctls_answer_enotty() {
+    use std::os::fd::AsRawFd;
+    let server = MemServer::meta("8M", "1M");
+    let m = Mount::new(&server, &[]);
+    let f = File::create(m.path("f")).unwrap();
+    let mut termios = [0u8; 64];
+    // SAFETY: TCGETS writes a termios (under 64 bytes) into the buffer.
+    let r = unsafe { libc::ioctl(f.as_raw_fd(), libc::TCGETS, termios.as_mut_ptr()) };
+    assert_eq!(r, -1);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::ENOTTY)
+    );
+}
