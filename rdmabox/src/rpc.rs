@@ -463,9 +463,12 @@ mod tests {
             .unwrap()
     }
 
-    #[test]
-    fn calls_are_answered_before_and_after_the_pumps_sleep() {
-        let tcp = TransportConfig::with_provider(ProviderKind::Tcp);
+    /// A server thread answering with `handler` and a client connected to it, over `tcp`.
+    fn pair(
+        tcp: TransportConfig,
+        cfg: RpcConfig,
+        handler: impl FnMut(&[u8]) -> Vec<u8> + Send + 'static,
+    ) -> (RpcClient, impl FnOnce()) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
         let stop = Arc::new(AtomicBool::new(false));
@@ -476,22 +479,32 @@ mod tests {
                 let pd = ctx.alloc_pd().unwrap();
                 let (mut s, _) = l.accept().unwrap();
                 let (qp, cq) = one_link(&ctx, &pd, &mut s);
-                let _ = serve(&pd, qp, cq, RpcConfig::default(), &stop, |req| {
-                    req.iter().rev().copied().collect()
-                });
+                let _ = serve(&pd, qp, cq, cfg, &stop, handler);
             })
         };
         let ctx = Context::open(&tcp).unwrap();
         let pd = ctx.alloc_pd().unwrap();
         let (qp, cq) = one_link(&ctx, &pd, &mut TcpStream::connect(addr).unwrap());
-        let client = RpcClient::new(&pd, qp, cq, RpcConfig::default()).unwrap();
+        let client = RpcClient::new(&pd, qp, cq, cfg).unwrap();
+        let finish = move || {
+            stop.store(true, Ordering::Release);
+            server.join().unwrap();
+        };
+        (client, finish)
+    }
+
+    #[test]
+    fn calls_are_answered_before_and_after_the_pumps_sleep() {
+        let tcp = TransportConfig::with_provider(ProviderKind::Tcp);
+        let (client, finish) = pair(tcp, RpcConfig::default(), |req| {
+            req.iter().rev().copied().collect()
+        });
         assert_eq!(client.call(b"abc").unwrap(), b"cba");
         // Long enough for both pumps to spin out and sleep on their CQ events.
         std::thread::sleep(Duration::from_millis(300));
         assert_eq!(client.call(b"xyz").unwrap(), b"zyx");
-        stop.store(true, Ordering::Release);
         drop(client);
-        server.join().unwrap();
+        finish();
     }
 
     #[test]
@@ -504,27 +517,12 @@ mod tests {
             slots: 2,
             ..RpcConfig::default()
         };
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
-        let server = {
-            let (stop, tcp) = (stop.clone(), tcp.clone());
-            std::thread::spawn(move || {
-                let ctx = Context::open(&tcp).unwrap();
-                let pd = ctx.alloc_pd().unwrap();
-                let (mut s, _) = l.accept().unwrap();
-                let (qp, cq) = one_link(&ctx, &pd, &mut s);
-                let _ = serve(&pd, qp, cq, cfg, &stop, |req| {
-                    // A descheduled server thread: far longer than the RNR window.
-                    std::thread::sleep(Duration::from_millis(150));
-                    req.to_vec()
-                });
-            })
-        };
-        let ctx = Context::open(&tcp).unwrap();
-        let pd = ctx.alloc_pd().unwrap();
-        let (qp, cq) = one_link(&ctx, &pd, &mut TcpStream::connect(addr).unwrap());
-        let client = Arc::new(RpcClient::new(&pd, qp, cq, cfg).unwrap());
+        let (client, finish) = pair(tcp, cfg, |req| {
+            // A descheduled server thread: far longer than the RNR window.
+            std::thread::sleep(Duration::from_millis(150));
+            req.to_vec()
+        });
+        let client = Arc::new(client);
         let callers: Vec<_> = (0..6u8)
             .map(|i| {
                 let client = client.clone();
@@ -534,8 +532,7 @@ mod tests {
         for (i, c) in callers.into_iter().enumerate() {
             assert_eq!(c.join().unwrap().unwrap(), [i as u8], "call {i}");
         }
-        stop.store(true, Ordering::Release);
         drop(client);
-        server.join().unwrap();
+        finish();
     }
 }
