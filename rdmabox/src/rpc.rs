@@ -15,7 +15,7 @@ use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 
@@ -287,9 +287,9 @@ impl RpcClient {
             return Err(dead());
         }
         // Slots of a broken connection never come back: look for that while waiting.
-        let give_up = std::time::Instant::now() + timeout;
+        let give_up = Instant::now() + timeout;
         let slot = loop {
-            let left = give_up.saturating_duration_since(std::time::Instant::now());
+            let left = give_up.saturating_duration_since(Instant::now());
             match self
                 .free_slots
                 .recv_timeout(left.min(Duration::from_millis(50)))
@@ -343,9 +343,8 @@ fn client_pump(ch: &Channel, waiters: &Waiters, stop: &AtomicBool, slot_back: &S
     };
     pump(ch, stop, |c| {
         if !c.status.is_ok() {
-            if !stop.load(Ordering::Acquire) {
-                log::warn!("rpc client: connection failed ({:?})", c.status);
-            }
+            // The owner says why at its level (a lost metadata connection, a client gone).
+            log::debug!("rpc client: connection failed ({:?})", c.status);
             return false;
         }
         match c.opcode {

@@ -41,12 +41,7 @@ fn a_write_through_a_descriptor_older_than_a_truncate_lands_in_its_own_file() {
     old.write_all_at(&[9u8; 4096], 2 * MIB as u64).unwrap();
 
     // Mount 1 truncates T and writes V, which may reuse T's freed chunks.
-    OpenOptions::new()
-        .write(true)
-        .open(a.path("T"))
-        .unwrap()
-        .set_len(0)
-        .unwrap();
+    set_len(&a.path("T"), 0);
     let v = pattern(40 * MIB, 2);
     fs::write(a.path("V"), &v).unwrap();
 
@@ -72,12 +67,7 @@ fn a_read_through_a_descriptor_older_than_a_truncate_sees_the_cut() {
     let old = fs::File::open(b.path("T")).unwrap();
     let mut buf = vec![0u8; 4096];
     old.read_exact_at(&mut buf, 2 * MIB as u64).unwrap();
-    OpenOptions::new()
-        .write(true)
-        .open(a.path("T"))
-        .unwrap()
-        .set_len(MIB as u64 / 2)
-        .unwrap();
+    set_len(&a.path("T"), MIB as u64 / 2);
     // Another file takes the freed chunks and fills them.
     fs::write(a.path("U"), vec![0xAAu8; 20 * MIB]).unwrap();
     let n = old.read_at(&mut buf, 2 * MIB as u64).unwrap();
@@ -104,12 +94,7 @@ fn chmod_link_and_truncate_reach_the_other_mounts_next_stat() {
     eventually("link count seen", || {
         fs::metadata(b.path("f")).unwrap().nlink() == 2
     });
-    OpenOptions::new()
-        .write(true)
-        .open(a.path("f"))
-        .unwrap()
-        .set_len(10)
-        .unwrap();
+    set_len(&a.path("f"), 10);
     eventually("truncate seen", || {
         fs::metadata(b.path("f")).unwrap().len() == 10
     });
@@ -138,10 +123,7 @@ fn allocate_ahead_is_given_back_and_deleted_space_returns() {
             "file {i}"
         );
     }
-    let free = |m: &Mount| {
-        let s = nix_statvfs(&m.dir);
-        s.0 * s.1 / MIB as u64
-    };
+    let free = |m: &Mount| free_mib(&m.dir);
     let used_full = 64 - free(&m);
     assert!(used_full <= 62, "{used_full} MiB used for 60 MiB of chunks");
     for i in 0..30 {
@@ -150,24 +132,29 @@ fn allocate_ahead_is_given_back_and_deleted_space_returns() {
     eventually("space returns", || free(&m) == 64);
 }
 
-/// (free blocks, block size) of the file system at `dir`.
-fn nix_statvfs(dir: &std::path::Path) -> (u64, u64) {
+/// MiB free in the file system at `dir`.
+fn free_mib(dir: &std::path::Path) -> u64 {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).unwrap();
     // SAFETY: a valid C string and a zeroed out-parameter of the right type.
     unsafe {
         let mut s: libc::statvfs = std::mem::zeroed();
         assert_eq!(libc::statvfs(c.as_ptr(), &mut s), 0);
-        (s.f_bavail, s.f_frsize)
+        s.f_bavail * s.f_frsize / MIB as u64
     }
 }
 
 /// Truncates `path` to 0 and says how long it took.
 fn timed_truncate(path: &std::path::Path) -> Duration {
-    let f = OpenOptions::new().write(true).open(path).unwrap();
     let start = Instant::now();
-    f.set_len(0).unwrap();
+    set_len(path, 0);
     start.elapsed()
+}
+
+/// truncate(2), through an open descriptor as ftruncate.
+fn set_len(path: &std::path::Path, len: u64) {
+    let f = OpenOptions::new().write(true).open(path).unwrap();
+    f.set_len(len).unwrap();
 }
 
 #[test]
@@ -377,10 +364,7 @@ fn a_killed_clients_handles_are_released_after_its_grace_period() {
     let server = MemServer::start(&["--memory", "16M", "--chunk-size", "1M", "--lease", "1"]);
     let a = Mount::new(&server, &[]);
     let mut b = Mount::new(&server, &[]);
-    let free = |m: &Mount| {
-        let s = nix_statvfs(&m.dir);
-        s.0 * s.1 / MIB as u64
-    };
+    let free = |m: &Mount| free_mib(&m.dir);
     assert_eq!(free(&a), 16);
     // b writes a file and dies before closing it: allocate-ahead and all.
     let f = OpenOptions::new()
@@ -445,4 +429,19 @@ fn unlink_and_rename_over_a_file_open_on_the_other_mount_keep_its_data_apart() {
     assert!(fs::read(a.path("V")).unwrap() == v);
     fs::write(a.path("W"), pattern(5 * MIB, 11)).unwrap();
     assert!(fs::read(b.path("V")).unwrap() == v);
+}
+
+#[test]
+fn a_dead_metadata_node_fails_calls_with_eio_within_the_deadline_and_nothing_hangs() {
+    let mut server = MemServer::start(&["--memory", "8M", "--chunk-size", "1M", "--lease", "1"]);
+    let mut m = Mount::new(&server, &["io_timeout=1"]);
+    fs::write(m.path("before"), b"x").unwrap();
+    server.kill();
+    // A call's deadline: max(2 x io_timeout, lease + io_timeout) = 2 s, reconnects included.
+    let start = Instant::now();
+    let e = fs::metadata(m.path("never-made")).unwrap_err();
+    let took = start.elapsed();
+    assert_eq!(rfs_e2e::errno(&e), libc::EIO, "{e}");
+    assert!(took < Duration::from_secs(6), "took {took:?}");
+    assert!(m.unmount(), "unmount after the node died");
 }

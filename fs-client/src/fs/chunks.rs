@@ -54,6 +54,9 @@ impl FileChunks {
 struct Files {
     files: HashMap<Ino, FileChunks>,
     entries: usize,
+    /// Recalls waiting for transfers to finish: only then does a finishing transfer wake
+    /// anyone (a wake-up is a system call, and every transfer finishes).
+    recalls_waiting: usize,
 }
 
 impl Files {
@@ -116,7 +119,9 @@ impl Drop for InFlight {
                 f.in_flight[i].1 -= 1;
                 if f.in_flight[i].1 == 0 {
                     f.in_flight.swap_remove(i);
-                    self.cache.finished.notify_all();
+                    if files.recalls_waiting > 0 {
+                        self.cache.finished.notify_all();
+                    }
                 }
             }
         }
@@ -164,6 +169,7 @@ impl ChunkCache {
                 .get(&ino)
                 .is_some_and(|f| f.in_flight.iter().any(|&(g, _)| g <= old))
         };
+        files.recalls_waiting += 1;
         while busy(&files) {
             let now = Instant::now();
             if now >= deadline {
@@ -172,6 +178,7 @@ impl ChunkCache {
             }
             files = self.finished.wait_timeout(files, deadline - now).unwrap().0;
         }
+        files.recalls_waiting -= 1;
         files.prune(ino);
     }
 
