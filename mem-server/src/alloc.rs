@@ -16,11 +16,44 @@ pub struct NodeChunks {
     pub rkey: u32,
     pub total: u64,
     pub alive: bool,
-    free: Vec<u64>,
+    free: FreeChunks,
     dirty: Vec<u64>,
     /// Taken by the zeroer and not yet back.
     zeroing: u64,
     current: i64,
+}
+
+/// A node's allocatable chunks: those zeroed after use, then the never-used tail of the pool.
+/// Kept as a counter rather than a list, so that what it costs follows what was used and not
+/// what a joining node claims to lend.
+struct FreeChunks {
+    recycled: Vec<u64>,
+    next_fresh: u64,
+    fresh_left: u64,
+    chunk_size: u64,
+}
+
+impl FreeChunks {
+    fn len(&self) -> u64 {
+        self.recycled.len() as u64 + self.fresh_left
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn pop(&mut self) -> Option<u64> {
+        if let Some(a) = self.recycled.pop() {
+            return Some(a);
+        }
+        if self.fresh_left == 0 {
+            return None;
+        }
+        let a = self.next_fresh;
+        self.next_fresh += self.chunk_size;
+        self.fresh_left -= 1;
+        Some(a)
+    }
 }
 
 #[derive(Default)]
@@ -29,6 +62,11 @@ pub struct Allocator {
 }
 
 impl Allocator {
+    /// How many nodes there are, dead ones included (ids are never reused).
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
     /// Adds a node whose pool (all zero) is cut into `count` chunks of `chunk_size`.
     pub fn add_node(
         &mut self,
@@ -46,11 +84,12 @@ impl Allocator {
             rkey,
             total: count,
             alive: true,
-            // Popped from the end: hand out low addresses first.
-            free: (0..count)
-                .rev()
-                .map(|i| pool_addr + i * chunk_size)
-                .collect(),
+            free: FreeChunks {
+                recycled: Vec::new(),
+                next_fresh: pool_addr,
+                fresh_left: count,
+                chunk_size,
+            },
             dirty: Vec::new(),
             zeroing: 0,
             current: 0,
@@ -83,7 +122,7 @@ impl Allocator {
             .fold((0, 0), |(t, f), n| {
                 (
                     t + n.total,
-                    f + (n.free.len() + n.dirty.len()) as u64 + n.zeroing,
+                    f + n.free.len() + n.dirty.len() as u64 + n.zeroing,
                 )
             })
     }
@@ -99,13 +138,13 @@ impl Allocator {
 
     /// `n` chunks, or ENOSPC and nothing allocated.
     pub fn alloc(&mut self, n: usize) -> Result<Vec<ChunkRef>, Errno> {
-        let available: usize = self
+        let available: u64 = self
             .nodes
             .iter()
             .filter(|x| x.alive)
             .map(|x| x.free.len())
             .sum();
-        if available < n {
+        if available < n as u64 {
             return Err(Errno::ENOSPC);
         }
         // Weights are fixed for the batch (free counts at its start), so that the smooth round
@@ -170,7 +209,7 @@ impl Allocator {
     pub fn zeroed(&mut self, node: u32, addrs: Vec<u64>, failed: usize) {
         if let Some(n) = self.nodes.get_mut(node as usize) {
             n.zeroing = n.zeroing.saturating_sub((addrs.len() + failed) as u64);
-            n.free.extend(addrs);
+            n.free.recycled.extend(addrs);
         }
     }
 }
@@ -210,6 +249,24 @@ mod tests {
         let got = a.alloc(3).unwrap();
         assert!(got.iter().all(|c| c.node == 0));
         assert_eq!(a.alloc(1), Err(Errno::ENOSPC));
+    }
+
+    #[test]
+    fn a_huge_pool_costs_nothing_until_used() {
+        let mut a = Allocator::default();
+        a.add_node("a".into(), 0, 1, 4096, 1 << 38);
+        assert_eq!(a.totals(), (1 << 38, 1 << 38));
+        let got = a.alloc(3).unwrap();
+        let addrs: Vec<u64> = got.iter().map(|c| c.addr).collect();
+        assert_eq!(addrs, [0, 4096, 8192], "low addresses first");
+        a.release(got);
+        let (node, dirty) = a.take_dirty().pop().unwrap();
+        a.zeroed(node, dirty, 0);
+        assert_eq!(a.totals(), (1 << 38, 1 << 38));
+        assert!(
+            a.alloc(1).unwrap()[0].addr < 3 * 4096,
+            "zeroed chunks are reused first"
+        );
     }
 
     #[test]

@@ -17,6 +17,43 @@ use crate::meta::MetaService;
 use crate::node::{invalid, wait_for_close, Shared};
 
 const ACCEPTED: &[u8] = b"ok";
+/// The most data nodes one namespace takes (ids are not reused, so rejoins count).
+const MAX_NODES: usize = 1024;
+/// The largest pool a node may lend: far beyond any machine's memory, and small enough that
+/// chunk arithmetic cannot overflow.
+const MAX_POOL_BYTES: u64 = 1 << 50;
+/// The longest address a node may advertise.
+const MAX_ADDR_LEN: usize = 255;
+
+/// Checks what a joining node says about itself before anything is sized by it.
+fn check_join(join: &Join, chunk_size: u64) -> Result<(), String> {
+    let Join {
+        addr,
+        pool_addr,
+        pool_len,
+        ..
+    } = join;
+    if join.chunk_size != chunk_size {
+        return Err(format!(
+            "node {addr:?} uses {}-byte chunks, this namespace {chunk_size}",
+            join.chunk_size
+        ));
+    }
+    if addr.len() > MAX_ADDR_LEN {
+        return Err(format!("advertised address is {} bytes long", addr.len()));
+    }
+    if *pool_len < chunk_size || *pool_len > MAX_POOL_BYTES {
+        return Err(format!(
+            "node {addr:?} claims a pool of {pool_len} bytes (must be {chunk_size}..={MAX_POOL_BYTES})"
+        ));
+    }
+    if pool_addr.checked_add(*pool_len).is_none() {
+        return Err(format!(
+            "node {addr:?} claims a pool that wraps around the address space"
+        ));
+    }
+    Ok(())
+}
 
 /// The metadata node's half: admits the node described by `join`, then holds its membership
 /// until the connection closes.
@@ -26,6 +63,16 @@ pub(crate) fn admit(
     mut s: TcpStream,
     join: &Join,
 ) -> io::Result<()> {
+    if let Err(why) = check_join(join, node.cfg.chunk_size) {
+        send_frame(&mut s, why.as_bytes())?;
+        return Err(invalid(format!("refused a join: {why}")));
+    }
+    if meta.state.lock().unwrap().alloc.node_count() >= MAX_NODES {
+        send_frame(&mut s, b"too many data nodes")?;
+        return Err(invalid(format!(
+            "refused a join: this namespace has had {MAX_NODES} data nodes"
+        )));
+    }
     let Join {
         addr,
         pool_addr,
@@ -33,13 +80,6 @@ pub(crate) fn admit(
         rkey,
         chunk_size,
     } = join;
-    if *chunk_size != node.cfg.chunk_size {
-        send_frame(&mut s, b"chunk size mismatch")?;
-        return Err(invalid(format!(
-            "node {addr} uses {chunk_size}-byte chunks, this namespace {}",
-            node.cfg.chunk_size
-        )));
-    }
     // Our own session to the node, to zero its freed chunks one-sidedly.
     let target: SocketAddr = addr
         .parse()
@@ -122,4 +162,37 @@ pub(crate) fn join(node: &Shared, meta: SocketAddr, listen: SocketAddr) -> io::R
     }
     s.set_read_timeout(None)?;
     Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn join(pool_addr: u64, pool_len: u64) -> Join {
+        Join {
+            addr: "127.0.0.1:1".into(),
+            pool_addr,
+            pool_len,
+            rkey: 1,
+            chunk_size: 1 << 20,
+        }
+    }
+
+    #[test]
+    fn absurd_pools_are_refused_before_anything_is_sized_by_them() {
+        assert!(check_join(&join(0, 1 << 30), 1 << 20).is_ok());
+        for bad in [
+            join(0, 1 << 62),
+            join(0, u64::MAX),
+            join(0, 0),
+            join(0, 4096),
+            join(u64::MAX - (1 << 20), 1 << 30),
+        ] {
+            assert!(check_join(&bad, 1 << 20).is_err(), "{bad:?}");
+        }
+        let mut long = join(0, 1 << 30);
+        long.addr = "h".repeat(300);
+        assert!(check_join(&long, 1 << 20).is_err());
+        assert!(check_join(&join(0, 1 << 30), 1 << 21).is_err());
+    }
 }

@@ -5,10 +5,12 @@
 //! - [`node`]: the node (pool, listener, connection roles, data sessions).
 //! - [`meta`]: the metadata service: one RPC channel per client.
 //! - [`namespace`]: POSIX namespace semantics, pure.
+//! - [`admission`]: limits on connections, in total and per peer.
 //! - [`alloc`]: chunk allocation across nodes.
 //! - [`join`]: data nodes joining the metadata node, both halves.
 //! - [`zeroer`]: zeroing freed chunks before reuse.
 
+pub mod admission;
 pub mod alloc;
 mod coherence;
 mod join;

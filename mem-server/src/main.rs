@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use mem_server::admission::Limits;
 use mem_server::node::{Node, NodeConfig};
 use rdmabox::size::parse_size;
 use rdmabox::transport::{ProviderKind, TransportConfig};
@@ -45,6 +46,13 @@ struct Args {
     /// io_timeout, so keep it above the clients' io_timeout.
     #[arg(long, default_value = "10", value_parser = parse_secs)]
     lease: Duration,
+    /// Most control connections (clients' metadata channels and data sessions, joined nodes,
+    /// and peers still authenticating) taken at once; more are refused.
+    #[arg(long, default_value_t = Limits::default().total)]
+    max_connections: usize,
+    /// Most control connections from one peer address.
+    #[arg(long, default_value_t = Limits::default().per_peer)]
+    max_connections_per_peer: usize,
 }
 
 fn parse_secs(s: &str) -> Result<Duration, String> {
@@ -103,6 +111,10 @@ fn main() -> ExitCode {
         join: args.join,
         advertise: args.advertise,
         lease: args.lease,
+        limits: Limits {
+            total: args.max_connections,
+            per_peer: args.max_connections_per_peer,
+        },
         ..NodeConfig::new(args.listen, args.memory)
     };
     let node = match Node::start(cfg) {

@@ -13,7 +13,6 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
-use rdmabox::connect_links;
 use rdmabox::rpc;
 use rdmabox::transport::MemoryRegion;
 use rfs_proto::frame::send_frame;
@@ -231,8 +230,7 @@ impl MetaService {
         client_id: u64,
     ) -> io::Result<()> {
         let peer = s.peer_addr()?;
-        let caps = rdmabox::SessionConfig::default().caps;
-        let mut links = connect_links(&node.ctx, &node.pd, &mut s, 2, caps)?;
+        let mut links = node.links(&mut s, 2)?;
         let (cb_qp, cb_cq) = links.pop().expect("two links");
         let (qp, cq) = links.pop().expect("two links");
         let closed = Arc::new(AtomicBool::new(false));

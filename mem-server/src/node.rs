@@ -7,16 +7,26 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdmabox::rpc::RpcConfig;
-use rdmabox::transport::{Access, Context, MemoryRegion, ProtectionDomain, TransportConfig};
+use rdmabox::transport::{
+    Access, CompletionQueue, Context, DeadlineReader, MemoryRegion, ProtectionDomain, QueuePair,
+    TransportConfig,
+};
 use rdmabox::{connect_links, SessionConfig};
 use rfs_proto::frame::send_frame;
-use rfs_proto::handshake::{self, HANDSHAKE_TIMEOUT};
+use rfs_proto::handshake;
 use rfs_proto::hello::{Data, Hello, PoolDescriptor};
 
+use crate::admission::{self, Admission, Limits, RateLimitedLog, Ticket};
 use crate::meta::MetaService;
+
+/// From accept to an authenticated hello, and again for the queue-pair exchange: a peer that
+/// takes longer is dropped, and whatever it pinned (a thread, listening sockets) is freed.
+pub const SETUP_DEADLINE: Duration = Duration::from_secs(5);
+/// How long the accept loop pauses when the process is out of descriptors or memory.
+const EXHAUSTED_BACKOFF: Duration = Duration::from_millis(100);
 
 /// How a node runs.
 #[derive(Clone, Debug)]
@@ -42,6 +52,8 @@ pub struct NodeConfig {
     /// How long a client may take to answer a callback before its chunk references are taken
     /// as dropped (clients refetch maps older than this, less their I/O deadline).
     pub lease: Duration,
+    /// How many control connections the node takes, in total and per peer address.
+    pub limits: Limits,
 }
 
 impl NodeConfig {
@@ -58,6 +70,7 @@ impl NodeConfig {
             advertise: None,
             rpc: RpcConfig::default(),
             lease: Duration::from_secs(10),
+            limits: Limits::default(),
         }
     }
 
@@ -73,6 +86,9 @@ impl NodeConfig {
                 "lease {:?} is too short (at least 100 ms)",
                 self.lease
             )));
+        }
+        if self.limits.total == 0 || self.limits.per_peer == 0 {
+            return Err(invalid("connection limits must be at least 1".into()));
         }
         if self.memory < self.chunk_size {
             return Err(invalid(format!(
@@ -92,6 +108,7 @@ pub(crate) struct Shared {
     pub(crate) pool: MemoryRegion,
     /// Present on the metadata node only.
     meta: Option<Arc<MetaService>>,
+    admission: Arc<Admission>,
     stop: AtomicBool,
 }
 
@@ -110,8 +127,12 @@ pub(crate) fn invalid(msg: String) -> io::Error {
 
 impl Node {
     /// Allocates and registers the pool, listens, and joins the metadata node if asked to.
-    pub fn start(cfg: NodeConfig) -> io::Result<Node> {
+    pub fn start(mut cfg: NodeConfig) -> io::Result<Node> {
         cfg.validate()?;
+        // Queue pairs listen where the node does (a node told to listen everywhere: everywhere).
+        if cfg.transport.tcp.bind_ip.is_unspecified() {
+            cfg.transport.tcp.bind_ip = cfg.listen.ip();
+        }
         let chunks = cfg.memory / cfg.chunk_size;
         let ctx = Context::open(&cfg.transport)?;
         let pd = Arc::new(ctx.alloc_pd()?);
@@ -126,6 +147,15 @@ impl Node {
         let listener = TcpListener::bind(cfg.listen)
             .map_err(|e| io::Error::new(e.kind(), format!("listening on {}: {e}", cfg.listen)))?;
         let addr = listener.local_addr()?;
+        let nofile = admission::raise_fd_limit();
+        let limits = cfg.limits.within_fd_limit(nofile);
+        if limits != cfg.limits {
+            log::warn!(
+                "{nofile} open files allowed: taking at most {} connections ({} per peer)",
+                limits.total,
+                limits.per_peer
+            );
+        }
         let (meta, zero_wait) = match cfg.join {
             Some(_) => (None, None),
             None => {
@@ -140,6 +170,7 @@ impl Node {
             pd,
             pool,
             meta,
+            admission: Admission::new(limits),
             stop: AtomicBool::new(false),
         });
         if let (Some(meta), Some(wait)) = (&shared.meta, zero_wait) {
@@ -199,35 +230,52 @@ impl Node {
 
 impl Shared {
     fn accept_loop(self: Arc<Self>, listener: TcpListener) {
-        for conn in listener.incoming() {
+        let mut exhausted = RateLimitedLog::new(Duration::from_secs(10));
+        let mut refused = RateLimitedLog::new(Duration::from_secs(10));
+        loop {
+            let conn = listener.accept();
             if self.stop.load(Ordering::Acquire) {
                 return;
             }
-            let s = match conn {
-                Ok(s) => s,
+            let (s, peer) = match conn {
+                Ok(c) => c,
+                Err(e) if admission::is_exhaustion(&e) => {
+                    exhausted.warn(format_args!("accept: {e}; pausing new connections"));
+                    std::thread::sleep(EXHAUSTED_BACKOFF);
+                    continue;
+                }
                 Err(e) => {
                     log::warn!("accept: {e}");
                     continue;
                 }
             };
+            let ticket = match self.admission.admit(peer.ip()) {
+                Ok(t) => t,
+                Err(why) => {
+                    refused.warn(format_args!("refused a connection from {peer}: {why}"));
+                    continue;
+                }
+            };
             let me = self.clone();
-            let _ = std::thread::Builder::new()
+            let spawned = std::thread::Builder::new()
                 .name("conn".into())
-                .spawn(move || {
-                    let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-                    match me.serve_connection(s) {
-                        Ok(()) => {}
-                        // Port probes and peers that hang up before saying anything.
-                        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                            log::debug!("connection from {peer} closed early")
-                        }
-                        Err(e) => log::info!("connection from {peer} ended: {e}"),
+                .spawn(move || match me.serve_connection(s, ticket) {
+                    Ok(()) => {}
+                    // Port probes and peers that hang up before saying anything.
+                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                        log::debug!("connection from {peer} closed early")
                     }
+                    Err(e) => log::info!("connection from {peer} ended: {e}"),
                 });
+            if let Err(e) = spawned {
+                exhausted.warn(format_args!("no thread for a connection from {peer}: {e}"));
+                std::thread::sleep(EXHAUSTED_BACKOFF);
+            }
         }
     }
 
-    fn serve_connection(&self, mut s: TcpStream) -> io::Result<()> {
+    fn serve_connection(&self, mut s: TcpStream, _slot: Ticket) -> io::Result<()> {
+        let deadline = Instant::now() + SETUP_DEADLINE;
         let peer = s.peer_addr()?;
         if self.cfg.secret.is_none() && !self.cfg.insecure && !peer.ip().is_loopback() {
             return Err(io::Error::new(
@@ -236,9 +284,8 @@ impl Shared {
             ));
         }
         s.set_nodelay(true)?;
-        handshake::accept(&mut s, self.cfg.secret.as_deref())?;
-        s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
-        let hello = Hello::receive(&mut s)?;
+        handshake::accept(&mut s, self.cfg.secret.as_deref(), deadline)?;
+        let hello = Hello::receive(&mut DeadlineReader::new(&s, deadline, "hello"))?;
         s.set_read_timeout(None)?;
         log::debug!("{peer}: {hello:?}");
         let meta = || {
@@ -253,16 +300,23 @@ impl Shared {
         }
     }
 
+    /// Connects `n` queue pairs with the peer on the control connection `s`, within the setup
+    /// deadline.
+    pub(crate) fn links(
+        &self,
+        s: &mut TcpStream,
+        n: usize,
+    ) -> io::Result<Vec<(QueuePair, CompletionQueue)>> {
+        s.set_read_timeout(Some(SETUP_DEADLINE))?;
+        let links = connect_links(&self.ctx, &self.pd, s, n, SessionConfig::default().caps)?;
+        s.set_read_timeout(None)?;
+        Ok(links)
+    }
+
     /// One-sided service: connect the queue pairs, hand over the pool descriptor, then stay out
     /// of the way until the client goes.
     fn serve_data(&self, mut s: TcpStream, qps: usize) -> io::Result<()> {
-        let links = connect_links(
-            &self.ctx,
-            &self.pd,
-            &mut s,
-            qps,
-            SessionConfig::default().caps,
-        )?;
+        let links = self.links(&mut s, qps)?;
         let pool = PoolDescriptor {
             addr: self.pool.addr(),
             len: self.pool.len() as u64,

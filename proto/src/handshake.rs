@@ -7,7 +7,9 @@
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use rdmabox::transport::DeadlineReader;
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -15,7 +17,7 @@ use sha2::Sha256;
 const MAGIC: &[u8; 4] = b"RFS1";
 const NONCE: usize = 32;
 const MAC: usize = 32;
-/// A peer gets this long to authenticate before it is dropped.
+/// How long the node waits for a node to answer its greeting.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 use crate::frame::send_frame;
@@ -39,16 +41,15 @@ fn denied(why: &str) -> io::Error {
     io::Error::new(io::ErrorKind::PermissionDenied, why.to_string())
 }
 
-/// The node's side. Ok when the peer may proceed.
-pub fn accept(s: &mut TcpStream, secret: Option<&[u8]>) -> io::Result<()> {
-    s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+/// The node's side. Ok when the peer may proceed; the peer must have answered by `deadline`.
+pub fn accept(s: &mut TcpStream, secret: Option<&[u8]>, deadline: Instant) -> io::Result<()> {
     let server_nonce = nonce();
     let mut greeting = MAGIC.to_vec();
     greeting.push(secret.is_some() as u8);
     greeting.extend_from_slice(&server_nonce);
     s.write_all(&greeting)?;
     let mut answer = [0u8; NONCE + MAC];
-    s.read_exact(&mut answer)?;
+    DeadlineReader::new(s, deadline, "authentication").read_exact(&mut answer)?;
     let (client_nonce, client_mac) = answer.split_at(NONCE);
     let mut verdict = vec![0u8; 1 + MAC];
     let ok = match secret {
@@ -68,7 +69,6 @@ pub fn accept(s: &mut TcpStream, secret: Option<&[u8]>) -> io::Result<()> {
         }
     }
     s.write_all(&verdict)?;
-    s.set_read_timeout(None)?;
     if ok {
         Ok(())
     } else {
@@ -78,9 +78,9 @@ pub fn accept(s: &mut TcpStream, secret: Option<&[u8]>) -> io::Result<()> {
 
 /// The connecting side.
 pub fn connect(s: &mut TcpStream, secret: Option<&[u8]>) -> io::Result<()> {
-    s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
     let mut greeting = [0u8; 4 + 1 + NONCE];
-    s.read_exact(&mut greeting)?;
+    DeadlineReader::new(s, deadline, "the node's greeting").read_exact(&mut greeting)?;
     if &greeting[..4] != MAGIC {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
@@ -106,7 +106,7 @@ pub fn connect(s: &mut TcpStream, secret: Option<&[u8]>) -> io::Result<()> {
     }
     s.write_all(&answer)?;
     let mut verdict = [0u8; 1 + MAC];
-    s.read_exact(&mut verdict)?;
+    DeadlineReader::new(s, deadline, "the node's verdict").read_exact(&mut verdict)?;
     if verdict[0] != 1 {
         return Err(denied("the node refused our secret"));
     }
@@ -164,7 +164,7 @@ mod tests {
         let addr = l.local_addr().unwrap();
         let t = std::thread::spawn(move || {
             let (mut s, _) = l.accept().unwrap();
-            accept(&mut s, server)
+            accept(&mut s, server, Instant::now() + HANDSHAKE_TIMEOUT)
         });
         let mut c = TcpStream::connect(addr).unwrap();
         let cr = connect(&mut c, client);
@@ -189,7 +189,7 @@ mod tests {
         let addr = l.local_addr().unwrap();
         let t = std::thread::spawn(move || {
             let (mut s, _) = l.accept().unwrap();
-            accept(&mut s, Some(b"k"))
+            accept(&mut s, Some(b"k"), Instant::now() + HANDSHAKE_TIMEOUT)
         });
         let mut c = TcpStream::connect(addr).unwrap();
         let e = connect(&mut c, None).unwrap_err();

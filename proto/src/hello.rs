@@ -1,8 +1,7 @@
 //! What a connection is for, said right after authentication on the control connection, and
 //! the pool descriptor a data node answers a data session with.
 
-use std::io;
-use std::net::TcpStream;
+use std::io::{self, Read};
 
 use crate::frame::recv_frame;
 use crate::wire::{bad, DecodeError, Reader, Wire, Writer};
@@ -64,7 +63,7 @@ impl Hello {
     }
 
     /// Reads the peer's hello from the control connection.
-    pub fn receive(s: &mut TcpStream) -> io::Result<Hello> {
+    pub fn receive(s: &mut impl Read) -> io::Result<Hello> {
         let frame = recv_frame(s, MAX_HELLO)?;
         Hello::parse(&frame).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
     }

@@ -71,6 +71,10 @@ impl MemServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
 }
 
 impl Drop for MemServer {

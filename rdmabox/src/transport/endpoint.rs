@@ -2,6 +2,9 @@
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use super::deadline::DeadlineReader;
 
 use super::tcp::TcpEndpoint;
 use super::verbs::VerbsEndpoint;
@@ -95,7 +98,11 @@ impl Endpoint {
 ///
 /// A tcp endpoint listening on the unspecified address is reachable at whatever address the
 /// peer used to reach us, so it is rewritten to the control connection's peer address.
+///
+/// When the stream has a read timeout, it bounds the whole exchange, not each read: a server
+/// sets one so that a peer that goes silent (or drips) cannot pin its queue pairs.
 pub fn exchange_endpoints(stream: &mut TcpStream, local: &[Endpoint]) -> io::Result<Vec<Endpoint>> {
+    let budget = stream.read_timeout()?;
     if local.len() > MAX_ENDPOINTS {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -113,8 +120,10 @@ pub fn exchange_endpoints(stream: &mut TcpStream, local: &[Endpoint]) -> io::Res
     }
     stream.write_all(&msg)?;
 
+    let deadline = Instant::now() + budget.unwrap_or(Duration::from_secs(365 * 24 * 3600));
+    let mut input = DeadlineReader::new(stream, deadline, "endpoint exchange");
     let mut head = [0u8; 8];
-    stream.read_exact(&mut head)?;
+    input.read_exact(&mut head)?;
     if &head[..4] != MAGIC {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
@@ -139,9 +148,9 @@ pub fn exchange_endpoints(stream: &mut TcpStream, local: &[Endpoint]) -> io::Res
     let mut out = Vec::with_capacity(count);
     for _ in 0..count {
         let mut len = [0u8; 1];
-        stream.read_exact(&mut len)?;
+        input.read_exact(&mut len)?;
         let mut b = vec![0u8; len[0] as usize];
-        stream.read_exact(&mut b)?;
+        input.read_exact(&mut b)?;
         let mut e = Endpoint::decode(&b)?;
         if let Endpoint::Tcp(t) = &mut e {
             if t.addr.ip().is_unspecified() {
@@ -150,6 +159,7 @@ pub fn exchange_endpoints(stream: &mut TcpStream, local: &[Endpoint]) -> io::Res
         }
         out.push(e);
     }
+    stream.set_read_timeout(budget)?;
     Ok(out)
 }
 

@@ -9,6 +9,7 @@
 //! [`connect_links`] does the whole setup for a set of queue pairs.
 
 mod connect;
+mod deadline;
 mod endpoint;
 pub mod memory;
 pub mod tcp;
@@ -24,6 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use connect::connect_links;
+pub use deadline::DeadlineReader;
 pub use endpoint::{exchange_endpoints, Endpoint};
 pub use memory::MemoryRegion;
 pub use tcp::TcpConfig;

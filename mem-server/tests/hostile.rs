@@ -1,0 +1,189 @@
+//! Hostile peers against a real node: a join claiming an absurd pool, silent and dripping
+//! peers, floods of idle connections. The node must refuse them, free what they pinned, and keep
+//! serving everyone else.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use rdmabox::transport::{ProviderKind, TransportConfig};
+use rfs_e2e::MemServer;
+use rfs_proto::frame::recv_frame;
+use rfs_proto::handshake::dial;
+use rfs_proto::hello::{Data, Hello, Join};
+use rfs_proto::message::{GetAttr, GetStatFs};
+use rfs_proto::types::ROOT;
+use rfs_proto::{Client, ClientConfig, MetadataChannel};
+
+fn cfg() -> ClientConfig {
+    let mut c = ClientConfig {
+        transport: TransportConfig::with_provider(ProviderKind::Tcp),
+        ..ClientConfig::default()
+    };
+    c.session.qps = 2;
+    c
+}
+
+fn client(s: &MemServer) -> Client {
+    Client::connect(&s.addr.to_string(), cfg()).expect("client connects")
+}
+
+/// A line of /proc/PID/status, as a number (its first field).
+fn status(pid: u32, key: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in /proc/{pid}/status"))
+}
+
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
+}
+
+fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Whether the node still answers a client's calls, and a new client can connect.
+fn still_serves(node: &MemServer, old: &Client) {
+    assert_eq!(old.call(GetAttr { ino: ROOT }).unwrap().ino, ROOT);
+    let fresh = client(node);
+    assert!(fresh.call(GetStatFs {}).unwrap().chunks_total > 0);
+}
+
+#[test]
+fn a_join_claiming_an_absurd_pool_is_refused_and_the_node_lives() {
+    let meta = MemServer::start(&["--memory", "4M"]);
+    let c = client(&meta);
+    for pool_len in [1u64 << 62, u64::MAX, 0] {
+        let hello = Hello::Join(Join {
+            addr: "127.0.0.1:9".into(),
+            pool_addr: 1 << 40,
+            pool_len,
+            rkey: 1,
+            chunk_size: 1 << 20,
+        });
+        let mut s = dial(meta.addr, None, &hello, Duration::from_secs(5)).unwrap();
+        let verdict = recv_frame(&mut s, 4096).unwrap();
+        let verdict = String::from_utf8_lossy(&verdict);
+        assert!(verdict.contains("pool"), "{pool_len}: {verdict}");
+    }
+    still_serves(&meta, &c);
+    assert_eq!(
+        c.call(GetStatFs {}).unwrap().chunks_total,
+        4,
+        "no node was added"
+    );
+}
+
+#[test]
+fn a_silent_data_hello_pins_nothing_past_the_setup_deadline() {
+    let meta = MemServer::start(&["--memory", "4M"]);
+    let c = client(&meta);
+    let pid = meta.pid();
+    let fds = open_fds(pid);
+    let threads = status(pid, "Threads:");
+    // Ask for the most queue pairs, then say nothing more.
+    let mut silent: Vec<TcpStream> = (0..4)
+        .map(|_| {
+            dial(
+                meta.addr,
+                None,
+                &Hello::Data(Data { qps: 64 }),
+                Duration::from_secs(5),
+            )
+            .unwrap()
+        })
+        .collect();
+    wait_until(
+        "the node to prepare the queue pairs",
+        Duration::from_secs(5),
+        || open_fds(pid) >= fds + 4 * 64,
+    );
+    let start = Instant::now();
+    for s in &mut silent {
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest); // the endpoints, then the close
+    }
+    assert!(
+        start.elapsed() < Duration::from_secs(8),
+        "closed after {:?}",
+        start.elapsed()
+    );
+    wait_until("the listeners to close", Duration::from_secs(5), || {
+        open_fds(pid) <= fds + 2 && status(pid, "Threads:") <= threads + 1
+    });
+    still_serves(&meta, &c);
+}
+
+#[test]
+fn a_flood_of_idle_connections_is_bounded_and_drains() {
+    let meta = MemServer::start(&["--memory", "4M"]);
+    let c = client(&meta);
+    let pid = meta.pid();
+    let (threads, rss) = (status(pid, "Threads:"), status(pid, "VmRSS:"));
+    // 500 peers that connect and never answer the greeting.
+    let idle: Vec<TcpStream> = (0..500)
+        .map(|_| TcpStream::connect(meta.addr).unwrap())
+        .collect();
+    wait_until("the node to take them", Duration::from_secs(10), || {
+        status(pid, "Threads:") >= threads + 400
+    });
+    still_serves(&meta, &c);
+    let peak_rss = status(pid, "VmRSS:");
+    assert!(
+        peak_rss < rss + 200 * 1024,
+        "RSS grew from {rss} to {peak_rss} KiB"
+    );
+    // The setup deadline ends them all, whether or not they hang up.
+    wait_until(
+        "the idle peers to be dropped",
+        Duration::from_secs(12),
+        || status(pid, "Threads:") <= threads + 4,
+    );
+    drop(idle);
+    still_serves(&meta, &c);
+}
+
+#[test]
+fn connections_past_the_per_peer_limit_are_refused_at_once() {
+    let meta = MemServer::start(&["--memory", "4M", "--max-connections-per-peer", "3"]);
+    // One metadata channel is a client's first connection.
+    let c = client(&meta);
+    let mut held: Vec<TcpStream> = (0..2)
+        .map(|_| TcpStream::connect(meta.addr).unwrap())
+        .collect();
+    for s in &mut held {
+        let mut greeting = [0u8; 37];
+        s.read_exact(&mut greeting).unwrap();
+    }
+    let mut refused = TcpStream::connect(meta.addr).unwrap();
+    refused
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut b = [0u8; 1];
+    assert_eq!(
+        refused.read(&mut b).unwrap(),
+        0,
+        "closed without a greeting"
+    );
+    drop(held);
+    // Slots come back when connections end.
+    wait_until("a slot to free up", Duration::from_secs(5), || {
+        let mut s = TcpStream::connect(meta.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let mut greeting = [0u8; 37];
+        s.read_exact(&mut greeting).is_ok()
+    });
+    assert_eq!(c.call(GetAttr { ino: ROOT }).unwrap().ino, ROOT);
+    let _ = refused.write_all(b"x");
+}
