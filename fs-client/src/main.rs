@@ -176,15 +176,12 @@ fn main() -> ExitCode {
         return daemonize();
     }
     let daemon_child = std::env::var_os(DAEMON_ENV).is_some();
-    let secret = match &cfg.secret_file {
-        Some(p) => match rfs_proto::handshake::read_secret(p) {
-            Ok(s) => Some(s),
-            Err(e) => {
-                eprintln!("fs-client: {e}");
-                return ExitCode::from(2);
-            }
-        },
-        None => None,
+    let secret = match rfs_proto::secret::for_peer(cfg.secret_file.as_deref()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("fs-client: {e}");
+            return ExitCode::from(2);
+        }
     };
     // Block the signals before any thread starts, so every thread inherits the mask.
     let set = signals();

@@ -1,5 +1,6 @@
 //! mem-server: an rfs storage node.
 
+use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -10,6 +11,7 @@ use mem_server::admission::Limits;
 use mem_server::node::{Node, NodeConfig};
 use rdmabox::size::parse_size;
 use rdmabox::transport::{ProviderKind, TransportConfig};
+use rfs_proto::secret;
 
 /// An rfs storage node: lends its RAM to clients for one-sided RDMA; the first node also runs
 /// the metadata service, more nodes `--join` it.
@@ -31,11 +33,13 @@ struct Args {
     /// Transport: auto (verbs when an RDMA device exists, else tcp), verbs or tcp.
     #[arg(long, default_value = "auto")]
     transport: ProviderKind,
-    /// File holding the shared secret that clients and nodes must prove they know.
+    /// File holding the shared secret that clients and nodes must prove they know (default:
+    /// /etc/rfs/secret for root, else ~/.config/rfs/secret; the first node creates it there).
     #[arg(long)]
     secret_file: Option<PathBuf>,
-    /// Without a secret, accept peers from other hosts too (by default: loopback only).
-    #[arg(long)]
+    /// Run without authentication: any peer that reaches the node can read and write every
+    /// file. Only for isolated test networks.
+    #[arg(long, conflicts_with = "secret_file")]
     insecure: bool,
     /// HOST:PORT that clients should use to reach this node (default: from --listen).
     #[arg(long)]
@@ -65,6 +69,42 @@ fn parse_secs(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(secs))
 }
 
+/// The secret peers must prove they know, and how the banner says so. The first node creates
+/// one at the default path if there is none; a joining node must find the metadata node's.
+fn authentication(args: &Args) -> io::Result<(Option<Vec<u8>>, String)> {
+    if args.insecure {
+        return Ok((None, "NO AUTHENTICATION (--insecure)".into()));
+    }
+    let path = args
+        .secret_file
+        .clone()
+        .unwrap_or_else(secret::default_path);
+    let (bytes, created) = match (&args.secret_file, args.join) {
+        (None, None) => secret::read_or_create(&path)?,
+        (None, Some(meta)) => match secret::read(&path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!(
+                        "no secret at {}: copy the secret file of the metadata node {meta} there (mode 0600), or pass --secret-file",
+                        path.display()
+                    ),
+                ))
+            }
+            other => (other?, false),
+        },
+        (Some(_), _) => (secret::read(&path)?, false),
+    };
+    let how = if created { "created" } else { "in" };
+    Ok((
+        Some(bytes),
+        format!(
+            "peers authenticate with the secret {how} {}",
+            path.display()
+        ),
+    ))
+}
+
 fn wait_for_signal() {
     // SAFETY: a local signal set; SIGINT and SIGTERM are blocked in every thread (set before
     // any was spawned) and taken synchronously here.
@@ -92,16 +132,19 @@ fn block_signals() {
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let args = Args::parse();
-    let secret = match &args.secret_file {
-        Some(p) => match rfs_proto::handshake::read_secret(p) {
-            Ok(s) => Some(s),
-            Err(e) => {
-                eprintln!("mem-server: {e}");
-                return ExitCode::from(2);
-            }
-        },
-        None => None,
+    let (secret, auth) = match authentication(&args) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("mem-server: {e}");
+            return ExitCode::from(2);
+        }
     };
+    if secret.is_none() {
+        log::warn!(
+            "--insecure: no authentication. Any peer that reaches {} can read and write every file",
+            args.listen
+        );
+    }
     block_signals();
     let cfg = NodeConfig {
         chunk_size: args.chunk_size,
@@ -125,7 +168,7 @@ fn main() -> ExitCode {
         }
     };
     println!(
-        "mem-server listening on {} ({}), serving {} MiB{}",
+        "mem-server listening on {} ({}), serving {} MiB{}; {auth}",
         node.addr(),
         node.transport(),
         node.pool_bytes() >> 20,

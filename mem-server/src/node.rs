@@ -39,9 +39,9 @@ pub struct NodeConfig {
     pub chunk_size: u64,
     /// Which provider, and its settings.
     pub transport: TransportConfig,
-    /// The shared secret peers must prove they know.
+    /// The shared secret peers must prove they know; `None` only with `insecure`.
     pub secret: Option<Vec<u8>>,
-    /// Accept peers from other hosts without a secret.
+    /// Run without authentication: anyone who reaches the node has every peer's reach.
     pub insecure: bool,
     /// Join this metadata node as a data node instead of running the metadata service.
     pub join: Option<SocketAddr>,
@@ -86,6 +86,11 @@ impl NodeConfig {
                 "lease {:?} is too short (at least 100 ms)",
                 self.lease
             )));
+        }
+        if self.secret.is_none() && !self.insecure {
+            return Err(invalid(
+                "no shared secret: give one, or run insecure on purpose".into(),
+            ));
         }
         if self.limits.total == 0 || self.limits.per_peer == 0 {
             return Err(invalid("connection limits must be at least 1".into()));
@@ -277,12 +282,6 @@ impl Shared {
     fn serve_connection(&self, mut s: TcpStream, _slot: Ticket) -> io::Result<()> {
         let deadline = Instant::now() + SETUP_DEADLINE;
         let peer = s.peer_addr()?;
-        if self.cfg.secret.is_none() && !self.cfg.insecure && !peer.ip().is_loopback() {
-            return Err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                format!("refused {peer}: without --secret-file only loopback peers are allowed (or use --insecure)"),
-            ));
-        }
         s.set_nodelay(true)?;
         handshake::accept(&mut s, self.cfg.secret.as_deref(), deadline)?;
         let hello = Hello::receive(&mut DeadlineReader::new(&s, deadline, "hello"))?;

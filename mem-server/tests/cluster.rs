@@ -4,6 +4,7 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -30,10 +31,20 @@ fn data(meta: &MemServer, memory: &str) -> MemServer {
 fn cfg() -> ClientConfig {
     let mut c = ClientConfig {
         transport: TransportConfig::with_provider(ProviderKind::Tcp),
+        secret: secret(),
         ..ClientConfig::default()
     };
     c.session.qps = 2;
     c
+}
+
+/// The secret the first node created at the default path.
+fn secret() -> Option<Vec<u8>> {
+    Some(
+        rfs_proto::secret::for_peer(None)
+            .unwrap()
+            .expect("a node created the secret"),
+    )
 }
 
 fn client(s: &MemServer) -> Client {
@@ -217,6 +228,9 @@ fn secrets_are_required_and_checked() {
     let bad = dir.join("bad");
     std::fs::write(&good, "correct horse\n").unwrap();
     std::fs::write(&bad, "wrong horse\n").unwrap();
+    for f in [&good, &bad] {
+        std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
     let meta = MemServer::start(&["--memory", "4M", "--secret-file", good.to_str().unwrap()]);
     let with = |secret: Option<&[u8]>| {
         let mut c = cfg();
@@ -288,8 +302,13 @@ fn hostile_input_is_refused_and_harms_no_one() {
         let ctx = Context::open(&cfg().transport).unwrap();
         let pd = ctx.alloc_pd().unwrap();
         let hello = Hello::Metadata(Metadata { client_id: 1 });
-        let mut s =
-            rfs_proto::handshake::dial(meta.addr, None, &hello, Duration::from_secs(5)).unwrap();
+        let mut s = rfs_proto::handshake::dial(
+            meta.addr,
+            secret().as_deref(),
+            &hello,
+            Duration::from_secs(5),
+        )
+        .unwrap();
         // Calls on the first queue pair; the second (callbacks) stays open, unused.
         let mut links = rdmabox::connect_links(&ctx, &pd, &mut s, 2, Default::default()).unwrap();
         let (qp, cq) = links.remove(0);
@@ -348,12 +367,19 @@ fn hostile_input_is_refused_and_harms_no_one() {
 
 #[test]
 fn bad_flags_fail_with_a_message() {
+    // A secret anyone may read is no secret.
+    let shared = std::env::temp_dir().join(format!("rfs-shared-secret-{}", std::process::id()));
+    std::fs::write(&shared, "k\n").unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let shared = shared.to_str().unwrap().to_string();
     for args in [
         vec!["--memory", "lots"],
         vec!["--memory", "1K"],
         vec!["--memory", "8M", "--chunk-size", "3000"],
         vec!["--memory", "8M", "--transport", "carrier-pigeon"],
         vec!["--memory", "8M", "--secret-file", "/nonexistent/secret"],
+        vec!["--memory", "8M", "--secret-file", &shared, "--insecure"],
+        vec!["--memory", "8M", "--secret-file", &shared],
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_mem-server"))
             .args(["--listen", "127.0.0.1:0"])
@@ -363,4 +389,5 @@ fn bad_flags_fail_with_a_message() {
         assert!(!out.status.success(), "{args:?} succeeded");
         assert!(!out.stderr.is_empty(), "{args:?} said nothing");
     }
+    let _ = std::fs::remove_file(shared);
 }

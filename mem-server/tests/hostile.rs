@@ -18,10 +18,20 @@ use rfs_proto::{Client, ClientConfig, MetadataChannel};
 fn cfg() -> ClientConfig {
     let mut c = ClientConfig {
         transport: TransportConfig::with_provider(ProviderKind::Tcp),
+        secret: secret(),
         ..ClientConfig::default()
     };
     c.session.qps = 2;
     c
+}
+
+/// The secret the first node created at the default path.
+fn secret() -> Option<Vec<u8>> {
+    Some(
+        rfs_proto::secret::for_peer(None)
+            .unwrap()
+            .expect("a node created the secret"),
+    )
 }
 
 fn client(s: &MemServer) -> Client {
@@ -71,7 +81,13 @@ fn a_join_claiming_an_absurd_pool_is_refused_and_the_node_lives() {
             rkey: 1,
             chunk_size: 1 << 20,
         });
-        let mut s = dial(meta.addr, None, &hello, Duration::from_secs(5)).unwrap();
+        let mut s = dial(
+            meta.addr,
+            secret().as_deref(),
+            &hello,
+            Duration::from_secs(5),
+        )
+        .unwrap();
         let verdict = recv_frame(&mut s, 4096).unwrap();
         let verdict = String::from_utf8_lossy(&verdict);
         assert!(verdict.contains("pool"), "{pool_len}: {verdict}");
@@ -96,7 +112,7 @@ fn a_silent_data_hello_pins_nothing_past_the_setup_deadline() {
         .map(|_| {
             dial(
                 meta.addr,
-                None,
+                secret().as_deref(),
                 &Hello::Data(Data { qps: 64 }),
                 Duration::from_secs(5),
             )

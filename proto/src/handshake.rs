@@ -1,6 +1,6 @@
 //! Who may connect. With a shared secret: mutual challenge-response over the control connection
-//! (HMAC-SHA256 over both nonces; the secret never crosses the wire). Without one: loopback
-//! peers only, unless the node runs with --insecure.
+//! (HMAC-SHA256 over both nonces; the secret never crosses the wire). Without one (a node run
+//! with --insecure): anyone.
 //!
 //! Greeting (server): magic, auth flag, 32-byte nonce. Answer (client): its nonce and its MAC.
 //! Verdict (server): status byte and the server's MAC, which the client checks in turn.
@@ -90,9 +90,10 @@ pub fn connect(s: &mut TcpStream, secret: Option<&[u8]>) -> io::Result<()> {
     let needs_auth = greeting[4] == 1;
     let server_nonce = &greeting[5..];
     if needs_auth && secret.is_none() {
-        return Err(denied(
-            "the node requires a shared secret: pass --secret-file",
-        ));
+        return Err(denied(&format!(
+            "the node requires its shared secret: copy the node's secret file to {} (mode 0600) or pass --secret-file",
+            crate::secret::default_path().display()
+        )));
     }
     let client_nonce = nonce();
     let mut answer = client_nonce.to_vec();
@@ -117,23 +118,6 @@ pub fn connect(s: &mut TcpStream, secret: Option<&[u8]>) -> io::Result<()> {
     }
     s.set_read_timeout(None)?;
     Ok(())
-}
-
-/// Reads a secret file: its bytes, trailing whitespace trimmed; refuses an empty one.
-pub fn read_secret(path: &std::path::Path) -> io::Result<Vec<u8>> {
-    let raw = std::fs::read(path)
-        .map_err(|e| io::Error::new(e.kind(), format!("secret file {}: {e}", path.display())))?;
-    let end = raw
-        .iter()
-        .rposition(|b| !b.is_ascii_whitespace())
-        .map_or(0, |i| i + 1);
-    if end == 0 {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("secret file {} is empty", path.display()),
-        ));
-    }
-    Ok(raw[..end].to_vec())
 }
 
 /// Connects, authenticates and says what the connection is for.

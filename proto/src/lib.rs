@@ -8,6 +8,7 @@
 //! - [`hello`]: what a control connection is for; the pool descriptor.
 //! - [`frame`]: length-prefixed frames on control connections.
 //! - [`handshake`]: shared-secret authentication, and dialing a node.
+//! - [`secret`]: where the shared secret lives, created by the first node.
 //! - [`callback`]: what the metadata service tells clients whose caches a change concerns.
 //! - [`client`] (over a reconnecting `channel`): the metadata client and its data sessions ([`data`]).
 
@@ -20,6 +21,7 @@ pub mod frame;
 pub mod handshake;
 pub mod hello;
 pub mod message;
+pub mod secret;
 pub mod types;
 pub mod wire;
 

@@ -29,13 +29,18 @@ fn percentile(sorted: &[u64], p: f64) -> f64 {
 fn main() {
     let args = Args::parse();
     let transport = TransportConfig::with_provider(args.transport);
+    // Authenticated as in production: the secret never leaves this process.
+    let mut secret = vec![0u8; 32];
+    rdmabox::random::fill(&mut secret);
     let node = Node::start(NodeConfig {
         transport: transport.clone(),
+        secret: Some(secret.clone()),
         ..NodeConfig::new("127.0.0.1:0".parse().unwrap(), 64 << 20)
     })
     .expect("start a node");
     let cfg = ClientConfig {
         transport,
+        secret: Some(secret),
         ..ClientConfig::default()
     };
     let client = Arc::new(Client::connect(&node.addr().to_string(), cfg).expect("connect"));
