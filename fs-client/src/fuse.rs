@@ -16,7 +16,9 @@ use fuser::{
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
     Request, TimeOrNow, WriteFlags,
 };
-use rfs_proto::types::{Attr, AttrChanges, FileKind, Owner, Timestamp};
+use rfs_proto::types::{
+    Attr, AttrChanges, Caller, FileKind, Owner, Timestamp, MAY_READ, MAY_WRITE,
+};
 use rfs_proto::Errno;
 
 use crate::fs::{Error, Rfs, STATS_INO};
@@ -159,6 +161,38 @@ fn kind_of(mode: u32) -> Option<FileKind> {
     })
 }
 
+/// Who makes a request, for the metadata node's permission checks. FUSE gives the uid and gid;
+/// the supplementary groups are the requesting process's, read from /proc (none if it has
+/// exited since).
+fn caller(req: &Request) -> Caller {
+    let groups = std::fs::read_to_string(format!("/proc/{}/status", req.pid()))
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find(|l| l.starts_with("Groups:"))?;
+            Some(
+                line["Groups:".len()..]
+                    .split_whitespace()
+                    .filter_map(|g| g.parse().ok())
+                    .collect(),
+            )
+        })
+        .unwrap_or_default();
+    Caller {
+        uid: req.uid(),
+        gid: req.gid(),
+        groups,
+    }
+}
+
+/// The access an open asks for, in MAY_READ/MAY_WRITE bits.
+fn access(flags: i32) -> u8 {
+    match flags & libc::O_ACCMODE {
+        libc::O_WRONLY => MAY_WRITE,
+        libc::O_RDWR => MAY_READ | MAY_WRITE,
+        _ => MAY_READ,
+    }
+}
+
 /// The creator of a new node, with the umask applied.
 fn owner(req: &Request, mode: u32, umask: u32) -> Owner {
     Owner {
@@ -207,7 +241,7 @@ impl Filesystem for RfsFuse {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -231,7 +265,11 @@ impl Filesystem for RfsFuse {
             atime: atime.map(timestamp),
             mtime: mtime.map(timestamp),
         };
-        self.attr_reply("setattr", self.fs.setattr(ino.0, changes), reply);
+        self.attr_reply(
+            "setattr",
+            self.fs.setattr(ino.0, changes, &caller(req)),
+            reply,
+        );
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
@@ -327,8 +365,9 @@ impl Filesystem for RfsFuse {
         self.entry("link", self.fs.link(ino.0, newparent.0, newname), reply);
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        reply!("open", self.fs.open(ino.0), reply, |(fh, _)| {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let opened = self.fs.open(ino.0, access(flags.0), &caller(req));
+        reply!("open", opened, reply, |(fh, _)| {
             // The stats file changes size under the kernel's feet: no page cache for it.
             let flags = if ino.0 == STATS_INO {
                 FopenFlags::FOPEN_DIRECT_IO
@@ -519,20 +558,18 @@ impl Filesystem for RfsFuse {
         n: &OsStr,
         mode: u32,
         umask: u32,
-        _flags: i32,
+        flags: i32,
         reply: ReplyCreate,
     ) {
         let n = name(n);
         let owner = owner(req, mode, umask);
-        let made = self.fs.mknod(parent.0, n, FileKind::RegularFile, 0, owner);
-        let attr = or_reply!("create", made, reply);
-        reply!("create", self.fs.open(attr.ino), reply, |(fh, a)| reply
-            .created(
-                &self.cfg.entry_timeout,
-                &self.attr(&a),
-                Generation(0),
-                FileHandle(fh),
-                FopenFlags::empty(),
-            ));
+        let made = self.fs.create(parent.0, n, owner, access(flags));
+        reply!("create", made, reply, |(fh, a)| reply.created(
+            &self.cfg.entry_timeout,
+            &self.attr(&a),
+            Generation(0),
+            FileHandle(fh),
+            FopenFlags::empty(),
+        ));
     }
 }

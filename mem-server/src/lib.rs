@@ -5,11 +5,13 @@
 //! - [`node`]: the node (pool, listener, connection roles, data sessions).
 //! - [`meta`]: the metadata service: one RPC channel per client.
 //! - [`namespace`]: POSIX namespace semantics, pure.
+//! - [`access`]: permission checks of the metadata service (mode bits, root squash).
 //! - [`admission`]: limits on connections, in total and per peer.
 //! - [`alloc`]: chunk allocation across nodes.
 //! - [`join`]: data nodes joining the metadata node, both halves.
 //! - [`zeroer`]: zeroing freed chunks before reuse.
 
+pub mod access;
 pub mod admission;
 pub mod alloc;
 mod coherence;

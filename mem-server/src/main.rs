@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use mem_server::access::Policy;
 use mem_server::admission::Limits;
 use mem_server::node::{Node, NodeConfig};
 use rdmabox::size::parse_size;
@@ -54,6 +55,9 @@ struct Args {
     /// and peers still authenticating) taken at once; more are refused.
     #[arg(long, default_value_t = Limits::default().total)]
     max_connections: usize,
+    /// Treat root (uid 0) on clients as nobody (65534), as NFS's root_squash does.
+    #[arg(long)]
+    root_squash: bool,
     /// Most control connections from one peer address.
     #[arg(long, default_value_t = Limits::default().per_peer)]
     max_connections_per_peer: usize,
@@ -154,6 +158,9 @@ fn main() -> ExitCode {
         join: args.join,
         advertise: args.advertise,
         lease: args.lease,
+        policy: Policy {
+            root_squash: args.root_squash,
+        },
         limits: Limits {
             total: args.max_connections,
             per_peer: args.max_connections_per_peer,

@@ -17,15 +17,16 @@ use rdmabox::rpc;
 use rdmabox::transport::MemoryRegion;
 use rfs_proto::frame::send_frame;
 use rfs_proto::message::{encode_reply, readdir_budget, unseal, Call, Request, RequestOp};
-use rfs_proto::types::{Attr, ChunkRef, Ino, Name, StatFs};
+use rfs_proto::types::{Attr, ChunkRef, FileKind, Ino, Name, Owner, StatFs, MAY_WRITE};
 use rfs_proto::wire::MAX_LIST;
 use rfs_proto::Errno;
 
+use crate::access::{check_access_bits, check_open, check_setattr, Policy};
 use crate::alloc::Allocator;
 use crate::coherence::{Callbacks, Change, Countdown, Holders, SessionId};
 use crate::namespace::Namespace;
 use crate::node::{wait_for_close, NodeConfig, Shared};
-use crate::sessions::{Attached, ClientSession, Sessions};
+use crate::sessions::{Attached, ClientSession, Handles, Sessions};
 use crate::zeroer::Zeroer;
 
 /// The namespace, the allocator and who caches what, under one lock.
@@ -41,6 +42,7 @@ pub(crate) struct MetaService {
     /// Bytes of entries a readdir reply may carry: pages are cut to fit a message.
     page_bytes: usize,
     lease: Duration,
+    policy: Policy,
     sessions: Sessions,
     /// Freed chunks a holder could not be asked about, each batch with the end of its lease.
     quarantine: Mutex<Vec<(Instant, Vec<ChunkRef>)>>,
@@ -123,6 +125,7 @@ impl MetaService {
             zeroer,
             page_bytes: readdir_budget(cfg.rpc.max_msg),
             lease: cfg.lease,
+            policy: cfg.policy,
             sessions: Sessions::default(),
             quarantine: Mutex::default(),
             quarantined: Condvar::new(),
@@ -322,8 +325,8 @@ impl MetaService {
         let mut st = self.state.lock().unwrap();
         st.holders.remove(session.id);
         let mut effects = Effects::default();
-        for (&ino, &n) in &session.open {
-            for _ in 0..n {
+        for (&ino, h) in &session.open {
+            for _ in 0..h.all {
                 Self::release(&mut st.ns, ino, &mut effects);
             }
         }
@@ -397,13 +400,19 @@ impl MetaService {
         &self,
         st: &mut MetaState,
         session: SessionId,
-        open: &mut HashMap<Ino, u32>,
+        open: &mut HashMap<Ino, Handles>,
         req: &Request,
         fx: &mut Effects,
     ) -> Vec<u8> {
         let MetaState { ns, alloc, holders } = st;
         let chunk_size = ns.chunk_size();
         let target = |ns: &Namespace, parent: Ino, name: &Name| ns.lookup(parent, name).ok();
+        let policy = self.policy;
+        let opened = |open: &mut HashMap<Ino, Handles>, ino: Ino, access: u8| {
+            let h = open.entry(ino).or_default();
+            h.all += 1;
+            h.writable += (access & MAY_WRITE != 0) as u32;
+        };
         match req {
             Request::Lookup(m) => answer(
                 m,
@@ -416,30 +425,40 @@ impl MetaService {
             ),
             Request::GetAttr(m) => answer(m, told(holders, session, ns.getattr(m.ino), None)),
             Request::SetAttr(m) => {
-                let r = ns.setattr(m.ino, &m.changes).map(|(a, freed)| {
-                    fx.change.inodes.push((m.ino, m.changes.size.is_some()));
-                    if let Some(size) = m.changes.size {
-                        // Every size cut is told, freed chunks or not: holders cut their sizes.
-                        let from = size.div_ceil(chunk_size);
-                        fx.change.recalls.push((m.ino, from));
-                        fx.freed.extend(freed);
-                    }
-                    a
-                });
+                let writing = open.get(&m.ino).is_some_and(|h| h.writable > 0);
+                let r = policy
+                    .caller(&m.caller)
+                    .and_then(|c| check_setattr(&ns.getattr(m.ino)?, &c, &m.changes, writing))
+                    .and_then(|()| ns.setattr(m.ino, &m.changes))
+                    .map(|(a, freed)| {
+                        fx.change.inodes.push((m.ino, m.changes.size.is_some()));
+                        if let Some(size) = m.changes.size {
+                            // Every size cut is told, freed chunks or not: holders cut their sizes.
+                            let from = size.div_ceil(chunk_size);
+                            fx.change.recalls.push((m.ino, from));
+                            fx.freed.extend(freed);
+                        }
+                        a
+                    });
                 answer(m, told(holders, session, r, None))
             }
             Request::Mknod(m) => {
-                let r = ns.mknod(m.parent, &m.name, m.kind, m.rdev, m.owner);
+                let r = ns.mknod(m.parent, &m.name, m.kind, m.rdev, policy.owner(m.owner));
                 r.is_ok().then(|| fx.change.inodes.push((m.parent, false)));
                 answer(m, told(holders, session, r, Some(m.parent)))
             }
             Request::Mkdir(m) => {
-                let r = ns.mkdir(m.parent, &m.name, m.owner);
+                let r = ns.mkdir(m.parent, &m.name, policy.owner(m.owner));
                 r.is_ok().then(|| fx.change.inodes.push((m.parent, false)));
                 answer(m, told(holders, session, r, Some(m.parent)))
             }
             Request::Symlink(m) => {
-                let r = ns.symlink(m.parent, &m.name, &m.target, m.uid, m.gid);
+                let o = policy.owner(Owner {
+                    perm: 0o777,
+                    uid: m.uid,
+                    gid: m.gid,
+                });
+                let r = ns.symlink(m.parent, &m.name, &m.target, o.uid, o.gid);
                 r.is_ok().then(|| fx.change.inodes.push((m.parent, false)));
                 answer(m, told(holders, session, r, Some(m.parent)))
             }
@@ -500,18 +519,35 @@ impl MetaService {
                 answer(m, r)
             }
             Request::Open(m) => {
-                let r = ns.open(m.ino);
+                let r = policy
+                    .caller(&m.caller)
+                    .and_then(|c| check_open(&ns.getattr(m.ino)?, &c, m.access))
+                    .and_then(|()| ns.open(m.ino));
                 if r.is_ok() {
-                    *open.entry(m.ino).or_default() += 1;
+                    opened(open, m.ino, m.access);
                     holders.opened(session, m.ino);
                 }
                 answer(m, told(holders, session, r, None))
             }
+            Request::Create(m) => {
+                let owner = policy.owner(m.owner);
+                let r = check_access_bits(m.access).and_then(|()| {
+                    let a = ns.mknod(m.parent, &m.name, FileKind::RegularFile, 0, owner)?;
+                    ns.open(a.ino)
+                });
+                if let Ok(a) = &r {
+                    opened(open, a.ino, m.access);
+                    holders.opened(session, a.ino);
+                    fx.change.inodes.push((m.parent, false));
+                }
+                answer(m, told(holders, session, r, Some(m.parent)))
+            }
             Request::Release(m) => {
                 let r = match open.get_mut(&m.ino) {
-                    Some(n) if *n > 0 => {
-                        *n -= 1;
-                        if *n == 0 {
+                    Some(h) if h.all > 0 && (m.access & MAY_WRITE == 0 || h.writable > 0) => {
+                        h.all -= 1;
+                        h.writable -= (m.access & MAY_WRITE != 0) as u32;
+                        if h.all == 0 {
                             open.remove(&m.ino);
                         }
                         holders.closed(session, m.ino);
@@ -523,14 +559,21 @@ impl MetaService {
                 answer(m, r)
             }
             Request::ChunkMap(m) => {
-                let r = ns.chunk_map(m.ino, m.first, m.count.min(MAX_LIST) as u64);
+                // Only through a handle: the open is where permission was checked.
+                let r = match open.get(&m.ino) {
+                    Some(_) => ns.chunk_map(m.ino, m.first, m.count.min(MAX_LIST) as u64),
+                    None => Err(Errno::EBADF),
+                };
                 r.is_ok().then(|| holders.fetched(session, m.ino));
                 answer(m, r)
             }
             Request::Allocate(m) => {
                 let count = m.count.min(MAX_LIST) as u64;
-                let result = ns
-                    .missing_chunks(m.ino, m.first, count)
+                let writable = open.get(&m.ino).is_some_and(|h| h.writable > 0);
+                let result = writable
+                    .then_some(())
+                    .ok_or(Errno::EBADF)
+                    .and_then(|()| ns.missing_chunks(m.ino, m.first, count))
                     .and_then(|missing| {
                         let chunks = alloc.alloc(missing.len())?;
                         let new: Vec<_> = missing.into_iter().zip(chunks).collect();
@@ -544,7 +587,10 @@ impl MetaService {
                 answer(m, result)
             }
             Request::Commit(m) => {
-                let r = ns.commit(m.ino, m.size, m.mtime);
+                let r = match open.get(&m.ino) {
+                    Some(h) if h.writable > 0 => ns.commit(m.ino, m.size, m.mtime),
+                    _ => Err(Errno::EBADF),
+                };
                 r.is_ok().then(|| fx.change.inodes.push((m.ino, true)));
                 answer(m, told(holders, session, r, None))
             }

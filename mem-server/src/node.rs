@@ -19,6 +19,7 @@ use rfs_proto::frame::send_frame;
 use rfs_proto::handshake;
 use rfs_proto::hello::{Data, Hello, PoolDescriptor};
 
+use crate::access::Policy;
 use crate::admission::{self, Admission, Limits, RateLimitedLog, Ticket};
 use crate::meta::MetaService;
 
@@ -54,6 +55,8 @@ pub struct NodeConfig {
     pub lease: Duration,
     /// How many control connections the node takes, in total and per peer address.
     pub limits: Limits,
+    /// How the metadata service treats callers (root squash).
+    pub policy: Policy,
 }
 
 impl NodeConfig {
@@ -71,6 +74,7 @@ impl NodeConfig {
             rpc: RpcConfig::default(),
             lease: Duration::from_secs(10),
             limits: Limits::default(),
+            policy: Policy::default(),
         }
     }
 

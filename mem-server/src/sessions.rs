@@ -17,10 +17,18 @@ use crate::coherence::SessionId;
 const MAX_REPLIES: usize = 1024;
 
 /// One client's session.
+/// A session's open handles of one file.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Handles {
+    pub(crate) all: u32,
+    /// Of them, open for writing.
+    pub(crate) writable: u32,
+}
+
 pub(crate) struct ClientSession {
     pub(crate) id: SessionId,
     /// Handles the client holds open, by inode.
-    pub(crate) open: HashMap<Ino, u32>,
+    pub(crate) open: HashMap<Ino, Handles>,
     /// Replies to the calls that change something, by sequence number, kept until the client
     /// says it has them.
     replies: BTreeMap<u64, Vec<u8>>,
@@ -152,7 +160,11 @@ mod tests {
         let first_stop = Arc::new(AtomicBool::new(false));
         let first = s.attach(7, first_stop.clone());
         assert!(!first.resumed);
-        first.session.lock().unwrap().open.insert(5, 1);
+        let one = Handles {
+            all: 1,
+            writable: 0,
+        };
+        first.session.lock().unwrap().open.insert(5, one);
         // The client reconnects before the server noticed the old connection died.
         let second = s.attach(7, Arc::new(AtomicBool::new(false)));
         assert!(second.resumed);
@@ -161,7 +173,7 @@ mod tests {
             first_stop.load(Ordering::Acquire),
             "old connection told to stop"
         );
-        assert_eq!(second.session.lock().unwrap().open.get(&5), Some(&1));
+        assert_eq!(second.session.lock().unwrap().open.get(&5), Some(&one));
         assert!(
             !s.detach(7, &first),
             "the old connection no longer holds it"

@@ -12,10 +12,12 @@ use rdmabox::transport::{ProviderKind, TransportConfig};
 use rfs_e2e::MemServer;
 use rfs_proto::data::chunk_addr;
 use rfs_proto::message::{
-    decode_reply, Allocate, Call, ChunkMap, GetAttr, GetStatFs, ListNodes, Lookup, Mknod, Open,
+    decode_reply, Allocate, Call, ChunkMap, Create, GetAttr, GetStatFs, ListNodes, Lookup, Open,
     ReadDir, Release, Unlink,
 };
-use rfs_proto::types::{ChunkRef, FileKind, NodeInfo, Owner, StatFs, ROOT};
+use rfs_proto::types::{
+    Attr, Caller, ChunkRef, NodeInfo, Owner, StatFs, MAY_READ, MAY_WRITE, ROOT,
+};
 use rfs_proto::{Client, ClientConfig, Errno, MetadataChannel};
 
 /// A metadata node with a short lease: departed clients' sessions end two leases after.
@@ -51,21 +53,32 @@ fn client(s: &MemServer) -> Client {
     Client::connect(&s.addr.to_string(), cfg()).expect("client connects")
 }
 
+const RW: u8 = MAY_READ | MAY_WRITE;
+
+/// Creates a file and opens it for reading and writing (chunk maps come only through a handle).
 fn create(c: &Client, name: &str) -> u64 {
     let owner = Owner {
         perm: 0o644,
         uid: 0,
         gid: 0,
     };
-    c.call(Mknod {
+    c.call(Create {
         parent: ROOT,
         name: name.into(),
-        kind: FileKind::RegularFile,
-        rdev: 0,
         owner,
+        access: RW,
     })
     .unwrap()
     .ino
+}
+
+fn open(c: &Client, ino: u64) -> Attr {
+    c.call(Open {
+        ino,
+        access: RW,
+        caller: Caller::default(),
+    })
+    .unwrap()
 }
 
 fn allocate(c: &Client, ino: u64, first: u64, count: u32) -> Result<Vec<(u64, ChunkRef)>, Errno> {
@@ -144,6 +157,7 @@ fn three_nodes_spread_chunks_and_serve_one_sided_io() {
     }
     // A second client sees the same bytes through its own sessions.
     let c2 = client(&meta);
+    open(&c2, ino);
     let map = chunk_map(&c2, ino, 100);
     assert_eq!(map, chunks);
     for (i, ch) in &map {
@@ -169,6 +183,7 @@ fn freed_chunks_are_zeroed_before_reuse_and_enospc_allocates_nothing() {
     let b = create(&c, "b");
     assert_eq!(allocate(&c, b, 0, 1), Err(Errno::ENOSPC));
     assert_eq!(chunk_map(&c, b, 10), vec![], "nothing allocated");
+    c.call(Release { ino: a, access: RW }).unwrap();
     c.call(Unlink {
         parent: ROOT,
         name: "a".into(),
@@ -202,7 +217,8 @@ fn a_departed_client_releases_its_open_files() {
     allocate(&c, ino, 0, 4).unwrap();
     {
         let other = client(&meta);
-        assert_eq!(other.call(Open { ino }).unwrap().ino, ino);
+        assert_eq!(open(&other, ino).ino, ino);
+        c.call(Release { ino, access: RW }).unwrap();
         c.call(Unlink {
             parent: ROOT,
             name: "f".into(),
@@ -211,7 +227,7 @@ fn a_departed_client_releases_its_open_files() {
         assert_eq!(statfs(&c).chunks_free, 4, "open elsewhere: data kept");
         // A client may not release handles it does not hold.
         assert_eq!(
-            c.call(Release { ino }).map_err(|e| e.errno()),
+            c.call(Release { ino, access: RW }).map_err(|e| e.errno()),
             Err(Errno::EBADF)
         );
     }

@@ -11,9 +11,9 @@ use rfs_e2e::MemServer;
 use rfs_proto::frame::recv_frame;
 use rfs_proto::handshake::dial;
 use rfs_proto::hello::{Data, Hello, Join};
-use rfs_proto::message::{GetAttr, GetStatFs};
-use rfs_proto::types::ROOT;
-use rfs_proto::{Client, ClientConfig, MetadataChannel};
+use rfs_proto::message::{Allocate, ChunkMap, Create, GetAttr, GetStatFs, Open, SetAttr};
+use rfs_proto::types::{AttrChanges, Caller, Owner, MAY_READ, MAY_WRITE, ROOT};
+use rfs_proto::{Client, ClientConfig, Errno, MetadataChannel};
 
 fn cfg() -> ClientConfig {
     let mut c = ClientConfig {
@@ -202,4 +202,152 @@ fn connections_past_the_per_peer_limit_are_refused_at_once() {
     });
     assert_eq!(c.call(GetAttr { ino: ROOT }).unwrap().ino, ROOT);
     let _ = refused.write_all(b"x");
+}
+
+fn user(uid: u32) -> Caller {
+    Caller {
+        uid,
+        gid: uid,
+        groups: vec![],
+    }
+}
+
+fn open_as(c: &Client, ino: u64, access: u8, who: Caller) -> Result<(), Errno> {
+    c.call(Open {
+        ino,
+        access,
+        caller: who,
+    })
+    .map(drop)
+    .map_err(|e| e.errno())
+}
+
+#[test]
+fn a_client_reaches_only_what_it_opened_as_the_mode_allows() {
+    let meta = MemServer::start(&["--memory", "8M"]);
+    let owner = client(&meta);
+    let private = owner
+        .call(Create {
+            parent: ROOT,
+            name: "private".into(),
+            owner: Owner {
+                perm: 0o600,
+                uid: 1000,
+                gid: 1000,
+            },
+            access: MAY_READ | MAY_WRITE,
+        })
+        .unwrap()
+        .ino;
+    owner
+        .call(Allocate {
+            ino: private,
+            first: 0,
+            count: 2,
+        })
+        .unwrap();
+    let other = client(&meta);
+    // Without a handle, no chunk map: the data stays out of reach.
+    let map = other.call(ChunkMap {
+        ino: private,
+        first: 0,
+        count: 2,
+    });
+    assert_eq!(map.map_err(|e| e.errno()), Err(Errno::EBADF));
+    // The mode decides who gets a handle.
+    assert_eq!(
+        open_as(&other, private, MAY_READ, user(2000)),
+        Err(Errno::EACCES)
+    );
+    assert_eq!(open_as(&other, private, MAY_READ, user(1000)), Ok(()));
+    // A read-only handle maps, but does not allocate (or write sizes).
+    assert_eq!(
+        other
+            .call(ChunkMap {
+                ino: private,
+                first: 0,
+                count: 2
+            })
+            .unwrap()
+            .len(),
+        2
+    );
+    let grow = other.call(Allocate {
+        ino: private,
+        first: 2,
+        count: 1,
+    });
+    assert_eq!(grow.map_err(|e| e.errno()), Err(Errno::EBADF));
+    // chmod and chown by someone else are refused; the owner may chmod.
+    let chmod = |who: Caller, mode: u32| {
+        other
+            .call(SetAttr {
+                ino: private,
+                changes: AttrChanges {
+                    mode: Some(mode),
+                    ..AttrChanges::default()
+                },
+                caller: who,
+            })
+            .map(|a| a.perm)
+            .map_err(|e| e.errno())
+    };
+    assert_eq!(chmod(user(2000), 0o666), Err(Errno::EPERM));
+    let chown = other.call(SetAttr {
+        ino: private,
+        changes: AttrChanges {
+            uid: Some(2000),
+            ..AttrChanges::default()
+        },
+        caller: user(1000),
+    });
+    assert_eq!(chown.map_err(|e| e.errno()), Err(Errno::EPERM));
+    assert_eq!(chmod(user(1000), 0o640), Ok(0o640));
+    // Supplementary groups count.
+    let member = Caller {
+        uid: 3000,
+        gid: 3000,
+        groups: vec![7, 1000],
+    };
+    assert_eq!(open_as(&other, private, MAY_READ, member.clone()), Ok(()));
+    assert_eq!(
+        open_as(&other, private, MAY_WRITE, member),
+        Err(Errno::EACCES)
+    );
+}
+
+#[test]
+fn root_squash_makes_root_an_ordinary_user() {
+    let meta = MemServer::start(&["--memory", "4M", "--root-squash"]);
+    let c = client(&meta);
+    let made = c
+        .call(Create {
+            parent: ROOT,
+            name: "f".into(),
+            owner: Owner {
+                perm: 0o600,
+                uid: 0,
+                gid: 0,
+            },
+            access: MAY_WRITE,
+        })
+        .unwrap();
+    assert_eq!((made.uid, made.gid), (65534, 65534), "created as nobody");
+    let theirs = c
+        .call(Create {
+            parent: ROOT,
+            name: "g".into(),
+            owner: Owner {
+                perm: 0o600,
+                uid: 1000,
+                gid: 1000,
+            },
+            access: MAY_WRITE,
+        })
+        .unwrap();
+    assert_eq!(
+        open_as(&c, theirs.ino, MAY_READ, user(0)),
+        Err(Errno::EACCES)
+    );
+    assert_eq!(open_as(&c, theirs.ino, MAY_READ, user(1000)), Ok(()));
 }

@@ -8,7 +8,7 @@
 
 use crate::errno::Errno;
 use crate::types::{
-    Attr, AttrChanges, ChunkRef, DirEntry, FileKind, Ino, Name, NodeInfo, Owner, StatFs,
+    Attr, AttrChanges, Caller, ChunkRef, DirEntry, FileKind, Ino, Name, NodeInfo, Owner, StatFs,
 };
 use crate::wire::{bad, DecodeError, Reader, Wire, Writer};
 use crate::{wire_enum, wire_struct};
@@ -26,9 +26,11 @@ wire_struct! {
 }
 
 wire_struct! {
-    /// chmod, chown, truncate, utimens.
+    /// chmod, chown, truncate, utimens, by `caller`: chmod and times need the owner (times: or
+    /// write permission), chown needs root (chgrp: the owner, to one of its groups), truncate
+    /// needs write permission or a handle of this session open for writing.
     #[derive(Clone, Debug, PartialEq)]
-    pub struct SetAttr { pub ino: Ino, pub changes: AttrChanges }
+    pub struct SetAttr { pub ino: Ino, pub changes: AttrChanges, pub caller: Caller }
 }
 
 wire_struct! {
@@ -105,15 +107,24 @@ wire_struct! {
 }
 
 wire_struct! {
-    /// Opens a handle on a file: fresh attributes, and the file lives while the handle does.
+    /// Opens a handle on a file for `access` ([`crate::types::MAY_READ`], `MAY_WRITE`), if the
+    /// file's mode lets `caller` have it: fresh attributes, the file lives while the handle
+    /// does, and its chunk map may be fetched (written: allocated) while a handle is open.
     #[derive(Clone, Debug, PartialEq)]
-    pub struct Open { pub ino: Ino }
+    pub struct Open { pub ino: Ino, pub access: u8, pub caller: Caller }
 }
 
 wire_struct! {
-    /// Closes a handle taken by [`Open`].
+    /// Creates a regular file and opens it for `access`, in one step (as open(O_CREAT) does:
+    /// the creator's handle is not subject to the new file's mode).
     #[derive(Clone, Debug, PartialEq)]
-    pub struct Release { pub ino: Ino }
+    pub struct Create { pub parent: Ino, pub name: Name, pub owner: Owner, pub access: u8 }
+}
+
+wire_struct! {
+    /// Closes a handle taken by [`Open`] or [`Create`] with `access`.
+    #[derive(Clone, Debug, PartialEq)]
+    pub struct Release { pub ino: Ino, pub access: u8 }
 }
 
 wire_struct! {
@@ -169,6 +180,7 @@ wire_enum! {
         17 => Commit,
         18 => GetStatFs,
         19 => ListNodes,
+        20 => Create,
     }
 }
 
@@ -209,6 +221,7 @@ calls! {
     Commit => Attr,
     GetStatFs => StatFs,
     ListNodes => Vec<NodeInfo>,
+    Create => Attr,
 }
 
 /// The bytes of reply that a readdir page may fill, in messages of `max_msg` bytes: what is
@@ -328,6 +341,7 @@ mod tests {
                     atime: None,
                     mtime: Some(Timestamp { secs: 9, nsecs: 10 }),
                 },
+                caller: Caller::default(),
             }
             .into(),
             Mknod {
@@ -383,8 +397,17 @@ mod tests {
                 max: 100,
             }
             .into(),
-            Open { ino: 4 }.into(),
-            Release { ino: 4 }.into(),
+            Open {
+                ino: 4,
+                access: 6,
+                caller: Caller {
+                    uid: 1,
+                    gid: 2,
+                    groups: vec![3, 4],
+                },
+            }
+            .into(),
+            Release { ino: 4, access: 4 }.into(),
             ChunkMap {
                 ino: 4,
                 first: 10,
@@ -405,6 +428,13 @@ mod tests {
             .into(),
             GetStatFs {}.into(),
             ListNodes {}.into(),
+            Create {
+                parent: 1,
+                name: n(),
+                owner: OWNER,
+                access: 2,
+            }
+            .into(),
         ]
     }
 
@@ -459,7 +489,7 @@ mod tests {
     #[test]
     fn every_request_round_trips_and_keeps_its_op() {
         let all = all_requests();
-        assert_eq!(all.len(), 19, "one of each");
+        assert_eq!(all.len(), 20, "one of each");
         for (i, r) in all.iter().enumerate() {
             assert_eq!(r.op() as usize, i + 1);
             assert_eq!(Request::decode(&r.encode()).unwrap(), *r);

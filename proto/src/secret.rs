@@ -79,7 +79,11 @@ pub fn read_or_create(path: &Path) -> io::Result<(Vec<u8>, bool)> {
     let mut bytes = [0u8; CREATED_BYTES];
     rdmabox::random::fill(&mut bytes);
     let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    let staging = path.with_extension(format!("new.{}", std::process::id()));
+    let staging = path.with_extension(format!(
+        "new.{}.{:x}",
+        std::process::id(),
+        rdmabox::random::u64()
+    ));
     let written = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)

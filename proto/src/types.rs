@@ -182,6 +182,26 @@ wire_struct! {
 }
 
 wire_struct! {
+    /// Who makes a call: the user behind the file-system request, for the service's permission
+    /// checks (trusted as NFS's AUTH_SYS is: the client proved it knows the secret).
+    #[derive(Clone, Debug, PartialEq, Eq, Default)]
+    pub struct Caller {
+        pub uid: u32,
+        pub gid: u32,
+        /// Supplementary groups.
+        pub groups: Vec<u32>,
+    }
+}
+
+/// The most supplementary groups a caller may name (Linux's NGROUPS_MAX).
+pub const MAX_GROUPS: usize = 65536;
+
+/// Access to a file, in access(2)'s bits: what an open asks for and a handle holds.
+pub const MAY_READ: u8 = 4;
+/// See [`MAY_READ`].
+pub const MAY_WRITE: u8 = 2;
+
+wire_struct! {
     /// The attributes a setattr changes (chmod, chown, truncate, utimens); `None` keeps one.
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
     pub struct AttrChanges {

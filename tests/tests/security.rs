@@ -50,3 +50,53 @@ fn a_user_without_the_secret_is_refused() {
     assert_eq!(std::fs::read(m.path("private")).unwrap(), b"root's data");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Runs `sh -c script` as uid/gid 65534; (success, stderr).
+fn as_nobody(script: &str) -> (bool, String) {
+    let out = Command::new("sh")
+        .args(["-c", script])
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn another_user_gets_what_the_mode_bits_give_as_on_a_local_file_system() {
+    let node = MemServer::meta("16M", "1M");
+    let m = Mount::new(&node, &["allow_other"]);
+    let secret = m.path("secret");
+    let shared = m.path("shared");
+    std::fs::write(&secret, b"root only").unwrap();
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    std::fs::write(&shared, b"everyone reads").unwrap();
+    std::fs::set_permissions(&shared, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let (s, p) = (secret.display(), shared.display());
+    let (ok, err) = as_nobody(&format!("cat {s}"));
+    assert!(!ok && err.contains("Permission denied"), "{err}");
+    let (ok, err) = as_nobody(&format!("cat {p}"));
+    assert!(ok, "{err}");
+    for write in [
+        format!("echo x >> {p}"),
+        format!("truncate -s 0 {p}"),
+        format!("chmod 666 {p}"),
+    ] {
+        let (ok, err) = as_nobody(&write);
+        assert!(!ok, "{write} succeeded");
+        assert!(
+            err.contains("Permission denied") || err.contains("not permitted"),
+            "{write}: {err}"
+        );
+    }
+    assert_eq!(std::fs::read(&shared).unwrap(), b"everyone reads");
+    assert_eq!(std::fs::read(&secret).unwrap(), b"root only");
+    // Made writable for everyone, it is.
+    std::fs::set_permissions(&shared, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
+    let (ok, err) = as_nobody(&format!("echo more >> {p}"));
+    assert!(ok, "{err}");
+    assert_eq!(std::fs::read(&shared).unwrap(), b"everyone readsmore\n");
+}

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use rdmabox::Snapshot;
 use rfs_proto::message::{decode_reply, encode_reply, Call, Request, RequestOp};
-use rfs_proto::types::{Attr, ChunkRef, Ino, StatFs, Timestamp, ROOT};
+use rfs_proto::types::{Attr, ChunkRef, FileKind, Ino, Owner, StatFs, Timestamp, ROOT};
 use rfs_proto::{Errno, MetadataChannel};
 
 use super::backend::{Backend, DataDone};
@@ -71,6 +71,24 @@ impl FakeCluster {
     }
 
     fn handle(&self, req: Request) -> Vec<u8> {
+        fn make(st: &mut State, kind: FileKind, owner: Owner, rdev: u32) -> Attr {
+            let ino = ROOT + 1 + st.files.len() as u64;
+            let a = Attr {
+                ino,
+                kind,
+                perm: owner.perm,
+                nlink: 1,
+                uid: owner.uid,
+                gid: owner.gid,
+                rdev,
+                size: 0,
+                atime: Timestamp::default(),
+                mtime: Timestamp::default(),
+                ctime: Timestamp::default(),
+            };
+            st.files.insert(ino, a);
+            a
+        }
         let mut st = self.state.lock().unwrap();
         *st.calls.entry(req.op()).or_default() += 1;
         let st = &mut *st;
@@ -86,24 +104,8 @@ impl FakeCluster {
                     lease_ms: 10_000,
                 }),
             ),
-            Request::Mknod(m) => {
-                let ino = ROOT + 1 + st.files.len() as u64;
-                let a = Attr {
-                    ino,
-                    kind: m.kind,
-                    perm: m.owner.perm,
-                    nlink: 1,
-                    uid: m.owner.uid,
-                    gid: m.owner.gid,
-                    rdev: m.rdev,
-                    size: 0,
-                    atime: Timestamp::default(),
-                    mtime: Timestamp::default(),
-                    ctime: Timestamp::default(),
-                };
-                st.files.insert(ino, a);
-                answer(m, Ok(a))
-            }
+            Request::Mknod(m) => answer(m, Ok(make(st, m.kind, m.owner, m.rdev))),
+            Request::Create(m) => answer(m, Ok(make(st, FileKind::RegularFile, m.owner, 0))),
             Request::GetAttr(m) => answer(m, attr(st, m.ino)),
             Request::Open(m) => answer(m, attr(st, m.ino)),
             Request::Release(m) => answer(m, attr(st, m.ino).map(drop)),

@@ -33,7 +33,9 @@ use rfs_proto::message::{
     Call, GetAttr, GetStatFs, Link, Lookup, Mkdir, Mknod, ReadDir, Readlink, Rename, Rmdir,
     SetAttr, Symlink, Unlink,
 };
-use rfs_proto::types::{Attr, AttrChanges, DirEntry, FileKind, Ino, Name, Owner, StatFs, ROOT};
+use rfs_proto::types::{
+    Attr, AttrChanges, Caller, DirEntry, FileKind, Ino, Name, Owner, StatFs, MAY_WRITE, ROOT,
+};
 use rfs_proto::wire::MAX_LIST;
 use rfs_proto::{Client, Errno, MetadataChannel};
 
@@ -57,7 +59,8 @@ pub struct Rfs<B: Backend = Client> {
     /// Where invalidations of the kernel's caches go (set once mounted).
     kernel: OnceLock<crossbeam_channel::Sender<KernelInval>>,
     open: Mutex<HashMap<Ino, OpenFile>>,
-    handles: Mutex<HashMap<u64, Ino>>,
+    /// Open handles: the file and the access each was opened with.
+    handles: Mutex<HashMap<u64, (Ino, u8)>>,
     next_fh: AtomicU64,
     stats: Arc<ClientStats>,
 }
@@ -140,10 +143,28 @@ impl<B: Backend> Rfs<B> {
 
     /// chmod, chown, utimens and truncate. A truncation commits our writes first and zeroes
     /// the rest of the last chunk kept, so that growing the file again reads zeros.
-    pub fn setattr(&self, ino: Ino, changes: AttrChanges) -> Result<Attr> {
+    pub fn setattr(&self, ino: Ino, changes: AttrChanges, caller: &Caller) -> Result<Attr> {
         if ino == STATS_INO {
             return Err(Errno::EACCES.into());
         }
+        // Chunk maps come only through a handle: a truncate by path opens one for writing
+        // (which checks the caller may write), to zero the cut chunk's tail.
+        let temporary = match changes.size {
+            Some(_) if !self.has_handle(ino) => Some(self.open(ino, MAY_WRITE, caller)?.0),
+            _ => None,
+        };
+        let result = self.truncate_and_set(ino, changes, caller);
+        match temporary {
+            Some(fh) => {
+                let released = self.release(fh);
+                let attr = result?;
+                released.map(|()| attr)
+            }
+            None => result,
+        }
+    }
+
+    fn truncate_and_set(&self, ino: Ino, changes: AttrChanges, caller: &Caller) -> Result<Attr> {
         if let Some(new) = changes.size {
             self.commit(ino)?;
             let old = self.getattr(ino)?.size;
@@ -151,7 +172,11 @@ impl<B: Backend> Rfs<B> {
                 self.zero_tail(ino, new, old)?;
             }
         }
-        let attr = self.attr_of(SetAttr { ino, changes })?;
+        let attr = self.attr_of(SetAttr {
+            ino,
+            changes,
+            caller: caller.clone(),
+        })?;
         if let Some(new) = changes.size {
             self.truncated(ino, new);
         }

@@ -4,8 +4,8 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use rfs_proto::message::{Commit, Open, Release};
-use rfs_proto::types::{Attr, FileKind, Ino, Timestamp};
+use rfs_proto::message::{Commit, Create, Open, Release};
+use rfs_proto::types::{Attr, Caller, FileKind, Ino, Owner, Timestamp};
 
 use super::backend::Backend;
 use super::error::Result;
@@ -36,17 +36,46 @@ impl OpenFile {
 }
 
 impl<B: Backend> Rfs<B> {
-    /// Opens a file: fresh attributes and chunk map (close-to-open), and a handle.
-    pub fn open(&self, ino: Ino) -> Result<(u64, Attr)> {
+    /// Opens a file for `access` (MAY_READ, MAY_WRITE) on behalf of `caller`: fresh
+    /// attributes and chunk map (close-to-open), and a handle. The metadata node checks the
+    /// file's mode, and gives chunk maps only while a handle is open.
+    pub fn open(&self, ino: Ino, access: u8, caller: &Caller) -> Result<(u64, Attr)> {
         if ino == STATS_INO {
             return Ok((0, self.stats_attr()));
         }
-        let attr = self.call(Open { ino })?;
+        let attr = self.call(Open {
+            ino,
+            access,
+            caller: caller.clone(),
+        })?;
+        Ok(self.opened(attr, access))
+    }
+
+    /// Creates a regular file in `parent` and opens it for `access`, in one call.
+    pub fn create(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        owner: Owner,
+        access: u8,
+    ) -> Result<(u64, Attr)> {
+        let attr = self.call(Create {
+            parent,
+            name: name.into(),
+            owner,
+            access,
+        })?;
+        Ok(self.opened(attr, access))
+    }
+
+    /// A handle the metadata node granted.
+    fn opened(&self, attr: Attr, access: u8) -> (u64, Attr) {
+        let ino = attr.ino;
         if attr.kind == FileKind::RegularFile {
             self.chunks.forget(ino, 0);
         }
         let fh = self.next_fh.fetch_add(1, Relaxed);
-        self.handles.lock().unwrap().insert(fh, ino);
+        self.handles.lock().unwrap().insert(fh, (ino, access));
         let mut open = self.open.lock().unwrap();
         let f = open.entry(ino).or_default();
         f.handles += 1;
@@ -54,7 +83,16 @@ impl<B: Backend> Rfs<B> {
             f.size = attr.size;
         }
         drop(open);
-        Ok((fh, self.with_local_size(attr)))
+        (fh, self.with_local_size(attr))
+    }
+
+    /// Whether this client holds a handle of `ino`.
+    pub(crate) fn has_handle(&self, ino: Ino) -> bool {
+        self.open
+            .lock()
+            .unwrap()
+            .get(&ino)
+            .is_some_and(|f| f.handles > 0)
     }
 
     /// Commits our size and mtime of `ino` to the metadata node, if we changed them.
@@ -82,7 +120,7 @@ impl<B: Backend> Rfs<B> {
 
     /// Closes handle `fh`: commits, then gives the handle back to the metadata node.
     pub fn release(&self, fh: u64) -> Result<()> {
-        let Some(ino) = self.handles.lock().unwrap().remove(&fh) else {
+        let Some((ino, access)) = self.handles.lock().unwrap().remove(&fh) else {
             return Ok(()); // the stats file, or an unknown handle
         };
         let committed = self.commit(ino);
@@ -95,7 +133,7 @@ impl<B: Backend> Rfs<B> {
                 }
             }
         }
-        let released = self.call(Release { ino });
+        let released = self.call(Release { ino, access });
         committed.and(released)
     }
 

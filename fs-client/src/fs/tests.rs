@@ -5,7 +5,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 
 use rfs_proto::message::RequestOp;
-use rfs_proto::types::{AttrChanges, FileKind, Ino, Owner, ROOT};
+use rfs_proto::types::{AttrChanges, Caller, FileKind, Ino, Owner, MAY_READ, MAY_WRITE, ROOT};
 use rfs_proto::Errno;
 
 use super::fake::{Fake, FakeCluster, CHUNK};
@@ -14,6 +14,14 @@ use super::{Result, Rfs};
 fn client(cluster: &Arc<FakeCluster>) -> Arc<Rfs<Fake>> {
     Arc::new(Rfs::new(Fake(cluster.clone())).expect("statfs"))
 }
+
+const RW: u8 = MAY_READ | MAY_WRITE;
+
+const ROOT_CALLER: Caller = Caller {
+    uid: 0,
+    gid: 0,
+    groups: Vec::new(),
+};
 
 const OWNER: Owner = Owner {
     perm: 0o644,
@@ -51,7 +59,7 @@ fn writes_and_reads_split_at_chunk_boundaries_round_trip() {
     let cluster: Arc<FakeCluster> = Arc::default();
     let fs = client(&cluster);
     let ino = create(&fs, "f");
-    let (fh, _) = fs.open(ino).unwrap();
+    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
     let data = pattern(3 * CHUNK as usize - 100, 7);
     assert_eq!(write(&fs, ino, 1000, &data).unwrap(), data.len() as u32);
     assert_eq!(read(&fs, ino, 1000, data.len()).unwrap(), data);
@@ -71,7 +79,7 @@ fn holes_read_as_zeros_without_allocating() {
     let cluster: Arc<FakeCluster> = Arc::default();
     let fs = client(&cluster);
     let ino = create(&fs, "sparse");
-    let (fh, _) = fs.open(ino).unwrap();
+    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
     // Past the first chunk: allocate-ahead reserves a run for a growing file.
     write(&fs, ino, 5 * CHUNK, b"tail").unwrap();
     let allocated = cluster.chunk_count(ino);
@@ -92,7 +100,7 @@ fn close_to_open_sizes_are_committed_on_release_and_seen_at_open() {
     let cluster: Arc<FakeCluster> = Arc::default();
     let (a, b) = (client(&cluster), client(&cluster));
     let ino = create(&a, "shared");
-    let (fh, _) = a.open(ino).unwrap();
+    let (fh, _) = a.open(ino, RW, &ROOT_CALLER).unwrap();
     write(&a, ino, 0, &pattern(6000, 1)).unwrap();
     assert_eq!(
         a.getattr(ino).unwrap().size,
@@ -107,7 +115,7 @@ fn close_to_open_sizes_are_committed_on_release_and_seen_at_open() {
     );
     a.release(fh).unwrap();
     assert_eq!(cluster.size(ino), 6000);
-    let (fh_b, attr) = b.open(ino).unwrap();
+    let (fh_b, attr) = b.open(ino, RW, &ROOT_CALLER).unwrap();
     assert_eq!(attr.size, 6000, "open revalidates");
     assert_eq!(read(&b, ino, 0, 6000).unwrap(), pattern(6000, 1));
     b.release(fh_b).unwrap();
@@ -118,7 +126,7 @@ fn flush_commits_and_a_failed_commit_stays_dirty() {
     let cluster: Arc<FakeCluster> = Arc::default();
     let fs = client(&cluster);
     let ino = create(&fs, "f");
-    let (fh, _) = fs.open(ino).unwrap();
+    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
     write(&fs, ino, 0, b"hello").unwrap();
     let commits = cluster.calls(RequestOp::Commit);
     fs.commit(ino).unwrap();
@@ -137,11 +145,11 @@ fn chunk_maps_are_cached_until_open_or_truncate() {
     let cluster: Arc<FakeCluster> = Arc::default();
     let (a, b) = (client(&cluster), client(&cluster));
     let ino = create(&a, "f");
-    let (fh, _) = a.open(ino).unwrap();
+    let (fh, _) = a.open(ino, RW, &ROOT_CALLER).unwrap();
     write(&a, ino, 0, &pattern(100, 1)).unwrap();
     a.release(fh).unwrap();
 
-    let (fh, _) = a.open(ino).unwrap();
+    let (fh, _) = a.open(ino, RW, &ROOT_CALLER).unwrap();
     let maps = cluster.calls(RequestOp::ChunkMap);
     read(&a, ino, 0, 100).unwrap();
     read(&a, ino, 0, 100).unwrap();
@@ -149,20 +157,21 @@ fn chunk_maps_are_cached_until_open_or_truncate() {
     a.release(fh).unwrap();
 
     // Another client truncates the file away and writes it anew: new chunks.
-    let (fh_b, _) = b.open(ino).unwrap();
+    let (fh_b, _) = b.open(ino, RW, &ROOT_CALLER).unwrap();
     b.setattr(
         ino,
         AttrChanges {
             size: Some(0),
             ..AttrChanges::default()
         },
+        &ROOT_CALLER,
     )
     .unwrap();
     write(&b, ino, 0, &pattern(100, 2)).unwrap();
     b.release(fh_b).unwrap();
 
     // Opening again drops the cached map: the new bytes, through the new chunks.
-    let (fh, _) = a.open(ino).unwrap();
+    let (fh, _) = a.open(ino, RW, &ROOT_CALLER).unwrap();
     assert_eq!(read(&a, ino, 0, 100).unwrap(), pattern(100, 2));
     assert_eq!(cluster.calls(RequestOp::ChunkMap), maps + 2);
     a.release(fh).unwrap();
@@ -173,13 +182,13 @@ fn truncation_zeroes_the_tail_of_the_last_chunk_kept() {
     let cluster: Arc<FakeCluster> = Arc::default();
     let fs = client(&cluster);
     let ino = create(&fs, "f");
-    let (fh, _) = fs.open(ino).unwrap();
+    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
     write(&fs, ino, 0, &vec![0xaa; 2 * CHUNK as usize]).unwrap();
     let shrink = AttrChanges {
         size: Some(100),
         ..AttrChanges::default()
     };
-    assert_eq!(fs.setattr(ino, shrink).unwrap().size, 100);
+    assert_eq!(fs.setattr(ino, shrink, &ROOT_CALLER).unwrap().size, 100);
     assert_eq!(
         cluster.chunk_count(ino),
         1,
@@ -189,7 +198,7 @@ fn truncation_zeroes_the_tail_of_the_last_chunk_kept() {
         size: Some(CHUNK),
         ..AttrChanges::default()
     };
-    fs.setattr(ino, grow).unwrap();
+    fs.setattr(ino, grow, &ROOT_CALLER).unwrap();
     let back = read(&fs, ino, 0, CHUNK as usize).unwrap();
     assert!(back[..100].iter().all(|&b| b == 0xaa));
     assert!(
@@ -204,7 +213,7 @@ fn a_failed_piece_fails_the_request_with_eio_and_commits_nothing() {
     let cluster: Arc<FakeCluster> = Arc::default();
     let fs = client(&cluster);
     let ino = create(&fs, "f");
-    let (fh, _) = fs.open(ino).unwrap();
+    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
     write(&fs, ino, 0, &pattern(2 * CHUNK as usize, 3)).unwrap();
     cluster.fail_node(Some(1));
     let e = write(&fs, ino, 0, &pattern(3 * CHUNK as usize, 4)).unwrap_err();

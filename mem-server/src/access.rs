@@ -1,0 +1,263 @@
+//! Permission checks of the metadata service: mode bits against the caller's uid, gid and
+//! groups, as a local file system makes them, with NFS's root squash as an option. The kernel
+//! of an honest client checks too (it mounts with default_permissions); these checks are what
+//! a client holding the secret but lying about nothing else cannot get around, and what makes
+//! a chunk map (and with it the data) reachable only through an open that passed them.
+
+use rfs_proto::types::{
+    Attr, AttrChanges, Caller, FileKind, Owner, MAX_GROUPS, MAY_READ, MAY_WRITE,
+};
+use rfs_proto::Errno;
+
+/// Who root becomes under root squash.
+pub const NOBODY: u32 = 65534;
+
+/// How the service treats callers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Policy {
+    /// Treat uid 0 as nobody (and gid 0 as nogroup), as NFS's root_squash does.
+    pub root_squash: bool,
+}
+
+impl Policy {
+    /// The caller the checks see, or EINVAL for one no kernel would send.
+    pub fn caller(&self, c: &Caller) -> Result<Caller, Errno> {
+        if c.groups.len() > MAX_GROUPS {
+            return Err(Errno::EINVAL);
+        }
+        if !self.root_squash {
+            return Ok(c.clone());
+        }
+        let squash = |id: u32| if id == 0 { NOBODY } else { id };
+        Ok(Caller {
+            uid: squash(c.uid),
+            gid: squash(c.gid),
+            groups: c.groups.iter().map(|&g| squash(g)).collect(),
+        })
+    }
+
+    /// Who a new node belongs to: its creator, squashed like a caller.
+    pub fn owner(&self, o: Owner) -> Owner {
+        if !self.root_squash {
+            return o;
+        }
+        let squash = |id: u32| if id == 0 { NOBODY } else { id };
+        Owner {
+            uid: squash(o.uid),
+            gid: squash(o.gid),
+            ..o
+        }
+    }
+}
+
+fn in_group(c: &Caller, gid: u32) -> bool {
+    c.gid == gid || c.groups.contains(&gid)
+}
+
+/// Whether `c` may have `want` (MAY_READ | MAY_WRITE) on a file with attributes `a`: the
+/// owner's bits for the owner, the group's for a member, the others' for anyone else; root
+/// always.
+pub fn may(a: &Attr, c: &Caller, want: u8) -> bool {
+    if c.uid == 0 {
+        return true;
+    }
+    let perm = a.perm as u32;
+    let bits = if c.uid == a.uid {
+        perm >> 6
+    } else if in_group(c, a.gid) {
+        perm >> 3
+    } else {
+        perm
+    } & 7;
+    bits as u8 & want == want
+}
+
+/// Checks that an open asks for reading, writing or both, and nothing else.
+pub fn check_access_bits(access: u8) -> Result<(), Errno> {
+    if access == 0 || access & !(MAY_READ | MAY_WRITE) != 0 {
+        return Err(Errno::EINVAL);
+    }
+    Ok(())
+}
+
+/// Checks an open of a file with attributes `a` for `access`.
+pub fn check_open(a: &Attr, c: &Caller, access: u8) -> Result<(), Errno> {
+    check_access_bits(access)?;
+    if a.kind == FileKind::Directory && access & MAY_WRITE != 0 {
+        return Err(Errno::EISDIR);
+    }
+    if !may(a, c, access) {
+        return Err(Errno::EACCES);
+    }
+    Ok(())
+}
+
+/// Checks a setattr of a file with attributes `a`; `writing` says the caller's session holds a
+/// handle open for writing (ftruncate on a descriptor opened before a chmod still works).
+pub fn check_setattr(a: &Attr, c: &Caller, s: &AttrChanges, writing: bool) -> Result<(), Errno> {
+    let root = c.uid == 0;
+    let owner = root || c.uid == a.uid;
+    if s.mode.is_some() && !owner {
+        return Err(Errno::EPERM);
+    }
+    if s.uid.is_some_and(|u| u != a.uid) && !root {
+        return Err(Errno::EPERM);
+    }
+    if let Some(g) = s.gid.filter(|&g| g != a.gid) {
+        if !(root || (owner && in_group(c, g))) {
+            return Err(Errno::EPERM);
+        }
+    }
+    let can_write = writing || may(a, c, MAY_WRITE);
+    if s.size.is_some() && !can_write {
+        return Err(Errno::EACCES);
+    }
+    if (s.atime.is_some() || s.mtime.is_some()) && !(owner || can_write) {
+        return Err(Errno::EPERM);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rfs_proto::types::Timestamp;
+
+    fn file(perm: u16, uid: u32, gid: u32) -> Attr {
+        let t = Timestamp::default();
+        Attr {
+            ino: 2,
+            kind: FileKind::RegularFile,
+            perm,
+            nlink: 1,
+            uid,
+            gid,
+            rdev: 0,
+            size: 0,
+            atime: t,
+            mtime: t,
+            ctime: t,
+        }
+    }
+
+    fn who(uid: u32, gid: u32, groups: &[u32]) -> Caller {
+        Caller {
+            uid,
+            gid,
+            groups: groups.to_vec(),
+        }
+    }
+
+    #[test]
+    fn the_owner_group_and_other_bits_decide_in_that_order() {
+        let f = file(0o640, 1000, 100);
+        assert!(may(&f, &who(1000, 1, &[]), MAY_READ | MAY_WRITE));
+        assert!(may(&f, &who(2000, 100, &[]), MAY_READ));
+        assert!(!may(&f, &who(2000, 100, &[]), MAY_WRITE));
+        assert!(
+            may(&f, &who(2000, 5, &[7, 100]), MAY_READ),
+            "a supplementary group"
+        );
+        assert!(!may(&f, &who(2000, 5, &[7]), MAY_READ));
+        assert!(may(&f, &who(0, 0, &[]), MAY_READ | MAY_WRITE), "root");
+        // The owner's bits hold for the owner even when others may do more.
+        let odd = file(0o047, 1000, 100);
+        assert!(!may(&odd, &who(1000, 100, &[]), MAY_READ));
+    }
+
+    #[test]
+    fn opens_check_access_kind_and_mode() {
+        let f = file(0o600, 1000, 100);
+        assert_eq!(
+            check_open(&f, &who(2000, 100, &[]), MAY_READ),
+            Err(Errno::EACCES)
+        );
+        assert_eq!(
+            check_open(&f, &who(1000, 1, &[]), MAY_READ | MAY_WRITE),
+            Ok(())
+        );
+        assert_eq!(check_open(&f, &who(1000, 1, &[]), 0), Err(Errno::EINVAL));
+        assert_eq!(check_open(&f, &who(1000, 1, &[]), 1), Err(Errno::EINVAL));
+        let d = Attr {
+            kind: FileKind::Directory,
+            ..file(0o777, 0, 0)
+        };
+        assert_eq!(
+            check_open(&d, &who(1, 1, &[]), MAY_WRITE),
+            Err(Errno::EISDIR)
+        );
+        assert_eq!(check_open(&d, &who(1, 1, &[]), MAY_READ), Ok(()));
+    }
+
+    #[test]
+    fn chmod_chown_truncate_and_times_follow_posix() {
+        let f = file(0o644, 1000, 100);
+        let owner = who(1000, 100, &[200]);
+        let other = who(2000, 300, &[]);
+        let mode = AttrChanges {
+            mode: Some(0o777),
+            ..Default::default()
+        };
+        assert_eq!(check_setattr(&f, &other, &mode, false), Err(Errno::EPERM));
+        assert_eq!(check_setattr(&f, &owner, &mode, false), Ok(()));
+        let give = AttrChanges {
+            uid: Some(2000),
+            ..Default::default()
+        };
+        assert_eq!(check_setattr(&f, &owner, &give, false), Err(Errno::EPERM));
+        assert_eq!(check_setattr(&f, &who(0, 0, &[]), &give, false), Ok(()));
+        let chgrp = |g| AttrChanges {
+            gid: Some(g),
+            ..Default::default()
+        };
+        assert_eq!(check_setattr(&f, &owner, &chgrp(200), false), Ok(()));
+        assert_eq!(
+            check_setattr(&f, &owner, &chgrp(999), false),
+            Err(Errno::EPERM)
+        );
+        assert_eq!(
+            check_setattr(&f, &other, &chgrp(300), false),
+            Err(Errno::EPERM)
+        );
+        let cut = AttrChanges {
+            size: Some(0),
+            ..Default::default()
+        };
+        assert_eq!(check_setattr(&f, &other, &cut, false), Err(Errno::EACCES));
+        assert_eq!(
+            check_setattr(&f, &other, &cut, true),
+            Ok(()),
+            "a writable handle"
+        );
+        let touch = AttrChanges {
+            mtime: Some(Timestamp::now()),
+            ..Default::default()
+        };
+        assert_eq!(check_setattr(&f, &other, &touch, false), Err(Errno::EPERM));
+        assert_eq!(
+            check_setattr(&file(0o666, 1, 1), &other, &touch, false),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn root_squash_makes_root_nobody() {
+        let p = Policy { root_squash: true };
+        let c = p.caller(&who(0, 0, &[0, 5])).unwrap();
+        assert_eq!(
+            (c.uid, c.gid, &c.groups[..]),
+            (NOBODY, NOBODY, &[NOBODY, 5][..])
+        );
+        assert!(!may(&file(0o600, 0, 0), &c, MAY_READ));
+        let o = p.owner(Owner {
+            perm: 0o600,
+            uid: 0,
+            gid: 0,
+        });
+        assert_eq!((o.uid, o.gid), (NOBODY, NOBODY));
+        let plain = Policy::default();
+        assert_eq!(plain.caller(&who(0, 0, &[])).unwrap().uid, 0);
+        let many = who(1, 1, &vec![1; MAX_GROUPS + 1]);
+        assert_eq!(plain.caller(&many), Err(Errno::EINVAL));
+    }
+}
