@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use rdmabox::rpc::RpcConfig;
 use rdmabox::transport::{
-    Access, CompletionQueue, Context, DeadlineReader, MemoryRegion, ProtectionDomain, QueuePair,
+    Access, CompletionQueue, Context, DeadlineStream, MemoryRegion, ProtectionDomain, QueuePair,
     TransportConfig,
 };
 use rdmabox::{connect_links, SessionConfig};
@@ -288,7 +288,7 @@ impl Shared {
         let peer = s.peer_addr()?;
         s.set_nodelay(true)?;
         handshake::accept(&mut s, self.cfg.secret.as_deref(), deadline)?;
-        let hello = Hello::receive(&mut DeadlineReader::new(&s, deadline, "hello"))?;
+        let hello = Hello::receive(&mut DeadlineStream::new(&s, deadline, "hello"))?;
         s.set_read_timeout(None)?;
         log::debug!("{peer}: {hello:?}");
         let meta = || {

@@ -9,7 +9,7 @@ use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use rdmabox::transport::DeadlineReader;
+use rdmabox::transport::DeadlineStream;
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -43,13 +43,21 @@ fn denied(why: &str) -> io::Error {
 
 /// The node's side. Ok when the peer may proceed; the peer must have answered by `deadline`.
 pub fn accept(s: &mut TcpStream, secret: Option<&[u8]>, deadline: Instant) -> io::Result<()> {
+    accept_over(
+        &mut DeadlineStream::new(s, deadline, "authentication"),
+        secret,
+    )
+}
+
+/// The node's side over any stream (the fuzzer's, a socket's).
+pub fn accept_over(s: &mut (impl Read + Write), secret: Option<&[u8]>) -> io::Result<()> {
     let server_nonce = nonce();
     let mut greeting = MAGIC.to_vec();
     greeting.push(secret.is_some() as u8);
     greeting.extend_from_slice(&server_nonce);
     s.write_all(&greeting)?;
     let mut answer = [0u8; NONCE + MAC];
-    DeadlineReader::new(s, deadline, "authentication").read_exact(&mut answer)?;
+    s.read_exact(&mut answer)?;
     let (client_nonce, client_mac) = answer.split_at(NONCE);
     let mut verdict = vec![0u8; 1 + MAC];
     let ok = match secret {
@@ -79,8 +87,17 @@ pub fn accept(s: &mut TcpStream, secret: Option<&[u8]>, deadline: Instant) -> io
 /// The connecting side.
 pub fn connect(s: &mut TcpStream, secret: Option<&[u8]>) -> io::Result<()> {
     let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
+    connect_over(
+        &mut DeadlineStream::new(s, deadline, "authentication"),
+        secret,
+    )?;
+    s.set_read_timeout(None)
+}
+
+/// The connecting side over any stream.
+pub fn connect_over(s: &mut (impl Read + Write), secret: Option<&[u8]>) -> io::Result<()> {
     let mut greeting = [0u8; 4 + 1 + NONCE];
-    DeadlineReader::new(s, deadline, "the node's greeting").read_exact(&mut greeting)?;
+    s.read_exact(&mut greeting)?;
     if &greeting[..4] != MAGIC {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
@@ -107,7 +124,7 @@ pub fn connect(s: &mut TcpStream, secret: Option<&[u8]>) -> io::Result<()> {
     }
     s.write_all(&answer)?;
     let mut verdict = [0u8; 1 + MAC];
-    DeadlineReader::new(s, deadline, "the node's verdict").read_exact(&mut verdict)?;
+    s.read_exact(&mut verdict)?;
     if verdict[0] != 1 {
         return Err(denied("the node refused our secret"));
     }
@@ -116,7 +133,6 @@ pub fn connect(s: &mut TcpStream, secret: Option<&[u8]>) -> io::Result<()> {
             .verify_slice(&verdict[1..])
             .map_err(|_| denied("the node could not prove it knows the secret"))?;
     }
-    s.set_read_timeout(None)?;
     Ok(())
 }
 

@@ -1,21 +1,22 @@
 //! Reading from a socket against one deadline for a whole exchange, so that a peer dripping a
 //! byte at a time cannot stretch a per-read timeout into forever.
 
-use std::io::{self, Read};
+use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-/// Reads from `stream`, failing with `TimedOut` once `deadline` has passed.
-pub struct DeadlineReader<'a> {
+/// Reads from `stream`, failing with `TimedOut` once `deadline` has passed; writes go straight
+/// to the stream (the peer's receive window bounds them, and the kernel's timeouts).
+pub struct DeadlineStream<'a> {
     stream: &'a TcpStream,
     deadline: Instant,
     what: &'static str,
 }
 
-impl<'a> DeadlineReader<'a> {
+impl<'a> DeadlineStream<'a> {
     /// `what` names the exchange in the error.
     pub fn new(stream: &'a TcpStream, deadline: Instant, what: &'static str) -> Self {
-        DeadlineReader {
+        DeadlineStream {
             stream,
             deadline,
             what,
@@ -30,7 +31,18 @@ impl<'a> DeadlineReader<'a> {
     }
 }
 
-impl Read for DeadlineReader<'_> {
+impl Write for DeadlineStream<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let mut s = self.stream;
+        s.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Read for DeadlineStream<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let left = self.deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -75,7 +87,7 @@ mod tests {
         });
         let start = Instant::now();
         let mut buf = [0u8; 20];
-        let e = DeadlineReader::new(&s, start + Duration::from_millis(300), "test")
+        let e = DeadlineStream::new(&s, start + Duration::from_millis(300), "test")
             .read_exact(&mut buf)
             .unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::TimedOut);

@@ -4,7 +4,7 @@ use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use super::deadline::DeadlineReader;
+use super::deadline::DeadlineStream;
 
 use super::tcp::TcpEndpoint;
 use super::verbs::VerbsEndpoint;
@@ -121,7 +121,7 @@ pub fn exchange_endpoints(stream: &mut TcpStream, local: &[Endpoint]) -> io::Res
     stream.write_all(&msg)?;
 
     let deadline = Instant::now() + budget.unwrap_or(Duration::from_secs(365 * 24 * 3600));
-    let mut input = DeadlineReader::new(stream, deadline, "endpoint exchange");
+    let mut input = DeadlineStream::new(stream, deadline, "endpoint exchange");
     let mut head = [0u8; 8];
     input.read_exact(&mut head)?;
     if &head[..4] != MAGIC {

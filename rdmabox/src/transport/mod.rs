@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use connect::connect_links;
-pub use deadline::DeadlineReader;
+pub use deadline::DeadlineStream;
 pub use endpoint::{exchange_endpoints, Endpoint};
 pub use memory::MemoryRegion;
 pub use tcp::TcpConfig;
