@@ -17,7 +17,7 @@ use fuser::{
     Request, TimeOrNow, WriteFlags,
 };
 use rfs_proto::types::{
-    Attr, AttrChanges, Caller, FileKind, Owner, Timestamp, MAY_READ, MAY_WRITE,
+    Attr, AttrChanges, Caller, FileKind, Owner, Timestamp, MAY_EXEC, MAY_READ, MAY_WRITE,
 };
 use rfs_proto::Errno;
 
@@ -184,9 +184,13 @@ fn caller(req: &Request) -> Caller {
     }
 }
 
-/// The access an open asks for, in MAY_READ/MAY_WRITE bits.
+/// The kernel's mark on the open(s) execve(2) makes (__FMODE_EXEC), which FUSE passes on.
+const FMODE_EXEC: i32 = 0x20;
+
+/// The access an open asks for, in MAY_* bits.
 fn access(flags: i32) -> u8 {
     match flags & libc::O_ACCMODE {
+        _ if flags & FMODE_EXEC != 0 => MAY_EXEC,
         libc::O_WRONLY => MAY_WRITE,
         libc::O_RDWR => MAY_READ | MAY_WRITE,
         _ => MAY_READ,

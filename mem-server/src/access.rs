@@ -5,7 +5,7 @@
 //! a chunk map (and with it the data) reachable only through an open that passed them.
 
 use rfs_proto::types::{
-    Attr, AttrChanges, Caller, FileKind, Owner, MAX_GROUPS, MAY_READ, MAY_WRITE,
+    Attr, AttrChanges, Caller, FileKind, Owner, MAX_GROUPS, MAY_EXEC, MAY_READ, MAY_WRITE,
 };
 use rfs_proto::Errno;
 
@@ -54,12 +54,12 @@ fn in_group(c: &Caller, gid: u32) -> bool {
     c.gid == gid || c.groups.contains(&gid)
 }
 
-/// Whether `c` may have `want` (MAY_READ | MAY_WRITE) on a file with attributes `a`: the
-/// owner's bits for the owner, the group's for a member, the others' for anyone else; root
-/// always.
+/// Whether `c` may have `want` (MAY_READ | MAY_WRITE | MAY_EXEC) on a file with attributes
+/// `a`: the owner's bits for the owner, the group's for a member, the others' for anyone else;
+/// root reads and writes anything, and executes what has any execute bit.
 pub fn may(a: &Attr, c: &Caller, want: u8) -> bool {
     if c.uid == 0 {
-        return true;
+        return want & MAY_EXEC == 0 || a.perm & 0o111 != 0 || a.kind == FileKind::Directory;
     }
     let perm = a.perm as u32;
     let bits = if c.uid == a.uid {
@@ -72,9 +72,9 @@ pub fn may(a: &Attr, c: &Caller, want: u8) -> bool {
     bits as u8 & want == want
 }
 
-/// Checks that an open asks for reading, writing or both, and nothing else.
+/// Checks that an open asks for reading, writing, executing or a mix, and nothing else.
 pub fn check_access_bits(access: u8) -> Result<(), Errno> {
-    if access == 0 || access & !(MAY_READ | MAY_WRITE) != 0 {
+    if access == 0 || access & !(MAY_READ | MAY_WRITE | MAY_EXEC) != 0 {
         return Err(Errno::EINVAL);
     }
     Ok(())
@@ -97,7 +97,13 @@ pub fn check_open(a: &Attr, c: &Caller, access: u8) -> Result<(), Errno> {
 pub fn check_setattr(a: &Attr, c: &Caller, s: &AttrChanges, writing: bool) -> Result<(), Errno> {
     let root = c.uid == 0;
     let owner = root || c.uid == a.uid;
-    if s.mode.is_some() && !owner {
+    let can_write = writing || may(a, c, MAY_WRITE);
+    // A write by someone else clears the set-id bits (the kernel asks for that as a chmod in
+    // the writer's name); anything more is the owner's.
+    let only_clears_setid = |m: u32| m & 0o7777 == a.perm as u32 & 0o1777;
+    if s.mode
+        .is_some_and(|m| !(owner || (can_write && only_clears_setid(m))))
+    {
         return Err(Errno::EPERM);
     }
     if s.uid.is_some_and(|u| u != a.uid) && !root {
@@ -108,7 +114,6 @@ pub fn check_setattr(a: &Attr, c: &Caller, s: &AttrChanges, writing: bool) -> Re
             return Err(Errno::EPERM);
         }
     }
-    let can_write = writing || may(a, c, MAY_WRITE);
     if s.size.is_some() && !can_write {
         return Err(Errno::EACCES);
     }
@@ -177,7 +182,19 @@ mod tests {
             Ok(())
         );
         assert_eq!(check_open(&f, &who(1000, 1, &[]), 0), Err(Errno::EINVAL));
-        assert_eq!(check_open(&f, &who(1000, 1, &[]), 1), Err(Errno::EINVAL));
+        assert_eq!(check_open(&f, &who(1000, 1, &[]), 8), Err(Errno::EINVAL));
+        // execve needs the execute bit, not the read bit; root needs some execute bit.
+        let tool = file(0o711, 1000, 100);
+        assert_eq!(check_open(&tool, &who(2000, 5, &[]), MAY_EXEC), Ok(()));
+        assert_eq!(
+            check_open(&tool, &who(2000, 5, &[]), MAY_READ),
+            Err(Errno::EACCES)
+        );
+        assert_eq!(
+            check_open(&f, &who(0, 0, &[]), MAY_EXEC),
+            Err(Errno::EACCES)
+        );
+        assert_eq!(check_open(&tool, &who(0, 0, &[]), MAY_EXEC), Ok(()));
         let d = Attr {
             kind: FileKind::Directory,
             ..file(0o777, 0, 0)
@@ -200,6 +217,21 @@ mod tests {
         };
         assert_eq!(check_setattr(&f, &other, &mode, false), Err(Errno::EPERM));
         assert_eq!(check_setattr(&f, &owner, &mode, false), Ok(()));
+        // A writer who is not the owner may clear the set-id bits, and only that.
+        let setuid = file(0o4666, 1000, 100);
+        let clear = AttrChanges {
+            mode: Some(0o666),
+            ..Default::default()
+        };
+        assert_eq!(check_setattr(&setuid, &other, &clear, false), Ok(()));
+        let widen = AttrChanges {
+            mode: Some(0o4777),
+            ..Default::default()
+        };
+        assert_eq!(
+            check_setattr(&setuid, &other, &widen, false),
+            Err(Errno::EPERM)
+        );
         let give = AttrChanges {
             uid: Some(2000),
             ..Default::default()

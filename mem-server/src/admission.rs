@@ -1,7 +1,9 @@
 //! Who gets a connection slot: limits on control connections in total and per peer address,
 //! so that no peer, authenticated or not, can take every file descriptor or thread of a node.
-//! A connection holds its slot (a [`Ticket`]) until it ends; unauthenticated ones also end at
-//! the setup deadline, so a flood of silent peers drains by itself.
+//! A connection holds its slot (a [`Ticket`]) until it ends. Connections still authenticating
+//! have a smaller budget of their own, so that peers without the secret can delay new
+//! connections for the setup deadline at most, never take the slots of authenticated ones.
+//! IPv6 peers count by /64, the block one host usually has.
 
 use std::collections::HashMap;
 use std::io;
@@ -27,6 +29,10 @@ impl Default for Limits {
     }
 }
 
+/// Of the slots, how many may be authenticating at once: in total, and per peer.
+const PENDING_SHARE: usize = 8;
+const PENDING_PER_PEER_SHARE: usize = 32;
+
 /// File descriptors one connection may need: its control socket, and on the tcp provider one
 /// socket per queue pair plus its listener while it connects.
 const FDS_PER_CONNECTION: u64 = 8;
@@ -46,6 +52,29 @@ impl Limits {
 struct Counts {
     total: usize,
     per_peer: HashMap<IpAddr, usize>,
+    pending: usize,
+    pending_per_peer: HashMap<IpAddr, usize>,
+}
+
+/// The address a peer counts under: itself, or for IPv6 its /64.
+fn peer_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) if v6.to_ipv4_mapped().is_none() => {
+            let s = v6.segments();
+            IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+        }
+        IpAddr::V6(v6) => IpAddr::V4(v6.to_ipv4_mapped().expect("checked")),
+        v4 => v4,
+    }
+}
+
+fn decrement(map: &mut HashMap<IpAddr, usize>, key: IpAddr) {
+    if let Some(n) = map.get_mut(&key) {
+        *n -= 1;
+        if *n == 0 {
+            map.remove(&key);
+        }
+    }
 }
 
 /// The node's connection slots.
@@ -58,6 +87,7 @@ pub struct Admission {
 pub struct Ticket {
     admission: Arc<Admission>,
     peer: IpAddr,
+    pending: bool,
 }
 
 impl Admission {
@@ -68,8 +98,11 @@ impl Admission {
         })
     }
 
-    /// A slot for a connection from `peer`, or why there is none.
+    /// A slot for a connection from `peer`, still authenticating, or why there is none.
     pub fn admit(self: &Arc<Self>, peer: IpAddr) -> Result<Ticket, String> {
+        let key = peer_key(peer);
+        let pending_total = (self.limits.total / PENDING_SHARE).max(1);
+        let pending_per_peer = (self.limits.per_peer / PENDING_PER_PEER_SHARE).max(1);
         let mut c = self.counts.lock().unwrap();
         if c.total >= self.limits.total {
             return Err(format!(
@@ -77,17 +110,29 @@ impl Admission {
                 c.total
             ));
         }
-        let mine = c.per_peer.entry(peer).or_default();
-        if *mine >= self.limits.per_peer {
+        let mine = c.per_peer.get(&key).copied().unwrap_or(0);
+        if mine >= self.limits.per_peer {
             return Err(format!(
-                "{mine} connections from {peer} already (--max-connections-per-peer)"
+                "{mine} connections from {key} already (--max-connections-per-peer)"
             ));
         }
-        *mine += 1;
+        if c.pending >= pending_total {
+            return Err(format!("{} connections still authenticating", c.pending));
+        }
+        let mine_pending = c.pending_per_peer.get(&key).copied().unwrap_or(0);
+        if mine_pending >= pending_per_peer {
+            return Err(format!(
+                "{mine_pending} connections from {key} still authenticating"
+            ));
+        }
+        *c.per_peer.entry(key).or_default() += 1;
+        *c.pending_per_peer.entry(key).or_default() += 1;
         c.total += 1;
+        c.pending += 1;
         Ok(Ticket {
             admission: self.clone(),
-            peer,
+            peer: key,
+            pending: true,
         })
     }
 
@@ -97,16 +142,23 @@ impl Admission {
     }
 }
 
+impl Ticket {
+    /// The peer proved it knows the secret: its slot leaves the authenticating budget.
+    pub fn authenticated(&mut self) {
+        if std::mem::take(&mut self.pending) {
+            let mut c = self.admission.counts.lock().unwrap();
+            c.pending -= 1;
+            decrement(&mut c.pending_per_peer, self.peer);
+        }
+    }
+}
+
 impl Drop for Ticket {
     fn drop(&mut self) {
+        self.authenticated();
         let mut c = self.admission.counts.lock().unwrap();
         c.total -= 1;
-        if let Some(n) = c.per_peer.get_mut(&self.peer) {
-            *n -= 1;
-            if *n == 0 {
-                c.per_peer.remove(&self.peer);
-            }
-        }
+        decrement(&mut c.per_peer, self.peer);
     }
 }
 
@@ -178,22 +230,70 @@ impl RateLimitedLog {
 mod tests {
     use super::*;
 
+    fn admitted(a: &Arc<Admission>, ip: &str) -> Ticket {
+        let mut t = a.admit(ip.parse().unwrap()).unwrap();
+        t.authenticated();
+        t
+    }
+
     #[test]
     fn slots_are_bounded_per_peer_and_in_total_and_come_back() {
         let a = Admission::new(Limits {
             total: 3,
             per_peer: 2,
         });
-        let one: IpAddr = "10.0.0.1".parse().unwrap();
-        let two: IpAddr = "10.0.0.2".parse().unwrap();
-        let t1 = a.admit(one).unwrap();
-        let _t2 = a.admit(one).unwrap();
-        assert!(a.admit(one).err().unwrap().contains("per-peer"));
-        let _t3 = a.admit(two).unwrap();
-        assert!(a.admit(two).err().unwrap().contains("--max-connections"));
+        let t1 = admitted(&a, "10.0.0.1");
+        let _t2 = admitted(&a, "10.0.0.1");
+        assert!(a
+            .admit("10.0.0.1".parse().unwrap())
+            .err()
+            .unwrap()
+            .contains("per-peer"));
+        let _t3 = admitted(&a, "10.0.0.2");
+        let full = a.admit("10.0.0.2".parse().unwrap()).err().unwrap();
+        assert!(full.contains("--max-connections"), "{full}");
         drop(t1);
         assert_eq!(a.in_use(), 2);
-        assert!(a.admit(one).is_ok());
+        assert!(a.admit("10.0.0.1".parse().unwrap()).is_ok());
+    }
+
+    #[test]
+    fn peers_still_authenticating_cannot_take_the_authenticated_slots() {
+        let a = Admission::new(Limits {
+            total: 64,
+            per_peer: 64,
+        });
+        // 64 / 32: two at a time from one peer, 64 / 8 = 8 in all.
+        let lurkers: Vec<Ticket> = (0..2)
+            .map(|_| a.admit("10.0.0.9".parse().unwrap()).unwrap())
+            .collect();
+        let refused = a.admit("10.0.0.9".parse().unwrap()).err().unwrap();
+        assert!(refused.contains("authenticating"), "{refused}");
+        let more: Vec<Ticket> = (1..=6)
+            .map(|i| a.admit(format!("10.0.1.{i}").parse().unwrap()).unwrap())
+            .collect();
+        assert!(a.admit("10.0.2.1".parse().unwrap()).is_err(), "8 in all");
+        // Once authenticated, a connection makes room for the next one to authenticate.
+        let mut first = more.into_iter().next().unwrap();
+        first.authenticated();
+        assert!(a.admit("10.0.2.1".parse().unwrap()).is_ok());
+        drop(lurkers);
+    }
+
+    #[test]
+    fn ipv6_peers_count_by_their_64() {
+        let a = Admission::new(Limits {
+            total: 100,
+            per_peer: 1,
+        });
+        let _t = admitted(&a, "2001:db8:1:2::1");
+        assert!(a.admit("2001:db8:1:2::ffff".parse().unwrap()).is_err());
+        assert!(a.admit("2001:db8:1:3::1".parse().unwrap()).is_ok());
+        let _v4 = admitted(&a, "::ffff:10.0.0.1");
+        assert!(
+            a.admit("10.0.0.1".parse().unwrap()).is_err(),
+            "mapped v4 is v4"
+        );
     }
 
     #[test]

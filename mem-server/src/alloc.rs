@@ -62,9 +62,12 @@ pub struct Allocator {
 }
 
 impl Allocator {
-    /// How many nodes there are, dead ones included (ids are never reused).
-    pub fn node_count(&self) -> usize {
-        self.nodes.len()
+    /// How many nodes there are: (alive, all including dead ones; ids are never reused).
+    pub fn node_counts(&self) -> (usize, usize) {
+        (
+            self.nodes.iter().filter(|n| n.alive).count(),
+            self.nodes.len(),
+        )
     }
 
     /// Adds a node whose pool (all zero) is cut into `count` chunks of `chunk_size`.

@@ -17,8 +17,11 @@ use crate::meta::MetaService;
 use crate::node::{invalid, wait_for_close, Shared};
 
 const ACCEPTED: &[u8] = b"ok";
-/// The most data nodes one namespace takes (ids are not reused, so rejoins count).
+/// The most live data nodes one namespace takes.
 const MAX_NODES: usize = 1024;
+/// The most joins one metadata node records (ids are not reused: a node that restarts joins
+/// anew); enough for every node to restart many times over.
+const MAX_JOINS: usize = 64 * MAX_NODES;
 /// The largest pool a node may lend: far beyond any machine's memory, and small enough that
 /// chunk arithmetic cannot overflow.
 const MAX_POOL_BYTES: u64 = 1 << 50;
@@ -67,10 +70,11 @@ pub(crate) fn admit(
         send_frame(&mut s, why.as_bytes())?;
         return Err(invalid(format!("refused a join: {why}")));
     }
-    if meta.state.lock().unwrap().alloc.node_count() >= MAX_NODES {
+    let (live, all) = meta.state.lock().unwrap().alloc.node_counts();
+    if live >= MAX_NODES || all >= MAX_JOINS {
         send_frame(&mut s, b"too many data nodes")?;
         return Err(invalid(format!(
-            "refused a join: this namespace has had {MAX_NODES} data nodes"
+            "refused a join: {live} live data nodes, {all} joins so far (at most {MAX_NODES} and {MAX_JOINS})"
         )));
     }
     let Join {

@@ -547,6 +547,9 @@ impl MetaService {
                     Some(h) if h.all > 0 && (m.access & MAY_WRITE == 0 || h.writable > 0) => {
                         h.all -= 1;
                         h.writable -= (m.access & MAY_WRITE != 0) as u32;
+                        // A client that closes a writable handle as read-only keeps no more
+                        // writable handles than handles.
+                        h.writable = h.writable.min(h.all);
                         if h.all == 0 {
                             open.remove(&m.ino);
                         }
@@ -587,9 +590,11 @@ impl MetaService {
                 answer(m, result)
             }
             Request::Commit(m) => {
+                // Through any handle: close(2) of a read-only descriptor flushes what the
+                // client's writers left uncommitted, and may come after their release.
                 let r = match open.get(&m.ino) {
-                    Some(h) if h.writable > 0 => ns.commit(m.ino, m.size, m.mtime),
-                    _ => Err(Errno::EBADF),
+                    Some(_) => ns.commit(m.ino, m.size, m.mtime),
+                    None => Err(Errno::EBADF),
                 };
                 r.is_ok().then(|| fx.change.inodes.push((m.ino, true)));
                 answer(m, told(holders, session, r, None))

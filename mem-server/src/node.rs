@@ -283,13 +283,17 @@ impl Shared {
         }
     }
 
-    fn serve_connection(&self, mut s: TcpStream, _slot: Ticket) -> io::Result<()> {
+    fn serve_connection(&self, mut s: TcpStream, mut slot: Ticket) -> io::Result<()> {
         let deadline = Instant::now() + SETUP_DEADLINE;
         let peer = s.peer_addr()?;
         s.set_nodelay(true)?;
         handshake::accept(&mut s, self.cfg.secret.as_deref(), deadline)?;
+        slot.authenticated();
         let hello = Hello::receive(&mut DeadlineStream::new(&s, deadline, "hello"))?;
         s.set_read_timeout(None)?;
+        // The connection lives as long as the session; a peer host that dies without a word
+        // must not hold its slot (and queue pairs) forever.
+        rdmabox::transport::tcp::configure_socket(&s, self.cfg.transport.tcp.dead_peer_timeout)?;
         log::debug!("{peer}: {hello:?}");
         let meta = || {
             self.meta

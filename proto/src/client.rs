@@ -180,9 +180,8 @@ impl MetadataChannel for Client {
 
 impl Client {
     /// Connects to the metadata service at `addr` (HOST:PORT).
-    pub fn connect(addr: &str, mut cfg: ClientConfig) -> io::Result<Client> {
+    pub fn connect(addr: &str, cfg: ClientConfig) -> io::Result<Client> {
         let meta_addr = resolve(addr)?;
-        cfg.transport.tcp.bind_toward(meta_addr);
         let ctx = Context::open(&cfg.transport)?;
         let pd = Arc::new(ctx.alloc_pd()?);
         let client_id = rdmabox::random::u64();

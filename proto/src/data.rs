@@ -41,8 +41,11 @@ impl DataSession {
             qps: cfg.qps as u32,
         });
         let mut s = dial(addr, secret, &hello, timeout)?;
+        // A node that goes silent during setup fails the connect instead of hanging it.
+        s.set_read_timeout(Some(timeout))?;
         let links = connect_links(ctx, pd, &mut s, cfg.qps, cfg.caps)?;
         let frame = recv_frame(&mut s, MAX_POOL_FRAME)?;
+        s.set_read_timeout(None)?;
         let PoolDescriptor { addr, len, rkey } = PoolDescriptor::decode(&frame)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         let pool = RemoteRegion { addr, len, rkey };

@@ -4,7 +4,7 @@
 //! reads it has every peer's reach.
 
 use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 /// Random bytes in a created secret (written as hex).
@@ -19,20 +19,36 @@ pub fn default_path() -> PathBuf {
     }
     let config = std::env::var_os("XDG_CONFIG_HOME")
         .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))
-        .unwrap_or_else(|| PathBuf::from("."));
-    config.join("rfs/secret")
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")));
+    match config {
+        Some(c) => c.join("rfs/secret"),
+        // Never a path relative to wherever the process happens to run.
+        None => PathBuf::from("/etc/rfs/secret"),
+    }
 }
 
 fn with_path(path: &Path, e: io::Error) -> io::Error {
     io::Error::new(e.kind(), format!("secret file {}: {e}", path.display()))
 }
 
-/// Reads a secret file: its bytes, trailing whitespace trimmed. Refuses an empty one, and one
-/// that group or others may read.
+/// Reads a secret file: its bytes, trailing whitespace trimmed. Refuses an empty one, one that
+/// group or others may read, and one that another user owns (who could read or replace it).
 pub fn read(path: &Path) -> io::Result<Vec<u8>> {
     let mut f = std::fs::File::open(path).map_err(|e| with_path(path, e))?;
-    let mode = f.metadata().map_err(|e| with_path(path, e))?.mode();
+    let meta = f.metadata().map_err(|e| with_path(path, e))?;
+    let mode = meta.mode();
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != me {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "secret file {} belongs to uid {}, not to this user (uid {me})",
+                path.display(),
+                meta.uid()
+            ),
+        ));
+    }
     if mode & 0o077 != 0 {
         return Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
@@ -97,12 +113,8 @@ pub fn read_or_create(path: &Path) -> io::Result<(Vec<u8>, bool)> {
     let linked = written.and_then(|()| std::fs::hard_link(&staging, path));
     let _ = std::fs::remove_file(&staging);
     match linked {
-        Ok(()) => {
-            // The umask may have narrowed the mode, never widened it; make it exact anyway.
-            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-                .map_err(|e| with_path(path, e))?;
-            Ok((hex.into_bytes(), true))
-        }
+        // Created 0600: the umask can only have narrowed that.
+        Ok(()) => Ok((hex.into_bytes(), true)),
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => read(path).map(|s| (s, false)),
         Err(e) => Err(with_path(path, e)),
     }
@@ -125,6 +137,7 @@ pub fn for_peer(given: Option<&Path>) -> io::Result<Option<Vec<u8>>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     fn scratch(name: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!(

@@ -200,6 +200,8 @@ pub const MAX_GROUPS: usize = 65536;
 pub const MAY_READ: u8 = 4;
 /// See [`MAY_READ`].
 pub const MAY_WRITE: u8 = 2;
+/// See [`MAY_READ`]: an open by execve(2), which needs the execute bit and not the read bit.
+pub const MAY_EXEC: u8 = 1;
 
 wire_struct! {
     /// The attributes a setattr changes (chmod, chown, truncate, utimens); `None` keeps one.

@@ -99,4 +99,13 @@ fn another_user_gets_what_the_mode_bits_give_as_on_a_local_file_system() {
     let (ok, err) = as_nobody(&format!("echo more >> {p}"));
     assert!(ok, "{err}");
     assert_eq!(std::fs::read(&shared).unwrap(), b"everyone readsmore\n");
+    // A program others may run but not read (0711) runs, as on a local file system.
+    let tool = m.path("tool");
+    std::fs::copy("/bin/true", &tool).unwrap();
+    std::fs::set_permissions(&tool, std::os::unix::fs::PermissionsExt::from_mode(0o711)).unwrap();
+    let t = tool.display();
+    let (ok, err) = as_nobody(&format!("{t}"));
+    assert!(ok, "running it: {err}");
+    let (ok, _) = as_nobody(&format!("cat {t} > /dev/null"));
+    assert!(!ok, "reading it");
 }

@@ -147,10 +147,10 @@ impl<B: Backend> Rfs<B> {
         if ino == STATS_INO {
             return Err(Errno::EACCES.into());
         }
-        // Chunk maps come only through a handle: a truncate by path opens one for writing
-        // (which checks the caller may write), to zero the cut chunk's tail.
+        // Chunk maps come only through a handle: a truncate without a writable one here opens
+        // one (which checks that the caller may write) before zeroing the cut chunk's tail.
         let temporary = match changes.size {
-            Some(_) if !self.has_handle(ino) => Some(self.open(ino, MAY_WRITE, caller)?.0),
+            Some(_) if !self.has_writable_handle(ino) => Some(self.open(ino, MAY_WRITE, caller)?.0),
             _ => None,
         };
         let result = self.truncate_and_set(ino, changes, caller);

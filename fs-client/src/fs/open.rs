@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering::Relaxed;
 
 use rfs_proto::message::{Commit, Create, Open, Release};
-use rfs_proto::types::{Attr, Caller, FileKind, Ino, Owner, Timestamp};
+use rfs_proto::types::{Attr, Caller, FileKind, Ino, Owner, Timestamp, MAY_WRITE};
 
 use super::backend::Backend;
 use super::error::Result;
@@ -86,13 +86,13 @@ impl<B: Backend> Rfs<B> {
         (fh, self.with_local_size(attr))
     }
 
-    /// Whether this client holds a handle of `ino`.
-    pub(crate) fn has_handle(&self, ino: Ino) -> bool {
-        self.open
+    /// Whether this client holds a handle of `ino` open for writing.
+    pub(crate) fn has_writable_handle(&self, ino: Ino) -> bool {
+        self.handles
             .lock()
             .unwrap()
-            .get(&ino)
-            .is_some_and(|f| f.handles > 0)
+            .values()
+            .any(|&(i, access)| i == ino && access & MAY_WRITE != 0)
     }
 
     /// Commits our size and mtime of `ino` to the metadata node, if we changed them.

@@ -22,7 +22,7 @@ use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
 
 pub use cq::Cq;
-pub use qp::{PreparedQp, Qp};
+pub use qp::{configure_socket, PreparedQp, Qp};
 
 use super::memory::{Backing, MemoryRegion, MrInner, Registration as AnyRegistration};
 use super::types::{Access, QpCaps};
@@ -48,28 +48,6 @@ impl Default for TcpConfig {
             rnr_timeout: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(10),
             dead_peer_timeout: Duration::from_secs(5),
-        }
-    }
-}
-
-impl TcpConfig {
-    /// Binds the queue pairs' listeners to the local address that reaches `peer`, unless an
-    /// address was chosen already: listening on every interface would expose them to every
-    /// network the host is on.
-    pub fn bind_toward(&mut self, peer: SocketAddr) {
-        if !self.bind_ip.is_unspecified() {
-            return;
-        }
-        let unspecified: SocketAddr = match peer {
-            SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
-            SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
-        };
-        // A connected UDP socket sends nothing; it only asks the kernel for the route.
-        let route = std::net::UdpSocket::bind(unspecified)
-            .and_then(|u| u.connect(peer).and_then(|()| u.local_addr()));
-        match route {
-            Ok(local) => self.bind_ip = local.ip(),
-            Err(e) => log::warn!("no route to {peer} ({e}): queue pairs listen on every address"),
         }
     }
 }
@@ -228,20 +206,5 @@ impl Drop for Registration {
             // SAFETY: undoes our own mlock of this range.
             unsafe { libc::munlock(addr as *const libc::c_void, len) };
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn listeners_bind_the_address_that_reaches_the_peer() {
-        let mut c = TcpConfig::default();
-        c.bind_toward("127.0.0.1:7470".parse().unwrap());
-        assert_eq!(c.bind_ip, IpAddr::V4(Ipv4Addr::LOCALHOST));
-        c.bind_ip = "127.0.0.2".parse().unwrap();
-        c.bind_toward("127.0.0.1:7470".parse().unwrap());
-        assert_eq!(c.bind_ip.to_string(), "127.0.0.2", "a chosen address stays");
     }
 }

@@ -148,7 +148,9 @@ fn remaining(deadline: Instant) -> io::Result<Duration> {
         })
 }
 
-fn configure_socket(s: &TcpStream, dead_peer: Duration) -> io::Result<()> {
+/// No Nagle delay, and a peer that stops acknowledging or answering keepalives for
+/// `dead_peer` ends the connection (a crashed host never sends a FIN).
+pub fn configure_socket(s: &TcpStream, dead_peer: Duration) -> io::Result<()> {
     s.set_nodelay(true)?;
     let fd = s.as_raw_fd();
     let secs = dead_peer.as_secs().max(1) as libc::c_int;
