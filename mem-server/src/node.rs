@@ -159,7 +159,7 @@ impl Node {
         let nofile = admission::raise_fd_limit();
         let limits = cfg.limits.within_fd_limit(nofile);
         if limits != cfg.limits {
-            log::warn!(
+            log::info!(
                 "{nofile} open files allowed: taking at most {} connections ({} per peer)",
                 limits.total,
                 limits.per_peer
@@ -271,7 +271,12 @@ impl Shared {
                 .spawn(move || match me.serve_connection(s, ticket) {
                     Ok(()) => {}
                     // Port probes and peers that hang up before saying anything.
-                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset
+                        ) =>
+                    {
                         log::debug!("connection from {peer} closed early")
                     }
                     Err(e) => log::info!("connection from {peer} ended: {e}"),
