@@ -8,8 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rdmabox::transport::{ProviderKind, TransportConfig};
-use rfs_e2e::MemServer;
+use rfs_e2e::{client, client_config, secret, MemServer};
 use rfs_proto::data::chunk_addr;
 use rfs_proto::message::{
     decode_reply, Allocate, Call, ChunkMap, Create, GetAttr, GetStatFs, ListNodes, Lookup, Open,
@@ -18,7 +17,7 @@ use rfs_proto::message::{
 use rfs_proto::types::{
     Attr, Caller, ChunkRef, NodeInfo, Owner, StatFs, MAY_READ, MAY_WRITE, ROOT,
 };
-use rfs_proto::{Client, ClientConfig, Errno, MetadataChannel};
+use rfs_proto::{Client, Errno, MetadataChannel};
 
 /// A metadata node with a short lease: departed clients' sessions end two leases after.
 fn meta(memory: &str) -> MemServer {
@@ -28,29 +27,6 @@ fn meta(memory: &str) -> MemServer {
 fn data(meta: &MemServer, memory: &str) -> MemServer {
     let m = meta.addr.to_string();
     MemServer::start(&["--memory", memory, "--join", &m])
-}
-
-fn cfg() -> ClientConfig {
-    let mut c = ClientConfig {
-        transport: TransportConfig::with_provider(ProviderKind::Tcp),
-        secret: secret(),
-        ..ClientConfig::default()
-    };
-    c.session.qps = 2;
-    c
-}
-
-/// The secret the first node created at the default path.
-fn secret() -> Option<Vec<u8>> {
-    Some(
-        rfs_proto::secret::for_peer(None)
-            .unwrap()
-            .expect("a node created the secret"),
-    )
-}
-
-fn client(s: &MemServer) -> Client {
-    Client::connect(&s.addr.to_string(), cfg()).expect("client connects")
 }
 
 const RW: u8 = MAY_READ | MAY_WRITE;
@@ -249,7 +225,7 @@ fn secrets_are_required_and_checked() {
     }
     let meta = MemServer::start(&["--memory", "4M", "--secret-file", good.to_str().unwrap()]);
     let with = |secret: Option<&[u8]>| {
-        let mut c = cfg();
+        let mut c = client_config();
         c.secret = secret.map(|s| s.to_vec());
         Client::connect(&meta.addr.to_string(), c)
     };
@@ -315,7 +291,7 @@ fn hostile_input_is_refused_and_harms_no_one() {
     {
         use rdmabox::transport::Context;
         use rfs_proto::hello::{Hello, Metadata};
-        let ctx = Context::open(&cfg().transport).unwrap();
+        let ctx = Context::open(&client_config().transport).unwrap();
         let pd = ctx.alloc_pd().unwrap();
         let hello = Hello::Metadata(Metadata { client_id: 1 });
         let mut s = rfs_proto::handshake::dial(

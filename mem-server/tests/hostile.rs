@@ -6,37 +6,13 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use rdmabox::transport::{ProviderKind, TransportConfig};
-use rfs_e2e::MemServer;
+use rfs_e2e::{client, client_config, secret, MemServer};
 use rfs_proto::frame::recv_frame;
 use rfs_proto::handshake::dial;
 use rfs_proto::hello::{Data, Hello, Join};
 use rfs_proto::message::{Allocate, ChunkMap, Create, GetAttr, GetStatFs, Open, SetAttr};
-use rfs_proto::types::{AttrChanges, Caller, Owner, MAY_READ, MAY_WRITE, ROOT};
-use rfs_proto::{Client, ClientConfig, Errno, MetadataChannel};
-
-fn cfg() -> ClientConfig {
-    let mut c = ClientConfig {
-        transport: TransportConfig::with_provider(ProviderKind::Tcp),
-        secret: secret(),
-        ..ClientConfig::default()
-    };
-    c.session.qps = 2;
-    c
-}
-
-/// The secret the first node created at the default path.
-fn secret() -> Option<Vec<u8>> {
-    Some(
-        rfs_proto::secret::for_peer(None)
-            .unwrap()
-            .expect("a node created the secret"),
-    )
-}
-
-fn client(s: &MemServer) -> Client {
-    Client::connect(&s.addr.to_string(), cfg()).expect("client connects")
-}
+use rfs_proto::types::{Attr, AttrChanges, Caller, Owner, MAY_READ, MAY_WRITE, ROOT};
+use rfs_proto::{Client, Errno, MetadataChannel};
 
 /// A line of /proc/PID/status, as a number (its first field).
 fn status(pid: u32, key: &str) -> u64 {
@@ -192,11 +168,11 @@ fn connections_past_the_per_peer_limit_are_refused_at_once() {
         0,
         "closed without a greeting"
     );
-    assert!(Client::connect(&meta.addr.to_string(), cfg()).is_err());
+    assert!(Client::connect(&meta.addr.to_string(), client_config()).is_err());
     // Slots come back when connections end.
     drop(c3);
     wait_until("a slot to free up", Duration::from_secs(5), || {
-        Client::connect(&meta.addr.to_string(), cfg()).is_ok()
+        Client::connect(&meta.addr.to_string(), client_config()).is_ok()
     });
     assert_eq!(c.call(GetAttr { ino: ROOT }).unwrap().ino, ROOT);
     let _ = refused.write_all(b"x");
@@ -208,6 +184,21 @@ fn user(uid: u32) -> Caller {
         gid: uid,
         groups: vec![],
     }
+}
+
+/// Creates `name` in the root, mode 0600, owned by `uid` (group `uid`), open for read and write.
+fn create_private(c: &Client, name: &str, uid: u32) -> Attr {
+    c.call(Create {
+        parent: ROOT,
+        name: name.into(),
+        owner: Owner {
+            perm: 0o600,
+            uid,
+            gid: uid,
+        },
+        access: MAY_READ | MAY_WRITE,
+    })
+    .unwrap()
 }
 
 fn open_as(c: &Client, ino: u64, access: u8, who: Caller) -> Result<(), Errno> {
@@ -224,19 +215,7 @@ fn open_as(c: &Client, ino: u64, access: u8, who: Caller) -> Result<(), Errno> {
 fn a_client_reaches_only_what_it_opened_as_the_mode_allows() {
     let meta = MemServer::start(&["--memory", "8M"]);
     let owner = client(&meta);
-    let private = owner
-        .call(Create {
-            parent: ROOT,
-            name: "private".into(),
-            owner: Owner {
-                perm: 0o600,
-                uid: 1000,
-                gid: 1000,
-            },
-            access: MAY_READ | MAY_WRITE,
-        })
-        .unwrap()
-        .ino;
+    let private = create_private(&owner, "private", 1000).ino;
     owner
         .call(Allocate {
             ino: private,
@@ -318,31 +297,9 @@ fn a_client_reaches_only_what_it_opened_as_the_mode_allows() {
 fn root_squash_makes_root_an_ordinary_user() {
     let meta = MemServer::start(&["--memory", "4M", "--root-squash"]);
     let c = client(&meta);
-    let made = c
-        .call(Create {
-            parent: ROOT,
-            name: "f".into(),
-            owner: Owner {
-                perm: 0o600,
-                uid: 0,
-                gid: 0,
-            },
-            access: MAY_WRITE,
-        })
-        .unwrap();
+    let made = create_private(&c, "f", 0);
     assert_eq!((made.uid, made.gid), (65534, 65534), "created as nobody");
-    let theirs = c
-        .call(Create {
-            parent: ROOT,
-            name: "g".into(),
-            owner: Owner {
-                perm: 0o600,
-                uid: 1000,
-                gid: 1000,
-            },
-            access: MAY_WRITE,
-        })
-        .unwrap();
+    let theirs = create_private(&c, "g", 1000);
     assert_eq!(
         open_as(&c, theirs.ino, MAY_READ, user(0)),
         Err(Errno::EACCES)

@@ -29,6 +29,34 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
+/// The secret the first node created at the default path (every test node uses it).
+pub fn secret() -> Option<Vec<u8>> {
+    Some(
+        rfs_proto::secret::for_peer(None)
+            .unwrap()
+            .expect("a node created the secret"),
+    )
+}
+
+/// How protocol-level test clients connect: tcp provider, the default secret, two queue pairs
+/// per data session.
+pub fn client_config() -> rfs_proto::ClientConfig {
+    let mut cfg = rfs_proto::ClientConfig {
+        transport: rdmabox::transport::TransportConfig::with_provider(
+            rdmabox::transport::ProviderKind::Tcp,
+        ),
+        secret: secret(),
+        ..rfs_proto::ClientConfig::default()
+    };
+    cfg.session.qps = 2;
+    cfg
+}
+
+/// A protocol-level client of `node`.
+pub fn client(node: &MemServer) -> rfs_proto::Client {
+    rfs_proto::Client::connect(&node.addr.to_string(), client_config()).expect("client connects")
+}
+
 /// A mem-server process.
 pub struct MemServer {
     child: Child,
