@@ -138,6 +138,10 @@ fn invalidate_kernel_caches(fs: &Rfs, notifier: fuser::Notifier) {
                     KernelInval::Entry { parent, name } => {
                         notifier.inval_entry(INodeNo(*parent), OsStr::from_bytes(name.as_bytes()))
                     }
+                    KernelInval::Done(done) => {
+                        let _ = done.send(());
+                        continue;
+                    }
                 };
                 if let Err(e) = r {
                     log::debug!("kernel invalidation {inval:?}: {e}");

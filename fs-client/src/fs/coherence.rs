@@ -2,9 +2,12 @@
 //! dropped (and the transfers through them finished) before the answer; sizes of files open
 //! here follow changes made elsewhere; the kernel is told to drop the attributes, pages and
 //! names it caches. Kernel invalidations go through a queue to a thread of their own, since the
-//! kernel may take a lock held by an operation of ours that waits on the metadata node.
+//! kernel may take a lock held by an operation of ours that waits on the metadata node; the
+//! answer waits for them (briefly, for that same reason), so that once the change that caused
+//! the callback returns, this mount no longer serves a name or attributes it made stale.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use rfs_proto::callback::Callback;
 use rfs_proto::client::Notice;
@@ -13,13 +16,21 @@ use rfs_proto::types::{Attr, Ino, Name};
 use super::backend::Backend;
 use super::Rfs;
 
+/// How long a callback's answer waits for the kernel to have dropped what it names. The kernel
+/// blocks an invalidation while one of our operations in that directory holds its lock, and
+/// that operation may be waiting for this very answer (through the metadata node): past this,
+/// the answer goes and the invalidation follows when the lock is free.
+const KERNEL_INVAL_WAIT: Duration = Duration::from_millis(200);
+
 /// A cache entry of the kernel's to drop.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub enum KernelInval {
     /// An inode's attributes, and its cached pages if `data`.
     Inode { ino: Ino, data: bool },
     /// A name in a directory.
     Entry { parent: Ino, name: Name },
+    /// Everything queued before is done: say so on the channel.
+    Done(crossbeam_channel::Sender<()>),
 }
 
 impl<B: Backend> Rfs<B> {
@@ -48,6 +59,7 @@ impl<B: Backend> Rfs<B> {
 
     /// One callback; it is answered when this returns.
     pub fn on_callback(&self, cb: Callback) {
+        let invalidates = !cb.inodes.is_empty() || !cb.entries.is_empty();
         for inv in &cb.inodes {
             if let Some(from) = inv.chunks_from {
                 self.chunks.recall(inv.ino, from, self.lease);
@@ -65,6 +77,11 @@ impl<B: Backend> Rfs<B> {
                 parent: e.parent,
                 name: e.name,
             });
+        }
+        if invalidates && self.kernel.get().is_some() {
+            let (done, wait) = crossbeam_channel::bounded(1);
+            self.kernel(KernelInval::Done(done));
+            let _ = wait.recv_timeout(KERNEL_INVAL_WAIT);
         }
     }
 
