@@ -31,7 +31,7 @@ fn config() -> TransportConfig {
 
 /// One end of a connection: its own context, PD, send and receive CQs and QP.
 struct Side {
-    _ctx: Context,
+    ctx: Context,
     pd: ProtectionDomain,
     scq: CompletionQueue,
     rcq: CompletionQueue,
@@ -65,7 +65,7 @@ impl Half {
     fn connect(self, remote: &rdmabox::transport::Endpoint) -> Side {
         Side {
             qp: self.prepared.connect(remote).expect("connect qp"),
-            _ctx: self.ctx,
+            ctx: self.ctx,
             pd: self.pd,
             scq: self.scq,
             rcq: self.rcq,
@@ -447,6 +447,100 @@ fn deregistered_region_is_no_longer_reachable() {
     a.qp.post_send(&[SendWr::new(1, SendOp::Read(at(&r, 0)), &[local.sge()])])
         .unwrap();
     assert_refused(&a, WcStatus::RemoteAccessError);
+}
+
+/// A pool in a domain no queue pair uses, as a storage node keeps it, and a grant of
+/// `len` bytes at `offset` of it in `side`'s domain (the one its queue pair uses).
+fn pool_and_grant(
+    side: &Side,
+    offset: usize,
+    len: usize,
+    access: Access,
+) -> (ProtectionDomain, MemoryRegion, MemoryRegion) {
+    let pool_pd = side.ctx.alloc_pd().unwrap();
+    let pool = pool_pd.alloc_region(64 << 10, Access::ALL).unwrap();
+    let grant = side.pd.register_within(&pool, offset, len, access).unwrap();
+    (pool_pd, pool, grant)
+}
+
+#[test]
+fn a_grant_reaches_its_range_of_the_pool_and_nothing_past_it() {
+    let (a, b) = pair();
+    let (_pd, pool, grant) = pool_and_grant(&b, 16 << 10, 8 << 10, Access::ALL);
+    assert_eq!(grant.addr(), pool.addr() + (16 << 10));
+    let local = region(&a, 8 << 10);
+    let data = pattern(4096, 7);
+    local.write_at(0, &data).unwrap();
+    let g = grant.remote();
+    a.qp.post_send(&[SendWr::new(
+        1,
+        SendOp::Write(at(&g, 4096)),
+        &[local.slice(0, 4096).unwrap()],
+    )])
+    .unwrap();
+    assert!(wait_one(&a.scq).status.is_ok());
+    let mut back = vec![0u8; 4096];
+    pool.read_at((16 << 10) + 4096, &mut back).unwrap();
+    assert_eq!(back, data, "the write landed in the pool through the grant");
+    a.qp.post_send(&[SendWr::new(
+        1,
+        SendOp::Read(at(&g, 1)),
+        &[local.slice(0, 8 << 10).unwrap()],
+    )])
+    .unwrap();
+    assert_refused(&a, WcStatus::RemoteAccessError);
+    assert!(pool.to_vec()[..16 << 10].iter().all(|&x| x == 0));
+}
+
+#[test]
+fn the_pool_itself_is_out_of_reach_of_a_queue_pair_in_another_domain() {
+    let (a, b) = pair();
+    let (_pd, pool, _grant) = pool_and_grant(&b, 0, 4096, Access::ALL);
+    let local = region(&a, 4096);
+    local.fill(0, 4096, 0x5c).unwrap();
+    a.qp.post_send(&[SendWr::new(
+        1,
+        SendOp::Write(at(&pool.remote(), 8192)),
+        &[local.sge()],
+    )])
+    .unwrap();
+    assert_refused(&a, WcStatus::RemoteAccessError);
+    assert!(pool.to_vec().iter().all(|&x| x == 0), "pool untouched");
+}
+
+#[test]
+fn a_revoked_grant_is_out_of_reach_while_the_pool_lives() {
+    let (a, b) = pair();
+    let (_pd, pool, grant) = pool_and_grant(&b, 0, 4096, Access::ALL);
+    let g = grant.remote();
+    drop(grant);
+    pool.fill(0, 4096, 0x42).unwrap();
+    let local = region(&a, 4096);
+    a.qp.post_send(&[SendWr::new(1, SendOp::Read(at(&g, 0)), &[local.sge()])])
+        .unwrap();
+    assert_refused(&a, WcStatus::RemoteAccessError);
+    assert!(local.to_vec().iter().all(|&x| x == 0), "nothing read");
+}
+
+#[test]
+fn a_read_only_grant_refuses_writes_and_grants_stay_within_their_parent() {
+    let (a, b) = pair();
+    let (_pd, pool, grant) = pool_and_grant(&b, 0, 4096, Access::LOCAL_WRITE | Access::REMOTE_READ);
+    assert!(b
+        .pd
+        .register_within(&pool, 60 << 10, 8 << 10, Access::ALL)
+        .is_err());
+    assert!(b.pd.register_within(&grant, 0, 4096, Access::ALL).is_err());
+    let local = region(&a, 4096);
+    local.fill(0, 4096, 0x66).unwrap();
+    a.qp.post_send(&[SendWr::new(
+        1,
+        SendOp::Write(at(&grant.remote(), 0)),
+        &[local.sge()],
+    )])
+    .unwrap();
+    assert_refused(&a, WcStatus::RemoteAccessError);
+    assert!(pool.to_vec().iter().all(|&x| x == 0), "pool untouched");
 }
 
 #[test]

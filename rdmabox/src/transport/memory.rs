@@ -24,6 +24,8 @@ pub(crate) enum Backing {
     },
     /// Caller-owned memory (`register_raw`): the caller keeps it alive.
     Borrowed,
+    /// Part of another region (`register_within`), kept alive by holding it.
+    Within { _parent: Arc<MrInner> },
     /// Already handed back by `into_vec`.
     Taken,
 }
@@ -90,7 +92,7 @@ impl Drop for Backing {
             },
             // SAFETY: ptr/len/cap came from a Vec<u8> in `from_vec` and were never freed.
             Backing::Vec { ptr, len, cap } => unsafe { drop(Vec::from_raw_parts(ptr, len, cap)) },
-            Backing::Borrowed | Backing::Taken => {}
+            Backing::Borrowed | Backing::Within { .. } | Backing::Taken => {}
         }
     }
 }

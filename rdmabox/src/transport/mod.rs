@@ -274,6 +274,37 @@ impl ProtectionDomain {
     ) -> io::Result<MemoryRegion> {
         self.register(memory::Backing::Borrowed, ptr as u64, len, access)
     }
+
+    /// Registers `len` bytes at `offset` of `parent` once more, in this domain, for no more
+    /// than `access`: a key of its own over part of memory that is already registered, which
+    /// is how a node grants one peer one range and takes it back (drop it) without touching
+    /// the others. Holds `parent`'s memory alive; `parent` may belong to another domain.
+    pub fn register_within(
+        &self,
+        parent: &MemoryRegion,
+        offset: usize,
+        len: usize,
+        access: Access,
+    ) -> io::Result<MemoryRegion> {
+        let fits = offset
+            .checked_add(len)
+            .is_some_and(|end| end <= parent.len());
+        if !fits || !parent.access().contains(access) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{len} bytes at {offset} with {access:?} is not within a {}-byte region with {:?}",
+                    parent.len(),
+                    parent.access()
+                ),
+            ));
+        }
+        let addr = parent.addr() + offset as u64;
+        let backing = memory::Backing::Within {
+            _parent: parent.inner.clone(),
+        };
+        self.register(backing, addr, len, access)
+    }
 }
 
 #[derive(Clone)]

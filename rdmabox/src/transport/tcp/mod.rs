@@ -155,10 +155,13 @@ impl Pd {
         len: usize,
         access: Access,
     ) -> std::io::Result<MemoryRegion> {
+        // A region within another is pinned by it (mlock does not nest: our munlock would
+        // unpin the other's pages).
+        let pin = len > 0 && !matches!(backing, Backing::Within { .. });
         // SAFETY: mlock only changes residency of pages we were handed; failure is harmless
         // (not enough RLIMIT_MEMLOCK), the region then works unpinned.
-        let pinned = len > 0 && unsafe { libc::mlock(addr as *const libc::c_void, len) } == 0;
-        if len > 0 && !pinned {
+        let pinned = pin && unsafe { libc::mlock(addr as *const libc::c_void, len) } == 0;
+        if pin && !pinned {
             log::debug!(
                 "mlock of {len} bytes failed ({}); region stays unpinned",
                 std::io::Error::last_os_error()
