@@ -1,10 +1,11 @@
 //! Every decoder of what a peer sends on the metadata channel and the control connection: a
-//! request, a reply to any op, a callback, a hello, a pool descriptor. None may panic; what
-//! decodes must encode back to what decodes the same.
+//! request, a reply to any op, a callback, a hello, a pool descriptor, a grant link request
+//! and its answer. None may panic; what decodes must encode back to what decodes the same.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use rfs_proto::callback::{is_ack, Callback};
+use rfs_proto::grant::{GrantChunks, LinkRequest};
 use rfs_proto::hello::{Hello, PoolDescriptor};
 use rfs_proto::message::{decode_reply, unseal, Request};
 use rfs_proto::message::{
@@ -37,4 +38,15 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(Hello::parse(&h.encode()).ok(), Some(h));
     }
     let _ = PoolDescriptor::decode(data);
+    if let Ok(l) = LinkRequest::decode(data) {
+        assert_eq!(LinkRequest::decode(&l.encode()).ok().as_ref(), Some(&l));
+        let _ = l.decode_answer(data);
+    }
+    let grant = LinkRequest::from(GrantChunks {
+        session: 1,
+        seq: 0,
+        writable: false,
+        addrs: vec![],
+    });
+    let _ = grant.decode_answer(data);
 });

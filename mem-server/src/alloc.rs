@@ -13,7 +13,6 @@ pub struct NodeChunks {
     pub id: u32,
     pub addr: String,
     pub pool_addr: u64,
-    pub rkey: u32,
     pub total: u64,
     pub alive: bool,
     free: FreeChunks,
@@ -71,20 +70,12 @@ impl Allocator {
     }
 
     /// Adds a node whose pool (all zero) is cut into `count` chunks of `chunk_size`.
-    pub fn add_node(
-        &mut self,
-        addr: String,
-        pool_addr: u64,
-        rkey: u32,
-        chunk_size: u64,
-        count: u64,
-    ) -> u32 {
+    pub fn add_node(&mut self, addr: String, pool_addr: u64, chunk_size: u64, count: u64) -> u32 {
         let id = self.nodes.len() as u32;
         self.nodes.push(NodeChunks {
             id,
             addr,
             pool_addr,
-            rkey,
             total: count,
             alive: true,
             free: FreeChunks {
@@ -180,7 +171,8 @@ impl Allocator {
             out.push(ChunkRef {
                 node: pick.id,
                 addr,
-                rkey: pick.rkey,
+                // Granted per client session when a map is handed out.
+                rkey: 0,
             });
         }
         Ok(out)
@@ -224,8 +216,8 @@ mod tests {
     #[test]
     fn chunks_spread_over_nodes_by_free_space() {
         let mut a = Allocator::default();
-        a.add_node("a".into(), 0, 1, 100, 100);
-        a.add_node("b".into(), 1 << 40, 2, 100, 100);
+        a.add_node("a".into(), 0, 100, 100);
+        a.add_node("b".into(), 1 << 40, 100, 100);
         let got = a.alloc(10).unwrap();
         let on_b = got.iter().filter(|c| c.node == 1).count();
         assert_eq!(on_b, 5, "equal nodes share evenly");
@@ -234,8 +226,8 @@ mod tests {
         }
         // A fuller node gets fewer.
         let mut a = Allocator::default();
-        a.add_node("a".into(), 0, 1, 100, 30);
-        a.add_node("b".into(), 1 << 40, 2, 100, 90);
+        a.add_node("a".into(), 0, 100, 30);
+        a.add_node("b".into(), 1 << 40, 100, 90);
         let got = a.alloc(40).unwrap();
         let on_b = got.iter().filter(|c| c.node == 1).count();
         assert!(on_b >= 25, "{on_b} of 40 on the emptier node");
@@ -244,8 +236,8 @@ mod tests {
     #[test]
     fn enospc_allocates_nothing_and_dead_nodes_are_skipped() {
         let mut a = Allocator::default();
-        a.add_node("a".into(), 0, 1, 100, 3);
-        a.add_node("b".into(), 1000, 2, 100, 3);
+        a.add_node("a".into(), 0, 100, 3);
+        a.add_node("b".into(), 1000, 100, 3);
         a.set_alive(1, false);
         assert_eq!(a.alloc(4), Err(Errno::ENOSPC));
         assert_eq!(a.totals(), (3, 3));
@@ -257,7 +249,7 @@ mod tests {
     #[test]
     fn a_huge_pool_costs_nothing_until_used() {
         let mut a = Allocator::default();
-        a.add_node("a".into(), 0, 1, 4096, 1 << 38);
+        a.add_node("a".into(), 0, 4096, 1 << 38);
         assert_eq!(a.totals(), (1 << 38, 1 << 38));
         let got = a.alloc(3).unwrap();
         let addrs: Vec<u64> = got.iter().map(|c| c.addr).collect();
@@ -275,7 +267,7 @@ mod tests {
     #[test]
     fn freed_chunks_come_back_only_after_zeroing() {
         let mut a = Allocator::default();
-        a.add_node("a".into(), 0, 1, 100, 2);
+        a.add_node("a".into(), 0, 100, 2);
         let got = a.alloc(2).unwrap();
         a.release(got.clone());
         assert_eq!(

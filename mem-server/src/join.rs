@@ -10,11 +10,14 @@ use std::time::Duration;
 use rdmabox::SessionConfig;
 use rfs_proto::data::DataSession;
 use rfs_proto::frame::{recv_frame, send_frame};
+use rfs_proto::grant::{encode_link_reply, GrantPool, LinkRequest, MAX_LINK_FRAME};
 use rfs_proto::handshake::dial;
 use rfs_proto::hello::{Hello, Join};
 
+use crate::grants::Grants;
+use crate::link::{Link, RemoteLink};
 use crate::meta::MetaService;
-use crate::node::{invalid, wait_for_close, Shared};
+use crate::node::{invalid, Shared};
 
 const ACCEPTED: &[u8] = b"ok";
 /// The most live data nodes one namespace takes.
@@ -81,7 +84,6 @@ pub(crate) fn admit(
         addr,
         pool_addr,
         pool_len,
-        rkey,
         chunk_size,
     } = join;
     // Our own session to the node, to zero its freed chunks one-sidedly.
@@ -93,7 +95,7 @@ pub(crate) fn admit(
         pool_slots: 2,
         ..SessionConfig::default()
     };
-    let session = DataSession::connect(
+    let mut session = DataSession::connect(
         &node.ctx,
         &node.pd,
         target,
@@ -101,27 +103,52 @@ pub(crate) fn admit(
         &zero_cfg,
         Duration::from_secs(5),
     )?;
-    if session.pool.addr != *pool_addr
-        || session.pool.len != *pool_len
-        || session.pool.rkey != *rkey
-    {
+    if session.pool.addr != *pool_addr || session.pool.len != *pool_len {
         return Err(invalid(format!(
             "node {addr} described its pool inconsistently"
         )));
     }
-    let chunks = pool_len / chunk_size;
-    let id = meta.state.lock().unwrap().alloc.add_node(
-        addr.clone(),
-        *pool_addr,
-        *rkey,
-        *chunk_size,
-        chunks,
-    );
-    meta.zeroer.add_node(id, session);
+    let (link, pump) = RemoteLink::new(&s)?;
     send_frame(&mut s, ACCEPTED)?;
+    // The answers to our grants come back on this connection, and its end is the node's.
+    let pumping = std::thread::Builder::new()
+        .name("join-link".into())
+        .spawn(move || pump.run())?;
+    let zeroing = link.call(
+        &GrantPool {
+            session: session.name,
+        }
+        .into(),
+    );
+    let rkey = match zeroing {
+        Ok(Ok(keys)) if keys.len() == 1 && keys[0] != 0 => keys[0],
+        other => {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+            let _ = pumping.join();
+            return Err(invalid(format!(
+                "node {addr} did not grant its pool for zeroing: {other:?}"
+            )));
+        }
+    };
+    session.pool.rkey = rkey;
+    let chunks = pool_len / chunk_size;
+    let id =
+        meta.state
+            .lock()
+            .unwrap()
+            .alloc
+            .add_node(addr.clone(), *pool_addr, *chunk_size, chunks);
+    meta.zeroer.add_node(id, session);
+    meta.add_link(id, Link::Remote(link));
     log::info!("data node {id} joined from {addr}: {chunks} chunks");
-    wait_for_close(&mut s);
+    match pumping.join() {
+        Ok(Err(e)) if e.kind() != io::ErrorKind::UnexpectedEof => {
+            log::warn!("data node {id}: join connection: {e}")
+        }
+        _ => {}
+    }
     log::warn!("data node {id} at {addr} left; its chunks are unavailable");
+    meta.remove_link(id);
     meta.state.lock().unwrap().alloc.set_alive(id, false);
     meta.zeroer.remove_node(id);
     Ok(())
@@ -143,7 +170,6 @@ pub(crate) fn join(node: &Shared, meta: SocketAddr, listen: SocketAddr) -> io::R
         addr: advertise,
         pool_addr: node.pool.addr(),
         pool_len: node.pool.len() as u64,
-        rkey: node.pool.rkey(),
         chunk_size: node.cfg.chunk_size,
     });
     let mut s = dial(
@@ -165,7 +191,34 @@ pub(crate) fn join(node: &Shared, meta: SocketAddr, listen: SocketAddr) -> io::R
         ));
     }
     s.set_read_timeout(None)?;
+    let link = s.try_clone()?;
+    let grants = node.grants.clone();
+    std::thread::Builder::new()
+        .name("join-link".into())
+        .spawn(move || serve_link(link, &grants))?;
     Ok(s)
+}
+
+/// The data node's end of the link: does what the metadata node asks until it goes.
+fn serve_link(mut s: TcpStream, grants: &Grants) {
+    let why = loop {
+        let req = match recv_frame(&mut s, MAX_LINK_FRAME) {
+            Ok(f) => f,
+            Err(e) => break e,
+        };
+        let req = match LinkRequest::decode(&req) {
+            Ok(r) => r,
+            Err(e) => break io::Error::new(io::ErrorKind::InvalidData, e),
+        };
+        let answer = encode_link_reply(req.op(), &grants.serve(&req));
+        if let Err(e) = send_frame(&mut s, &answer) {
+            break e;
+        }
+    };
+    log::error!(
+        "the join connection to the metadata node ended ({why}): this node's pool is no longer in use"
+    );
+    let _ = s.shutdown(std::net::Shutdown::Both);
 }
 
 #[cfg(test)]
@@ -177,7 +230,6 @@ mod tests {
             addr: "127.0.0.1:1".into(),
             pool_addr,
             pool_len,
-            rkey: 1,
             chunk_size: 1 << 20,
         }
     }

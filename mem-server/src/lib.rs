@@ -9,13 +9,17 @@
 //! - [`admission`]: limits on connections, in total and per peer.
 //! - [`alloc`]: chunk allocation across nodes.
 //! - [`join`]: data nodes joining the metadata node, both halves.
+//! - [`grants`]: what each data session may reach of a node's pool; [`link`]: how the
+//!   metadata node says so.
 //! - [`zeroer`]: zeroing freed chunks before reuse.
 
 pub mod access;
 pub mod admission;
 pub mod alloc;
 mod coherence;
+mod grants;
 mod join;
+mod link;
 mod meta;
 pub mod namespace;
 pub mod node;

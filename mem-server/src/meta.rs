@@ -16,6 +16,7 @@ use crossbeam_channel::Receiver;
 use rdmabox::rpc;
 use rdmabox::transport::MemoryRegion;
 use rfs_proto::frame::send_frame;
+use rfs_proto::grant::{GrantChunks, LinkRequest, RevokeChunks, RevokeFreed, RevokeSession};
 use rfs_proto::message::{encode_reply, readdir_budget, unseal, Call, Request, RequestOp};
 use rfs_proto::types::{Attr, ChunkRef, FileKind, Ino, Name, Owner, StatFs, MAY_WRITE};
 use rfs_proto::wire::MAX_LIST;
@@ -24,6 +25,8 @@ use rfs_proto::Errno;
 use crate::access::{check_access_bits, check_open, check_setattr, Policy};
 use crate::alloc::Allocator;
 use crate::coherence::{Callbacks, Change, Countdown, Holders, SessionId};
+use crate::grants::Grants;
+use crate::link::Link;
 use crate::namespace::Namespace;
 use crate::node::{wait_for_close, NodeConfig, Shared};
 use crate::sessions::{Attached, ClientSession, Handles, Sessions};
@@ -34,6 +37,9 @@ pub(crate) struct MetaState {
     pub(crate) ns: Namespace,
     pub(crate) alloc: Allocator,
     holders: Holders,
+    /// How many frees there were: grants decided now carry it, so that a data node refuses
+    /// one that arrives after a later free was revoked.
+    frees: u64,
 }
 
 pub(crate) struct MetaService {
@@ -44,8 +50,11 @@ pub(crate) struct MetaService {
     lease: Duration,
     policy: Policy,
     sessions: Sessions,
-    /// Freed chunks a holder could not be asked about, each batch with the end of its lease.
-    quarantine: Mutex<Vec<(Instant, Vec<ChunkRef>)>>,
+    /// Freed chunks a holder could not be asked about, each batch with the end of its lease
+    /// and its free number.
+    quarantine: Mutex<Vec<(Instant, Freed)>>,
+    /// How to grant and revoke at each live data node.
+    links: Mutex<HashMap<u32, Arc<Link>>>,
     quarantined: Condvar,
 }
 
@@ -67,11 +76,39 @@ fn changes_something(req: &Request) -> bool {
     )
 }
 
-/// What applying a request did beyond its answer: chunks it freed and the change for caches.
+/// What applying a request did beyond its answer: chunks it freed, the change for caches, and
+/// grants to ask for or revoke at the data nodes (once the state lock is released).
 #[derive(Default)]
 struct Effects {
     freed: Vec<ChunkRef>,
     change: Change,
+    grant: Option<Granting>,
+    /// Chunks of a file the session closed its last handle of.
+    closed: Vec<ChunkRef>,
+}
+
+/// A chunk map to hand out once its chunks are granted to the caller's data sessions.
+struct Granting {
+    op: RequestOp,
+    writable: bool,
+    /// The free number when the map was read.
+    seq: u64,
+    chunks: Vec<(u64, ChunkRef)>,
+}
+
+/// Chunks freed together, and their free number.
+struct Freed {
+    seq: u64,
+    chunks: Vec<ChunkRef>,
+}
+
+/// The chunks of `refs`, by node.
+fn by_node<'a>(refs: impl IntoIterator<Item = &'a ChunkRef>) -> HashMap<u32, Vec<u64>> {
+    let mut out: HashMap<u32, Vec<u64>> = HashMap::new();
+    for c in refs {
+        out.entry(c.node).or_default().push(c.addr);
+    }
+    out
 }
 
 impl Effects {
@@ -112,15 +149,17 @@ impl MetaService {
         advertise: String,
         pool: &MemoryRegion,
         chunks: u64,
+        grants: &Arc<Grants>,
     ) -> (Arc<MetaService>, Receiver<()>) {
         let mut alloc = Allocator::default();
-        alloc.add_node(advertise, pool.addr(), pool.rkey(), cfg.chunk_size, chunks);
+        let local = alloc.add_node(advertise, pool.addr(), cfg.chunk_size, chunks);
         let (zeroer, wait) = Zeroer::new();
         let meta = Arc::new(MetaService {
             state: Mutex::new(MetaState {
                 ns: Namespace::new(cfg.chunk_size),
                 alloc,
                 holders: Holders::default(),
+                frees: 0,
             }),
             zeroer,
             page_bytes: readdir_budget(cfg.rpc.max_msg),
@@ -129,8 +168,87 @@ impl MetaService {
             sessions: Sessions::default(),
             quarantine: Mutex::default(),
             quarantined: Condvar::new(),
+            links: Mutex::new(HashMap::from([(
+                local,
+                Arc::new(Link::Local(grants.clone())),
+            )])),
         });
         (meta, wait)
+    }
+
+    /// Grants at data node `node` go over `link` from now on.
+    pub(crate) fn add_link(&self, node: u32, link: Link) {
+        self.links.lock().unwrap().insert(node, Arc::new(link));
+    }
+
+    pub(crate) fn remove_link(&self, node: u32) {
+        self.links.lock().unwrap().remove(&node);
+    }
+
+    fn link(&self, node: u32) -> Option<Arc<Link>> {
+        self.links.lock().unwrap().get(&node).cloned()
+    }
+
+    /// Asks `node` for `req`; None when the node is gone or did not answer (logged).
+    fn ask(&self, node: u32, req: LinkRequest) -> Option<Vec<u32>> {
+        let link = self.link(node)?;
+        match link.call(&req) {
+            Ok(Ok(keys)) => Some(keys),
+            Ok(Err(e)) => {
+                log::warn!("data node {node} refused a {:?}: {e}", req.op());
+                None
+            }
+            Err(e) => {
+                log::warn!("data node {node}: {e}");
+                None
+            }
+        }
+    }
+
+    /// Hands out a chunk map with each chunk granted to the caller's data session at its node
+    /// (key 0 where the session has none there yet, or the node refused).
+    fn grant(&self, data: &HashMap<u32, u64>, g: Granting) -> Vec<u8> {
+        let Granting {
+            op,
+            writable,
+            seq,
+            mut chunks,
+        } = g;
+        for (node, addrs) in by_node(chunks.iter().map(|(_, c)| c)) {
+            let Some(&session) = data.get(&node) else {
+                continue;
+            };
+            let req = GrantChunks {
+                session,
+                seq,
+                writable,
+                addrs,
+            };
+            let Some(keys) = self.ask(node, req.into()) else {
+                continue;
+            };
+            let mut keys = keys.into_iter();
+            for (_, c) in chunks.iter_mut().filter(|(_, c)| c.node == node) {
+                c.rkey = keys.next().unwrap_or(0);
+            }
+        }
+        encode_reply(op as u8, &Ok(chunks))
+    }
+
+    /// Takes back what the session was granted on `chunks`.
+    fn revoke(&self, data: &HashMap<u32, u64>, chunks: &[ChunkRef]) {
+        for (node, addrs) in by_node(chunks) {
+            let Some(&session) = data.get(&node) else {
+                continue;
+            };
+            for part in addrs.chunks(MAX_LIST as usize) {
+                let req = RevokeChunks {
+                    session,
+                    addrs: part.to_vec(),
+                };
+                self.ask(node, req.into());
+            }
+        }
     }
 
     pub(crate) fn start_zeroer(
@@ -148,10 +266,17 @@ impl MetaService {
     /// Tells the caches what `effects` changed, waits (lock released) for their answers up to
     /// the lease, and only then hands the freed chunks to the zeroer.
     fn settle(&self, mut st: MutexGuard<'_, MetaState>, caller: SessionId, effects: Effects) {
-        let Effects { freed, change } = effects;
+        let Effects { freed, change, .. } = effects;
         if change.is_empty() && freed.is_empty() {
             return;
         }
+        if !freed.is_empty() {
+            st.frees += 1;
+        }
+        let freed = Freed {
+            seq: st.frees,
+            chunks: freed,
+        };
         let MetaState { ns, holders, .. } = &mut *st;
         let plan = holders.plan(caller, &change, |ino| ns.getattr(ino).ok());
         drop(st);
@@ -167,13 +292,13 @@ impl MetaService {
         // now. One that cannot be asked (its connection is down) is not waited for; the
         // chunks wait out its lease instead.
         let all_answered = answered.wait(deadline);
-        if freed.is_empty() {
+        if freed.chunks.is_empty() {
             return;
         }
         if all_answered || Instant::now() >= deadline {
             log::debug!(
                 "{} chunks freed after {:?} of recalls",
-                freed.len(),
+                freed.chunks.len(),
                 start.elapsed()
             );
             self.reuse(freed);
@@ -187,9 +312,34 @@ impl MetaService {
         }
     }
 
-    /// Freed chunks whose every holder let go: zeroed, then allocatable again.
-    fn reuse(&self, freed: Vec<ChunkRef>) {
-        self.state.lock().unwrap().alloc.release(freed);
+    /// Freed chunks whose every holder let go: out of every session's reach, zeroed, then
+    /// allocatable again. Chunks a live node did not confirm revoked are never reused.
+    fn reuse(&self, freed: Freed) {
+        let mut reusable = Vec::with_capacity(freed.chunks.len());
+        for (node, addrs) in by_node(&freed.chunks) {
+            let revoked = addrs.chunks(MAX_LIST as usize).all(|part| {
+                let req = RevokeFreed {
+                    seq: freed.seq,
+                    addrs: part.to_vec(),
+                };
+                self.ask(node, req.into()).is_some()
+            });
+            // A node without a link has left: nobody reaches its pool through us any more.
+            if revoked || self.link(node).is_none() {
+                reusable.extend(addrs.into_iter().map(|addr| ChunkRef {
+                    node,
+                    addr,
+                    rkey: 0,
+                }));
+            } else {
+                log::error!(
+                    "data node {node} did not confirm that {} freed chunks are out of reach: \
+                     they are not reused",
+                    addrs.len()
+                );
+            }
+        }
+        self.state.lock().unwrap().alloc.release(reusable);
         self.zeroer.kick();
     }
 
@@ -205,11 +355,15 @@ impl MetaService {
                     let (due, waiting): (Vec<_>, Vec<_>) =
                         q.drain(..).partition(|(at, _)| *at <= now);
                     *q = waiting;
-                    let due: Vec<ChunkRef> = due.into_iter().flat_map(|(_, c)| c).collect();
                     if !due.is_empty() {
                         drop(q);
-                        log::info!("{} quarantined chunks released (lease over)", due.len());
-                        me.reuse(due);
+                        for (_, freed) in due {
+                            log::info!(
+                                "{} quarantined chunks released (lease over)",
+                                freed.chunks.len()
+                            );
+                            me.reuse(freed);
+                        }
                         q = me.quarantine.lock().unwrap();
                         continue;
                     }
@@ -233,7 +387,7 @@ impl MetaService {
         client_id: u64,
     ) -> io::Result<()> {
         let peer = s.peer_addr()?;
-        let mut links = node.links(&mut s, 2)?;
+        let mut links = node.links(&node.pd, &mut s, 2)?;
         let (cb_qp, cb_cq) = links.pop().expect("two links");
         let (qp, cq) = links.pop().expect("two links");
         let closed = Arc::new(AtomicBool::new(false));
@@ -331,6 +485,9 @@ impl MetaService {
             }
         }
         self.settle(st, session.id, effects);
+        for (&node, &data) in &session.data {
+            self.ask(node, RevokeSession { session: data }.into());
+        }
     }
 
     /// One handle of `ino` closed: an unlinked file goes with its last handle, a closed file
@@ -369,14 +526,14 @@ impl MetaService {
                 return encode_reply::<()>(op, &Err(Errno::EPROTO));
             }
         };
-        let ClientSession { id, open, .. } = &mut *session;
+        let id = session.id;
         // Space being zeroed is free space: an allocation that only it would satisfy waits
         // for the zeroer rather than failing with ENOSPC.
         let give_up = Instant::now() + ZEROING_WAIT;
         let reply = loop {
             let mut st = self.state.lock().unwrap();
             let mut effects = Effects::default();
-            let reply = self.apply(&mut st, *id, open, &req, &mut effects);
+            let reply = self.apply(&mut st, &mut session, &req, &mut effects);
             let short = matches!(req, Request::Allocate(_))
                 && reply == encode_reply::<()>(RequestOp::Allocate as u8, &Err(Errno::ENOSPC))
                 && st.alloc.zeroing() > 0;
@@ -386,8 +543,16 @@ impl MetaService {
                 std::thread::sleep(Duration::from_millis(2));
                 continue;
             }
-            self.settle(st, *id, effects);
-            break reply;
+            let granting = effects.grant.take();
+            let closed = std::mem::take(&mut effects.closed);
+            self.settle(st, id, effects);
+            // Calls of one session are applied one at a time (its lock is held), so its
+            // grants and revocations reach each node in the order of its calls.
+            self.revoke(&session.data, &closed);
+            break match granting {
+                Some(g) => self.grant(&session.data, g),
+                None => reply,
+            };
         };
         if changes_something(&req) {
             session.remember(seq, &reply);
@@ -399,12 +564,34 @@ impl MetaService {
     fn apply(
         &self,
         st: &mut MetaState,
-        session: SessionId,
-        open: &mut HashMap<Ino, Handles>,
+        cs: &mut ClientSession,
         req: &Request,
         fx: &mut Effects,
     ) -> Vec<u8> {
-        let MetaState { ns, alloc, holders } = st;
+        let MetaState {
+            ns,
+            alloc,
+            holders,
+            frees,
+        } = st;
+        let ClientSession {
+            id: session,
+            open,
+            data,
+            ..
+        } = cs;
+        let session = *session;
+        // A map read now is granted with this free number (see `MetaState::frees`); its reply
+        // is made once the grants are in.
+        let granting = |fx: &mut Effects, op, writable, chunks| {
+            fx.grant = Some(Granting {
+                op,
+                writable,
+                seq: *frees,
+                chunks,
+            });
+            Vec::new()
+        };
         let chunk_size = ns.chunk_size();
         let target = |ns: &Namespace, parent: Ino, name: &Name| ns.lookup(parent, name).ok();
         let policy = self.policy;
@@ -552,6 +739,9 @@ impl MetaService {
                         h.writable = h.writable.min(h.all);
                         if h.all == 0 {
                             open.remove(&m.ino);
+                            // Its last handle: the session's grants on the file go.
+                            let all = ns.chunk_map(m.ino, 0, u64::MAX).unwrap_or_default();
+                            fx.closed.extend(all.into_iter().map(|(_, c)| c));
                         }
                         holders.closed(session, m.ino);
                         Self::release(ns, m.ino, fx);
@@ -567,8 +757,14 @@ impl MetaService {
                     Some(_) => ns.chunk_map(m.ino, m.first, m.count.min(MAX_LIST) as u64),
                     None => Err(Errno::EBADF),
                 };
-                r.is_ok().then(|| holders.fetched(session, m.ino));
-                answer(m, r)
+                match r {
+                    Ok(chunks) => {
+                        holders.fetched(session, m.ino);
+                        let writable = open.get(&m.ino).is_some_and(|h| h.writable > 0);
+                        granting(fx, RequestOp::ChunkMap, writable, chunks)
+                    }
+                    Err(e) => answer(m, Err(e)),
+                }
             }
             Request::Allocate(m) => {
                 let count = m.count.min(MAX_LIST) as u64;
@@ -586,8 +782,13 @@ impl MetaService {
                         }
                         ns.chunk_map(m.ino, m.first, count)
                     });
-                result.is_ok().then(|| holders.fetched(session, m.ino));
-                answer(m, result)
+                match result {
+                    Ok(chunks) => {
+                        holders.fetched(session, m.ino);
+                        granting(fx, RequestOp::Allocate, true, chunks)
+                    }
+                    Err(e) => answer(m, Err(e)),
+                }
             }
             Request::Commit(m) => {
                 // Through any handle: close(2) of a read-only descriptor flushes what the
@@ -613,6 +814,12 @@ impl MetaService {
                 )
             }
             Request::ListNodes(m) => answer(m, Ok(alloc.nodes())),
+            Request::AttachData(m) => {
+                // The name only says where this session's grants go: a client naming another's
+                // session gives that one more reach, never itself.
+                data.insert(m.node, m.session);
+                answer(m, Ok(()))
+            }
         }
     }
 }

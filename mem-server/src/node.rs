@@ -21,6 +21,7 @@ use rfs_proto::hello::{Data, Hello, PoolDescriptor};
 
 use crate::access::Policy;
 use crate::admission::{self, Admission, Limits, RateLimitedLog, Ticket};
+use crate::grants::Grants;
 use crate::meta::MetaService;
 
 /// From accept to an authenticated hello, and again for the queue-pair exchange: a peer that
@@ -114,7 +115,9 @@ pub(crate) struct Shared {
     pub(crate) cfg: NodeConfig,
     pub(crate) ctx: Context,
     pub(crate) pd: Arc<ProtectionDomain>,
-    pub(crate) pool: MemoryRegion,
+    pub(crate) pool: Arc<MemoryRegion>,
+    /// What each data session may reach of the pool.
+    pub(crate) grants: Arc<Grants>,
     /// Present on the metadata node only.
     meta: Option<Arc<MetaService>>,
     admission: Arc<Admission>,
@@ -153,6 +156,8 @@ impl Node {
                     format!("allocating {} bytes of pool: {e}", cfg.memory),
                 )
             })?;
+        let pool = Arc::new(pool);
+        let grants = Arc::new(Grants::new(pool.clone(), cfg.chunk_size));
         let listener = TcpListener::bind(cfg.listen)
             .map_err(|e| io::Error::new(e.kind(), format!("listening on {}: {e}", cfg.listen)))?;
         let addr = listener.local_addr()?;
@@ -169,7 +174,7 @@ impl Node {
             Some(_) => (None, None),
             None => {
                 let advertise = cfg.advertise.clone().unwrap_or_else(|| addr.to_string());
-                let (meta, wait) = MetaService::new(&cfg, advertise, &pool, chunks);
+                let (meta, wait) = MetaService::new(&cfg, advertise, &pool, chunks, &grants);
                 (Some(meta), Some(wait))
             }
         };
@@ -178,6 +183,7 @@ impl Node {
             ctx,
             pd,
             pool,
+            grants,
             meta,
             admission: Admission::new(limits),
             stop: AtomicBool::new(false),
@@ -312,32 +318,39 @@ impl Shared {
         }
     }
 
-    /// Connects `n` queue pairs with the peer on the control connection `s`, within the setup
-    /// deadline.
+    /// Connects `n` queue pairs in `pd` with the peer on the control connection `s`, within
+    /// the setup deadline.
     pub(crate) fn links(
         &self,
+        pd: &ProtectionDomain,
         s: &mut TcpStream,
         n: usize,
     ) -> io::Result<Vec<(QueuePair, CompletionQueue)>> {
         s.set_read_timeout(Some(SETUP_DEADLINE))?;
-        let links = connect_links(&self.ctx, &self.pd, s, n, SessionConfig::default().caps)?;
+        let links = connect_links(&self.ctx, pd, s, n, SessionConfig::default().caps)?;
         s.set_read_timeout(None)?;
         Ok(links)
     }
 
-    /// One-sided service: connect the queue pairs, hand over the pool descriptor, then stay out
-    /// of the way until the client goes.
+    /// One-sided service: connect the queue pairs in a domain of the session's own (where it
+    /// reaches only what it is granted), name the session, then stay out of the way until
+    /// the client goes.
     fn serve_data(&self, mut s: TcpStream, qps: usize) -> io::Result<()> {
-        let links = self.links(&mut s, qps)?;
+        let pd = Arc::new(self.ctx.alloc_pd()?);
+        let links = self.links(&pd, &mut s, qps)?;
+        let session = self.grants.open(pd);
         let pool = PoolDescriptor {
             addr: self.pool.addr(),
             len: self.pool.len() as u64,
-            rkey: self.pool.rkey(),
+            session,
         };
-        send_frame(&mut s, &pool.encode())?;
-        wait_for_close(&mut s);
+        let sent = send_frame(&mut s, &pool.encode());
+        if sent.is_ok() {
+            wait_for_close(&mut s);
+        }
         drop(links);
-        Ok(())
+        self.grants.close(session);
+        sent
     }
 }
 

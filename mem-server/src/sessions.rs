@@ -29,6 +29,8 @@ pub(crate) struct ClientSession {
     pub(crate) id: SessionId,
     /// Handles the client holds open, by inode.
     pub(crate) open: HashMap<Ino, Handles>,
+    /// The client's data session at each node, by node id: chunks are granted to it.
+    pub(crate) data: HashMap<u32, u64>,
     /// Replies to the calls that change something, by sequence number, kept until the client
     /// says it has them.
     replies: BTreeMap<u64, Vec<u8>>,
@@ -105,6 +107,7 @@ impl Sessions {
                 session: Arc::new(Mutex::new(ClientSession {
                     id: *next,
                     open: HashMap::new(),
+                    data: HashMap::new(),
                     replies: BTreeMap::new(),
                 })),
                 id: *next,

@@ -57,12 +57,26 @@ fn open(c: &Client, ino: u64) -> Attr {
     .unwrap()
 }
 
+/// Connects and attaches a data session to every live node, so that maps come granted.
+fn attach_all(c: &Client) {
+    for n in nodes(c).into_iter().filter(|n| n.alive) {
+        c.data(n.id).unwrap();
+    }
+}
+
 fn allocate(c: &Client, ino: u64, first: u64, count: u32) -> Result<Vec<(u64, ChunkRef)>, Errno> {
+    attach_all(c);
     c.call(Allocate { ino, first, count })
         .map_err(|e| e.errno())
 }
 
+/// Where chunks are, without the keys (each client has its own).
+fn places(map: &[(u64, ChunkRef)]) -> Vec<(u64, u32, u64)> {
+    map.iter().map(|(i, c)| (*i, c.node, c.addr)).collect()
+}
+
 fn chunk_map(c: &Client, ino: u64, count: u32) -> Vec<(u64, ChunkRef)> {
+    attach_all(c);
     c.call(ChunkMap {
         ino,
         first: 0,
@@ -135,7 +149,11 @@ fn three_nodes_spread_chunks_and_serve_one_sided_io() {
     let c2 = client(&meta);
     open(&c2, ino);
     let map = chunk_map(&c2, ino, 100);
-    assert_eq!(map, chunks);
+    assert_eq!(places(&map), places(&chunks));
+    assert!(map
+        .iter()
+        .zip(&chunks)
+        .all(|((_, a), (_, b))| a.rkey != b.rkey && a.rkey != 0));
     for (i, ch) in &map {
         assert!(read_chunk(&c2, ch, 1 << 20)
             .iter()
@@ -345,11 +363,13 @@ fn hostile_input_is_refused_and_harms_no_one() {
         3,
         "oversized page requests are clamped"
     );
-    // Out-of-pool one-sided access fails that request only.
-    let d = c.data(0).unwrap();
+    // Access past a granted chunk fails (and ends that data session only).
+    let file = create(&c, "granted");
+    let chunk = allocate(&c, file, 0, 1).unwrap()[0].1;
+    let d = c.data(chunk.node).unwrap();
     let beyond = rdmabox::transport::RemoteAddr {
-        addr: d.pool.addr + d.pool.len,
-        rkey: d.pool.rkey,
+        addr: chunk.addr + (1 << 20),
+        rkey: chunk.rkey,
     };
     assert!(d.session.read_pending(beyond, vec![0; 16]).wait().is_err());
     // Everyone else is unharmed.

@@ -54,7 +54,6 @@ fn a_join_claiming_an_absurd_pool_is_refused_and_the_node_lives() {
             addr: "127.0.0.1:9".into(),
             pool_addr: 1 << 40,
             pool_len,
-            rkey: 1,
             chunk_size: 1 << 20,
         });
         let mut s = dial(

@@ -18,7 +18,7 @@ use crate::callback::Callback;
 use crate::channel::{backoff, Channel};
 use crate::data::DataSession;
 use crate::errno::Errno;
-use crate::message::{decode_reply, encode_call, seal, Call, ListNodes};
+use crate::message::{decode_reply, encode_call, seal, AttachData, Call, ListNodes};
 use crate::wire::DecodeError;
 
 /// How a client reaches the nodes.
@@ -336,8 +336,19 @@ impl Client {
         data.get(&node).filter(|d| d.session.is_open()).cloned()
     }
 
-    /// The data session to `node`, connected on first use.
+    /// The data session to `node`, connected on first use, and attached to this client's
+    /// metadata session (again: the metadata node may have lost the attachment with the
+    /// session), so that chunk maps of the node come granted to it.
     pub fn data(&self, node: u32) -> Result<Arc<DataSession>, CallError> {
+        let d = self.connect_data(node)?;
+        self.call(AttachData {
+            node,
+            session: d.name,
+        })?;
+        Ok(d)
+    }
+
+    fn connect_data(&self, node: u32) -> Result<Arc<DataSession>, CallError> {
         if let Some(d) = self.connected(node) {
             return Ok(d);
         }

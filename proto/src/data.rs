@@ -22,8 +22,10 @@ const MAX_POOL_FRAME: usize = 64;
 pub struct DataSession {
     /// The rdmabox session over the node's queue pairs.
     pub session: Session,
-    /// The region the node lends.
+    /// The region the node lends (its key is 0: chunks are reached by the keys granted).
     pub pool: RemoteRegion,
+    /// The session's name at the node, by which the metadata node grants it chunks.
+    pub name: u64,
     _control: TcpStream,
 }
 
@@ -46,13 +48,18 @@ impl DataSession {
         let links = connect_links(ctx, pd, &mut s, cfg.qps, cfg.caps)?;
         let frame = recv_frame(&mut s, MAX_POOL_FRAME)?;
         s.set_read_timeout(None)?;
-        let PoolDescriptor { addr, len, rkey } = PoolDescriptor::decode(&frame)
+        let PoolDescriptor {
+            addr,
+            len,
+            session: session_name,
+        } = PoolDescriptor::decode(&frame)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        let pool = RemoteRegion { addr, len, rkey };
+        let pool = RemoteRegion { addr, len, rkey: 0 };
         let session = Session::new(pd.clone(), links, vec![pool], cfg.clone())?;
         Ok(DataSession {
             session,
             pool,
+            name: session_name,
             _control: s,
         })
     }

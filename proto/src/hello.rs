@@ -35,7 +35,6 @@ wire_struct! {
         pub addr: String,
         pub pool_addr: u64,
         pub pool_len: u64,
-        pub rkey: u32,
         pub chunk_size: u64,
     }
 }
@@ -70,9 +69,11 @@ impl Hello {
 }
 
 wire_struct! {
-    /// The pool a data node lends: its address, length and remote key.
+    /// The pool a data node lends (its address and length), and the data session's name,
+    /// by which the metadata node grants it chunks ([`crate::grant`]). A session reaches
+    /// nothing until granted, so the name is no key: it only says where grants go.
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-    pub struct PoolDescriptor { pub addr: u64, pub len: u64, pub rkey: u32 }
+    pub struct PoolDescriptor { pub addr: u64, pub len: u64, pub session: u64 }
 }
 
 const POOL_OP: u8 = 1;
@@ -110,7 +111,6 @@ mod tests {
                 addr: "h:1".into(),
                 pool_addr: 1,
                 pool_len: 2,
-                rkey: 3,
                 chunk_size: 4,
             }),
         ] {
@@ -119,7 +119,7 @@ mod tests {
         let p = PoolDescriptor {
             addr: 1,
             len: 2,
-            rkey: 3,
+            session: 3,
         };
         assert_eq!(PoolDescriptor::decode(&p.encode()).unwrap(), p);
         assert!(

@@ -9,6 +9,7 @@
 //! - [`frame`]: length-prefixed frames on control connections.
 //! - [`handshake`]: shared-secret authentication, and dialing a node.
 //! - [`secret`]: where the shared secret lives, created by the first node.
+//! - [`grant`]: what a data node lets each data session reach, as the metadata node says.
 //! - [`callback`]: what the metadata service tells clients whose caches a change concerns.
 //! - [`client`] (over a reconnecting `channel`): the metadata client and its data sessions ([`data`]).
 
@@ -18,6 +19,7 @@ pub mod client;
 pub mod data;
 pub mod errno;
 pub mod frame;
+pub mod grant;
 pub mod handshake;
 pub mod hello;
 pub mod message;

@@ -157,6 +157,14 @@ wire_struct! {
     pub struct ListNodes {}
 }
 
+wire_struct! {
+    /// Says that this client's data session to `node` is named `session` (from the node's pool
+    /// descriptor): chunks of that node are granted to it. Without one, chunk maps of the
+    /// node come back with remote key 0, and the client connects, attaches and asks again.
+    #[derive(Clone, Debug, PartialEq)]
+    pub struct AttachData { pub node: u32, pub session: u64 }
+}
+
 wire_enum! {
     /// A metadata request, as the service receives it.
     #[derive(Clone, Debug, PartialEq)]
@@ -181,6 +189,7 @@ wire_enum! {
         18 => GetStatFs,
         19 => ListNodes,
         20 => Create,
+        21 => AttachData,
     }
 }
 
@@ -222,6 +231,7 @@ calls! {
     GetStatFs => StatFs,
     ListNodes => Vec<NodeInfo>,
     Create => Attr,
+    AttachData => (),
 }
 
 /// The bytes of reply that a readdir page may fill, in messages of `max_msg` bytes: what is
@@ -435,6 +445,11 @@ mod tests {
                 access: 2,
             }
             .into(),
+            AttachData {
+                node: 3,
+                session: u64::MAX,
+            }
+            .into(),
         ]
     }
 
@@ -489,7 +504,7 @@ mod tests {
     #[test]
     fn every_request_round_trips_and_keeps_its_op() {
         let all = all_requests();
-        assert_eq!(all.len(), 20, "one of each");
+        assert_eq!(all.len(), 21, "one of each");
         for (i, r) in all.iter().enumerate() {
             assert_eq!(r.op() as usize, i + 1);
             assert_eq!(Request::decode(&r.encode()).unwrap(), *r);

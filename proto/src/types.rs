@@ -256,7 +256,8 @@ wire_struct! {
         pub node: u32,
         /// The chunk's first byte in the node's pool.
         pub addr: u64,
-        /// The pool's remote key.
+        /// The key this client's data session reaches the chunk by (granted at the data node
+        /// for this session only); 0: not granted, the session is to be attached first.
         pub rkey: u32,
     }
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use rdmabox::transport::{
     Access, CompletionQueue, Context, MemoryRegion, ProviderKind, QpCaps, QueuePair, RemoteAddr,
-    TransportConfig,
+    TransportConfig, WcStatus,
 };
 use rdmabox::{connect_links, IoError, PollMode, Session, SessionConfig, WindowConfig};
 
@@ -244,11 +244,6 @@ fn out_of_bounds_requests_fail_alone() {
         .wait()
         .unwrap_err();
     assert!(matches!(err, IoError::OutOfBounds { .. }));
-    let wrong_key = RemoteAddr {
-        addr: r.addr,
-        rkey: r.rkey ^ 1,
-    };
-    assert!(session.write_pending(wrong_key, vec![1; 8]).wait().is_err());
     // The session is unharmed.
     session
         .write_pending(at(&lender, 0), vec![1; 8])
@@ -261,6 +256,17 @@ fn out_of_bounds_requests_fail_alone() {
         .wait()
         .unwrap()
         .is_empty());
+    // A key is the peer's to check (it may have granted any number of them): a wrong one is
+    // refused there, which ends the session as it ends an RC queue pair.
+    let wrong_key = RemoteAddr {
+        addr: r.addr,
+        rkey: r.rkey ^ 1,
+    };
+    assert_eq!(
+        session.write_pending(wrong_key, vec![1; 8]).wait(),
+        Err(IoError::Transport(WcStatus::RemoteAccessError))
+    );
+    assert!(!session.is_open());
 }
 
 #[test]

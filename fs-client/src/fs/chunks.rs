@@ -248,6 +248,9 @@ impl ChunkCache {
                 if range.contains(&i) {
                     out[(i - first) as usize] = Some(chunk);
                 }
+                if chunk.rkey == 0 {
+                    continue; // not granted: asked for again once granted
+                }
                 let fetched = sent;
                 added += usize::from(f.chunks.insert(i, Cached { chunk, fetched }).is_none());
             }

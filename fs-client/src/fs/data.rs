@@ -51,8 +51,11 @@ fn segments(offset: u64, len: usize, chunk: u64) -> Vec<Segment> {
 
 impl<B: Backend> Rfs<B> {
     /// The references of chunks `first..first+count` of `ino`, held, with a data session to
-    /// each node they are on: connecting may take metadata calls, which must not happen while
-    /// the references are held (a recall of them may be what the metadata node is busy with).
+    /// each node they are on, granted to it: connecting may take metadata calls, which must
+    /// not happen while the references are held (a recall of them may be what the metadata
+    /// node is busy with). A chunk not granted (key 0) means our data session there is not
+    /// attached to our metadata session (first use, or the metadata node lost the session):
+    /// attach, and ask again.
     fn refs(
         &self,
         ino: Ino,
@@ -64,17 +67,35 @@ impl<B: Backend> Rfs<B> {
             let (refs, hold) = self
                 .chunks
                 .refs(&self.meta(), ino, first, count, allocate)?;
-            let mut missing: Vec<u32> = refs
+            let disconnected: Vec<u32> = refs
                 .iter()
                 .flatten()
                 .map(|c| c.node)
                 .filter(|&n| !self.backend.is_connected(n))
                 .collect();
+            let ungranted: Vec<u32> = refs
+                .iter()
+                .flatten()
+                .filter(|c| c.rkey == 0)
+                .map(|c| c.node)
+                .collect();
             // A session lost again at once fails the transfer in the backend (EIO).
-            if missing.is_empty() || attempt == 2 {
+            if disconnected.is_empty() && ungranted.is_empty() {
                 return Ok((refs, hold));
             }
             drop(hold);
+            if attempt == 2 {
+                return Err(Error::new(
+                    Errno::EIO,
+                    format!("chunks of inode {ino} on nodes {ungranted:?} {disconnected:?} were not granted to this client"),
+                ));
+            }
+            if !disconnected.is_empty() {
+                // Keys granted to a session that is gone would be refused on its successor.
+                self.chunks.forget_all();
+            }
+            let mut missing = [disconnected, ungranted].concat();
+            missing.sort_unstable();
             missing.dedup();
             for node in missing {
                 self.backend.connect(node)?;

@@ -1,0 +1,269 @@
+//! What each data session on this node may reach of the pool. A data session's queue pairs
+//! live in a protection domain of their own, where nothing is registered until the metadata
+//! node grants chunks to it ([`rfs_proto::grant`]): each grant is a registration of one chunk
+//! in that domain (its own remote key), and a revocation drops it, after which the key fails
+//! with a remote access error. The pool's own key is never handed out.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use rdmabox::transport::{Access, MemoryRegion, ProtectionDomain};
+use rfs_proto::grant::{
+    GrantChunks, GrantPool, LinkRequest, RevokeChunks, RevokeFreed, RevokeSession,
+};
+use rfs_proto::Errno;
+
+/// One data session: its domain and what it was granted, by (chunk address, writable).
+struct SessionGrants {
+    pd: Arc<ProtectionDomain>,
+    chunks: HashMap<(u64, bool), MemoryRegion>,
+    pool: Option<MemoryRegion>,
+}
+
+#[derive(Default)]
+struct State {
+    sessions: HashMap<u64, SessionGrants>,
+    /// Per chunk of the pool, the number of the latest free that revoked it: a grant decided
+    /// before it is refused.
+    freed: Vec<u64>,
+}
+
+/// The node's grant table. One lock covers a grant's check and its registration, and a
+/// revocation's record and its drops, so that neither can slip between the other's halves.
+pub(crate) struct Grants {
+    pool: Arc<MemoryRegion>,
+    chunk_size: u64,
+    state: Mutex<State>,
+}
+
+fn read_access(writable: bool) -> Access {
+    if writable {
+        Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE
+    } else {
+        Access::REMOTE_READ
+    }
+}
+
+impl Grants {
+    pub(crate) fn new(pool: Arc<MemoryRegion>, chunk_size: u64) -> Grants {
+        let chunks = pool.len() as u64 / chunk_size;
+        Grants {
+            pool,
+            chunk_size,
+            state: Mutex::new(State {
+                sessions: HashMap::new(),
+                freed: vec![0; chunks as usize],
+            }),
+        }
+    }
+
+    /// Names a new data session whose queue pairs are in `pd`; it reaches nothing yet.
+    pub(crate) fn open(&self, pd: Arc<ProtectionDomain>) -> u64 {
+        let mut st = self.state.lock().unwrap();
+        let name = loop {
+            let n = rdmabox::random::u64();
+            if n != 0 && !st.sessions.contains_key(&n) {
+                break n;
+            }
+        };
+        st.sessions.insert(
+            name,
+            SessionGrants {
+                pd,
+                chunks: HashMap::new(),
+                pool: None,
+            },
+        );
+        name
+    }
+
+    /// The session is gone: its grants with it.
+    pub(crate) fn close(&self, session: u64) {
+        let gone = self.state.lock().unwrap().sessions.remove(&session);
+        drop(gone);
+    }
+
+    /// The chunk index of a chunk's first byte, if it is one of ours.
+    fn index(&self, addr: u64) -> Option<usize> {
+        let off = addr.checked_sub(self.pool.addr())?;
+        let i = off / self.chunk_size;
+        (off % self.chunk_size == 0 && off < self.pool.len() as u64).then_some(i as usize)
+    }
+
+    /// Does what the metadata node asks: the remote keys of a grant, nothing for a revocation.
+    pub(crate) fn serve(&self, req: &LinkRequest) -> Result<Vec<u32>, Errno> {
+        let mut st = self.state.lock().unwrap();
+        let State { sessions, freed } = &mut *st;
+        match req {
+            LinkRequest::GrantChunks(GrantChunks {
+                session,
+                seq,
+                writable,
+                addrs,
+            }) => {
+                let Some(s) = sessions.get_mut(session) else {
+                    return Ok(vec![0; addrs.len()]);
+                };
+                Ok(addrs
+                    .iter()
+                    .map(|&addr| {
+                        let Some(i) = self.index(addr) else {
+                            log::warn!("the metadata node granted {addr:#x}, not a chunk here");
+                            return 0;
+                        };
+                        if freed[i] > *seq {
+                            return 0; // freed after the grant was decided
+                        }
+                        if let Some(mr) = s.chunks.get(&(addr, *writable)) {
+                            return mr.rkey();
+                        }
+                        let off = (addr - self.pool.addr()) as usize;
+                        let len = self.chunk_size as usize;
+                        match s
+                            .pd
+                            .register_within(&self.pool, off, len, read_access(*writable))
+                        {
+                            Ok(mr) => {
+                                let rkey = mr.rkey();
+                                s.chunks.insert((addr, *writable), mr);
+                                rkey
+                            }
+                            Err(e) => {
+                                log::error!("granting chunk {addr:#x}: {e}");
+                                0
+                            }
+                        }
+                    })
+                    .collect())
+            }
+            LinkRequest::RevokeChunks(RevokeChunks { session, addrs }) => {
+                if let Some(s) = sessions.get_mut(session) {
+                    let addrs: HashSet<u64> = addrs.iter().copied().collect();
+                    s.chunks.retain(|(a, _), _| !addrs.contains(a));
+                }
+                Ok(Vec::new())
+            }
+            LinkRequest::RevokeFreed(RevokeFreed { seq, addrs }) => {
+                let addrs: HashSet<u64> = addrs.iter().copied().collect();
+                for &a in &addrs {
+                    if let Some(i) = self.index(a) {
+                        freed[i] = freed[i].max(*seq);
+                    }
+                }
+                for s in sessions.values_mut() {
+                    s.chunks.retain(|(a, _), _| !addrs.contains(a));
+                }
+                Ok(Vec::new())
+            }
+            LinkRequest::RevokeSession(RevokeSession { session }) => {
+                if let Some(s) = sessions.get_mut(session) {
+                    s.chunks.clear();
+                    s.pool = None;
+                }
+                Ok(Vec::new())
+            }
+            LinkRequest::GrantPool(GrantPool { session }) => {
+                let s = sessions.get_mut(session).ok_or(Errno::ENOENT)?;
+                let mr =
+                    s.pd.register_within(&self.pool, 0, self.pool.len(), read_access(true))
+                        .map_err(|e| {
+                            log::error!("granting the pool: {e}");
+                            Errno::EIO
+                        })?;
+                let rkey = mr.rkey();
+                s.pool = Some(mr);
+                Ok(vec![rkey])
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdmabox::transport::{Context, TransportConfig};
+
+    const CHUNK: u64 = 4096;
+
+    fn grants() -> (Context, Grants) {
+        let ctx = Context::open(&TransportConfig::default()).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let pool = Arc::new(pd.alloc_region(4 * CHUNK as usize, Access::ALL).unwrap());
+        (ctx, Grants::new(pool, CHUNK))
+    }
+
+    fn grant(g: &Grants, session: u64, seq: u64, writable: bool, addrs: &[u64]) -> Vec<u32> {
+        let req = GrantChunks {
+            session,
+            seq,
+            writable,
+            addrs: addrs.to_vec(),
+        };
+        g.serve(&req.into()).unwrap()
+    }
+
+    #[test]
+    fn grants_are_per_session_chunk_and_access_and_idempotent() {
+        let (ctx, g) = grants();
+        let a = g.open(Arc::new(ctx.alloc_pd().unwrap()));
+        let b = g.open(Arc::new(ctx.alloc_pd().unwrap()));
+        let base = g.pool.addr();
+        let ka = grant(&g, a, 0, false, &[base, base + CHUNK]);
+        assert!(ka.iter().all(|&k| k != 0));
+        assert_eq!(grant(&g, a, 0, false, &[base]), vec![ka[0]], "same grant");
+        let kw = grant(&g, a, 0, true, &[base]);
+        assert_ne!(kw, vec![ka[0]], "writing is a grant of its own");
+        let kb = grant(&g, b, 0, false, &[base]);
+        assert_ne!(kb, vec![ka[0]]);
+        // Not chunks of this pool, or no such session: refused.
+        assert_eq!(
+            grant(&g, a, 0, false, &[base + 1, base + 4 * CHUNK, 0]),
+            vec![0, 0, 0]
+        );
+        assert_eq!(grant(&g, 12345, 0, false, &[base]), vec![0]);
+    }
+
+    #[test]
+    fn a_grant_decided_before_a_free_is_refused_after_it() {
+        let (ctx, g) = grants();
+        let a = g.open(Arc::new(ctx.alloc_pd().unwrap()));
+        let b = g.open(Arc::new(ctx.alloc_pd().unwrap()));
+        let c = g.pool.addr() + 2 * CHUNK;
+        let old = grant(&g, a, 4, true, &[c])[0];
+        let free = RevokeFreed {
+            seq: 5,
+            addrs: vec![c],
+        };
+        g.serve(&free.into()).unwrap();
+        assert_eq!(
+            grant(&g, b, 4, true, &[c]),
+            vec![0],
+            "decided before free 5"
+        );
+        let new = grant(&g, a, 5, true, &[c])[0];
+        assert!(new != 0 && new != old, "a fresh grant after the free");
+    }
+
+    #[test]
+    fn revocations_drop_exactly_what_they_name() {
+        let (ctx, g) = grants();
+        let a = g.open(Arc::new(ctx.alloc_pd().unwrap()));
+        let base = g.pool.addr();
+        let first = grant(&g, a, 0, true, &[base, base + CHUNK]);
+        let revoke = RevokeChunks {
+            session: a,
+            addrs: vec![base],
+        };
+        g.serve(&revoke.into()).unwrap();
+        let again = grant(&g, a, 0, true, &[base, base + CHUNK]);
+        assert_ne!(again[0], first[0], "revoked, granted anew");
+        assert_eq!(again[1], first[1], "untouched");
+        g.serve(&RevokeSession { session: a }.into()).unwrap();
+        assert_ne!(grant(&g, a, 0, true, &[base + CHUNK])[0], first[1]);
+        assert_eq!(
+            g.serve(&GrantPool { session: 999 }.into()),
+            Err(Errno::ENOENT)
+        );
+        assert!(g.serve(&GrantPool { session: a }.into()).unwrap()[0] != 0);
+    }
+}

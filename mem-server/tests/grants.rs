@@ -1,0 +1,219 @@
+//! Data nodes enforce grants: a client's data session reaches only the chunks of files its
+//! metadata session opened, for the access it opened them with, and only while they are
+//! open and part of the file. Over a metadata node's own pool and a joined node's.
+
+use std::time::{Duration, Instant};
+
+use rdmabox::transport::{RemoteAddr, WcStatus};
+use rdmabox::IoError;
+use rfs_e2e::{client, MemServer};
+use rfs_proto::message::{Allocate, ChunkMap, Create, ListNodes, Open, Release, SetAttr};
+use rfs_proto::types::{AttrChanges, Caller, ChunkRef, Owner, MAY_READ, MAY_WRITE, ROOT};
+use rfs_proto::{Client, MetadataChannel};
+
+const RW: u8 = MAY_READ | MAY_WRITE;
+const CHUNK: u64 = 1 << 20;
+
+fn owner() -> Caller {
+    Caller {
+        uid: 1000,
+        gid: 1000,
+        groups: vec![],
+    }
+}
+
+/// A metadata node and a data node, both lending 4 chunks.
+fn cluster() -> (MemServer, MemServer) {
+    let meta = MemServer::start(&["--memory", "4M", "--lease", "1"]);
+    let m = meta.addr.to_string();
+    let data = MemServer::start(&["--memory", "4M", "--join", &m]);
+    let c = client(&meta);
+    let start = Instant::now();
+    while c.call(ListNodes {}).unwrap().len() < 2 {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "data node never joined"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (meta, data)
+}
+
+/// Connects and attaches a data session to every live node, so that maps come granted.
+fn attach_all(c: &Client) {
+    for n in c
+        .call(ListNodes {})
+        .unwrap()
+        .into_iter()
+        .filter(|n| n.alive)
+    {
+        c.data(n.id).unwrap();
+    }
+}
+
+/// A file of `chunks` chunks (spread over both nodes) made by uid 1000, mode 0644, each chunk
+/// filled with its index + 1; the creator's handle stays open.
+fn file(c: &Client, name: &str, chunks: u32) -> (u64, Vec<ChunkRef>) {
+    let ino = c
+        .call(Create {
+            parent: ROOT,
+            name: name.into(),
+            owner: Owner {
+                perm: 0o644,
+                uid: 1000,
+                gid: 1000,
+            },
+            access: RW,
+        })
+        .unwrap()
+        .ino;
+    attach_all(c);
+    let map = c
+        .call(Allocate {
+            ino,
+            first: 0,
+            count: chunks,
+        })
+        .unwrap();
+    for (i, ch) in &map {
+        assert_ne!(ch.rkey, 0, "granted to an attached session");
+        write(c, ch, ch.rkey, vec![*i as u8 + 1; 4096]).unwrap();
+    }
+    (ino, map.into_iter().map(|(_, c)| c).collect())
+}
+
+fn map(c: &Client, ino: u64) -> Vec<ChunkRef> {
+    attach_all(c);
+    let m = c
+        .call(ChunkMap {
+            ino,
+            first: 0,
+            count: 16,
+        })
+        .unwrap();
+    m.into_iter().map(|(_, c)| c).collect()
+}
+
+/// 4 KiB at the start of `chunk` through `c`'s data session, with remote key `rkey`.
+fn read(c: &Client, chunk: &ChunkRef, rkey: u32) -> Result<Vec<u8>, IoError> {
+    let d = c.data(chunk.node).unwrap();
+    let at = RemoteAddr {
+        addr: chunk.addr,
+        rkey,
+    };
+    d.session.read_pending(at, vec![0; 4096]).wait()
+}
+
+fn write(c: &Client, chunk: &ChunkRef, rkey: u32, data: Vec<u8>) -> Result<Vec<u8>, IoError> {
+    let d = c.data(chunk.node).unwrap();
+    let at = RemoteAddr {
+        addr: chunk.addr,
+        rkey,
+    };
+    d.session.write_pending(at, data).wait()
+}
+
+const REFUSED: Result<Vec<u8>, IoError> = Err(IoError::Transport(WcStatus::RemoteAccessError));
+
+#[test]
+fn a_client_reaches_no_chunk_of_a_file_it_did_not_open() {
+    let (meta, _data) = cluster();
+    let victim = client(&meta);
+    let (_, secret) = file(&victim, "secret", 4);
+    let thief = client(&meta);
+    let (own, _) = file(&thief, "own", 2);
+    // A refused access ends the data session it was made on (as on RC queue pairs): each
+    // attempt below starts on a fresh one, with fresh grants of the thief's own file.
+    for (i, ch) in secret.iter().enumerate() {
+        // A key the thief was granted, for another chunk of the same node, reaches only it.
+        let mine = map(&thief, own);
+        let mine = mine.iter().find(|o| o.node == ch.node).expect("both nodes");
+        assert!(read(&thief, mine, mine.rkey).is_ok());
+        assert_eq!(read(&thief, ch, mine.rkey), REFUSED, "chunk {i}, own key");
+        // The victim's key does not work on another session: each has its own domain.
+        assert_eq!(read(&thief, ch, ch.rkey), REFUSED, "chunk {i}, stolen key");
+        assert_eq!(
+            write(&thief, ch, ch.rkey, vec![0; 4096]),
+            REFUSED,
+            "chunk {i}, stolen key"
+        );
+    }
+    // Untouched, and still the victim's to read.
+    for (i, ch) in secret.iter().enumerate() {
+        assert_eq!(read(&victim, ch, ch.rkey).unwrap(), vec![i as u8 + 1; 4096]);
+    }
+}
+
+#[test]
+fn grants_follow_the_handle_and_end_with_close_and_truncate() {
+    let (meta, _data) = cluster();
+    let writer = client(&meta);
+    let (ino, chunks) = file(&writer, "f", 2);
+    let reader = client(&meta);
+    reader
+        .call(Open {
+            ino,
+            access: MAY_READ,
+            caller: owner(),
+        })
+        .unwrap();
+    for (i, want) in chunks.iter().enumerate() {
+        let ch = map(&reader, ino)[i];
+        assert_eq!((ch.node, ch.addr), (want.node, want.addr));
+        assert_eq!(
+            read(&reader, &ch, ch.rkey).unwrap(),
+            vec![i as u8 + 1; 4096]
+        );
+        // Opened for reading: granted for reading.
+        assert_eq!(write(&reader, &ch, ch.rkey, vec![0; 4096]), REFUSED);
+    }
+    let granted = map(&reader, ino);
+    for ch in &granted {
+        assert!(read(&reader, ch, ch.rkey).is_ok());
+    }
+    // Closed: out of reach.
+    reader
+        .call(Release {
+            ino,
+            access: MAY_READ,
+        })
+        .unwrap();
+    for ch in &granted {
+        assert_eq!(read(&reader, ch, ch.rkey), REFUSED, "after close");
+    }
+    // Opened again, then the file is cut under it: the cut chunks are out of reach.
+    reader
+        .call(Open {
+            ino,
+            access: MAY_READ,
+            caller: owner(),
+        })
+        .unwrap();
+    let again = map(&reader, ino);
+    assert_eq!(read(&reader, &again[1], again[1].rkey).unwrap()[0], 2);
+    writer
+        .call(SetAttr {
+            ino,
+            changes: AttrChanges {
+                size: Some(CHUNK),
+                ..AttrChanges::default()
+            },
+            caller: owner(),
+        })
+        .unwrap();
+    assert_eq!(
+        read(&reader, &again[0], again[0].rkey).unwrap()[0],
+        1,
+        "kept"
+    );
+    assert_eq!(read(&reader, &again[1], again[1].rkey), REFUSED, "cut off");
+    // The freed chunk goes to another file: still out of the reader's reach, zeroed for its
+    // new owner.
+    let (_, next) = file(&writer, "g", 3);
+    let reused = next
+        .iter()
+        .find(|c| (c.node, c.addr) == (again[1].node, again[1].addr));
+    if let Some(r) = reused {
+        assert_eq!(read(&reader, r, again[1].rkey), REFUSED, "reused");
+    }
+}

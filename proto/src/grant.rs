@@ -1,0 +1,154 @@
+//! Grants: which chunks of a data node's pool one client's data session may reach. A data
+//! session starts with no reach at all; the metadata node, which checked the opens, tells the
+//! data node over the node's join connection (the "link") what each session may touch, and
+//! takes it back when the file is closed, cut, unlinked, or its client goes. The data node
+//! answers a grant with the remote key the client then uses; a revoked key fails with a
+//! remote access error.
+//!
+//! A grant decided before a chunk was freed must not land after the free was revoked: every
+//! free gets a sequence number, revocations carry it, and a grant decided before it (with an
+//! older number) is refused for that chunk.
+
+use crate::errno::Errno;
+use crate::message::encode_reply;
+use crate::wire::{bad, DecodeError, Reader, Wire, MAX_LIST};
+use crate::{wire_enum, wire_struct};
+
+/// The largest link frame: a list of MAX_LIST addresses and a little more.
+pub const MAX_LINK_FRAME: usize = 64 + 8 * MAX_LIST as usize;
+
+wire_struct! {
+    /// Lets data session `session` reach the chunks at `addrs` (read, and write if `writable`),
+    /// decided when the latest free was number `seq`. The reply holds one remote key per
+    /// address; 0 where it was refused (freed since, not a chunk, or no such session).
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct GrantChunks { pub session: u64, pub seq: u64, pub writable: bool, pub addrs: Vec<u64> }
+}
+
+wire_struct! {
+    /// Takes back what data session `session` was granted on the chunks at `addrs`.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct RevokeChunks { pub session: u64, pub addrs: Vec<u64> }
+}
+
+wire_struct! {
+    /// The chunks at `addrs` were freed by free number `seq`: every session's grants on them
+    /// go, and grants decided before `seq` are refused from now on.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct RevokeFreed { pub seq: u64, pub addrs: Vec<u64> }
+}
+
+wire_struct! {
+    /// The client behind data session `session` is gone: all its grants go.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct RevokeSession { pub session: u64 }
+}
+
+wire_struct! {
+    /// The whole pool, readable and writable, for the metadata node's own session (it zeroes
+    /// freed chunks); the reply is the remote key.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct GrantPool { pub session: u64 }
+}
+
+wire_enum! {
+    /// What the metadata node asks of a data node over the link.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub enum LinkRequest / LinkOp {
+        1 => GrantChunks,
+        2 => RevokeChunks,
+        3 => RevokeFreed,
+        4 => RevokeSession,
+        5 => GrantPool,
+    }
+}
+
+impl LinkRequest {
+    /// The answer to this request in `b`: one remote key per granted address (none for a
+    /// revocation), or why it failed.
+    pub fn decode_answer(&self, b: &[u8]) -> Result<Result<Vec<u32>, Errno>, DecodeError> {
+        decode_link_reply(self.op(), b)
+    }
+}
+
+/// Encodes the answer to a link request of kind `op`.
+pub fn encode_link_reply(op: LinkOp, result: &Result<Vec<u32>, Errno>) -> Vec<u8> {
+    encode_reply(op as u8, result)
+}
+
+fn decode_link_reply(op: LinkOp, b: &[u8]) -> Result<Result<Vec<u32>, Errno>, DecodeError> {
+    let mut r = Reader::new(b);
+    let got = r.header()?;
+    if got != op as u8 {
+        return bad(format!("a link reply to op {got} for a {op:?} request"));
+    }
+    let result = match u8::get(&mut r)? {
+        0 => Ok(Vec::<u32>::get(&mut r)?),
+        1 => Err(Errno::get(&mut r)?),
+        s => return bad(format!("bad link reply status {s}")),
+    };
+    r.finish()?;
+    Ok(result)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn link_requests_and_replies_round_trip_and_garbage_is_refused() {
+        let requests: Vec<LinkRequest> = vec![
+            GrantChunks {
+                session: 1,
+                seq: 2,
+                writable: true,
+                addrs: vec![3, 4],
+            }
+            .into(),
+            RevokeChunks {
+                session: 1,
+                addrs: vec![3],
+            }
+            .into(),
+            RevokeFreed {
+                seq: 9,
+                addrs: vec![],
+            }
+            .into(),
+            RevokeSession { session: 7 }.into(),
+            GrantPool { session: 7 }.into(),
+        ];
+        for m in requests {
+            let b = m.encode();
+            assert_eq!(LinkRequest::decode(&b).unwrap(), m);
+            for cut in 0..b.len() {
+                assert!(LinkRequest::decode(&b[..cut]).is_err());
+            }
+            for result in [Ok(vec![5, 0, 6]), Err(Errno::EIO)] {
+                let reply = encode_link_reply(m.op(), &result);
+                assert_eq!(decode_link_reply(m.op(), &reply).unwrap(), result);
+            }
+        }
+        let reply = encode_link_reply(LinkOp::GrantPool, &Ok(vec![1]));
+        assert!(decode_link_reply(LinkOp::GrantChunks, &reply).is_err());
+        let too_many = GrantChunks {
+            session: 1,
+            seq: 0,
+            writable: false,
+            addrs: vec![0; MAX_LIST as usize + 1],
+        };
+        assert!(LinkRequest::decode(&LinkRequest::from(too_many).encode()).is_err());
+    }
+
+    #[test]
+    fn the_largest_request_fits_a_link_frame() {
+        let m: LinkRequest = GrantChunks {
+            session: 1,
+            seq: 2,
+            writable: true,
+            addrs: vec![u64::MAX; MAX_LIST as usize],
+        }
+        .into();
+        assert!(m.encode().len() <= MAX_LINK_FRAME);
+    }
+}
