@@ -83,6 +83,15 @@ impl Grants {
         drop(gone);
     }
 
+    /// Every session's grants go (the metadata node that made them is gone).
+    pub(crate) fn revoke_everything(&self) {
+        let mut st = self.state.lock().unwrap();
+        for s in st.sessions.values_mut() {
+            s.chunks.clear();
+            s.pool = None;
+        }
+    }
+
     /// The chunk index of a chunk's first byte, if it is one of ours.
     fn index(&self, addr: u64) -> Option<usize> {
         let off = addr.checked_sub(self.pool.addr())?;

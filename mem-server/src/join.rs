@@ -215,6 +215,9 @@ fn serve_link(mut s: TcpStream, grants: &Grants) {
             break e;
         }
     };
+    // Nobody can revoke what was granted from now on, and the metadata node counts this
+    // node's chunks as lost: no session keeps any reach.
+    grants.revoke_everything();
     log::error!(
         "the join connection to the metadata node ended ({why}): this node's pool is no longer in use"
     );

@@ -217,3 +217,36 @@ fn grants_follow_the_handle_and_end_with_close_and_truncate() {
         assert_eq!(read(&reader, r, again[1].rkey), REFUSED, "reused");
     }
 }
+
+#[test]
+fn a_data_node_that_loses_its_metadata_node_keeps_no_grants() {
+    let (mut meta, _data) = cluster();
+    let c = client(&meta);
+    let (_, chunks) = file(&c, "f", 2);
+    let remote = *chunks
+        .iter()
+        .find(|ch| ch.node != 0)
+        .expect("one on the data node");
+    assert_eq!(read(&c, &remote, remote.rkey).unwrap()[0], 1);
+    // Nobody could revoke its grants any more: they go with the link.
+    meta.kill();
+    let start = Instant::now();
+    let d = c.connected(remote.node).expect("the data session lives on");
+    loop {
+        let at = RemoteAddr {
+            addr: remote.addr,
+            rkey: remote.rkey,
+        };
+        match d.session.read_pending(at, vec![0; 4096]).wait() {
+            Ok(_) => assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "still granted 10 s after the metadata node died"
+            ),
+            Err(e) => {
+                assert_eq!(e, IoError::Transport(WcStatus::RemoteAccessError));
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
