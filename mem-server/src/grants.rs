@@ -145,10 +145,15 @@ impl Grants {
                     })
                     .collect())
             }
-            LinkRequest::RevokeChunks(RevokeChunks { session, addrs }) => {
+            LinkRequest::RevokeChunks(RevokeChunks {
+                session,
+                writable_only,
+                addrs,
+            }) => {
                 if let Some(s) = sessions.get_mut(session) {
                     let addrs: HashSet<u64> = addrs.iter().copied().collect();
-                    s.chunks.retain(|(a, _), _| !addrs.contains(a));
+                    s.chunks
+                        .retain(|(a, w), _| !(addrs.contains(a) && (*w || !writable_only)));
                 }
                 Ok(Vec::new())
             }
@@ -259,8 +264,18 @@ mod tests {
         let a = g.open(Arc::new(ctx.alloc_pd().unwrap()));
         let base = g.pool.addr();
         let first = grant(&g, a, 0, true, &[base, base + CHUNK]);
+        let read_only = grant(&g, a, 0, false, &[base])[0];
+        let writes = RevokeChunks {
+            session: a,
+            writable_only: true,
+            addrs: vec![base],
+        };
+        g.serve(&writes.into()).unwrap();
+        assert_eq!(grant(&g, a, 0, false, &[base]), vec![read_only], "kept");
+        assert_ne!(grant(&g, a, 0, true, &[base]), vec![first[0]], "revoked");
         let revoke = RevokeChunks {
             session: a,
+            writable_only: false,
             addrs: vec![base],
         };
         g.serve(&revoke.into()).unwrap();

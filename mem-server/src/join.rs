@@ -148,8 +148,9 @@ pub(crate) fn admit(
         _ => {}
     }
     log::warn!("data node {id} at {addr} left; its chunks are unavailable");
-    meta.remove_link(id);
+    // Dead before the link goes: a node without a link counts as gone (see `reuse`).
     meta.state.lock().unwrap().alloc.set_alive(id, false);
+    meta.remove_link(id);
     meta.zeroer.remove_node(id);
     Ok(())
 }

@@ -83,8 +83,12 @@ struct Effects {
     freed: Vec<ChunkRef>,
     change: Change,
     grant: Option<Granting>,
-    /// Chunks of a file the session closed its last handle of.
+    /// Chunks whose grants to the session go: a file it closed its last handle of (or only
+    /// its last writable one: `writable_only`).
     closed: Vec<ChunkRef>,
+    writable_only: bool,
+    /// Data sessions the session attached before and no more, by node: all their grants go.
+    detached: Vec<(u32, u64)>,
 }
 
 /// A chunk map to hand out once its chunks are granted to the caller's data sessions.
@@ -235,8 +239,9 @@ impl MetaService {
         encode_reply(op as u8, &Ok(chunks))
     }
 
-    /// Takes back what the session was granted on `chunks`.
-    fn revoke(&self, data: &HashMap<u32, u64>, chunks: &[ChunkRef]) {
+    /// Takes back what the session was granted on `chunks` (only for writing if
+    /// `writable_only`).
+    fn revoke(&self, data: &HashMap<u32, u64>, chunks: &[ChunkRef], writable_only: bool) {
         for (node, addrs) in by_node(chunks) {
             let Some(&session) = data.get(&node) else {
                 continue;
@@ -244,6 +249,7 @@ impl MetaService {
             for part in addrs.chunks(MAX_LIST as usize) {
                 let req = RevokeChunks {
                     session,
+                    writable_only,
                     addrs: part.to_vec(),
                 };
                 self.ask(node, req.into());
@@ -545,10 +551,15 @@ impl MetaService {
             }
             let granting = effects.grant.take();
             let closed = std::mem::take(&mut effects.closed);
+            let detached = std::mem::take(&mut effects.detached);
+            let writable_only = effects.writable_only;
             self.settle(st, id, effects);
             // Calls of one session are applied one at a time (its lock is held), so its
             // grants and revocations reach each node in the order of its calls.
-            self.revoke(&session.data, &closed);
+            self.revoke(&session.data, &closed, writable_only);
+            for (node, old) in detached {
+                self.ask(node, RevokeSession { session: old }.into());
+            }
             break match granting {
                 Some(g) => self.grant(&session.data, g),
                 None => reply,
@@ -732,16 +743,22 @@ impl MetaService {
             Request::Release(m) => {
                 let r = match open.get_mut(&m.ino) {
                     Some(h) if h.all > 0 && (m.access & MAY_WRITE == 0 || h.writable > 0) => {
+                        let was_writable = h.writable > 0;
                         h.all -= 1;
                         h.writable -= (m.access & MAY_WRITE != 0) as u32;
                         // A client that closes a writable handle as read-only keeps no more
                         // writable handles than handles.
                         h.writable = h.writable.min(h.all);
-                        if h.all == 0 {
-                            open.remove(&m.ino);
-                            // Its last handle: the session's grants on the file go.
+                        // Its last handle, or its last writable one: the session's grants on
+                        // the file go, or those for writing.
+                        let last = h.all == 0;
+                        if last || (was_writable && h.writable == 0) {
                             let all = ns.chunk_map(m.ino, 0, u64::MAX).unwrap_or_default();
                             fx.closed.extend(all.into_iter().map(|(_, c)| c));
+                            fx.writable_only = !last;
+                        }
+                        if last {
+                            open.remove(&m.ino);
                         }
                         holders.closed(session, m.ino);
                         Self::release(ns, m.ino, fx);
@@ -816,9 +833,17 @@ impl MetaService {
             Request::ListNodes(m) => answer(m, Ok(alloc.nodes())),
             Request::AttachData(m) => {
                 // The name only says where this session's grants go: a client naming another's
-                // session gives that one more reach, never itself.
-                data.insert(m.node, m.session);
-                answer(m, Ok(()))
+                // session gives that one more reach, never itself. What the session granted
+                // before goes with the old name: revocations follow the new one.
+                let r = if (m.node as usize) < alloc.node_counts().1 {
+                    if let Some(old) = data.insert(m.node, m.session) {
+                        (old != m.session).then(|| fx.detached.push((m.node, old)));
+                    }
+                    Ok(())
+                } else {
+                    Err(Errno::EINVAL)
+                };
+                answer(m, r)
             }
         }
     }

@@ -130,7 +130,7 @@ pub struct Node {
     addr: SocketAddr,
     accept: Option<JoinHandle<()>>,
     /// A data node's membership: the metadata node marks it dead when this closes.
-    _join: Option<TcpStream>,
+    _join: Option<Membership>,
 }
 
 pub(crate) fn invalid(msg: String) -> io::Error {
@@ -207,7 +207,7 @@ impl Node {
         };
         if let Some(meta) = shared.cfg.join {
             match crate::join::join(&shared, meta, addr) {
-                Ok(s) => node._join = Some(s),
+                Ok(s) => node._join = Some(Membership(s)),
                 Err(e) => {
                     node.shutdown();
                     return Err(io::Error::new(e.kind(), format!("joining {meta}: {e}")));
@@ -351,6 +351,16 @@ impl Shared {
         drop(links);
         self.grants.close(session);
         sent
+    }
+}
+
+/// The join connection, shut down (not just closed: the grant link holds a clone) when the
+/// node goes, so that the metadata node sees it leave.
+struct Membership(TcpStream);
+
+impl Drop for Membership {
+    fn drop(&mut self) {
+        let _ = self.0.shutdown(std::net::Shutdown::Both);
     }
 }
 

@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 use rdmabox::transport::{RemoteAddr, WcStatus};
 use rdmabox::IoError;
 use rfs_e2e::{client, MemServer};
-use rfs_proto::message::{Allocate, ChunkMap, Create, ListNodes, Open, Release, SetAttr};
+use rfs_proto::message::{
+    Allocate, AttachData, ChunkMap, Create, ListNodes, Open, Release, SetAttr,
+};
 use rfs_proto::types::{AttrChanges, Caller, ChunkRef, Owner, MAY_READ, MAY_WRITE, ROOT};
 use rfs_proto::{Client, MetadataChannel};
 
@@ -249,4 +251,63 @@ fn a_data_node_that_loses_its_metadata_node_keeps_no_grants() {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+#[test]
+fn a_write_grant_ends_with_the_last_writable_handle() {
+    let (meta, _data) = cluster();
+    let c = client(&meta);
+    let (ino, _) = file(&c, "f", 1);
+    c.call(Open {
+        ino,
+        access: MAY_READ,
+        caller: owner(),
+    })
+    .unwrap();
+    let writable = map(&c, ino)[0];
+    assert!(write(&c, &writable, writable.rkey, vec![9; 4096]).is_ok());
+    c.call(Release { ino, access: RW }).unwrap();
+    // Still open for reading: reads are granted anew, writes are not.
+    let readable = map(&c, ino)[0];
+    assert_eq!(read(&c, &readable, readable.rkey).unwrap()[0], 9);
+    assert_eq!(
+        write(&c, &writable, writable.rkey, vec![0; 4096]),
+        REFUSED,
+        "the writable handle is closed"
+    );
+}
+
+#[test]
+fn naming_another_data_session_takes_back_what_the_old_one_was_granted() {
+    let (meta, _data) = cluster();
+    let c = client(&meta);
+    let (ino, chunks) = file(&c, "f", 1);
+    let ch = chunks[0];
+    assert!(read(&c, &ch, ch.rkey).is_ok());
+    // Grants follow the attached name; a client that points it elsewhere (to escape the
+    // revocation at close) loses what its old session had at once.
+    c.call(AttachData {
+        node: ch.node,
+        session: 12345,
+    })
+    .unwrap();
+    let d = c.connected(ch.node).expect("still connected");
+    let at = RemoteAddr {
+        addr: ch.addr,
+        rkey: ch.rkey,
+    };
+    assert_eq!(d.session.read_pending(at, vec![0; 4096]).wait(), REFUSED);
+    assert!(
+        c.call(AttachData {
+            node: 999,
+            session: 1
+        })
+        .is_err(),
+        "no such node"
+    );
+    // The honest path still works: attach again and ask again.
+    assert_eq!(
+        read(&c, &map(&c, ino)[0], map(&c, ino)[0].rkey).unwrap()[0],
+        1
+    );
 }

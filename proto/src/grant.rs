@@ -26,9 +26,10 @@ wire_struct! {
 }
 
 wire_struct! {
-    /// Takes back what data session `session` was granted on the chunks at `addrs`.
+    /// Takes back what data session `session` was granted on the chunks at `addrs`: only
+    /// the writable grants if `writable_only` (its last writable handle closed).
     #[derive(Clone, Debug, PartialEq, Eq)]
-    pub struct RevokeChunks { pub session: u64, pub addrs: Vec<u64> }
+    pub struct RevokeChunks { pub session: u64, pub writable_only: bool, pub addrs: Vec<u64> }
 }
 
 wire_struct! {
