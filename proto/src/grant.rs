@@ -108,6 +108,7 @@ mod tests {
             .into(),
             RevokeChunks {
                 session: 1,
+                writable_only: true,
                 addrs: vec![3],
             }
             .into(),
