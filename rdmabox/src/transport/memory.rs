@@ -130,9 +130,20 @@ impl MrInner {
 }
 
 /// A registered memory region. Dropping it deregisters it: from then on the peer's accesses with
-/// its rkey fail (a provider may finish an access already in flight).
+/// its rkey fail, and none touches its memory (an access under way stops where it is).
 pub struct MemoryRegion {
     pub(crate) inner: Arc<MrInner>,
+}
+
+impl Drop for MemoryRegion {
+    fn drop(&mut self) {
+        // Providers that hold the region for transfers under way must stop using it now, not
+        // when the last of them lets go (verbs: ibv_dereg_mr when the record goes is enough,
+        // since only our own work requests hold it).
+        if let Registration::Tcp(r) = &self.inner.registration {
+            r.deregister(&self.inner);
+        }
+    }
 }
 
 impl MemoryRegion {
@@ -233,7 +244,10 @@ impl MemoryRegion {
         if !matches!(self.inner.backing, Backing::Vec { .. }) {
             return Err(self);
         }
-        match Arc::try_unwrap(self.inner) {
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is never dropped or used again, so the Arc is moved out exactly once.
+        let inner = unsafe { std::ptr::read(&this.inner) };
+        match Arc::try_unwrap(inner) {
             Ok(inner) => {
                 let MrInner {
                     registration,

@@ -24,15 +24,19 @@ use crate::transport::types::{Access, Completion, WcOpcode, WcStatus};
 /// queue), so an honest peer never fills it.
 const RESPONSE_QUEUE: usize = 8192;
 
+/// WRITE payloads are read off the socket into a buffer of at most this many bytes, then
+/// copied into the region while it is still registered: a peer that drips a payload cannot
+/// have it land after the region was deregistered (and its memory given to someone else).
+const WRITE_STAGING: usize = 256 << 10;
+
 enum Response {
     Ack(u32),
     /// Send the frame tail the engine left in `TxState::pending`.
     Flush,
+    /// A READ's bytes, copied out of the region while it was registered.
     ReadData {
         psn: u32,
-        mr: Option<Arc<MrInner>>,
-        offset: usize,
-        len: usize,
+        data: Vec<u8>,
     },
     Nak(u32, NakReason),
 }
@@ -69,6 +73,7 @@ struct Engine {
     qp: Arc<QpShared>,
     responses: Sender<Response>,
     reader: FrameReader,
+    staging: Vec<u8>,
 }
 
 impl Engine {
@@ -78,6 +83,7 @@ impl Engine {
             qp,
             responses,
             reader,
+            staging: Vec::new(),
         }
     }
 
@@ -111,26 +117,22 @@ impl Engine {
     fn respond(&self, r: Response) -> Result<(), Stop> {
         let mut header = match &r {
             Response::Ack(psn) => Header::new(Kind::Ack, *psn),
-            Response::ReadData { psn, len, .. } => {
+            Response::ReadData { psn, data } => {
                 let mut h = Header::new(Kind::ReadResponse, *psn);
-                h.len = *len as u32;
+                h.len = data.len() as u32;
                 h
             }
             Response::Flush | Response::Nak(..) => return self.enqueue(r),
         }
         .encode();
         let mut iovs = vec![iovec(header.as_mut_ptr(), HEADER_LEN)];
-        if let Response::ReadData {
-            mr: Some(mr),
-            offset,
-            len,
-            ..
-        } = &r
-        {
-            // SAFETY: the engine checked offset+len against the region, so the pointer stays in it.
-            iovs.push(iovec(unsafe { mr.ptr().add(*offset) }, *len));
+        if let Response::ReadData { data, .. } = &r {
+            if !data.is_empty() {
+                iovs.push(iovec(data.as_ptr(), data.len()));
+            }
         }
-        // SAFETY: the header is on our stack and READ data is in a region `r` keeps alive.
+        // SAFETY: the header is on our stack and READ data in `r`'s buffer, which stays put
+        // (on the heap) when `r` is queued.
         match unsafe { self.qp.try_transmit_now(&iovs) } {
             Ok(Some(false)) => Ok(()),
             Ok(Some(true)) => self.enqueue(Response::Flush),
@@ -189,10 +191,25 @@ impl Engine {
             return Err(self.refuse(h.psn, NakReason::RemoteAccess));
         };
         if let Some((mr, offset)) = target {
-            // SAFETY: check_remote proved offset+len lies inside the live region `mr`, which
-            // this Arc keeps mapped for the duration of the read.
-            let r = unsafe { self.reader.read_into(mr.ptr().add(offset), h.len as usize) };
-            on_io(r)?;
+            let len = h.len as usize;
+            let mut done = 0;
+            while done < len {
+                let n = (len - done).min(WRITE_STAGING);
+                self.staging.resize(n, 0);
+                // SAFETY: `staging` has n bytes, and is ours alone.
+                on_io(unsafe { self.reader.read_into(self.staging.as_mut_ptr(), n) })?;
+                let staged = &self.staging;
+                // SAFETY: check_remote proved offset+len lies inside `mr`, whose memory this
+                // Arc keeps mapped; the copy runs only while `mr` is still registered.
+                let copied = self.qp.pd.while_registered(&mr, || unsafe {
+                    std::ptr::copy_nonoverlapping(staged.as_ptr(), mr.ptr().add(offset + done), n)
+                });
+                if copied.is_none() {
+                    // Deregistered under way: the rest of the payload goes nowhere.
+                    return Err(self.refuse(h.psn, NakReason::RemoteAccess));
+                }
+                done += n;
+            }
         }
         if h.kind == Kind::WriteWithImm {
             let Some(recv) = self.wait_for_recv() else {
@@ -213,16 +230,29 @@ impl Engine {
         let Some(target) = self.check_remote(h, Access::REMOTE_READ) else {
             return Err(self.refuse(h.psn, NakReason::RemoteAccess));
         };
-        let (mr, offset) = match target {
-            Some((mr, offset)) => (Some(mr), offset),
-            None => (None, 0),
+        let data = match target {
+            None => Vec::new(),
+            Some((mr, offset)) => {
+                let len = h.len as usize;
+                // The copy runs only while `mr` is still registered.
+                let copied = self.qp.pd.while_registered(&mr, || {
+                    let mut data = Vec::with_capacity(len);
+                    // SAFETY: check_remote proved offset+len lies inside `mr`, whose memory
+                    // this Arc keeps mapped; `data` has room for len bytes, all written
+                    // before the length is set.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(mr.ptr().add(offset), data.as_mut_ptr(), len);
+                        data.set_len(len);
+                    }
+                    data
+                });
+                match copied {
+                    Some(data) => data,
+                    None => return Err(self.refuse(h.psn, NakReason::RemoteAccess)),
+                }
+            }
         };
-        self.respond(Response::ReadData {
-            psn: h.psn,
-            mr,
-            offset,
-            len: h.len as usize,
-        })
+        self.respond(Response::ReadData { psn: h.psn, data })
     }
 
     /// The next posted RECV, waiting up to the RNR window for one.
@@ -411,9 +441,9 @@ fn respond(qp: Arc<QpShared>, rx: Receiver<Response>) {
                     }
                     Header::new(Kind::Ack, *psn)
                 }
-                Response::ReadData { psn, len, .. } => {
+                Response::ReadData { psn, data } => {
                     let mut h = Header::new(Kind::ReadResponse, *psn);
-                    h.len = *len as u32;
+                    h.len = data.len() as u32;
                     h
                 }
                 Response::Nak(psn, why) => {
@@ -436,21 +466,16 @@ fn respond(qp: Arc<QpShared>, rx: Receiver<Response>) {
             }
             let h = next_header.next().expect("one header per sent response");
             iovs.push(iovec(h.as_ptr(), HEADER_LEN));
-            if let Response::ReadData {
-                mr: Some(mr),
-                offset,
-                len,
-                ..
-            } = r
-            {
-                // SAFETY: the engine checked offset+len against the region, so the pointer stays in it.
-                iovs.push(iovec(unsafe { mr.ptr().add(*offset) }, *len));
+            if let Response::ReadData { data, .. } = r {
+                if !data.is_empty() {
+                    iovs.push(iovec(data.as_ptr(), data.len()));
+                }
             }
         }
         let sent = {
             let mut tx = qp.tx.lock().unwrap();
-            // SAFETY: headers are alive in `headers`; READ data points into regions held by
-            // the Arcs in `batch`, both alive until after this call.
+            // SAFETY: headers are alive in `headers`, READ data in the buffers of `batch`,
+            // both until after this call.
             unsafe { qp.transmit(&mut tx, &mut iovs) }
         };
         qp.responses_queued.fetch_sub(batch.len(), Ordering::AcqRel);
@@ -462,5 +487,63 @@ fn respond(qp: Arc<QpShared>, rx: Receiver<Response>) {
             }
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::Duration;
+
+    use super::super::qp::hello;
+    use super::super::wire::{Header, Kind, NakReason, HEADER_LEN};
+    use super::super::TcpEndpoint;
+    use crate::transport::{Access, Context, Endpoint, ProviderKind, QpCaps, TransportConfig};
+
+    /// A peer that starts a WRITE through a grant, stalls mid-payload while the grant is
+    /// revoked (and the memory could go to another file), then sends the rest: none of it may
+    /// land, and the WRITE is refused.
+    #[test]
+    fn a_payload_dripped_past_a_deregistration_lands_nowhere() {
+        let ctx = Context::open(&TransportConfig::with_provider(ProviderKind::Tcp)).unwrap();
+        let pool_pd = ctx.alloc_pd().unwrap();
+        let pool = pool_pd.alloc_region(1 << 16, Access::ALL).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let grant = pd.register_within(&pool, 0, 8192, Access::ALL).unwrap();
+        let cq = ctx.create_cq(16).unwrap();
+        let prepared = ctx.create_qp(&pd, &cq, &cq, QpCaps::default()).unwrap();
+        let Endpoint::Tcp(ep) = prepared.endpoint().unwrap() else {
+            panic!("a tcp endpoint")
+        };
+        // With the smaller token we dial, as a peer provider would.
+        let fake = TcpEndpoint {
+            addr: ep.addr,
+            qpn: 1,
+            token: 0,
+        };
+        let accepting = std::thread::spawn(move || prepared.connect(&Endpoint::Tcp(fake)));
+        let mut s = TcpStream::connect(ep.addr).unwrap();
+        s.write_all(&hello(0, ep.token)).unwrap();
+        let mut answer = [0u8; 20];
+        s.read_exact(&mut answer).unwrap();
+        let _qp = accepting.join().unwrap().unwrap();
+        let mut h = Header::new(Kind::Write, 0);
+        h.remote_addr = grant.addr();
+        h.rkey = grant.rkey();
+        h.len = 8192;
+        s.write_all(&h.encode()).unwrap();
+        s.write_all(&[0xab; 4096]).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        drop(grant);
+        s.write_all(&[0xab; 4096]).unwrap();
+        let mut raw = [0u8; HEADER_LEN];
+        s.read_exact(&mut raw).unwrap();
+        let nak = Header::decode(&raw).unwrap();
+        assert_eq!(
+            (nak.kind, nak.imm),
+            (Kind::Nak, NakReason::RemoteAccess as u32)
+        );
+        assert!(pool.to_vec().iter().all(|&b| b == 0), "nothing landed");
     }
 }

@@ -138,6 +138,21 @@ impl PdShared {
     pub(crate) fn lookup(&self, rkey: u32) -> Option<Arc<MrInner>> {
         self.regions.read().unwrap().get(&rkey)?.upgrade()
     }
+
+    /// Runs `f` (a copy into or out of `mr`) if `mr` is still registered, holding off its
+    /// deregistration until `f` is done: once a region is deregistered, no engine touches it
+    /// again, however long the transfer it was looked up for goes on (a NIC stops at once).
+    pub(crate) fn while_registered<R>(
+        &self,
+        mr: &Arc<MrInner>,
+        f: impl FnOnce() -> R,
+    ) -> Option<R> {
+        let regions = self.regions.read().unwrap();
+        let ours = regions
+            .get(&mr.rkey)
+            .is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(mr)));
+        ours.then(f)
+    }
 }
 
 impl Pd {
@@ -195,16 +210,39 @@ impl Pd {
     }
 }
 
-/// Removes the rkey from the table and unpins when the region goes.
+/// Removes the rkey from the table (when the region is dropped, even while an engine still
+/// holds it for a transfer under way) and unpins when the memory goes.
 pub(crate) struct Registration {
     pd: Arc<PdShared>,
     rkey: u32,
     pinned: Option<(u64, usize)>,
 }
 
+impl Registration {
+    /// Takes `inner` (this registration's region) out of the rkey table, waiting for copies
+    /// under way ([`PdShared::while_registered`]).
+    pub(crate) fn deregister(&self, inner: &MrInner) {
+        let mut regions = self.pd.regions.write().unwrap();
+        let ours = regions
+            .get(&self.rkey)
+            .is_some_and(|w| std::ptr::eq(w.as_ptr(), inner));
+        if ours {
+            regions.remove(&self.rkey);
+        }
+    }
+}
+
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.pd.regions.write().unwrap().remove(&self.rkey);
+        // Normally gone already (`deregister`); the key may since name another region.
+        let mut regions = self.pd.regions.write().unwrap();
+        if regions
+            .get(&self.rkey)
+            .is_some_and(|w| w.strong_count() == 0)
+        {
+            regions.remove(&self.rkey);
+        }
+        drop(regions);
         if let Some((addr, len)) = self.pinned {
             // SAFETY: undoes our own mlock of this range.
             unsafe { libc::munlock(addr as *const libc::c_void, len) };

@@ -128,7 +128,7 @@ impl PreparedQp {
     }
 }
 
-fn hello(from: u64, to: u64) -> [u8; 20] {
+pub(super) fn hello(from: u64, to: u64) -> [u8; 20] {
     let mut b = [0u8; 20];
     b[..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
     b[4..12].copy_from_slice(&from.to_le_bytes());
