@@ -36,7 +36,8 @@ pub(crate) struct Grants {
     state: Mutex<State>,
 }
 
-fn read_access(writable: bool) -> Access {
+/// What a grant lets the peer do (verbs wants local write beside remote write).
+fn grant_access(writable: bool) -> Access {
     if writable {
         Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE
     } else {
@@ -130,7 +131,7 @@ impl Grants {
                         let len = self.chunk_size as usize;
                         match s
                             .pd
-                            .register_within(&self.pool, off, len, read_access(*writable))
+                            .register_within(&self.pool, off, len, grant_access(*writable))
                         {
                             Ok(mr) => {
                                 let rkey = mr.rkey();
@@ -179,7 +180,7 @@ impl Grants {
             LinkRequest::GrantPool(GrantPool { session }) => {
                 let s = sessions.get_mut(session).ok_or(Errno::ENOENT)?;
                 let mr =
-                    s.pd.register_within(&self.pool, 0, self.pool.len(), read_access(true))
+                    s.pd.register_within(&self.pool, 0, self.pool.len(), grant_access(true))
                         .map_err(|e| {
                             log::error!("granting the pool: {e}");
                             Errno::EIO

@@ -84,6 +84,16 @@ fn file(c: &Client, name: &str, chunks: u32) -> (u64, Vec<ChunkRef>) {
     (ino, map.into_iter().map(|(_, c)| c).collect())
 }
 
+/// Opens `ino` for reading, as its owner.
+fn open_for_reading(c: &Client, ino: u64) {
+    c.call(Open {
+        ino,
+        access: MAY_READ,
+        caller: owner(),
+    })
+    .unwrap();
+}
+
 fn map(c: &Client, ino: u64) -> Vec<ChunkRef> {
     attach_all(c);
     let m = c
@@ -152,13 +162,7 @@ fn grants_follow_the_handle_and_end_with_close_and_truncate() {
     let writer = client(&meta);
     let (ino, chunks) = file(&writer, "f", 2);
     let reader = client(&meta);
-    reader
-        .call(Open {
-            ino,
-            access: MAY_READ,
-            caller: owner(),
-        })
-        .unwrap();
+    open_for_reading(&reader, ino);
     for (i, want) in chunks.iter().enumerate() {
         let ch = map(&reader, ino)[i];
         assert_eq!((ch.node, ch.addr), (want.node, want.addr));
@@ -184,15 +188,14 @@ fn grants_follow_the_handle_and_end_with_close_and_truncate() {
         assert_eq!(read(&reader, ch, ch.rkey), REFUSED, "after close");
     }
     // Opened again, then the file is cut under it: the cut chunks are out of reach.
-    reader
-        .call(Open {
-            ino,
-            access: MAY_READ,
-            caller: owner(),
-        })
-        .unwrap();
+    open_for_reading(&reader, ino);
     let again = map(&reader, ino);
     assert_eq!(read(&reader, &again[1], again[1].rkey).unwrap()[0], 2);
+    // Another reader holds a grant on the chunk about to be cut, and does not touch it until
+    // the chunk belongs to another file.
+    let late = client(&meta);
+    open_for_reading(&late, ino);
+    let held = map(&late, ino);
     writer
         .call(SetAttr {
             ino,
@@ -209,15 +212,19 @@ fn grants_follow_the_handle_and_end_with_close_and_truncate() {
         "kept"
     );
     assert_eq!(read(&reader, &again[1], again[1].rkey), REFUSED, "cut off");
-    // The freed chunk goes to another file: still out of the reader's reach, zeroed for its
-    // new owner.
-    let (_, next) = file(&writer, "g", 3);
-    let reused = next
-        .iter()
-        .find(|c| (c.node, c.addr) == (again[1].node, again[1].addr));
-    if let Some(r) = reused {
-        assert_eq!(read(&reader, r, again[1].rkey), REFUSED, "reused");
-    }
+    // Every free chunk (the cut one among them, once zeroed) goes to another file.
+    let (_, next) = file(&writer, "g", 7);
+    assert!(
+        next.iter()
+            .any(|c| (c.node, c.addr) == (held[1].node, held[1].addr)),
+        "the cut chunk was reused"
+    );
+    assert_eq!(
+        read(&late, &held[0], held[0].rkey).unwrap()[0],
+        1,
+        "session alive"
+    );
+    assert_eq!(read(&late, &held[1], held[1].rkey), REFUSED, "reused");
 }
 
 #[test]
@@ -258,12 +265,7 @@ fn a_write_grant_ends_with_the_last_writable_handle() {
     let (meta, _data) = cluster();
     let c = client(&meta);
     let (ino, _) = file(&c, "f", 1);
-    c.call(Open {
-        ino,
-        access: MAY_READ,
-        caller: owner(),
-    })
-    .unwrap();
+    open_for_reading(&c, ino);
     let writable = map(&c, ino)[0];
     assert!(write(&c, &writable, writable.rkey, vec![9; 4096]).is_ok());
     c.call(Release { ino, access: RW }).unwrap();
