@@ -285,10 +285,14 @@ impl MountConfig {
     pub fn client_config(&self, secret: Option<Vec<u8>>) -> ClientConfig {
         let mut transport = TransportConfig::with_provider(self.transport);
         transport.tcp.dead_peer_timeout = self.io_timeout;
+        transport.verbs.dead_peer_timeout = self.io_timeout;
         ClientConfig {
             transport,
             secret,
-            session: self.session.clone(),
+            session: SessionConfig {
+                io_timeout: Some(self.io_timeout),
+                ..self.session.clone()
+            },
             rpc: self.rpc,
             connect_timeout: self.io_timeout,
         }

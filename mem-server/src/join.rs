@@ -15,7 +15,7 @@ use rfs_proto::handshake::dial;
 use rfs_proto::hello::{Hello, Join};
 
 use crate::grants::Grants;
-use crate::link::{Link, RemoteLink};
+use crate::link::{Link, RemoteLink, LINK_DEADLINE};
 use crate::meta::MetaService;
 use crate::node::{invalid, Shared};
 
@@ -119,6 +119,7 @@ pub(crate) fn admit(
             session: session.name,
         }
         .into(),
+        LINK_DEADLINE,
     );
     let rkey = match zeroing {
         Ok(Ok(keys)) if keys.len() == 1 && keys[0] != 0 => keys[0],

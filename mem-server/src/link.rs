@@ -1,14 +1,15 @@
 //! The metadata node's grant link to each data node: its own pool directly, other nodes over
 //! their join connection (which the data node dialed itself, to the metadata node it was told
-//! to join: no other peer can speak on it). One request at a time per node; the join thread
-//! reads the answers, and sees the node leave when the connection closes.
+//! to join: no other peer can speak on it). One request at a time per node, in the order they
+//! were made; the join thread reads the answers, and sees the node leave when the connection
+//! closes.
 
 use std::io;
 use std::net::TcpStream;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use rfs_proto::frame::{recv_frame, send_frame};
 use rfs_proto::grant::{LinkRequest, MAX_LINK_FRAME};
 use rfs_proto::Errno;
@@ -17,7 +18,7 @@ use crate::grants::Grants;
 
 /// How long a data node may take to answer a grant or revocation: one that takes longer is
 /// cut off (its link closes, and the node is taken as gone).
-const LINK_DEADLINE: Duration = Duration::from_secs(10);
+pub(crate) const LINK_DEADLINE: Duration = Duration::from_secs(10);
 
 pub(crate) enum Link {
     /// The metadata node's own pool.
@@ -26,18 +27,43 @@ pub(crate) enum Link {
 }
 
 impl Link {
-    /// Asks the node; an error means the node did not answer (it is gone or going).
-    pub(crate) fn call(&self, req: &LinkRequest) -> io::Result<Result<Vec<u32>, Errno>> {
+    /// Asks the node, giving up on the answer after `wait` (a `TimedOut` error; the request
+    /// still reaches the node in its turn, so what it asked for may take effect later). Any
+    /// other error means the node is gone or going.
+    pub(crate) fn call(&self, req: &LinkRequest, wait: Duration) -> Answer {
         match self {
             Link::Local(g) => Ok(g.serve(req)),
-            Link::Remote(r) => r.call(req),
+            Link::Remote(r) => r.call(req, wait),
+        }
+    }
+
+    /// Tells the node, after everything asked of it before and before everything asked
+    /// after, without waiting for its answer (a refusal or a silent node is logged).
+    pub(crate) fn tell(&self, req: LinkRequest) -> io::Result<()> {
+        match self {
+            Link::Local(g) => g
+                .serve(&req)
+                .map(drop)
+                .map_err(|e| io::Error::other(format!("refused: {e}"))),
+            Link::Remote(r) => r.tell(req),
         }
     }
 }
 
+/// A node's answer: its keys or its refusal; an error when it gave none.
+type Answer = io::Result<Result<Vec<u32>, Errno>>;
+
+/// A request for the link's worker, and where its answer goes (nowhere for a `tell`).
+struct Job {
+    req: LinkRequest,
+    answer: Option<Sender<Answer>>,
+}
+
+/// A remote node's link: a worker sends the requests in the order they were made, one at a
+/// time. Callers that need the answer wait for it; the others (revocations at close) go on, so
+/// that a data node that stops answering holds up only what needs that node.
 pub(crate) struct RemoteLink {
-    /// The write half, and the answers the join thread reads off the read half.
-    calls: Mutex<(TcpStream, Receiver<Vec<u8>>)>,
+    jobs: Sender<Job>,
 }
 
 impl RemoteLink {
@@ -45,11 +71,13 @@ impl RemoteLink {
     /// forwards answers until the connection closes.
     pub(crate) fn new(s: &TcpStream) -> io::Result<(Arc<RemoteLink>, Pump)> {
         let (tx, rx) = crossbeam_channel::bounded(1);
-        let link = Arc::new(RemoteLink {
-            calls: Mutex::new((s.try_clone()?, rx)),
-        });
+        let (jobs, queue) = crossbeam_channel::unbounded();
+        let out = s.try_clone()?;
+        std::thread::Builder::new()
+            .name("link-out".into())
+            .spawn(move || send_in_order(&out, &queue, &rx))?;
         Ok((
-            link,
+            Arc::new(RemoteLink { jobs }),
             Pump {
                 s: s.try_clone()?,
                 answers: tx,
@@ -57,24 +85,69 @@ impl RemoteLink {
         ))
     }
 
-    pub(crate) fn call(&self, req: &LinkRequest) -> io::Result<Result<Vec<u32>, Errno>> {
-        let calls = self.calls.lock().unwrap();
-        let (s, answers) = &*calls;
-        send_frame(&mut &*s, &req.encode())?;
-        let answer = match answers.recv_timeout(LINK_DEADLINE) {
-            Ok(a) => a,
-            Err(e) => {
-                // Whatever it says later would answer the wrong request.
-                let _ = s.shutdown(std::net::Shutdown::Both);
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!("data node did not answer a {:?}: {e}", req.op()),
-                ));
-            }
-        };
-        req.decode_answer(&answer)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    pub(crate) fn call(&self, req: &LinkRequest, wait: Duration) -> Answer {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.enqueue(Job {
+            req: req.clone(),
+            answer: Some(tx),
+        })?;
+        match rx.recv_timeout(wait) {
+            Ok(answer) => answer,
+            Err(RecvTimeoutError::Timeout) => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("data node did not answer a {:?} within {wait:?}", req.op()),
+            )),
+            Err(RecvTimeoutError::Disconnected) => Err(gone()),
+        }
     }
+
+    fn tell(&self, req: LinkRequest) -> io::Result<()> {
+        self.enqueue(Job { req, answer: None })
+    }
+
+    fn enqueue(&self, job: Job) -> io::Result<()> {
+        self.jobs.send(job).map_err(|_| gone())
+    }
+}
+
+fn gone() -> io::Error {
+    io::Error::new(io::ErrorKind::NotConnected, "data node link closed")
+}
+
+/// The worker: each request in turn, answered or failed. A node that takes longer than
+/// [`LINK_DEADLINE`] is cut off: every later request fails at once.
+fn send_in_order(s: &TcpStream, queue: &Receiver<Job>, answers: &Receiver<Vec<u8>>) {
+    let mut cut = false;
+    for Job { req, answer } in queue {
+        let result = if cut {
+            Err(gone())
+        } else {
+            exchange(s, &req, answers)
+        };
+        if let Err(e) = &result {
+            cut = true;
+            // Whatever it says later would answer the wrong request.
+            let _ = s.shutdown(std::net::Shutdown::Both);
+            if answer.is_none() {
+                log::warn!("data node link: {e}");
+            }
+        }
+        if let Some(a) = answer {
+            let _ = a.send(result);
+        }
+    }
+}
+
+fn exchange(mut s: &TcpStream, req: &LinkRequest, answers: &Receiver<Vec<u8>>) -> Answer {
+    send_frame(&mut s, &req.encode())?;
+    let answer = answers.recv_timeout(LINK_DEADLINE).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("data node did not answer a {:?}: {e}", req.op()),
+        )
+    })?;
+    req.decode_answer(&answer)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
 /// Reads the data node's answers off the join connection.
@@ -95,5 +168,91 @@ impl Pump {
                 ));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::TcpListener;
+    use std::time::Instant;
+
+    use rfs_proto::grant::{encode_link_reply, GrantChunks, RevokeChunks};
+
+    use super::*;
+
+    /// A data node's end that answers each request (with its first address as the key) after
+    /// `delay(n)` for the n-th, and reports the first addresses in the order they came.
+    fn fake_node(delay: fn(usize) -> Duration) -> (TcpStream, Receiver<u64>) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let ours = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut theirs, _) = l.accept().unwrap();
+        let (seen, order) = crossbeam_channel::unbounded();
+        std::thread::spawn(move || {
+            for n in 0.. {
+                let Ok(f) = recv_frame(&mut theirs, MAX_LINK_FRAME) else {
+                    return;
+                };
+                let req = LinkRequest::decode(&f).unwrap();
+                let first = match &req {
+                    LinkRequest::GrantChunks(g) => g.addrs[0],
+                    LinkRequest::RevokeChunks(r) => r.addrs[0],
+                    _ => 0,
+                };
+                let _ = seen.send(first);
+                std::thread::sleep(delay(n));
+                let answer = match req {
+                    LinkRequest::GrantChunks(_) => Ok(vec![first as u32]),
+                    _ => Ok(Vec::new()),
+                };
+                if send_frame(&mut theirs, &encode_link_reply(req.op(), &answer)).is_err() {
+                    return;
+                }
+            }
+        });
+        (ours, order)
+    }
+
+    fn grant(addr: u64) -> LinkRequest {
+        GrantChunks {
+            session: 1,
+            seq: 0,
+            writable: false,
+            addrs: vec![addr],
+        }
+        .into()
+    }
+
+    #[test]
+    fn requests_reach_the_node_in_order_and_only_callers_wait() {
+        let (s, order) = fake_node(|n| Duration::from_millis(if n == 0 { 300 } else { 0 }));
+        let (link, pump) = RemoteLink::new(&s).unwrap();
+        std::thread::spawn(move || pump.run());
+        let start = Instant::now();
+        link.tell(
+            RevokeChunks {
+                session: 1,
+                writable_only: false,
+                addrs: vec![1],
+            }
+            .into(),
+        )
+        .unwrap();
+        assert!(
+            start.elapsed() < Duration::from_millis(100),
+            "tell waits for nothing"
+        );
+        let e = link.call(&grant(2), Duration::from_millis(50)).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
+        let keys = link
+            .call(&grant(3), Duration::from_secs(5))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            keys,
+            vec![3],
+            "the answer to our request, not to the abandoned one"
+        );
+        let seen: Vec<u64> = order.try_iter().collect();
+        assert_eq!(seen, vec![1, 2, 3], "in the order asked");
     }
 }

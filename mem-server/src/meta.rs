@@ -26,7 +26,7 @@ use crate::access::{check_access_bits, check_open, check_setattr, Policy};
 use crate::alloc::Allocator;
 use crate::coherence::{Callbacks, Change, Countdown, Holders, SessionId};
 use crate::grants::Grants;
-use crate::link::Link;
+use crate::link::{Link, LINK_DEADLINE};
 use crate::namespace::Namespace;
 use crate::node::{wait_for_close, NodeConfig, Shared};
 use crate::sessions::{Attached, ClientSession, Handles, Sessions};
@@ -60,6 +60,10 @@ pub(crate) struct MetaService {
 
 /// How long an allocation waits for chunks being zeroed before it answers ENOSPC.
 const ZEROING_WAIT: Duration = Duration::from_secs(2);
+/// How long a chunk map waits for a data node's grant: a live node answers in microseconds; a
+/// stopped one must not hold the caller past its I/O deadline (1 s at the least). The map then
+/// goes out ungranted for that node, and the client fails the transfer (or asks again).
+const GRANT_WAIT: Duration = Duration::from_millis(800);
 
 /// Whether applying `req` twice would differ from applying it once: its reply is kept for a
 /// resend. (Reading calls are simply applied again.)
@@ -195,8 +199,13 @@ impl MetaService {
 
     /// Asks `node` for `req`; None when the node is gone or did not answer (logged).
     fn ask(&self, node: u32, req: LinkRequest) -> Option<Vec<u32>> {
+        self.ask_within(node, req, LINK_DEADLINE)
+    }
+
+    /// [`MetaService::ask`], waiting at most `wait` for the answer.
+    fn ask_within(&self, node: u32, req: LinkRequest, wait: Duration) -> Option<Vec<u32>> {
         let link = self.link(node)?;
-        match link.call(&req) {
+        match link.call(&req, wait) {
             Ok(Ok(keys)) => Some(keys),
             Ok(Err(e)) => {
                 log::warn!("data node {node} refused a {:?}: {e}", req.op());
@@ -205,6 +214,17 @@ impl MetaService {
             Err(e) => {
                 log::warn!("data node {node}: {e}");
                 None
+            }
+        }
+    }
+
+    /// Tells `node` `req` without waiting: it reaches the node after what was asked of it
+    /// before and before what is asked after (a failure is logged; the node is then gone).
+    fn tell(&self, node: u32, req: LinkRequest) {
+        if let Some(link) = self.link(node) {
+            let op = req.op();
+            if let Err(e) = link.tell(req) {
+                log::warn!("data node {node}: {op:?}: {e}");
             }
         }
     }
@@ -228,7 +248,7 @@ impl MetaService {
                 writable,
                 addrs,
             };
-            let Some(keys) = self.ask(node, req.into()) else {
+            let Some(keys) = self.ask_within(node, req.into(), GRANT_WAIT) else {
                 continue;
             };
             let mut keys = keys.into_iter();
@@ -240,7 +260,9 @@ impl MetaService {
     }
 
     /// Takes back what the session was granted on `chunks` (only for writing if
-    /// `writable_only`).
+    /// `writable_only`), without waiting: the grants are the session's own, so nobody else
+    /// depends on when they go, and a data node that stopped answering must not hold up a
+    /// close. Anything asked of the node later comes after.
     fn revoke(&self, data: &HashMap<u32, u64>, chunks: &[ChunkRef], writable_only: bool) {
         for (node, addrs) in by_node(chunks) {
             let Some(&session) = data.get(&node) else {
@@ -252,7 +274,7 @@ impl MetaService {
                     writable_only,
                     addrs: part.to_vec(),
                 };
-                self.ask(node, req.into());
+                self.tell(node, req.into());
             }
         }
     }
@@ -492,7 +514,7 @@ impl MetaService {
         }
         self.settle(st, session.id, effects);
         for (&node, &data) in &session.data {
-            self.ask(node, RevokeSession { session: data }.into());
+            self.tell(node, RevokeSession { session: data }.into());
         }
     }
 
@@ -558,7 +580,7 @@ impl MetaService {
             // grants and revocations reach each node in the order of its calls.
             self.revoke(&session.data, &closed, writable_only);
             for (node, old) in detached {
-                self.ask(node, RevokeSession { session: old }.into());
+                self.tell(node, RevokeSession { session: old }.into());
             }
             break match granting {
                 Some(g) => self.grant(&session.data, g),

@@ -158,6 +158,10 @@ pub struct Client {
     /// How long a call may take, reconnections and resends included.
     call_timeout_ms: AtomicU64,
     data: Mutex<HashMap<u32, Arc<DataSession>>>,
+    /// Data nodes that just failed us (no answer in time, gone, unreachable), with when they
+    /// may be tried again: until then a transfer to one fails at once instead of spending a
+    /// whole `connect_timeout` each.
+    down: Mutex<HashMap<u32, Instant>>,
     on_notice: Arc<OnceLock<NoticeHandler>>,
 }
 
@@ -200,6 +204,7 @@ impl Client {
             calls: Mutex::default(),
             call_timeout_ms: AtomicU64::new(call_timeout_ms),
             data: Mutex::new(HashMap::new()),
+            down: Mutex::new(HashMap::new()),
             on_notice,
         })
     }
@@ -353,6 +358,56 @@ impl Client {
             return Ok(d);
         }
         let gone = |why: String| CallError::NoDataNode { node, why };
+        self.note_broken(node);
+        if let Some(left) = self.down_for(node) {
+            return Err(gone(format!(
+                "failed moments ago; tried again in {} ms",
+                left.as_millis()
+            )));
+        }
+        self.dial_data(node)
+    }
+
+    /// A session to `node` that broke because the node stopped answering or went away marks
+    /// the node down; it is forgotten either way.
+    fn note_broken(&self, node: u32) {
+        let broken = {
+            let mut data = self.data.lock().unwrap();
+            match data.get(&node) {
+                Some(d) if !d.session.is_open() => data.remove(&node),
+                _ => None,
+            }
+        };
+        let dead = broken.and_then(|d| d.session.broken_by()).is_some_and(|e| {
+            matches!(
+                e,
+                rdmabox::IoError::TimedOut(_) | rdmabox::IoError::Aborted(_)
+            )
+        });
+        if dead {
+            self.mark_down(node);
+        }
+    }
+
+    fn mark_down(&self, node: u32) {
+        let until = Instant::now() + self.cfg.connect_timeout;
+        self.down.lock().unwrap().insert(node, until);
+    }
+
+    /// How long `node` stays down, if it is.
+    fn down_for(&self, node: u32) -> Option<Duration> {
+        let mut down = self.down.lock().unwrap();
+        let left = down
+            .get(&node)
+            .and_then(|until| until.checked_duration_since(Instant::now()));
+        if left.is_none() {
+            down.remove(&node);
+        }
+        left
+    }
+
+    fn dial_data(&self, node: u32) -> Result<Arc<DataSession>, CallError> {
+        let gone = |why: String| CallError::NoDataNode { node, why };
         let info = self
             .call(ListNodes {})?
             .into_iter()
@@ -375,7 +430,10 @@ impl Client {
             &self.cfg.session,
             self.cfg.connect_timeout,
         )
-        .map_err(|e| gone(format!("{addr}: {e}")))?;
+        .map_err(|e| {
+            self.mark_down(node);
+            gone(format!("{addr}: {e}"))
+        })?;
         // Another thread may have connected meanwhile: keep the first live session, since
         // dropping a session fails the requests in flight on it.
         let mut data = self.data.lock().unwrap();

@@ -1,13 +1,13 @@
 //! A data session: the queue pairs to one data node and the pool it lends, over which the
 //! client (or the metadata node's zeroer) moves bytes one-sidedly.
 
-use std::io;
-use std::net::{SocketAddr, TcpStream};
+use std::io::{self, Read};
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
 
 use rdmabox::transport::{Context, ProtectionDomain, RemoteAddr, RemoteRegion};
-use rdmabox::{connect_links, Session, SessionConfig};
+use rdmabox::{connect_links, AbortHandle, Session, SessionConfig};
 
 use crate::frame::recv_frame;
 use crate::handshake::dial;
@@ -18,7 +18,9 @@ use crate::types::ChunkRef;
 const MAX_POOL_FRAME: usize = 64;
 
 /// A data session to one node: its queue pairs, pool and control connection (the node keeps
-/// its side while that connection is open).
+/// its side while that connection is open). The node closing the control connection breaks
+/// the session at once: over verbs nothing else would tell a dead node's queue pairs apart
+/// from slow ones until the NIC's retries run out.
 pub struct DataSession {
     /// The rdmabox session over the node's queue pairs.
     pub session: Session,
@@ -48,14 +50,21 @@ impl DataSession {
         let links = connect_links(ctx, pd, &mut s, cfg.qps, cfg.caps)?;
         let frame = recv_frame(&mut s, MAX_POOL_FRAME)?;
         s.set_read_timeout(None)?;
+        // A host that vanishes without a FIN ends the connection too.
+        rdmabox::transport::tcp::configure_socket(&s, timeout)?;
         let PoolDescriptor {
-            addr,
+            addr: pool_addr,
             len,
             session: session_name,
         } = PoolDescriptor::decode(&frame)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        let pool = RemoteRegion { addr, len, rkey: 0 };
+        let pool = RemoteRegion {
+            addr: pool_addr,
+            len,
+            rkey: 0,
+        };
         let session = Session::new(pd.clone(), links, vec![pool], cfg.clone())?;
+        watch_control(s.try_clone()?, session.abort_handle(), addr)?;
         Ok(DataSession {
             session,
             pool,
@@ -63,6 +72,33 @@ impl DataSession {
             _control: s,
         })
     }
+}
+
+impl Drop for DataSession {
+    /// Ends the watcher's read, and tells the node at once.
+    fn drop(&mut self) {
+        let _ = self._control.shutdown(Shutdown::Both);
+    }
+}
+
+/// Breaks the session when the node's side of the control connection closes or fails. The
+/// node never writes on it after setup: whatever it sends is ignored.
+fn watch_control(mut s: TcpStream, session: AbortHandle, node: SocketAddr) -> io::Result<()> {
+    std::thread::Builder::new()
+        .name("rfs-data-watch".into())
+        .spawn(move || {
+            let mut buf = [0u8; 64];
+            let why = loop {
+                match s.read(&mut buf) {
+                    Ok(0) => break "closed its control connection".to_string(),
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => break format!("control connection failed: {e}"),
+                }
+            };
+            session.abort(&format!("data node {node} {why}"));
+        })?;
+    Ok(())
 }
 
 /// Where byte `offset` of a chunk is, remotely.

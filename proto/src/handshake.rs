@@ -84,9 +84,8 @@ pub fn accept_over(s: &mut (impl Read + Write), secret: Option<&[u8]>) -> io::Re
     }
 }
 
-/// The connecting side.
-pub fn connect(s: &mut TcpStream, secret: Option<&[u8]>) -> io::Result<()> {
-    let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
+/// The connecting side; the node must have answered by `deadline`.
+pub fn connect(s: &mut TcpStream, secret: Option<&[u8]>, deadline: Instant) -> io::Result<()> {
     connect_over(
         &mut DeadlineStream::new(s, deadline, "authentication"),
         secret,
@@ -143,10 +142,13 @@ pub fn dial(
     hello: &Hello,
     timeout: Duration,
 ) -> io::Result<TcpStream> {
+    // One deadline for connecting and authenticating: a stopped node accepts connections
+    // (its kernel does) and then says nothing.
+    let deadline = Instant::now() + timeout;
     let mut s = TcpStream::connect_timeout(&addr, timeout)
         .map_err(|e| io::Error::new(e.kind(), format!("connecting to {addr}: {e}")))?;
     s.set_nodelay(true)?;
-    connect(&mut s, secret)?;
+    connect(&mut s, secret, deadline)?;
     send_frame(&mut s, &hello.encode())?;
     Ok(s)
 }
@@ -167,7 +169,7 @@ mod tests {
             accept(&mut s, server, Instant::now() + HANDSHAKE_TIMEOUT)
         });
         let mut c = TcpStream::connect(addr).unwrap();
-        let cr = connect(&mut c, client);
+        let cr = connect(&mut c, client, Instant::now() + HANDSHAKE_TIMEOUT);
         (t.join().unwrap(), cr)
     }
 
@@ -192,7 +194,7 @@ mod tests {
             accept(&mut s, Some(b"k"), Instant::now() + HANDSHAKE_TIMEOUT)
         });
         let mut c = TcpStream::connect(addr).unwrap();
-        let e = connect(&mut c, None).unwrap_err();
+        let e = connect(&mut c, None, Instant::now() + HANDSHAKE_TIMEOUT).unwrap_err();
         assert!(e.to_string().contains("--secret-file"));
         drop(c);
         assert!(t.join().unwrap().is_err());

@@ -118,6 +118,8 @@ counters! {
     completions: sum,
     /// Poller sleeps ended by a CQ event rather than the timeout.
     event_wakeups: sum,
+    /// Times a work request went unanswered past the session's deadline (breaking it).
+    deadline_expiries: sum,
 
     // Effects first: completions and byte counts, then what caused them.
     read order:
@@ -140,6 +142,7 @@ counters! {
         polls_empty,
         polls_nonempty,
         event_wakeups,
+        deadline_expiries,
 }
 
 impl Counters {
@@ -162,7 +165,7 @@ mod tests {
     use super::*;
 
     /// The text names, in the order tools have always seen them.
-    const NAMES: [&str; 19] = [
+    const NAMES: [&str; 20] = [
         "requests",
         "requests_merged",
         "requests_chained",
@@ -182,9 +185,10 @@ mod tests {
         "polls_nonempty",
         "completions",
         "event_wakeups",
+        "deadline_expiries",
     ];
 
-    /// Every counter set, each to a different value (1 to 19, in `NAMES` order). No
+    /// Every counter set, each to a different value (1 to 20, in `NAMES` order). No
     /// `..Default::default()`: a new counter must be added here.
     fn distinct() -> Snapshot {
         Snapshot {
@@ -207,6 +211,7 @@ mod tests {
             polls_nonempty: 17,
             completions: 18,
             event_wakeups: 19,
+            deadline_expiries: 20,
         }
     }
 
@@ -233,7 +238,7 @@ mod tests {
         let values: Vec<u64> = rows.iter().map(|&(_, v)| v).collect();
         assert_eq!(
             values,
-            (1..=19).collect::<Vec<_>>(),
+            (1..=20).collect::<Vec<_>>(),
             "each line its own counter"
         );
     }
@@ -286,6 +291,7 @@ mod tests {
             polls_nonempty: AtomicU64::new(want.polls_nonempty),
             completions: AtomicU64::new(want.completions),
             event_wakeups: AtomicU64::new(want.event_wakeups),
+            deadline_expiries: AtomicU64::new(want.deadline_expiries),
         };
         assert_eq!(live.snapshot(), want);
     }

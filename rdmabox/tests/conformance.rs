@@ -26,6 +26,7 @@ fn config() -> TransportConfig {
     let mut cfg = TransportConfig::with_provider(provider());
     cfg.tcp.rnr_timeout = Duration::from_millis(300);
     cfg.tcp.dead_peer_timeout = Duration::from_secs(2);
+    cfg.verbs.dead_peer_timeout = Duration::from_secs(2);
     cfg
 }
 
@@ -890,6 +891,14 @@ fn peer_process() {
 }
 
 struct KillOnDrop(Child);
+
+impl KillOnDrop {
+    fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own child's pid.
+        assert_eq!(unsafe { libc::kill(self.0.id() as i32, sig) }, 0);
+    }
+}
+
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -897,27 +906,53 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// A peer in a child process serving a 64 MiB region, connected to a queue pair of ours.
+struct ChildPeer {
+    child: KillOnDrop,
+    side: Side,
+    region: RemoteRegion,
+    /// The child serves until this closes.
+    control: TcpStream,
+}
+
+impl ChildPeer {
+    fn start() -> ChildPeer {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let child = Command::new(std::env::current_exe().unwrap())
+            .args(["--ignored", "--exact", "peer_process", "--nocapture"])
+            .env(PEER_ENV, l.local_addr().unwrap().to_string())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let child = KillOnDrop(child);
+        let h = half(QpCaps::default());
+        let (mut c, _) = l.accept().unwrap();
+        let remote = exchange_endpoints(&mut c, &[h.prepared.endpoint().unwrap()]).unwrap();
+        let mut m = [0u8; 20];
+        c.read_exact(&mut m).unwrap();
+        let region = RemoteRegion {
+            addr: u64::from_le_bytes(m[..8].try_into().unwrap()),
+            len: u64::from_le_bytes(m[8..16].try_into().unwrap()),
+            rkey: u32::from_le_bytes(m[16..].try_into().unwrap()),
+        };
+        ChildPeer {
+            child,
+            side: h.connect(&remote[0]),
+            region,
+            control: c,
+        }
+    }
+}
+
 #[test]
 fn peer_killed_mid_transfer_flushes_everything() {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let child = Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "peer_process", "--nocapture"])
-        .env(PEER_ENV, l.local_addr().unwrap().to_string())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut child = KillOnDrop(child);
-    let h = half(QpCaps::default());
-    let (mut c, _) = l.accept().unwrap();
-    let remote = exchange_endpoints(&mut c, &[h.prepared.endpoint().unwrap()]).unwrap();
-    let mut m = [0u8; 20];
-    c.read_exact(&mut m).unwrap();
-    let r = RemoteRegion {
-        addr: u64::from_le_bytes(m[..8].try_into().unwrap()),
-        len: u64::from_le_bytes(m[8..16].try_into().unwrap()),
-        rkey: u32::from_le_bytes(m[16..].try_into().unwrap()),
-    };
-    let a = Arc::new(h.connect(&remote[0]));
+    let ChildPeer {
+        mut child,
+        side: a,
+        region: r,
+        control: _control,
+    } = ChildPeer::start();
+    let a = Arc::new(a);
     let local = Arc::new(a.pd.alloc_region(1 << 20, Access::ALL).unwrap());
 
     // Keep 1 MiB WRITEs and READs flowing until the peer dies under them.
@@ -953,12 +988,17 @@ fn peer_killed_mid_transfer_flushes_everything() {
     let mut completions = Vec::new();
     let mut buf = [Completion::EMPTY; 64];
     // Let some work succeed first.
+    let started = Instant::now();
     while completions
         .iter()
         .filter(|c: &&Completion| c.status.is_ok())
         .count()
         < 8
     {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no work succeeded: {completions:?}"
+        );
         let n = a.scq.poll(&mut buf).unwrap();
         completions.extend_from_slice(&buf[..n]);
     }
@@ -976,6 +1016,12 @@ fn peer_killed_mid_transfer_flushes_everything() {
     let elapsed = killed.elapsed();
     assert_eq!(completions.len(), total, "one completion per request");
     let failed = completions.iter().filter(|c| !c.status.is_ok()).count();
+    // The first failure says why the requests failed: a flush after the NIC's retries ran
+    // out (RetryExceeded), or something the dead peer's side still answered.
+    let first_failure = completions
+        .iter()
+        .find(|c| !c.status.is_ok())
+        .map(|c| c.status);
     assert!(
         failed > 0,
         "requests in flight when the peer died must fail"
@@ -983,6 +1029,77 @@ fn peer_killed_mid_transfer_flushes_everything() {
     assert!(elapsed < Duration::from_secs(30), "took {elapsed:?}");
     assert_eq!(a.qp.state(), QpState::Error);
     eprintln!(
-        "peer killed: {total} requests, {failed} failed, all completed {elapsed:?} after the kill"
+        "peer killed: {total} requests, {failed} failed (first: {first_failure:?}), all \
+         completed {elapsed:?} after the kill"
     );
+}
+
+/// A session's deadline holds whatever the peer does: stopped (over tcp its engine stops
+/// answering; a NIC keeps serving a stopped process's memory) or killed (over verbs the NIC
+/// retries, a bounded number of times). Every request is answered, with data or an error,
+/// within the deadline and a little slack; none hangs.
+#[test]
+fn a_session_answers_every_request_in_time_when_the_peer_stops_or_dies() {
+    let ChildPeer {
+        child,
+        side:
+            Side {
+                pd,
+                scq,
+                qp,
+                rcq: _rcq,
+                ctx: _ctx,
+            },
+        region: r,
+        control: _control,
+    } = ChildPeer::start();
+    let limit = Duration::from_secs(1);
+    let session = rdmabox::Session::new(
+        Arc::new(pd),
+        vec![(qp, scq)],
+        vec![r],
+        rdmabox::SessionConfig {
+            qps: 1,
+            io_timeout: Some(limit),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let burst = |what: &str| {
+        let start = Instant::now();
+        let pending: Vec<_> = (0..16u64)
+            .map(|i| session.read_pending(at(&r, i << 20), vec![0; 1 << 20]))
+            .collect();
+        let results: Vec<_> = pending.into_iter().map(|p| p.wait()).collect();
+        let took = start.elapsed();
+        eprintln!(
+            "{what}: {} of 16 failed ({:?}), all answered in {took:?}",
+            results.iter().filter(|r| r.is_err()).count(),
+            results.iter().find_map(|r| r.as_ref().err())
+        );
+        assert!(
+            took < limit * 2 + Duration::from_millis(500),
+            "{what}: {took:?}"
+        );
+        results
+    };
+    assert!(burst("alive").iter().all(|r| r.is_ok()));
+    child.signal(libc::SIGSTOP);
+    let stopped = burst("stopped");
+    for e in stopped.iter().filter_map(|r| r.as_ref().err()) {
+        assert!(
+            matches!(e, rdmabox::IoError::TimedOut(_) | rdmabox::IoError::Closed),
+            "{e:?}"
+        );
+    }
+    if provider() == ProviderKind::Tcp {
+        assert!(
+            stopped.iter().all(|r| r.is_err()),
+            "nobody answers for a stopped engine"
+        );
+        assert!(session.counters().deadline_expiries >= 1);
+        assert!(!session.is_open());
+    }
+    child.signal(libc::SIGKILL);
+    burst("killed");
 }

@@ -9,7 +9,7 @@ use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// A binary of this workspace, next to the running test's own profile directory.
@@ -57,6 +57,21 @@ pub fn client(node: &MemServer) -> rfs_proto::Client {
     rfs_proto::Client::connect(&node.addr.to_string(), client_config()).expect("client connects")
 }
 
+/// Where a child's log goes: nowhere, or with `RFS_E2E_LOG_DIR=DIR` (and `RUST_LOG`) to a file
+/// of its own there, for a test being debugged.
+fn log_sink(program: &str) -> Stdio {
+    static NEXT_LOG: AtomicUsize = AtomicUsize::new(0);
+    let Some(dir) = std::env::var_os("RFS_E2E_LOG_DIR") else {
+        return Stdio::null();
+    };
+    let n = NEXT_LOG.fetch_add(1, Ordering::Relaxed);
+    let path = PathBuf::from(dir).join(format!("{program}-{}-{n}.log", std::process::id()));
+    match std::fs::File::create(&path) {
+        Ok(f) => f.into(),
+        Err(e) => panic!("log file {}: {e}", path.display()),
+    }
+}
+
 /// A mem-server process.
 pub struct MemServer {
     child: Child,
@@ -69,7 +84,7 @@ impl MemServer {
             .args(["--listen", "127.0.0.1:0", "--transport", "tcp"])
             .args(args)
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(log_sink("mem-server"))
             .spawn()
             .expect("start mem-server");
         let mut line = String::new();
@@ -139,7 +154,7 @@ impl Mount {
             .arg(&dir)
             .args(["-o", &o.join(",")])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log_sink("fs-client"))
             .spawn()
             .expect("start fs-client");
         let mut m = Mount { child, dir };

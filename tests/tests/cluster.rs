@@ -75,3 +75,93 @@ fn a_dead_storage_node_fails_io_with_eio_and_nothing_hangs() {
     assert_eq!(fs::read(m.path("after")).unwrap(), b"still here");
     assert!(m.unmount());
 }
+
+/// 4 KiB at `offset` with O_DIRECT (no page cache): (the result, how long it took).
+fn direct_read(f: &fs::File, offset: u64) -> (std::io::Result<Vec<u8>>, Duration) {
+    let mut raw = vec![0u8; 8192];
+    let at = raw.as_ptr().align_offset(4096);
+    let start = Instant::now();
+    let r = f.read_at(&mut raw[at..at + 4096], offset);
+    (r.map(|n| raw[at..at + n].to_vec()), start.elapsed())
+}
+
+/// The availability issue's finding: a storage node stopped with SIGSTOP blocked O_DIRECT
+/// reads for as long as it stayed stopped. Now every read ends within io_timeout (EIO for the
+/// stopped node's files, data for the others), later ones fail at once while the node is down
+/// and within io_timeout when it is dialled again, and the files are served again once it resumes, with nothing remounted.
+#[test]
+fn a_stopped_storage_node_fails_reads_within_io_timeout_and_serves_again_once_resumed() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let meta = MemServer::meta("16M", "1M");
+    let data = MemServer::data(&meta, "16M", "1M");
+    let m = Mount::new(&meta, &["io_timeout=1"]);
+    let content = |i: usize| vec![i as u8 + 1; 1 << 20];
+    // One-chunk files alternate between the nodes; kept open, so that no grant or revocation
+    // needs the stopped node.
+    let files: Vec<fs::File> = (0..6)
+        .map(|i| {
+            fs::write(m.path(&format!("f{i}")), content(i)).unwrap();
+            let f = fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(m.path(&format!("f{i}")))
+                .unwrap();
+            assert_eq!(direct_read(&f, 4096).0.unwrap(), content(i)[..4096]);
+            f
+        })
+        .collect();
+
+    // SAFETY: plain signals to a child process of ours.
+    unsafe { libc::kill(data.pid() as i32, libc::SIGSTOP) };
+    let stop = Instant::now();
+    let mut failed = Vec::new();
+    for pass in 0..3 {
+        for (i, f) in files.iter().enumerate() {
+            let (r, took) = direct_read(f, 8192);
+            println!("pass {pass} f{i}: {took:?} {:?}", r.as_ref().err());
+            assert!(took < Duration::from_millis(2500), "f{i} took {took:?}");
+            match r {
+                Ok(d) => assert_eq!(d, content(i)[..4096]),
+                Err(e) => {
+                    assert_eq!(errno(&e), libc::EIO, "{e}");
+                    failed.push(i);
+                }
+            }
+        }
+        // Past the client's back-off: the next pass dials the stopped node again.
+        std::thread::sleep(Duration::from_millis(1100));
+    }
+    failed.sort_unstable();
+    failed.dedup();
+    assert!(
+        !failed.is_empty() && failed.len() < files.len(),
+        "the stopped node's files fail, the others do not: {failed:?}"
+    );
+    // SAFETY: as above.
+    unsafe { libc::kill(data.pid() as i32, libc::SIGCONT) };
+    println!("stopped for {:?}", stop.elapsed());
+
+    let resumed = Instant::now();
+    for &i in &failed {
+        loop {
+            match direct_read(&files[i], 12288).0 {
+                Ok(d) => {
+                    assert_eq!(d, content(i)[..4096]);
+                    break;
+                }
+                Err(e) => assert!(
+                    resumed.elapsed() < Duration::from_secs(10),
+                    "f{i} still failing after the node resumed: {e}"
+                ),
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    println!("served again {:?} after resuming", resumed.elapsed());
+    drop(files);
+    assert_eq!(
+        fs::read(m.path("f0")).unwrap(),
+        content(0),
+        "closing reaches the resumed node"
+    );
+}

@@ -182,6 +182,27 @@ impl ChunkCache {
         files.prune(ino);
     }
 
+    /// Drops the references to chunks on `nodes` without waiting: our data sessions there were
+    /// replaced, and keys granted to the old ones would be refused on the new.
+    pub(crate) fn forget_nodes(&self, nodes: &[u32]) {
+        let mut files = self.lock();
+        let Files {
+            files: all,
+            entries,
+            ..
+        } = &mut *files;
+        for f in all.values_mut() {
+            let before = f.chunks.len();
+            f.chunks.retain(|_, c| !nodes.contains(&c.chunk.node));
+            if f.chunks.len() != before {
+                *entries -= before - f.chunks.len();
+                // A fetch under way may bring keys of the old sessions.
+                f.gen += 1;
+            }
+        }
+        files.files.retain(|_, f| !f.idle());
+    }
+
     /// Drops every file's references without waiting (the metadata connection was lost:
     /// recalls sent meanwhile never came, and their chunks wait out the lease instead).
     pub(crate) fn forget_all(&self) {
@@ -228,6 +249,11 @@ impl ChunkCache {
             drop(files);
 
             let sent = Instant::now();
+            log::debug!(
+                "inode {ino}: fetching chunks {}..={} (allocate: {allocate})",
+                first + lo as u64,
+                first + hi as u64
+            );
             let got = self.fetch(meta, ino, first + lo as u64, (hi - lo + 1) as u64, allocate);
             let mut files = self.lock();
             let f = files.files.get_mut(&ino).expect("kept while fetching");
@@ -355,9 +381,10 @@ mod tests {
         C::OP as u8
     }
 
+    /// Chunk `i` of every file: on node 0 or 1 by its parity.
     fn chunk(i: u64) -> ChunkRef {
         ChunkRef {
-            node: 0,
+            node: (i % 2) as u32,
             addr: 1000 + i,
             rkey: 1,
         }
@@ -429,5 +456,23 @@ mod tests {
         std::thread::sleep(Duration::from_millis(80));
         drop(c.refs(&meta, 1, 0, 1, false).unwrap());
         assert!(*fetched_again.lock().unwrap(), "expired: refetched");
+    }
+
+    #[test]
+    fn a_replaced_session_forgets_only_its_own_nodes_keys() {
+        let c = cache();
+        let meta = Maps(Mutex::default());
+        drop(c.refs(&meta, 1, 0, 4, false).unwrap());
+        drop(c.refs(&meta, 2, 0, 2, false).unwrap());
+        assert_eq!(c.len(), 6);
+        c.forget_nodes(&[1]);
+        assert_eq!(c.len(), 3, "the even chunks stay");
+        let fetched = Arc::new(Mutex::new(false));
+        let f = fetched.clone();
+        *meta.0.lock().unwrap() = Some(Box::new(move || *f.lock().unwrap() = true));
+        drop(c.refs(&meta, 1, 2, 1, false).unwrap());
+        assert!(!*fetched.lock().unwrap(), "node 0's key: from the cache");
+        drop(c.refs(&meta, 1, 3, 1, false).unwrap());
+        assert!(*fetched.lock().unwrap(), "node 1's key: fetched again");
     }
 }

@@ -55,7 +55,8 @@ impl<B: Backend> Rfs<B> {
     /// not happen while the references are held (a recall of them may be what the metadata
     /// node is busy with). A chunk not granted (key 0) means our data session there is not
     /// attached to our metadata session (first use, or the metadata node lost the session):
-    /// attach, and ask again.
+    /// attach, and ask again. A node that failed moments ago fails the transfer at once
+    /// (EIO), without a metadata call.
     fn refs(
         &self,
         ino: Ino,
@@ -90,15 +91,17 @@ impl<B: Backend> Rfs<B> {
                     format!("chunks of inode {ino} on nodes {ungranted:?} {disconnected:?} were not granted to this client"),
                 ));
             }
-            if !disconnected.is_empty() {
-                // Keys granted to a session that is gone would be refused on its successor.
-                self.chunks.forget_all();
-            }
-            let mut missing = [disconnected, ungranted].concat();
+            let mut missing = [disconnected.clone(), ungranted].concat();
             missing.sort_unstable();
             missing.dedup();
+            // Connect first: a node that is down fails this at once, and the cached maps stay
+            // (fetching them again would have the metadata node grant on the dead node).
             for node in missing {
                 self.backend.connect(node)?;
+            }
+            if !disconnected.is_empty() {
+                // Keys granted to a session that is gone would be refused on its successor.
+                self.chunks.forget_nodes(&disconnected);
             }
         }
         unreachable!("the loop returns by its third attempt")

@@ -14,8 +14,9 @@ mod submit;
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use slab::Slab;
 
@@ -59,6 +60,11 @@ pub struct SessionConfig {
     pub caps: QpCaps,
     /// Requests one drain pass takes from a queue.
     pub max_drain: usize,
+    /// The longest a work request may stay unanswered once posted. Past it the peer is taken
+    /// for dead: the queue pairs are moved to the error state (which flushes everything in
+    /// flight, so no late transfer can touch a buffer after its request was answered) and
+    /// every request fails with [`IoError::TimedOut`]. `None`: wait as long as the transport.
+    pub io_timeout: Option<Duration>,
 }
 
 impl Default for SessionConfig {
@@ -76,6 +82,7 @@ impl Default for SessionConfig {
             polling: PollMode::default(),
             caps: QpCaps::default(),
             max_drain: 256,
+            io_timeout: Some(Duration::from_secs(5)),
         }
     }
 }
@@ -96,6 +103,10 @@ pub enum IoError {
     Transport(WcStatus),
     /// The buffer could not be registered.
     Registration(String),
+    /// The peer left a work request unanswered past the session's `io_timeout`.
+    TimedOut(Duration),
+    /// The session was broken from outside ([`AbortHandle::abort`]): the peer is known gone.
+    Aborted(String),
 }
 
 impl std::fmt::Display for IoError {
@@ -110,6 +121,8 @@ impl std::fmt::Display for IoError {
             IoError::Closed => write!(f, "session closed"),
             IoError::Transport(s) => write!(f, "transport error: {s:?}"),
             IoError::Registration(e) => write!(f, "memory registration failed: {e}"),
+            IoError::TimedOut(t) => write!(f, "no answer from the peer within {t:?}"),
+            IoError::Aborted(why) => write!(f, "session aborted: {why}"),
         }
     }
 }
@@ -140,6 +153,8 @@ struct Inner {
     counters: Counters,
     remote: Vec<RemoteRegion>,
     closed: AtomicBool,
+    /// Why the session was broken on purpose (deadline, abort): what flushed requests report.
+    cause: OnceLock<IoError>,
     stopping: AtomicBool,
 }
 
@@ -207,6 +222,7 @@ impl Session {
             counters: Counters::default(),
             remote,
             closed: AtomicBool::new(false),
+            cause: OnceLock::new(),
             stopping: AtomicBool::new(false),
             cfg,
         });
@@ -239,6 +255,17 @@ impl Session {
     /// False once a transport error broke the session or it was closed.
     pub fn is_open(&self) -> bool {
         !self.inner.closed.load(Ordering::Acquire)
+    }
+
+    /// Why the session was broken on purpose (its deadline passed, it was aborted), if it was.
+    pub fn broken_by(&self) -> Option<IoError> {
+        self.inner.cause.get().cloned()
+    }
+
+    /// A handle that breaks the session from elsewhere (a watcher of the peer's control
+    /// connection), without keeping it alive.
+    pub fn abort_handle(&self) -> AbortHandle {
+        AbortHandle(Arc::downgrade(&self.inner))
     }
 
     /// Reads `buf.len()` bytes at `remote` into `buf`; `done` gets the filled buffer.
@@ -289,7 +316,37 @@ impl Drop for Session {
     }
 }
 
+/// Breaks a session whose peer is known to be gone; see [`Session::abort_handle`].
+#[derive(Clone)]
+pub struct AbortHandle(Weak<Inner>);
+
+impl AbortHandle {
+    /// Fails everything queued and in flight with [`IoError::Aborted`] and every later request
+    /// with [`IoError::Closed`]. Nothing if the session is already gone or broken.
+    pub fn abort(&self, why: &str) {
+        if let Some(inner) = self.0.upgrade() {
+            inner.break_with(IoError::Aborted(why.to_string()));
+        }
+    }
+}
+
 impl Inner {
+    /// Breaks the session on purpose: records why (what flushed requests will report), closes
+    /// it to new requests and moves every queue pair to the error state, which flushes what
+    /// is in flight through the pollers. The first cause wins.
+    fn break_with(&self, cause: IoError) {
+        if self.cause.set(cause.clone()).is_err() {
+            return;
+        }
+        log::warn!("session broken: {cause}");
+        self.closed.store(true, Ordering::Release);
+        for l in &self.links {
+            l.qp.set_error();
+        }
+        self.drain(Dir::Read);
+        self.drain(Dir::Write);
+    }
+
     /// Answers a request with an error and counts it as failed.
     fn fail(&self, r: Request, e: IoError) {
         Counters::add(&self.counters.requests_failed, 1);

@@ -33,6 +33,7 @@ pub use types::{
     Access, Completion, PostError, QpCaps, QpState, RecvWr, RemoteAddr, RemoteRegion, SendOp,
     SendWr, Sge, WcOpcode, WcStatus,
 };
+pub use verbs::VerbsConfig;
 
 /// Which provider implements the verbs model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -75,10 +76,8 @@ impl fmt::Display for ProviderKind {
 pub struct TransportConfig {
     /// Which provider to open.
     pub provider: ProviderKind,
-    /// verbs: the device to open (default: the first).
-    pub device: Option<String>,
-    /// verbs: the GID index (default: the last RoCE v2 GID, or 0 on InfiniBand).
-    pub gid_index: Option<u8>,
+    /// verbs: the device, GID index and timeouts.
+    pub verbs: VerbsConfig,
     /// tcp: the provider's listener and timeouts.
     pub tcp: TcpConfig,
 }
@@ -131,29 +130,26 @@ impl Context {
     /// exists.
     pub fn open(cfg: &TransportConfig) -> io::Result<Context> {
         let tcp = || CtxImpl::Tcp(tcp::Context::new(cfg.tcp.clone()));
-        let imp = match cfg.provider {
-            ProviderKind::Tcp => tcp(),
-            ProviderKind::Verbs => {
-                match verbs::Context::open(cfg.device.as_deref(), cfg.gid_index)? {
+        let imp =
+            match cfg.provider {
+                ProviderKind::Tcp => tcp(),
+                ProviderKind::Verbs => match verbs::Context::open(&cfg.verbs)? {
                     Some(c) => CtxImpl::Verbs(c),
                     None => return Err(io::Error::new(
                         io::ErrorKind::NotFound,
                         "no RDMA device found (is the NIC driver loaded?); use --transport tcp \
                          to run over TCP instead",
                     )),
-                }
-            }
-            ProviderKind::Auto => {
-                match verbs::Context::open(cfg.device.as_deref(), cfg.gid_index) {
+                },
+                ProviderKind::Auto => match verbs::Context::open(&cfg.verbs) {
                     Ok(Some(c)) => CtxImpl::Verbs(c),
                     Ok(None) => tcp(),
                     Err(e) => {
                         log::warn!("RDMA device present but unusable ({e}); falling back to tcp");
                         tcp()
                     }
-                }
-            }
-        };
+                },
+            };
         Ok(Context { imp })
     }
 

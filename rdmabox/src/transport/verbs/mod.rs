@@ -36,6 +36,60 @@ pub struct VerbsEndpoint {
     pub mtu: u8,
 }
 
+/// Settings of the verbs provider.
+#[derive(Clone, Debug)]
+pub struct VerbsConfig {
+    /// The device to open (default: the first).
+    pub device: Option<String>,
+    /// The GID index (default: the last RoCE v2 GID, or 0 on InfiniBand).
+    pub gid_index: Option<u8>,
+    /// How long a request may go unacknowledged, retries included, before the NIC fails it
+    /// with a retry-exceeded error: the queue pairs' ACK timeout and retry count follow from
+    /// it (see [`AckTimeout`]).
+    pub dead_peer_timeout: Duration,
+}
+
+impl Default for VerbsConfig {
+    fn default() -> Self {
+        VerbsConfig {
+            device: None,
+            gid_index: None,
+            dead_peer_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// The RC transport's retry settings: `retry_cnt` resends, each after `4.096 us * 2^exponent`
+/// without an ACK.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AckTimeout {
+    /// `ibv_qp_attr.timeout`.
+    pub exponent: u8,
+    /// `ibv_qp_attr.retry_cnt`.
+    pub retry_cnt: u8,
+}
+
+impl AckTimeout {
+    /// Six retries, never seven: 7 means "retry forever" to some providers (Soft-RoCE), so a
+    /// dead peer would hang requests for good. The exponent is the largest whose seven tries
+    /// fit in `total` (at least 1: 8 us per try).
+    pub fn within(total: Duration) -> AckTimeout {
+        const RETRY_CNT: u8 = 6;
+        let per_try_ns = total.as_nanos() / (RETRY_CNT as u128 + 1);
+        let units = per_try_ns / 4096;
+        let exponent = (u128::BITS - 1).saturating_sub(units.max(1).leading_zeros()) as u8;
+        AckTimeout {
+            exponent: exponent.clamp(1, 31),
+            retry_cnt: RETRY_CNT,
+        }
+    }
+
+    /// The longest a request waits for its ACK, every try included.
+    pub fn total(&self) -> Duration {
+        Duration::from_nanos(4096 << self.exponent) * (self.retry_cnt as u32 + 1)
+    }
+}
+
 /// Names of the RDMA devices present. A kernel without RDMA support answers ENOSYS, which
 /// means "no devices", not an error.
 pub fn device_names() -> io::Result<Vec<String>> {
@@ -67,6 +121,7 @@ struct CtxInner {
     gid: [u8; 16],
     lid: u16,
     mtu: u8,
+    ack: AckTimeout,
 }
 
 // SAFETY: an ibv_context is thread-safe per the libibverbs documentation; we only read the
@@ -108,8 +163,9 @@ fn default_gid_index(device: &str, port: u8) -> u8 {
 }
 
 impl Context {
-    /// Opens `device` (or the first device) on port 1. Ok(None) when there is no device.
-    pub fn open(device: Option<&str>, gid_index: Option<u8>) -> io::Result<Option<Context>> {
+    /// Opens `cfg.device` (or the first device) on port 1. Ok(None) when there is no device.
+    pub fn open(cfg: &VerbsConfig) -> io::Result<Option<Context>> {
+        let device = cfg.device.as_deref();
         let mut n = 0i32;
         // SAFETY: as in `device_names`.
         let list = unsafe { ffi::ibv_get_device_list(&mut n) };
@@ -160,7 +216,9 @@ impl Context {
             unsafe { ffi::ibv_close_device(ctx) };
             return Err(e);
         }
-        let gid_index = gid_index.unwrap_or_else(|| default_gid_index(&name, port));
+        let gid_index = cfg
+            .gid_index
+            .unwrap_or_else(|| default_gid_index(&name, port));
         // SAFETY: zeroed POD union.
         let mut gid: ffi::ibv_gid = unsafe { std::mem::zeroed() };
         // SAFETY: valid context and out-pointer.
@@ -179,14 +237,17 @@ impl Context {
             gid: unsafe { gid.raw },
             lid: attr.lid,
             mtu: attr.active_mtu.clamp(1, 5) as u8,
+            ack: AckTimeout::within(cfg.dead_peer_timeout),
         };
         log::info!(
-            "verbs: device {} port {} gid index {} lid {} mtu {}",
+            "verbs: device {} port {} gid index {} lid {} mtu {}, a silent peer fails requests \
+             after {:?}",
             inner.name,
             port,
             gid_index,
             inner.lid,
-            128u32 << inner.mtu
+            128u32 << inner.mtu,
+            inner.ack.total()
         );
         Ok(Some(Context {
             inner: Arc::new(inner),
@@ -585,9 +646,11 @@ impl PreparedQp {
         // SAFETY: ibv_qp_attr is plain C data, for which all-zero bytes are a valid value.
         let mut a: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = ffi::ibv_qp_state::IBV_QPS_RTS;
-        // 4.096 us * 2^14 = 67 ms per try, 7 tries: a dead peer fails requests in about 0.5 s.
-        a.timeout = 14;
-        a.retry_cnt = 7;
+        let ack = self.qp.ctx.ack;
+        a.timeout = ack.exponent;
+        a.retry_cnt = ack.retry_cnt;
+        // Receiver-not-ready is answered by a live peer, so retrying it forever cannot hang on
+        // a dead one; the RPC layer bounds its own waits.
         a.rnr_retry = 7;
         a.sq_psn = self.psn;
         a.max_rd_atomic = 16;
@@ -697,5 +760,31 @@ fn post_result(rc: i32, posted: usize) -> Result<(), PostError> {
             posted,
             error: io::Error::from_raw_os_error(rc),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ack_timeouts_fit_the_deadline_and_never_retry_forever() {
+        for secs in [1, 2, 5, 10, 60] {
+            let total = Duration::from_secs(secs);
+            let a = AckTimeout::within(total);
+            assert_eq!(a.retry_cnt, 6, "7 retries forever on Soft-RoCE");
+            assert!(a.total() <= total, "{a:?} over {total:?}");
+            let doubled = AckTimeout {
+                exponent: a.exponent + 1,
+                ..a
+            };
+            assert!(doubled.total() > total, "{a:?}: the largest that fits");
+        }
+        assert_eq!(AckTimeout::within(Duration::from_secs(5)).exponent, 17);
+        assert_eq!(AckTimeout::within(Duration::ZERO).exponent, 1);
+        assert_eq!(
+            AckTimeout::within(Duration::from_secs(1 << 40)).exponent,
+            31
+        );
     }
 }
