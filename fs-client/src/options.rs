@@ -32,6 +32,10 @@ pub struct MountConfig {
     pub threads: usize,
     /// Which transport provider.
     pub transport: ProviderKind,
+    /// verbs: the RDMA device (default: the first).
+    pub device: Option<String>,
+    /// verbs: the GID index (default: the last RoCE v2 GID, or 0 on InfiniBand).
+    pub gid_index: Option<u8>,
     /// The nodes' shared secret.
     pub secret_file: Option<PathBuf>,
     /// How long a storage node may stay silent before its I/O fails with EIO.
@@ -54,6 +58,8 @@ impl Default for MountConfig {
             entry_timeout: Duration::from_secs(1),
             threads: 4,
             transport: ProviderKind::Auto,
+            device: None,
+            gid_index: None,
             secret_file: None,
             io_timeout,
             session: SessionConfig::default(),
@@ -162,6 +168,27 @@ pub const OPTIONS: &[MountOption] = &[
         value: Value::Takes("auto|verbs|tcp"),
         help: "Transport: auto (verbs when an RDMA device exists), verbs or tcp",
         set: |c, v| v.parse().map(|x| c.transport = x),
+    },
+    MountOption {
+        name: "device",
+        value: Value::Takes("NAME"),
+        help: "verbs: the RDMA device to use, e.g. mlx5_0 (default: the first)",
+        set: |c, v| {
+            c.device = Some(v.to_string());
+            Ok(())
+        },
+    },
+    MountOption {
+        name: "gid_index",
+        value: Value::Takes("N"),
+        help: "verbs: the GID index (default: the last RoCE v2 GID, or 0 on InfiniBand)",
+        set: |c, v| {
+            c.gid_index = Some(
+                v.parse()
+                    .map_err(|_| format!("bad GID index {v:?}: 0 to 255"))?,
+            );
+            Ok(())
+        },
     },
     MountOption {
         name: "secret_file",
@@ -286,6 +313,8 @@ impl MountConfig {
         let mut transport = TransportConfig::with_provider(self.transport);
         transport.tcp.dead_peer_timeout = self.io_timeout;
         transport.verbs.dead_peer_timeout = self.io_timeout;
+        transport.verbs.device = self.device.clone();
+        transport.verbs.gid_index = self.gid_index;
         ClientConfig {
             transport,
             secret,
@@ -348,7 +377,7 @@ mod tests {
 
     #[test]
     fn options_parse() {
-        let c = parse("allow_other,max_write=128K,writeback_cache=off,attr_timeout=2.5,threads=8,transport=tcp,qps=2,window=off,dyn_threshold=never,polling=busy,merge=0,chain=no,io_timeout=3,rw,_netdev")
+        let c = parse("allow_other,max_write=128K,writeback_cache=off,attr_timeout=2.5,threads=8,transport=tcp,qps=2,window=off,dyn_threshold=never,polling=busy,merge=0,chain=no,io_timeout=3,device=mlx5_1,gid_index=3,rw,_netdev")
             .unwrap();
         assert!(c.allow_other);
         assert_eq!(c.max_write, 128 << 10);
@@ -364,6 +393,14 @@ mod tests {
         let cc = c.client_config(None);
         assert_eq!(cc.transport.tcp.dead_peer_timeout, Duration::from_secs(3));
         assert_eq!(cc.connect_timeout, Duration::from_secs(3));
+        assert_eq!(cc.transport.verbs.dead_peer_timeout, Duration::from_secs(3));
+        assert_eq!(cc.transport.verbs.device.as_deref(), Some("mlx5_1"));
+        assert_eq!(cc.transport.verbs.gid_index, Some(3));
+        assert_eq!(
+            cc.session.io_timeout,
+            Some(Duration::from_secs(3)),
+            "a data request's deadline"
+        );
     }
 
     #[test]
@@ -389,6 +426,7 @@ mod tests {
             ("io_timeout=0.1", "io_timeout"),
             ("attr_timeout=-1", "attr_timeout"),
             ("qps=65", "qps"),
+            ("gid_index=256", "GID index"),
         ] {
             let e = parse(bad).unwrap_err();
             assert!(e.contains(needle), "{bad}: {e}");

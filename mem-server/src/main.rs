@@ -11,7 +11,7 @@ use mem_server::access::Policy;
 use mem_server::admission::Limits;
 use mem_server::node::{Node, NodeConfig};
 use rdmabox::size::parse_size;
-use rdmabox::transport::{ProviderKind, TransportConfig};
+use rdmabox::transport::{ProviderKind, TransportConfig, VerbsConfig};
 use rfs_proto::secret;
 
 /// An rfs storage node: lends its RAM to clients for one-sided RDMA; the first node also runs
@@ -34,6 +34,12 @@ struct Args {
     /// Transport: auto (verbs when an RDMA device exists, else tcp), verbs or tcp.
     #[arg(long, default_value = "auto")]
     transport: ProviderKind,
+    /// verbs: the RDMA device to use, e.g. mlx5_0 (default: the first).
+    #[arg(long, value_name = "NAME")]
+    device: Option<String>,
+    /// verbs: the GID index (default: the last RoCE v2 GID, or 0 on InfiniBand).
+    #[arg(long, value_name = "N")]
+    gid_index: Option<u8>,
     /// File holding the shared secret that clients and nodes must prove they know (default:
     /// /etc/rfs/secret for root, else ~/.config/rfs/secret; the first node creates it there).
     #[arg(long)]
@@ -152,7 +158,14 @@ fn main() -> ExitCode {
     block_signals();
     let cfg = NodeConfig {
         chunk_size: args.chunk_size,
-        transport: TransportConfig::with_provider(args.transport),
+        transport: TransportConfig {
+            verbs: VerbsConfig {
+                device: args.device,
+                gid_index: args.gid_index,
+                ..VerbsConfig::default()
+            },
+            ..TransportConfig::with_provider(args.transport)
+        },
         secret,
         insecure: args.insecure,
         join: args.join,

@@ -113,6 +113,16 @@ pub(crate) fn poll_readable(fd: RawFd, timeout: Option<Duration>) -> io::Result<
     }
 }
 
+fn no_device(named: Option<&str>) -> io::Error {
+    let what = match named {
+        Some(d) => format!("RDMA device {d:?} not found: this host has no RDMA device"),
+        None => "no RDMA device found (is the NIC driver loaded?); use --transport tcp to run \
+                 over TCP instead"
+            .to_string(),
+    };
+    io::Error::new(io::ErrorKind::NotFound, what)
+}
+
 enum CtxImpl {
     Tcp(tcp::Context),
     Verbs(verbs::Context),
@@ -127,29 +137,26 @@ static NEXT_PD: AtomicU64 = AtomicU64::new(1);
 
 impl Context {
     /// Opens the provider `cfg` asks for; `Auto` falls back to tcp when no usable RDMA device
-    /// exists.
+    /// exists, unless a device is named.
     pub fn open(cfg: &TransportConfig) -> io::Result<Context> {
         let tcp = || CtxImpl::Tcp(tcp::Context::new(cfg.tcp.clone()));
-        let imp =
-            match cfg.provider {
-                ProviderKind::Tcp => tcp(),
-                ProviderKind::Verbs => match verbs::Context::open(&cfg.verbs)? {
-                    Some(c) => CtxImpl::Verbs(c),
-                    None => return Err(io::Error::new(
-                        io::ErrorKind::NotFound,
-                        "no RDMA device found (is the NIC driver loaded?); use --transport tcp \
-                         to run over TCP instead",
-                    )),
-                },
-                ProviderKind::Auto => match verbs::Context::open(&cfg.verbs) {
-                    Ok(Some(c)) => CtxImpl::Verbs(c),
-                    Ok(None) => tcp(),
-                    Err(e) => {
-                        log::warn!("RDMA device present but unusable ({e}); falling back to tcp");
-                        tcp()
-                    }
-                },
-            };
+        // A device named explicitly is a requirement, as verbs is: no quiet fallback.
+        let required = cfg.provider == ProviderKind::Verbs || cfg.verbs.device.is_some();
+        let imp = match cfg.provider {
+            ProviderKind::Tcp => tcp(),
+            _ if required => match verbs::Context::open(&cfg.verbs)? {
+                Some(c) => CtxImpl::Verbs(c),
+                None => return Err(no_device(cfg.verbs.device.as_deref())),
+            },
+            _ => match verbs::Context::open(&cfg.verbs) {
+                Ok(Some(c)) => CtxImpl::Verbs(c),
+                Ok(None) => tcp(),
+                Err(e) => {
+                    log::warn!("RDMA device present but unusable ({e}); falling back to tcp");
+                    tcp()
+                }
+            },
+        };
         Ok(Context { imp })
     }
 
@@ -468,6 +475,27 @@ impl QueuePair {
         match &self.imp {
             QpImpl::Tcp(q) => Some(q.doorbells()),
             QpImpl::Verbs(_) => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_named_device_that_is_not_there_fails_instead_of_falling_back_to_tcp() {
+        for provider in [ProviderKind::Auto, ProviderKind::Verbs] {
+            let mut cfg = TransportConfig::with_provider(provider);
+            cfg.verbs.device = Some("no-such-rdma-device".into());
+            let e = Context::open(&cfg).err().expect("refused");
+            assert_eq!(e.kind(), io::ErrorKind::NotFound, "{provider}: {e}");
+            assert!(e.to_string().contains("no-such-rdma-device"), "{e}");
+        }
+        // Without a name, auto still falls back when there is no device.
+        if verbs::device_names().unwrap_or_default().is_empty() {
+            let cfg = TransportConfig::with_provider(ProviderKind::Auto);
+            assert_eq!(Context::open(&cfg).unwrap().provider(), ProviderKind::Tcp);
         }
     }
 }
