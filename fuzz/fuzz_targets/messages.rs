@@ -13,7 +13,7 @@ use rfs_proto::message::{
 };
 
 fuzz_target!(|data: &[u8]| {
-    let call = unseal(data).map_or(data, |(_, _, call)| call);
+    let call = unseal(data).map_or(data, |(_, call)| call);
     if let Ok(r) = Request::decode(call) {
         assert_eq!(Request::decode(&r.encode()).ok(), Some(r));
     }

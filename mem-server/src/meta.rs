@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 use rdmabox::rpc;
 use rdmabox::transport::MemoryRegion;
+use rfs_proto::clock;
 use rfs_proto::frame::send_frame;
 use rfs_proto::grant::{GrantChunks, LinkRequest, RevokeChunks, RevokeFreed, RevokeSession};
 use rfs_proto::message::{encode_reply, readdir_budget, unseal, Call, Request, RequestOp};
@@ -533,18 +534,33 @@ impl MetaService {
     /// Decodes, applies and answers one call, once: a call resent after a reconnection gets
     /// the reply it had.
     fn handle(&self, attached: &Attached, body: &[u8]) -> Vec<u8> {
-        let Some((seq, oldest, call)) = unseal(body) else {
+        let read = clock::now_ms();
+        let Some((envelope, call)) = unseal(body) else {
             log::warn!("metadata call without an envelope");
             return encode_reply::<()>(0, &Err(Errno::EPROTO));
         };
+        let seq = envelope.seq;
+        let op = call.get(1).copied().unwrap_or(0);
         let mut session = attached.session.lock().unwrap();
         if !attached.is_current() {
             // A newer connection took the session over: the client resends there.
-            return encode_reply::<()>(call.get(1).copied().unwrap_or(0), &Err(Errno::EIO));
+            return encode_reply::<()>(op, &Err(Errno::EIO));
         }
-        if let Some(reply) = session.replayed(seq, oldest) {
+        if let Some(reply) = session.replayed(seq, envelope.oldest) {
             log::debug!("call {seq} resent: answered from the reply cache");
             return reply;
+        }
+        // Its age now, with the wait for the session's lock (another call of its) counted.
+        let age = session.clock.age(envelope.sent_ms, read) + (clock::now_ms() - read);
+        if clock::too_late(age, envelope.budget_ms as u64) {
+            // The caller has given up (or is about to): applying it now would do it behind
+            // the caller's back. Not remembered: a resend with time left is applied.
+            log::warn!(
+                "call {seq} of session {} arrived {age} ms late for its {} ms: not applied",
+                session.id,
+                envelope.budget_ms
+            );
+            return encode_reply::<()>(op, &Err(Errno::EIO));
         }
         let req = match Request::decode(call) {
             Ok(r) => r,

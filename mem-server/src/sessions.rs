@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use rfs_proto::clock::PeerClock;
 use rfs_proto::types::Ino;
 
 use crate::coherence::SessionId;
@@ -34,6 +35,8 @@ pub(crate) struct ClientSession {
     /// Replies to the calls that change something, by sequence number, kept until the client
     /// says it has them.
     replies: BTreeMap<u64, Vec<u8>>,
+    /// How the client's clock relates to ours: how long its calls took to reach us.
+    pub(crate) clock: PeerClock,
 }
 
 impl ClientSession {
@@ -109,6 +112,7 @@ impl Sessions {
                     open: HashMap::new(),
                     data: HashMap::new(),
                     replies: BTreeMap::new(),
+                    clock: PeerClock::default(),
                 })),
                 id: *next,
                 epoch: Arc::default(),

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use rfs_e2e::{client, client_config, secret, MemServer};
 use rfs_proto::data::chunk_addr;
 use rfs_proto::message::{
-    decode_reply, Allocate, Call, ChunkMap, Create, GetAttr, GetStatFs, ListNodes, Lookup, Open,
-    ReadDir, Release, Unlink,
+    decode_reply, Allocate, Call, ChunkMap, Create, GetAttr, GetStatFs, ListNodes, Lookup, Mkdir,
+    Open, ReadDir, Release, Unlink,
 };
 use rfs_proto::types::{
     Attr, Caller, ChunkRef, NodeInfo, Owner, StatFs, MAY_READ, MAY_WRITE, ROOT,
@@ -402,4 +402,51 @@ fn bad_flags_fail_with_a_message() {
         assert!(!out.stderr.is_empty(), "{args:?} said nothing");
     }
     let _ = std::fs::remove_file(shared);
+}
+
+/// The availability issue's finding: a call given up on while the metadata node was stopped
+/// was applied when the node resumed, behind the caller's back. Now a call that reaches the
+/// node past its caller's deadline is refused, unapplied; one with time left is applied.
+#[test]
+fn a_call_that_reaches_the_node_after_its_deadline_is_not_applied() {
+    let server = MemServer::start(&["--memory", "4M", "--lease", "5"]);
+    let c = client(&server);
+    c.set_call_timeout(Duration::from_millis(1000));
+    let mkdir = |name: &str| {
+        c.call(Mkdir {
+            parent: ROOT,
+            name: name.into(),
+            owner: Owner {
+                perm: 0o755,
+                uid: 0,
+                gid: 0,
+            },
+        })
+    };
+    mkdir("before").unwrap();
+    rfs_e2e::stop(server.pid());
+    let start = Instant::now();
+    let given_up = mkdir("given-up");
+    let took = start.elapsed();
+    std::thread::sleep(Duration::from_millis(500));
+    rfs_e2e::resume(server.pid());
+    println!("given up after {took:?}: {given_up:?}");
+    assert!(given_up.is_err(), "{given_up:?}");
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+    // Stopped well within the session's grace: the session and its connection go on.
+    mkdir("after").unwrap();
+    let looked = |name: &str| {
+        c.call(Lookup {
+            parent: ROOT,
+            name: name.into(),
+        })
+        .map(|_| ())
+        .map_err(|e| e.errno())
+    };
+    assert_eq!(looked("after"), Ok(()));
+    assert_eq!(
+        looked("given-up"),
+        Err(Errno::ENOENT),
+        "applied behind the caller's back"
+    );
 }

@@ -16,9 +16,10 @@ use rdmabox::{SessionConfig, Snapshot};
 
 use crate::callback::Callback;
 use crate::channel::{backoff, Channel};
+use crate::clock;
 use crate::data::DataSession;
 use crate::errno::Errno;
-use crate::message::{decode_reply, encode_call, seal, AttachData, Call, ListNodes};
+use crate::message::{decode_reply, encode_call, seal, AttachData, Call, Envelope, ListNodes};
 use crate::wire::DecodeError;
 
 /// How a client reaches the nodes.
@@ -246,8 +247,14 @@ impl Client {
                 ));
             }
             let oldest = self.calls.lock().unwrap().outstanding.first().copied();
-            let sealed = seal(seq, oldest.unwrap_or(seq), request);
             let left = deadline.saturating_duration_since(Instant::now());
+            let envelope = Envelope {
+                seq,
+                oldest: oldest.unwrap_or(seq),
+                sent_ms: clock::now_ms(),
+                budget_ms: left.as_millis().min(u32::MAX as u128) as u32,
+            };
+            let sealed = seal(&envelope, request);
             match channel.rpc.call_within(&sealed, left) {
                 Err(e) if channel.is_broken() && Instant::now() < deadline => {
                     log::debug!("call {seq}: {e}; resending over a new connection");

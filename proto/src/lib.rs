@@ -4,7 +4,8 @@
 //! - [`wire`]: the encoding, with one field list per message for both directions.
 //! - [`types`]: what both sides talk about: attributes, chunk references, nodes.
 //! - [`errno`]: the one error number type.
-//! - [`message`]: metadata requests, each tied to the type of its reply.
+//! - [`message`]: metadata requests, each tied to the type of its reply, in an envelope.
+//! - [`clock`]: call deadlines the service holds without synchronized clocks.
 //! - [`hello`]: what a control connection is for; the pool descriptor.
 //! - [`frame`]: length-prefixed frames on control connections.
 //! - [`handshake`]: shared-secret authentication, and dialing a node.
@@ -16,6 +17,7 @@
 pub mod callback;
 mod channel;
 pub mod client;
+pub mod clock;
 pub mod data;
 pub mod errno;
 pub mod frame;

@@ -240,26 +240,47 @@ pub fn readdir_budget(max_msg: usize) -> usize {
     max_msg.saturating_sub(3 + 4)
 }
 
-/// Bytes before every call: its sequence number in the client's session, and the lowest
-/// sequence number whose reply the client still waits for (the service forgets the replies
-/// below it). A call resent after a reconnection keeps its number, so the service answers it
-/// from its reply cache instead of applying it twice.
-pub const ENVELOPE: usize = 16;
+/// Bytes before every call: its sequence number in the client's session, the lowest sequence
+/// number whose reply the client still waits for (the service forgets the replies below it),
+/// and when it was sent with how long the caller waits (see [`crate::clock`]). A call resent
+/// after a reconnection keeps its number, so the service answers it from its reply cache
+/// instead of applying it twice.
+pub const ENVELOPE: usize = 28;
+
+/// What the envelope of a call says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Envelope {
+    /// The call's number in the client's session.
+    pub seq: u64,
+    /// The client's oldest call still unanswered.
+    pub oldest: u64,
+    /// The client's monotonic clock when it sent the call, in milliseconds.
+    pub sent_ms: u64,
+    /// How long the client waits for the reply from then, in milliseconds.
+    pub budget_ms: u32,
+}
 
 /// `call` in its envelope.
-pub fn seal(seq: u64, oldest_unanswered: u64, call: &[u8]) -> Vec<u8> {
+pub fn seal(e: &Envelope, call: &[u8]) -> Vec<u8> {
     let mut b = Vec::with_capacity(ENVELOPE + call.len());
-    b.extend_from_slice(&seq.to_le_bytes());
-    b.extend_from_slice(&oldest_unanswered.to_le_bytes());
+    b.extend_from_slice(&e.seq.to_le_bytes());
+    b.extend_from_slice(&e.oldest.to_le_bytes());
+    b.extend_from_slice(&e.sent_ms.to_le_bytes());
+    b.extend_from_slice(&e.budget_ms.to_le_bytes());
     b.extend_from_slice(call);
     b
 }
 
-/// (sequence number, oldest unanswered, call) of a sealed call.
-pub fn unseal(b: &[u8]) -> Option<(u64, u64, &[u8])> {
-    let seq = u64::from_le_bytes(b.get(..8)?.try_into().ok()?);
-    let oldest = u64::from_le_bytes(b.get(8..16)?.try_into().ok()?);
-    Some((seq, oldest, &b[16..]))
+/// The envelope and the call of a sealed call.
+pub fn unseal(b: &[u8]) -> Option<(Envelope, &[u8])> {
+    let u64_at = |at: usize| Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?));
+    let e = Envelope {
+        seq: u64_at(0)?,
+        oldest: u64_at(8)?,
+        sent_ms: u64_at(16)?,
+        budget_ms: u32::from_le_bytes(b.get(24..28)?.try_into().ok()?),
+    };
+    Some((e, &b[ENVELOPE..]))
 }
 
 /// Encodes a call as the client sends it.
@@ -518,10 +539,16 @@ mod tests {
 
     #[test]
     fn envelopes_round_trip_and_short_ones_are_refused() {
-        let b = seal(7, 3, b"call");
-        assert_eq!(unseal(&b), Some((7, 3, &b"call"[..])));
-        assert_eq!(unseal(&b[..15]), None);
-        assert_eq!(unseal(&b[..16]), Some((7, 3, &b""[..])));
+        let e = Envelope {
+            seq: 7,
+            oldest: 3,
+            sent_ms: 1 << 40,
+            budget_ms: 5000,
+        };
+        let b = seal(&e, b"call");
+        assert_eq!(unseal(&b), Some((e, &b"call"[..])));
+        assert_eq!(unseal(&b[..ENVELOPE - 1]), None);
+        assert_eq!(unseal(&b[..ENVELOPE]), Some((e, &b""[..])));
     }
 
     #[test]

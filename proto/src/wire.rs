@@ -11,7 +11,7 @@ use crate::errno::Errno;
 
 /// The protocol version every message starts with. 2: requests are structs, and a reply
 /// carries its request's op and a status. 3: callbacks on a second queue pair, the lease in StatFs.
-pub const VERSION: u8 = 5;
+pub const VERSION: u8 = 6;
 /// Bounds what one list (readdir page, chunk map, node list) may carry: a message is at most
 /// 64 KiB.
 pub const MAX_LIST: u32 = 256;

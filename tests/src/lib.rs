@@ -239,3 +239,40 @@ impl Drop for Mount {
 pub fn errno(e: &std::io::Error) -> i32 {
     e.raw_os_error().unwrap_or(0)
 }
+
+/// Stops process `pid` (SIGSTOP) and returns once it is stopped: the signal is asynchronous,
+/// and a test that races it may see the process answer "while stopped".
+pub fn stop(pid: u32) {
+    // SAFETY: kill(2) on a child process of the test.
+    assert_eq!(
+        unsafe { libc::kill(pid as i32, libc::SIGSTOP) },
+        0,
+        "SIGSTOP {pid}"
+    );
+    let start = Instant::now();
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // The state follows the parenthesized command name.
+        if stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('T'))
+        {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{pid} never stopped"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Lets a process [`stop`] stopped run again (SIGCONT).
+pub fn resume(pid: u32) {
+    // SAFETY: kill(2) on a child process of the test.
+    assert_eq!(
+        unsafe { libc::kill(pid as i32, libc::SIGCONT) },
+        0,
+        "SIGCONT {pid}"
+    );
+}

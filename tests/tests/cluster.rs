@@ -111,8 +111,7 @@ fn a_stopped_storage_node_fails_reads_within_io_timeout_and_serves_again_once_re
         })
         .collect();
 
-    // SAFETY: plain signals to a child process of ours.
-    unsafe { libc::kill(data.pid() as i32, libc::SIGSTOP) };
+    rfs_e2e::stop(data.pid());
     let stop = Instant::now();
     let mut failed = Vec::new();
     for pass in 0..3 {
@@ -137,8 +136,7 @@ fn a_stopped_storage_node_fails_reads_within_io_timeout_and_serves_again_once_re
         !failed.is_empty() && failed.len() < files.len(),
         "the stopped node's files fail, the others do not: {failed:?}"
     );
-    // SAFETY: as above.
-    unsafe { libc::kill(data.pid() as i32, libc::SIGCONT) };
+    rfs_e2e::resume(data.pid());
     println!("stopped for {:?}", stop.elapsed());
 
     let resumed = Instant::now();
