@@ -15,7 +15,7 @@ use rfs_proto::handshake::dial;
 use rfs_proto::hello::{Hello, Join};
 
 use crate::grants::Grants;
-use crate::link::{Link, RemoteLink, LINK_DEADLINE};
+use crate::link::{Link, RemoteLink};
 use crate::meta::MetaService;
 use crate::node::{invalid, Shared};
 
@@ -90,9 +90,13 @@ pub(crate) fn admit(
     let target: SocketAddr = addr
         .parse()
         .map_err(|_| invalid(format!("joining node advertises a bad address {addr:?}")))?;
+    // No deadline: a node that is stopped for a while is zeroed once it resumes (a broken
+    // zeroing session would lose every chunk freed on it until it joined again); a dead one
+    // is seen by its join connection, and over verbs by the NIC's bounded retries.
     let zero_cfg = SessionConfig {
         qps: 1,
         pool_slots: 2,
+        io_timeout: None,
         ..SessionConfig::default()
     };
     let mut session = DataSession::connect(
@@ -119,7 +123,7 @@ pub(crate) fn admit(
             session: session.name,
         }
         .into(),
-        LINK_DEADLINE,
+        None,
     );
     let rkey = match zeroing {
         Ok(Ok(keys)) if keys.len() == 1 && keys[0] != 0 => keys[0],

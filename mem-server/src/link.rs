@@ -18,7 +18,7 @@ use crate::grants::Grants;
 
 /// How long a data node may take to answer a grant or revocation: one that takes longer is
 /// cut off (its link closes, and the node is taken as gone).
-pub(crate) const LINK_DEADLINE: Duration = Duration::from_secs(10);
+const LINK_DEADLINE: Duration = Duration::from_secs(10);
 
 pub(crate) enum Link {
     /// The metadata node's own pool.
@@ -27,10 +27,12 @@ pub(crate) enum Link {
 }
 
 impl Link {
-    /// Asks the node, giving up on the answer after `wait` (a `TimedOut` error; the request
-    /// still reaches the node in its turn, so what it asked for may take effect later). Any
-    /// other error means the node is gone or going.
-    pub(crate) fn call(&self, req: &LinkRequest, wait: Duration) -> Answer {
+    /// Asks the node. With `wait`, gives up on the answer after it (a `TimedOut` error; the
+    /// request still reaches the node in its turn, so what it asked for may take effect later);
+    /// without, waits for the worker, which answers every request: the node's answer, or a
+    /// failure once the node took longer than [`LINK_DEADLINE`] over one. Any other error
+    /// means the node is gone or going.
+    pub(crate) fn call(&self, req: &LinkRequest, wait: Option<Duration>) -> Answer {
         match self {
             Link::Local(g) => Ok(g.serve(req)),
             Link::Remote(r) => r.call(req, wait),
@@ -85,12 +87,15 @@ impl RemoteLink {
         ))
     }
 
-    pub(crate) fn call(&self, req: &LinkRequest, wait: Duration) -> Answer {
+    pub(crate) fn call(&self, req: &LinkRequest, wait: Option<Duration>) -> Answer {
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.enqueue(Job {
             req: req.clone(),
             answer: Some(tx),
         })?;
+        let Some(wait) = wait else {
+            return rx.recv().unwrap_or_else(|_| Err(gone()));
+        };
         match rx.recv_timeout(wait) {
             Ok(answer) => answer,
             Err(RecvTimeoutError::Timeout) => Err(io::Error::new(
@@ -241,12 +246,11 @@ mod tests {
             start.elapsed() < Duration::from_millis(100),
             "tell waits for nothing"
         );
-        let e = link.call(&grant(2), Duration::from_millis(50)).unwrap_err();
+        let e = link
+            .call(&grant(2), Some(Duration::from_millis(50)))
+            .unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
-        let keys = link
-            .call(&grant(3), Duration::from_secs(5))
-            .unwrap()
-            .unwrap();
+        let keys = link.call(&grant(3), None).unwrap().unwrap();
         assert_eq!(
             keys,
             vec![3],

@@ -27,7 +27,7 @@ use crate::access::{check_access_bits, check_open, check_setattr, Policy};
 use crate::alloc::Allocator;
 use crate::coherence::{Callbacks, Change, Countdown, Holders, SessionId};
 use crate::grants::Grants;
-use crate::link::{Link, LINK_DEADLINE};
+use crate::link::Link;
 use crate::namespace::Namespace;
 use crate::node::{wait_for_close, NodeConfig, Shared};
 use crate::sessions::{Attached, ClientSession, Handles, Sessions};
@@ -200,11 +200,11 @@ impl MetaService {
 
     /// Asks `node` for `req`; None when the node is gone or did not answer (logged).
     fn ask(&self, node: u32, req: LinkRequest) -> Option<Vec<u32>> {
-        self.ask_within(node, req, LINK_DEADLINE)
+        self.ask_within(node, req, None)
     }
 
-    /// [`MetaService::ask`], waiting at most `wait` for the answer.
-    fn ask_within(&self, node: u32, req: LinkRequest, wait: Duration) -> Option<Vec<u32>> {
+    /// [`MetaService::ask`], waiting at most `wait` (if given) for the answer.
+    fn ask_within(&self, node: u32, req: LinkRequest, wait: Option<Duration>) -> Option<Vec<u32>> {
         let link = self.link(node)?;
         match link.call(&req, wait) {
             Ok(Ok(keys)) => Some(keys),
@@ -249,7 +249,7 @@ impl MetaService {
                 writable,
                 addrs,
             };
-            let Some(keys) = self.ask_within(node, req.into(), GRANT_WAIT) else {
+            let Some(keys) = self.ask_within(node, req.into(), Some(GRANT_WAIT)) else {
                 continue;
             };
             let mut keys = keys.into_iter();

@@ -375,6 +375,13 @@ impl Client {
         self.dial_data(node)
     }
 
+    /// Whether `node` failed moments ago (see [`Client::data`]): connecting to it would fail
+    /// at once.
+    pub fn is_down(&self, node: u32) -> bool {
+        self.note_broken(node);
+        self.down_for(node).is_some()
+    }
+
     /// A session to `node` that broke because the node stopped answering or went away marks
     /// the node down; it is forgotten either way.
     fn note_broken(&self, node: u32) {

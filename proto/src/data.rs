@@ -3,6 +3,7 @@
 
 use std::io::{self, Read};
 use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,7 +29,9 @@ pub struct DataSession {
     pub pool: RemoteRegion,
     /// The session's name at the node, by which the metadata node grants it chunks.
     pub name: u64,
-    _control: TcpStream,
+    control: TcpStream,
+    /// Set when we close the control connection ourselves: its end is then no news.
+    leaving: Arc<AtomicBool>,
 }
 
 impl DataSession {
@@ -64,12 +67,19 @@ impl DataSession {
             rkey: 0,
         };
         let session = Session::new(pd.clone(), links, vec![pool], cfg.clone())?;
-        watch_control(s.try_clone()?, session.abort_handle(), addr)?;
+        let leaving = Arc::new(AtomicBool::new(false));
+        watch_control(
+            s.try_clone()?,
+            session.abort_handle(),
+            addr,
+            leaving.clone(),
+        )?;
         Ok(DataSession {
             session,
             pool,
             name: session_name,
-            _control: s,
+            control: s,
+            leaving,
         })
     }
 }
@@ -77,13 +87,19 @@ impl DataSession {
 impl Drop for DataSession {
     /// Ends the watcher's read, and tells the node at once.
     fn drop(&mut self) {
-        let _ = self._control.shutdown(Shutdown::Both);
+        self.leaving.store(true, Ordering::Release);
+        let _ = self.control.shutdown(Shutdown::Both);
     }
 }
 
 /// Breaks the session when the node's side of the control connection closes or fails. The
 /// node never writes on it after setup: whatever it sends is ignored.
-fn watch_control(mut s: TcpStream, session: AbortHandle, node: SocketAddr) -> io::Result<()> {
+fn watch_control(
+    mut s: TcpStream,
+    session: AbortHandle,
+    node: SocketAddr,
+    leaving: Arc<AtomicBool>,
+) -> io::Result<()> {
     std::thread::Builder::new()
         .name("rfs-data-watch".into())
         .spawn(move || {
@@ -96,7 +112,9 @@ fn watch_control(mut s: TcpStream, session: AbortHandle, node: SocketAddr) -> io
                     Err(e) => break format!("control connection failed: {e}"),
                 }
             };
-            session.abort(&format!("data node {node} {why}"));
+            if !leaving.load(Ordering::Acquire) {
+                session.abort(&format!("data node {node} {why}"));
+            }
         })?;
     Ok(())
 }

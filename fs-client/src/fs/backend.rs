@@ -18,6 +18,8 @@ pub type DataDone = Box<dyn FnOnce(Result<Vec<u8>, Error>) + Send>;
 pub trait Backend: MetadataChannel + Send + Sync + 'static {
     /// Whether transfers to `node` can start at once (no metadata call on the way).
     fn is_connected(&self, node: u32) -> bool;
+    /// Whether `node` failed moments ago: transfers to it fail at once for a while.
+    fn is_down(&self, node: u32) -> bool;
     /// Connects the data session to `node` (may ask the metadata node where it is).
     fn connect(&self, node: u32) -> Result<(), Error>;
     /// Reads `buf.len()` bytes at `offset` of `chunk`.
@@ -57,6 +59,10 @@ fn one_sided(
 impl Backend for Client {
     fn is_connected(&self, node: u32) -> bool {
         self.connected(node).is_some()
+    }
+
+    fn is_down(&self, node: u32) -> bool {
+        Client::is_down(self, node)
     }
 
     fn connect(&self, node: u32) -> Result<(), Error> {

@@ -194,8 +194,8 @@ impl ChunkCache {
         for f in all.values_mut() {
             let before = f.chunks.len();
             f.chunks.retain(|_, c| !nodes.contains(&c.chunk.node));
-            if f.chunks.len() != before {
-                *entries -= before - f.chunks.len();
+            *entries -= before - f.chunks.len();
+            if f.chunks.len() != before || f.fetching > 0 {
                 // A fetch under way may bring keys of the old sessions.
                 f.gen += 1;
             }

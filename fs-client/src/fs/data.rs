@@ -94,14 +94,21 @@ impl<B: Backend> Rfs<B> {
             let mut missing = [disconnected.clone(), ungranted].concat();
             missing.sort_unstable();
             missing.dedup();
-            // Connect first: a node that is down fails this at once, and the cached maps stay
+            // A node that failed moments ago fails this at once, and the cached maps stay
             // (fetching them again would have the metadata node grant on the dead node).
-            for node in missing {
-                self.backend.connect(node)?;
+            if let Some(node) = missing.iter().find(|&&n| self.backend.is_down(n)) {
+                return Err(Error::new(
+                    Errno::EIO,
+                    format!("data node {node} failed moments ago"),
+                ));
             }
             if !disconnected.is_empty() {
-                // Keys granted to a session that is gone would be refused on its successor.
+                // Keys granted to a session that is gone would be refused on its successor:
+                // forgotten before it exists, so that no transfer carries one there.
                 self.chunks.forget_nodes(&disconnected);
+            }
+            for node in missing {
+                self.backend.connect(node)?;
             }
         }
         unreachable!("the loop returns by its third attempt")

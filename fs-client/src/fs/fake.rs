@@ -196,6 +196,10 @@ impl Backend for Fake {
         true
     }
 
+    fn is_down(&self, _node: u32) -> bool {
+        false
+    }
+
     fn connect(&self, _node: u32) -> Result<()> {
         Ok(())
     }

@@ -27,7 +27,8 @@ struct LinkPoller<'a> {
 
 impl PollTarget for LinkPoller<'_> {
     /// Ends the loop once the session is stopping and the link has nothing in flight, or 5 s
-    /// after stopping began; otherwise polls and finishes what it found.
+    /// after stopping began; otherwise polls and finishes what it found, and then, if it found
+    /// nothing, holds the link's work requests to the session's deadline.
     fn poll_round(&mut self) -> ControlFlow<(), usize> {
         if self.inner.stopping.load(Ordering::Acquire) {
             let deadline = *self
@@ -36,7 +37,11 @@ impl PollTarget for LinkPoller<'_> {
             if self.link.inflight.lock().unwrap().is_empty() || Instant::now() > deadline {
                 return ControlFlow::Break(());
             }
-        } else if let Some(limit) = self.inner.cfg.io_timeout {
+        }
+        let found = self.inner.poll_once(self.link, &mut self.wc);
+        // Only once the CQ is empty: a poller that was itself held up (descheduled, stopped)
+        // finds the answers that came meanwhile before it judges anyone late.
+        if let (0, Some(limit)) = (found, self.inner.cfg.io_timeout) {
             let now = Instant::now();
             if now >= self.next_deadline_check {
                 // A tenth of the deadline between checks: it holds to within 10%, and a busy
@@ -45,7 +50,7 @@ impl PollTarget for LinkPoller<'_> {
                 self.inner.check_deadline(self.link, limit);
             }
         }
-        ControlFlow::Continue(self.inner.poll_once(self.link, &mut self.wc))
+        ControlFlow::Continue(found)
     }
 
     /// A failed arm is logged; the poller sleeps anyway, since the sleep is bounded.
