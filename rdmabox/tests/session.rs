@@ -374,3 +374,52 @@ fn every_polling_mode_completes_work() {
         }
     }
 }
+
+/// What a watcher of the peer's control connection does when the peer goes: every request
+/// queued or in flight is answered with the reason, later ones are refused, nothing hangs.
+#[test]
+fn an_aborted_session_answers_everything_with_the_reason() {
+    let (lender, session) = setup(
+        8 << 20,
+        SessionConfig {
+            window: WindowConfig::Static(2 << 20),
+            ..SessionConfig::default()
+        },
+    );
+    let (tx, rx) = std::sync::mpsc::channel();
+    for i in 0..64u64 {
+        let tx = tx.clone();
+        session.write(
+            at(&lender, (i % 8) << 20),
+            vec![3; 1 << 20],
+            Box::new(move |r| drop(tx.send(r))),
+        );
+    }
+    let abort = session.abort_handle();
+    abort.abort("the peer closed its control connection");
+    abort.abort("a second abort changes nothing");
+    for _ in 0..64 {
+        let r = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("a request was never answered");
+        if let Err(e) = r {
+            assert!(
+                e == IoError::Closed
+                    || e == IoError::Aborted("the peer closed its control connection".into()),
+                "{e:?}"
+            );
+        }
+    }
+    assert!(!session.is_open());
+    assert_eq!(
+        session.broken_by(),
+        Some(IoError::Aborted(
+            "the peer closed its control connection".into()
+        ))
+    );
+    let r = session.write_pending(at(&lender, 0), vec![1]).wait();
+    assert_eq!(r.unwrap_err(), IoError::Closed);
+    // A handle outliving its session does nothing.
+    drop(session);
+    abort.abort("too late");
+}
