@@ -6,7 +6,7 @@
 //! before they are reused (a new file must read zeros, and must never see another file's data);
 //! until then they sit in the node's `dirty` list.
 
-use rfs_proto::types::{ChunkRef, NodeInfo};
+use rfs_proto::types::{ChunkRef, NodeInfo, Replicas};
 use rfs_proto::Errno;
 
 pub struct NodeChunks {
@@ -130,15 +130,19 @@ impl Allocator {
             .sum()
     }
 
-    /// `n` chunks, or ENOSPC and nothing allocated.
-    pub fn alloc(&mut self, n: usize) -> Result<Vec<ChunkRef>, Errno> {
+    /// `n` chunks of `replicas` replicas each, every replica of a chunk on a different node,
+    /// or ENOSPC and nothing allocated. While fewer live nodes than `replicas` have space,
+    /// chunks get one replica per such node (the re-replicator adds the rest when nodes
+    /// join); a chunk that cannot get as many as that is ENOSPC.
+    pub fn alloc(&mut self, n: usize, replicas: usize) -> Result<Vec<Replicas>, Errno> {
         let available: u64 = self
             .nodes
             .iter()
             .filter(|x| x.alive)
             .map(|x| x.free.len())
             .sum();
-        if available < n as u64 {
+        let want = replicas.min(self.nodes_with_space()).max(1);
+        if available < (n * want) as u64 {
             return Err(Errno::ENOSPC);
         }
         // Weights are fixed for the batch (free counts at its start), so that the smooth round
@@ -148,34 +152,108 @@ impl Allocator {
             .iter()
             .map(|x| if x.alive { x.free.len() as i64 } else { 0 })
             .collect();
-        let mut out = Vec::with_capacity(n);
+        let mut out: Vec<Replicas> = Vec::with_capacity(n);
         for _ in 0..n {
-            let candidates = |x: &NodeChunks| x.alive && !x.free.is_empty();
-            let total: i64 = self
-                .nodes
-                .iter()
-                .filter(|x| candidates(x))
-                .map(|x| weights[x.id as usize])
-                .sum();
-            for x in self.nodes.iter_mut().filter(|x| candidates(x)) {
-                x.current += weights[x.id as usize];
+            match self.pick(&weights, want) {
+                Some(chunk) => out.push(chunk),
+                None => {
+                    // Space is left, but not on enough distinct nodes: give back.
+                    self.give_back(out.into_iter().flatten());
+                    return Err(Errno::ENOSPC);
+                }
             }
-            let pick = self
+        }
+        Ok(out)
+    }
+
+    /// Live nodes that have a free chunk.
+    fn nodes_with_space(&self) -> usize {
+        self.nodes
+            .iter()
+            .filter(|x| x.alive && !x.free.is_empty())
+            .count()
+    }
+
+    /// One chunk on `want` distinct nodes, by smooth weighted round robin generalized to
+    /// several picks a round: every candidate gains `want` times its weight, the `want`
+    /// highest are picked and each gives back the round's total, so that each node gets its
+    /// share of replicas however many a chunk has.
+    fn pick(&mut self, weights: &[i64], want: usize) -> Option<Replicas> {
+        let candidates = |x: &NodeChunks| x.alive && !x.free.is_empty();
+        let total: i64 = self
+            .nodes
+            .iter()
+            .filter(|x| candidates(x))
+            .map(|x| weights[x.id as usize].max(1))
+            .sum();
+        let mut picked: Replicas = Vec::with_capacity(want);
+        if self.nodes.iter().filter(|x| candidates(x)).count() < want {
+            return None;
+        }
+        for x in self.nodes.iter_mut().filter(|x| candidates(x)) {
+            x.current += want as i64 * weights[x.id as usize].max(1);
+        }
+        for _ in 0..want {
+            let node = self
                 .nodes
                 .iter_mut()
-                .filter(|x| candidates(x))
+                .filter(|x| candidates(x) && picked.iter().all(|c| c.node != x.id))
                 .max_by_key(|x| x.current)
-                .expect("enough free chunks were counted");
-            pick.current -= total;
-            let addr = pick.free.pop().expect("picked nodes have a free chunk");
-            out.push(ChunkRef {
-                node: pick.id,
+                .expect("enough candidates were counted");
+            node.current -= total;
+            let addr = node.free.pop().expect("candidates have a free chunk");
+            // Granted per client session when a map is handed out.
+            picked.push(ChunkRef {
+                node: node.id,
                 addr,
-                // Granted per client session when a map is handed out.
                 rkey: 0,
             });
         }
-        Ok(out)
+        Some(picked)
+    }
+
+    /// One chunk for a new replica: on the live node with the most free chunks that none of
+    /// `besides` is on, and not one of `avoid`.
+    pub fn alloc_replica(&mut self, besides: &[ChunkRef], avoid: &[u32]) -> Option<ChunkRef> {
+        let node = self
+            .nodes
+            .iter_mut()
+            .filter(|x| Self::may_place(x, besides, avoid))
+            .max_by_key(|x| x.free.len())?;
+        let addr = node.free.pop().expect("placeable nodes have a free chunk");
+        Some(ChunkRef {
+            node: node.id,
+            addr,
+            rkey: 0,
+        })
+    }
+
+    /// Whether [`Allocator::alloc_replica`] would find a place.
+    pub fn can_place(&self, besides: &[ChunkRef], avoid: &[u32]) -> bool {
+        self.nodes
+            .iter()
+            .any(|x| Self::may_place(x, besides, avoid))
+    }
+
+    fn may_place(x: &NodeChunks, besides: &[ChunkRef], avoid: &[u32]) -> bool {
+        x.alive
+            && !x.free.is_empty()
+            && !avoid.contains(&x.id)
+            && besides.iter().all(|c| c.node != x.id)
+    }
+
+    /// Chunks allocated and never handed out: free again at once (they were never written).
+    fn give_back(&mut self, chunks: impl IntoIterator<Item = ChunkRef>) {
+        for c in chunks {
+            if let Some(n) = self.nodes.get_mut(c.node as usize) {
+                n.free.recycled.push(c.addr);
+            }
+        }
+    }
+
+    /// Whether node `id` is alive.
+    pub fn is_alive(&self, id: u32) -> bool {
+        self.nodes.get(id as usize).is_some_and(|n| n.alive)
     }
 
     /// Takes freed chunks; they come back through `take_dirty` for zeroing.
@@ -218,7 +296,7 @@ mod tests {
         let mut a = Allocator::default();
         a.add_node("a".into(), 0, 100, 100);
         a.add_node("b".into(), 1 << 40, 100, 100);
-        let got = a.alloc(10).unwrap();
+        let got: Vec<_> = a.alloc(10, 1).unwrap().concat();
         let on_b = got.iter().filter(|c| c.node == 1).count();
         assert_eq!(on_b, 5, "equal nodes share evenly");
         for w in got.windows(2) {
@@ -228,7 +306,7 @@ mod tests {
         let mut a = Allocator::default();
         a.add_node("a".into(), 0, 100, 30);
         a.add_node("b".into(), 1 << 40, 100, 90);
-        let got = a.alloc(40).unwrap();
+        let got: Vec<_> = a.alloc(40, 1).unwrap().concat();
         let on_b = got.iter().filter(|c| c.node == 1).count();
         assert!(on_b >= 25, "{on_b} of 40 on the emptier node");
     }
@@ -239,11 +317,11 @@ mod tests {
         a.add_node("a".into(), 0, 100, 3);
         a.add_node("b".into(), 1000, 100, 3);
         a.set_alive(1, false);
-        assert_eq!(a.alloc(4), Err(Errno::ENOSPC));
+        assert_eq!(a.alloc(4, 1), Err(Errno::ENOSPC));
         assert_eq!(a.totals(), (3, 3));
-        let got = a.alloc(3).unwrap();
+        let got = a.alloc(3, 1).unwrap().concat();
         assert!(got.iter().all(|c| c.node == 0));
-        assert_eq!(a.alloc(1), Err(Errno::ENOSPC));
+        assert_eq!(a.alloc(1, 1), Err(Errno::ENOSPC));
     }
 
     #[test]
@@ -251,7 +329,7 @@ mod tests {
         let mut a = Allocator::default();
         a.add_node("a".into(), 0, 4096, 1 << 38);
         assert_eq!(a.totals(), (1 << 38, 1 << 38));
-        let got = a.alloc(3).unwrap();
+        let got = a.alloc(3, 1).unwrap().concat();
         let addrs: Vec<u64> = got.iter().map(|c| c.addr).collect();
         assert_eq!(addrs, [0, 4096, 8192], "low addresses first");
         a.release(got);
@@ -259,7 +337,7 @@ mod tests {
         a.zeroed(node, dirty, 0);
         assert_eq!(a.totals(), (1 << 38, 1 << 38));
         assert!(
-            a.alloc(1).unwrap()[0].addr < 3 * 4096,
+            a.alloc(1, 1).unwrap()[0][0].addr < 3 * 4096,
             "zeroed chunks are reused first"
         );
     }
@@ -268,10 +346,10 @@ mod tests {
     fn freed_chunks_come_back_only_after_zeroing() {
         let mut a = Allocator::default();
         a.add_node("a".into(), 0, 100, 2);
-        let got = a.alloc(2).unwrap();
+        let got = a.alloc(2, 1).unwrap().concat();
         a.release(got.clone());
         assert_eq!(
-            a.alloc(1),
+            a.alloc(1, 1),
             Err(Errno::ENOSPC),
             "dirty chunks are not handed out"
         );
@@ -282,6 +360,50 @@ mod tests {
         assert_eq!(addrs.len(), 2);
         assert_eq!(a.totals(), (2, 2), "being zeroed still counts as free");
         a.zeroed(node, addrs, 0);
-        assert_eq!(a.alloc(2).unwrap().len(), 2);
+        assert_eq!(a.alloc(2, 1).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn replicas_of_a_chunk_are_on_distinct_nodes_and_spread() {
+        let mut a = Allocator::default();
+        for i in 0..3 {
+            a.add_node(format!("n{i}"), i << 40, 100, 100);
+        }
+        let got = a.alloc(30, 2).unwrap();
+        let mut per_node = [0; 3];
+        for chunk in &got {
+            assert_eq!(chunk.len(), 2);
+            assert_ne!(chunk[0].node, chunk[1].node, "{chunk:?}");
+            for c in chunk {
+                per_node[c.node as usize] += 1;
+            }
+        }
+        assert_eq!(per_node, [20, 20, 20], "equal nodes share evenly");
+        // A new replica goes where none of the chunk is.
+        let extra = a.alloc_replica(&got[0], &[]).unwrap();
+        assert!(got[0].iter().all(|c| c.node != extra.node));
+        let third = (0..3).find(|n| got[1].iter().all(|c| c.node != *n)).unwrap();
+        assert!(a.can_place(&got[1], &[]));
+        assert!(!a.can_place(&got[1], &[third]), "avoided");
+        assert_eq!(a.alloc_replica(&got[1], &[third]), None);
+        let everywhere = a.alloc(1, 3).unwrap().remove(0);
+        assert_eq!(a.alloc_replica(&everywhere, &[]), None, "no node left for it");
+    }
+
+    #[test]
+    fn too_few_nodes_give_fewer_replicas_and_too_little_space_gives_nothing() {
+        let mut a = Allocator::default();
+        a.add_node("a".into(), 0, 100, 4);
+        a.add_node("b".into(), 1000, 100, 2);
+        a.set_alive(1, false);
+        let one = a.alloc(2, 2).unwrap();
+        assert!(one.iter().all(|c| c.len() == 1), "one live node: one replica");
+        a.set_alive(1, true);
+        // 2 free on a, 2 on b: 2 chunks of 2 fit, 3 do not, and a refusal takes nothing.
+        assert_eq!(a.alloc(3, 2), Err(Errno::ENOSPC));
+        assert_eq!(a.totals(), (6, 4));
+        let two = a.alloc(2, 2).unwrap();
+        assert!(two.iter().all(|c| c.len() == 2));
+        assert_eq!(a.totals(), (6, 0));
     }
 }

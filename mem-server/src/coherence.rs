@@ -58,11 +58,16 @@ pub(crate) struct Change {
     pub(crate) recalls: Vec<(Ino, u64)>,
     /// Names that no longer lead where they did.
     pub(crate) entries: Vec<(Ino, Name)>,
+    /// Files whose chunk maps changed without a size cut (replicas dropped or added).
+    pub(crate) remaps: Vec<Ino>,
 }
 
 impl Change {
     pub(crate) fn is_empty(&self) -> bool {
-        self.inodes.is_empty() && self.recalls.is_empty() && self.entries.is_empty()
+        self.inodes.is_empty()
+            && self.recalls.is_empty()
+            && self.entries.is_empty()
+            && self.remaps.is_empty()
     }
 }
 
@@ -144,13 +149,14 @@ impl Holders {
         }
     }
 
-    /// The callback each session needs for `change` made by `caller`: chunk recalls go to
-    /// every holder, the caller too (its other threads may have transfers in flight); the rest
-    /// goes to the others (the caller's kernel knows what it did). Told sessions forget what
-    /// they were told: they are told again only after they fetch again.
+    /// The callback each session needs for `change` made by `caller` (None: by the service
+    /// itself): chunk recalls go to every holder, the caller too (its other threads may have
+    /// transfers in flight); remaps and the rest go to the others (the caller knows what it
+    /// did, and may hold the very references a remap would wait for). Told sessions forget
+    /// what they were told: they are told again only after they fetch again.
     pub(crate) fn plan(
         &mut self,
-        caller: SessionId,
+        caller: Option<SessionId>,
         change: &Change,
         attr: impl Fn(Ino) -> Option<Attr>,
     ) -> Vec<(Arc<Callbacks>, Callback)> {
@@ -164,8 +170,9 @@ impl Holders {
         for (&id, c) in &mut self.sessions {
             let mut cb = Callback::default();
             let mut told: HashMap<Ino, usize> = HashMap::new();
+            let is_caller = Some(id) == caller;
             for &(ino, data) in &change.inodes {
-                if id == caller || told.contains_key(&ino) {
+                if is_caller || told.contains_key(&ino) {
                     continue;
                 }
                 if c.seen.remove(&ino) || c.open.contains_key(&ino) {
@@ -175,6 +182,7 @@ impl Holders {
                         chunks_from: None,
                         attr: attr(ino),
                         data,
+                        remapped: false,
                     });
                 }
             }
@@ -197,11 +205,30 @@ impl Holders {
                             chunks_from: Some(from),
                             attr: attr(ino),
                             data: true,
+                            remapped: false,
                         });
                     }
                 }
             }
-            if id != caller {
+            for &ino in &change.remaps {
+                if is_caller || !c.maps.remove(&ino) {
+                    continue;
+                }
+                match told.get(&ino) {
+                    Some(&i) => cb.inodes[i].remapped = true,
+                    None => {
+                        told.insert(ino, cb.inodes.len());
+                        cb.inodes.push(Invalidation {
+                            ino,
+                            chunks_from: None,
+                            attr: attr(ino),
+                            data: false,
+                            remapped: true,
+                        });
+                    }
+                }
+            }
+            if !is_caller {
                 for (parent, name) in &change.entries {
                     if c.dirs.contains(parent) {
                         cb.entries.push(EntryChange {

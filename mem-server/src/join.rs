@@ -146,6 +146,7 @@ pub(crate) fn admit(
     meta.zeroer.add_node(id, session);
     meta.add_link(id, Link::Remote(link));
     log::info!("data node {id} joined from {addr}: {chunks} chunks");
+    meta.node_joined();
     match pumping.join() {
         Ok(Err(e)) if e.kind() != io::ErrorKind::UnexpectedEof => {
             log::warn!("data node {id}: join connection: {e}")
@@ -154,7 +155,7 @@ pub(crate) fn admit(
     }
     log::warn!("data node {id} at {addr} left; its chunks are unavailable");
     // Dead before the link goes: a node without a link counts as gone (see `reuse`).
-    meta.state.lock().unwrap().alloc.set_alive(id, false);
+    meta.node_left(id);
     meta.remove_link(id);
     meta.zeroer.remove_node(id);
     Ok(())

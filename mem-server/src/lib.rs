@@ -11,7 +11,8 @@
 //! - [`join`]: data nodes joining the metadata node, both halves.
 //! - [`grants`]: what each data session may reach of a node's pool; [`link`]: how the
 //!   metadata node says so.
-//! - [`zeroer`]: zeroing freed chunks before reuse.
+//! - [`zeroer`]: zeroing freed chunks before reuse; [`repair`]: copying chunks that lost a
+//!   replica.
 
 pub mod access;
 pub mod admission;
@@ -21,6 +22,7 @@ mod grants;
 mod join;
 mod link;
 mod meta;
+mod repair;
 pub mod namespace;
 pub mod node;
 mod sessions;

@@ -13,6 +13,7 @@ use mem_server::node::{Node, NodeConfig};
 use rdmabox::size::parse_size;
 use rdmabox::transport::{ProviderKind, TransportConfig, VerbsConfig};
 use rfs_proto::secret;
+use rfs_proto::types::MAX_REPLICAS;
 
 /// An rfs storage node: lends its RAM to clients for one-sided RDMA; the first node also runs
 /// the metadata service, more nodes `--join` it.
@@ -64,6 +65,14 @@ struct Args {
     /// Treat root (uid 0) on clients as nobody (65534), as NFS's root_squash does.
     #[arg(long)]
     root_squash: bool,
+    /// Copies of each chunk, each on a different data node (this node counts as one): writes
+    /// go to every copy, reads fail over between them, and the copies a dead node held are
+    /// made again on the others. Chosen when the file system is created (the metadata node).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=MAX_REPLICAS as i64), conflicts_with = "join")]
+    replicas: u32,
+    /// How fast lost copies are made again, in bytes per second with a unit (e.g. 256M).
+    #[arg(long, default_value = "256M", value_parser = parse_size, conflicts_with = "join")]
+    repair_rate: u64,
     /// Most control connections from one peer address.
     #[arg(long, default_value_t = Limits::default().per_peer)]
     max_connections_per_peer: usize,
@@ -171,6 +180,8 @@ fn main() -> ExitCode {
         join: args.join,
         advertise: args.advertise,
         lease: args.lease,
+        replicas: args.replicas,
+        repair_rate: args.repair_rate,
         policy: Policy {
             root_squash: args.root_squash,
         },

@@ -5,7 +5,7 @@
 //! with it released, and chunks a change freed go to the zeroer only after every holder
 //! dropped them (or its lease ran out): a stale chunk map can never reach another file.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,7 +19,7 @@ use rfs_proto::clock;
 use rfs_proto::frame::send_frame;
 use rfs_proto::grant::{GrantChunks, LinkRequest, RevokeChunks, RevokeFreed, RevokeSession};
 use rfs_proto::message::{encode_reply, readdir_budget, unseal, Call, Request, RequestOp};
-use rfs_proto::types::{Attr, ChunkRef, FileKind, Ino, Name, Owner, StatFs, MAY_WRITE};
+use rfs_proto::types::{Attr, ChunkRef, FileKind, Ino, Name, Owner, Replicas, StatFs, MAY_WRITE};
 use rfs_proto::wire::MAX_LIST;
 use rfs_proto::Errno;
 
@@ -30,6 +30,7 @@ use crate::grants::Grants;
 use crate::link::Link;
 use crate::namespace::Namespace;
 use crate::node::{wait_for_close, NodeConfig, Shared};
+use crate::repair::Repair;
 use crate::sessions::{Attached, ClientSession, Handles, Sessions};
 use crate::zeroer::Zeroer;
 
@@ -37,10 +38,13 @@ use crate::zeroer::Zeroer;
 pub(crate) struct MetaState {
     pub(crate) ns: Namespace,
     pub(crate) alloc: Allocator,
-    holders: Holders,
+    pub(crate) holders: Holders,
     /// How many frees there were: grants decided now carry it, so that a data node refuses
     /// one that arrives after a later free was revoked.
     frees: u64,
+    /// Files whose chunks are being copied to new replicas: their maps are not handed out
+    /// (EAGAIN: the client asks again) until the copies are in them.
+    pub(crate) frozen: HashSet<Ino>,
 }
 
 pub(crate) struct MetaService {
@@ -48,7 +52,7 @@ pub(crate) struct MetaService {
     pub(crate) zeroer: Zeroer,
     /// Bytes of entries a readdir reply may carry: pages are cut to fit a message.
     page_bytes: usize,
-    lease: Duration,
+    pub(crate) lease: Duration,
     policy: Policy,
     sessions: Sessions,
     /// Freed chunks a holder could not be asked about, each batch with the end of its lease
@@ -57,6 +61,9 @@ pub(crate) struct MetaService {
     /// How to grant and revoke at each live data node.
     links: Mutex<HashMap<u32, Arc<Link>>>,
     quarantined: Condvar,
+    /// Copies of each chunk the file system keeps.
+    pub(crate) replicas: usize,
+    pub(crate) repair: Repair,
 }
 
 /// How long an allocation waits for chunks being zeroed before it answers ENOSPC.
@@ -65,6 +72,10 @@ const ZEROING_WAIT: Duration = Duration::from_secs(2);
 /// stopped one must not hold the caller past its I/O deadline (1 s at the least). The map then
 /// goes out ungranted for that node, and the client fails the transfer (or asks again).
 const GRANT_WAIT: Duration = Duration::from_millis(800);
+/// How long dropping a failed replica waits for the other holders of the file's map to let it
+/// go before the writer is answered: they answer in microseconds unless their own transfers
+/// are under way, and two writers each dropping a replica wait on each other's transfers.
+const REMAP_WAIT: Duration = Duration::from_millis(200);
 
 /// Whether applying `req` twice would differ from applying it once: its reply is kept for a
 /// resend. (Reading calls are simply applied again.)
@@ -94,6 +105,8 @@ struct Effects {
     writable_only: bool,
     /// Data sessions the session attached before and no more, by node: all their grants go.
     detached: Vec<(u32, u64)>,
+    /// Holders are waited for only briefly ([`REMAP_WAIT`]).
+    quick: bool,
 }
 
 /// A chunk map to hand out once its chunks are granted to the caller's data sessions.
@@ -102,7 +115,7 @@ struct Granting {
     writable: bool,
     /// The free number when the map was read.
     seq: u64,
-    chunks: Vec<(u64, ChunkRef)>,
+    chunks: Vec<(u64, Replicas)>,
 }
 
 /// Chunks freed together, and their free number.
@@ -163,12 +176,14 @@ impl MetaService {
         let mut alloc = Allocator::default();
         let local = alloc.add_node(advertise, pool.addr(), cfg.chunk_size, chunks);
         let (zeroer, wait) = Zeroer::new();
+        let replicas = cfg.replicas as usize;
         let meta = Arc::new(MetaService {
             state: Mutex::new(MetaState {
                 ns: Namespace::new(cfg.chunk_size),
                 alloc,
                 holders: Holders::default(),
                 frees: 0,
+                frozen: HashSet::new(),
             }),
             zeroer,
             page_bytes: readdir_budget(cfg.rpc.max_msg),
@@ -181,8 +196,28 @@ impl MetaService {
                 local,
                 Arc::new(Link::Local(grants.clone())),
             )])),
+            replicas,
+            repair: Repair::new(cfg.repair_rate),
         });
         (meta, wait)
+    }
+
+    /// A data node joined: chunks short of copies may get them there.
+    pub(crate) fn node_joined(&self) {
+        self.repair.kick();
+    }
+
+    /// Data node `id` left (its join connection closed): nothing more is allocated there, and
+    /// its copies of chunks that have others go from the maps, to be made again elsewhere.
+    pub(crate) fn node_left(&self, id: u32) {
+        let mut st = self.state.lock().unwrap();
+        st.alloc.set_alive(id, false);
+        let lost = st.ns.drop_node(id);
+        if lost > 0 {
+            self.repair.lost(lost);
+            drop(st);
+            log::warn!("data node {id}: {lost} chunks lost a copy; copying them again");
+        }
     }
 
     /// Grants at data node `node` go over `link` from now on.
@@ -239,7 +274,7 @@ impl MetaService {
             seq,
             mut chunks,
         } = g;
-        for (node, addrs) in by_node(chunks.iter().map(|(_, c)| c)) {
+        for (node, addrs) in by_node(chunks.iter().flat_map(|(_, r)| r)) {
             let Some(&session) = data.get(&node) else {
                 continue;
             };
@@ -253,7 +288,11 @@ impl MetaService {
                 continue;
             };
             let mut keys = keys.into_iter();
-            for (_, c) in chunks.iter_mut().filter(|(_, c)| c.node == node) {
+            let on_node = chunks
+                .iter_mut()
+                .flat_map(|(_, r)| r.iter_mut())
+                .filter(|c| c.node == node);
+            for c in on_node {
                 c.rkey = keys.next().unwrap_or(0);
             }
         }
@@ -295,7 +334,12 @@ impl MetaService {
     /// Tells the caches what `effects` changed, waits (lock released) for their answers up to
     /// the lease, and only then hands the freed chunks to the zeroer.
     fn settle(&self, mut st: MutexGuard<'_, MetaState>, caller: SessionId, effects: Effects) {
-        let Effects { freed, change, .. } = effects;
+        let Effects {
+            freed,
+            change,
+            quick,
+            ..
+        } = effects;
         if change.is_empty() && freed.is_empty() {
             return;
         }
@@ -307,7 +351,7 @@ impl MetaService {
             chunks: freed,
         };
         let MetaState { ns, holders, .. } = &mut *st;
-        let plan = holders.plan(caller, &change, |ino| ns.getattr(ino).ok());
+        let plan = holders.plan(Some(caller), &change, |ino| ns.getattr(ino).ok());
         drop(st);
         let answered = Countdown::new();
         for (callbacks, cb) in plan {
@@ -315,12 +359,13 @@ impl MetaService {
         }
         let start = Instant::now();
         let deadline = start + self.lease;
+        let wait_until = if quick { start + REMAP_WAIT } else { deadline };
         // Live holders answer in microseconds. One that is slow (stopped, descheduled) is
         // waited for up to the lease, as NFS waits out a delegation: once its answer or its
         // lease is in, a write it makes through an old descriptor goes to the file as it is
         // now. One that cannot be asked (its connection is down) is not waited for; the
         // chunks wait out its lease instead.
-        let all_answered = answered.wait(deadline);
+        let all_answered = answered.wait(wait_until);
         if freed.chunks.is_empty() {
             return;
         }
@@ -622,6 +667,7 @@ impl MetaService {
             alloc,
             holders,
             frees,
+            frozen,
         } = st;
         let ClientSession {
             id: session,
@@ -792,7 +838,7 @@ impl MetaService {
                         let last = h.all == 0;
                         if last || (was_writable && h.writable == 0) {
                             let all = ns.chunk_map(m.ino, 0, u64::MAX).unwrap_or_default();
-                            fx.closed.extend(all.into_iter().map(|(_, c)| c));
+                            fx.closed.extend(all.into_iter().flat_map(|(_, c)| c));
                             fx.writable_only = !last;
                         }
                         if last {
@@ -809,6 +855,7 @@ impl MetaService {
             Request::ChunkMap(m) => {
                 // Only through a handle: the open is where permission was checked.
                 let r = match open.get(&m.ino) {
+                    Some(_) if frozen.contains(&m.ino) => Err(Errno::EAGAIN),
                     Some(_) => ns.chunk_map(m.ino, m.first, m.count.min(MAX_LIST) as u64),
                     None => Err(Errno::EBADF),
                 };
@@ -827,12 +874,18 @@ impl MetaService {
                 let result = writable
                     .then_some(())
                     .ok_or(Errno::EBADF)
-                    .and_then(|()| ns.missing_chunks(m.ino, m.first, count))
+                    .and_then(|()| match frozen.contains(&m.ino) {
+                        true => Err(Errno::EAGAIN),
+                        false => ns.missing_chunks(m.ino, m.first, count),
+                    })
                     .and_then(|missing| {
-                        let chunks = alloc.alloc(missing.len())?;
+                        let chunks = alloc.alloc(missing.len(), self.replicas)?;
+                        if chunks.iter().any(|c| c.len() < self.replicas) {
+                            self.repair.degraded(chunks.len());
+                        }
                         let new: Vec<_> = missing.into_iter().zip(chunks).collect();
                         if let Err(e) = ns.add_chunks(m.ino, &new) {
-                            fx.freed.extend(new.into_iter().map(|(_, c)| c));
+                            fx.freed.extend(new.into_iter().flat_map(|(_, c)| c));
                             return Err(e);
                         }
                         ns.chunk_map(m.ino, m.first, count)
@@ -856,19 +909,49 @@ impl MetaService {
                 answer(m, told(holders, session, r, None))
             }
             Request::GetStatFs(m) => {
+                // Space as files see it: each chunk takes a chunk on every replica's node.
                 let (total, free) = alloc.totals();
+                let copies = self.replicas as u64;
                 answer(
                     m,
                     Ok(StatFs {
                         chunk_size,
-                        chunks_total: total,
-                        chunks_free: free,
+                        chunks_total: total / copies,
+                        chunks_free: free / copies,
                         inodes: ns.inode_count(),
                         lease_ms: self.lease.as_millis() as u64,
+                        replicas: self.replicas as u32,
+                        chunks_short: self.repair.short(),
                     }),
                 )
             }
             Request::ListNodes(m) => answer(m, Ok(alloc.nodes())),
+            Request::DropReplicas(m) => {
+                let writable = open.get(&m.ino).is_some_and(|h| h.writable > 0);
+                let r = writable
+                    .then_some(())
+                    .ok_or(Errno::EBADF)
+                    .and_then(|()| ns.drop_replicas(m.ino, m.index, &m.failed))
+                    .map(|dropped| {
+                        if !dropped.is_empty() {
+                            log::warn!(
+                                "inode {}: chunk {}: a write missed its replicas on nodes {:?}: \
+                                 dropped, to be copied again",
+                                m.ino,
+                                m.index,
+                                dropped.iter().map(|c| c.node).collect::<Vec<_>>()
+                            );
+                            // Other holders must not read the copies that missed the write;
+                            // the chunks themselves are freed once they let go.
+                            fx.change.remaps.push(m.ino);
+                            self.repair.avoid(dropped.iter().map(|c| c.node));
+                            fx.freed.extend(dropped);
+                            fx.quick = true;
+                            self.repair.lost(1);
+                        }
+                    });
+                answer(m, r)
+            }
             Request::AttachData(m) => {
                 // The name only says where this session's grants go: a client naming another's
                 // session gives that one more reach, never itself. What the session granted

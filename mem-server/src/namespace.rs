@@ -7,14 +7,15 @@
 use std::collections::{BTreeMap, HashMap};
 
 use rfs_proto::types::{
-    Attr, AttrChanges, ChunkRef, DirEntry, FileKind, Ino, Name, Owner, Timestamp, NAME_MAX,
+    Attr, AttrChanges, ChunkRef, DirEntry, FileKind, Ino, Name, Owner, Replicas, Timestamp,
+    NAME_MAX,
     RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT,
 };
 use rfs_proto::Errno;
 
 enum Data {
     File {
-        chunks: BTreeMap<u64, ChunkRef>,
+        chunks: BTreeMap<u64, Replicas>,
     },
     Dir {
         entries: BTreeMap<Vec<u8>, Ino>,
@@ -295,7 +296,7 @@ impl Namespace {
             _ => return Vec::new(),
         }
         match self.inodes.remove(&ino).map(|i| i.data) {
-            Some(Data::File { chunks }) => chunks.into_values().collect(),
+            Some(Data::File { chunks }) => chunks.into_values().flatten().collect(),
             _ => Vec::new(),
         }
     }
@@ -497,7 +498,7 @@ impl Namespace {
             match &mut i.data {
                 Data::File { chunks } => {
                     let keep = size.div_ceil(chunk_size);
-                    freed = chunks.split_off(&keep).into_values().collect();
+                    freed = chunks.split_off(&keep).into_values().flatten().collect();
                     i.attr.size = size;
                     i.attr.mtime = t;
                 }
@@ -554,7 +555,7 @@ impl Namespace {
             return None;
         };
         let keep = i.attr.size.div_ceil(chunk_size);
-        let freed: Vec<_> = chunks.split_off(&keep).into_values().collect();
+        let freed: Vec<_> = chunks.split_off(&keep).into_values().flatten().collect();
         (!freed.is_empty()).then_some((keep, freed))
     }
 
@@ -574,7 +575,7 @@ impl Namespace {
         Ok(i.attr)
     }
 
-    fn chunks(&self, ino: Ino) -> Result<&BTreeMap<u64, ChunkRef>, Errno> {
+    fn chunks(&self, ino: Ino) -> Result<&BTreeMap<u64, Replicas>, Errno> {
         match &self.get(ino)?.data {
             Data::File { chunks } => Ok(chunks),
             Data::Dir { .. } => Err(Errno::EISDIR),
@@ -588,11 +589,11 @@ impl Namespace {
         ino: Ino,
         first: u64,
         count: u64,
-    ) -> Result<Vec<(u64, ChunkRef)>, Errno> {
+    ) -> Result<Vec<(u64, Replicas)>, Errno> {
         Ok(self
             .chunks(ino)?
             .range(first..first.saturating_add(count))
-            .map(|(&i, &c)| (i, c))
+            .map(|(&i, c)| (i, c.clone()))
             .collect())
     }
 
@@ -604,17 +605,112 @@ impl Namespace {
             .collect())
     }
 
-    pub fn add_chunks(&mut self, ino: Ino, new: &[(u64, ChunkRef)]) -> Result<(), Errno> {
+    pub fn add_chunks(&mut self, ino: Ino, new: &[(u64, Replicas)]) -> Result<(), Errno> {
         match &mut self.get_mut(ino)?.data {
             Data::File { chunks } => {
-                for &(i, c) in new {
-                    chunks.entry(i).or_insert(c);
+                for (i, c) in new {
+                    chunks.entry(*i).or_insert_with(|| c.clone());
                 }
                 Ok(())
             }
             _ => Err(Errno::EINVAL),
         }
     }
+
+    fn chunk_mut(&mut self, ino: Ino, index: u64) -> Option<&mut Replicas> {
+        match &mut self.inodes.get_mut(&ino)?.data {
+            Data::File { chunks } => chunks.get_mut(&index),
+            _ => None,
+        }
+    }
+
+    /// Drops the replicas of chunk `index` that a write could not reach (`failed`, by node and
+    /// address); returns those dropped. EIO if none would be left: the write reached no replica
+    /// the map still has. A chunk that is gone (truncated meanwhile) has nothing to drop.
+    pub fn drop_replicas(
+        &mut self,
+        ino: Ino,
+        index: u64,
+        failed: &[ChunkRef],
+    ) -> Result<Vec<ChunkRef>, Errno> {
+        let Some(chunk) = self.chunk_mut(ino, index) else {
+            return Ok(Vec::new());
+        };
+        let is_failed = |c: &ChunkRef| failed.iter().any(|f| same_chunk(f, c));
+        if chunk.iter().all(is_failed) {
+            return Err(Errno::EIO);
+        }
+        let (dropped, kept) = chunk.drain(..).partition(is_failed);
+        *chunk = kept;
+        Ok(dropped)
+    }
+
+    /// Drops every replica on `node` (which died) from chunks that have another; a chunk whose
+    /// only replica was there keeps it, so that reading it fails rather than reading a hole's
+    /// zeros. Returns how many chunks lost a replica.
+    pub fn drop_node(&mut self, node: u32) -> usize {
+        let mut dropped = 0;
+        for i in self.inodes.values_mut() {
+            if let Data::File { chunks } = &mut i.data {
+                for chunk in chunks.values_mut() {
+                    if chunk.len() > 1 && chunk.iter().any(|c| c.node == node) {
+                        chunk.retain(|c| c.node != node);
+                        dropped += 1;
+                    }
+                }
+            }
+        }
+        dropped
+    }
+
+    /// Up to `limit` chunks with fewer than `target` replicas on live nodes (and at least one
+    /// there to copy from), file by file, and how many there are in all.
+    pub fn under_replicated(
+        &self,
+        target: usize,
+        alive: impl Fn(u32) -> bool,
+        limit: usize,
+    ) -> (Vec<(Ino, u64)>, usize) {
+        let mut found = Vec::new();
+        let mut total = 0;
+        for (&ino, i) in &self.inodes {
+            if let Data::File { chunks } = &i.data {
+                for (&index, chunk) in chunks {
+                    let live = chunk.iter().filter(|c| alive(c.node)).count();
+                    if live > 0 && live < target {
+                        total += 1;
+                        if found.len() < limit {
+                            found.push((ino, index));
+                        }
+                    }
+                }
+            }
+        }
+        found.sort_unstable();
+        (found, total)
+    }
+
+    /// The replicas of chunk `index` of `ino`, if it has that chunk.
+    pub fn replicas(&self, ino: Ino, index: u64) -> Option<Replicas> {
+        self.chunks(ino).ok()?.get(&index).cloned()
+    }
+
+    /// Adds `new` to chunk `index` of `ino`, copied from `source`: only if the chunk still has
+    /// `source` (it may have been freed, or its replica dropped, while it was copied).
+    pub fn add_replica(&mut self, ino: Ino, index: u64, source: &ChunkRef, new: ChunkRef) -> bool {
+        match self.chunk_mut(ino, index) {
+            Some(chunk) if chunk.iter().any(|c| same_chunk(c, source)) => {
+                chunk.push(new);
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Whether two references name the same chunk (whatever key each was granted with).
+fn same_chunk(a: &ChunkRef, b: &ChunkRef) -> bool {
+    a.node == b.node && a.addr == b.addr
 }
 
 #[cfg(test)]
@@ -637,12 +733,12 @@ mod tests {
             .ino
     }
 
-    fn chunk(n: u64) -> ChunkRef {
-        ChunkRef {
+    fn chunk(n: u64) -> Replicas {
+        vec![ChunkRef {
             node: 0,
             addr: n << 20,
             rkey: 1,
-        }
+        }]
     }
 
     #[test]
@@ -715,7 +811,7 @@ mod tests {
         let a = file(&mut n, ROOT, "a");
         let b = file(&mut n, ROOT, "b");
         n.add_chunks(b, &[(0, chunk(7))]).unwrap();
-        assert_eq!(n.rename(ROOT, "a", ROOT, "b", 0).unwrap(), vec![chunk(7)]);
+        assert_eq!(n.rename(ROOT, "a", ROOT, "b", 0).unwrap(), chunk(7));
         assert_eq!(n.lookup(ROOT, "b").unwrap().ino, a);
         assert_eq!(n.lookup(ROOT, "a"), Err(Errno::ENOENT));
         let d = n.mkdir(ROOT, "d", OWNER).unwrap().ino;
@@ -768,7 +864,7 @@ mod tests {
         };
         let (attr, freed) = n.setattr(f, &set).unwrap();
         assert_eq!(attr.size, (1 << 20) + 1);
-        assert_eq!(freed, vec![chunk(2)]);
+        assert_eq!(freed, chunk(2));
         assert_eq!(n.missing_chunks(f, 0, 3).unwrap(), vec![2]);
         n.commit(f, 10, None).unwrap();
         assert_eq!(
@@ -862,5 +958,56 @@ mod tests {
             assert_eq!(n.mkdir(ROOT, bad, OWNER), Err(Errno::EINVAL), "{bad:?}");
         }
         assert_eq!(n.mkdir(ROOT, [b'x'; 256], OWNER), Err(Errno::ENAMETOOLONG));
+    }
+
+    fn on(node: u32, addr: u64) -> ChunkRef {
+        ChunkRef {
+            node,
+            addr,
+            rkey: 9,
+        }
+    }
+
+    #[test]
+    fn replicas_are_dropped_only_while_another_is_left() {
+        let mut n = ns();
+        let f = file(&mut n, ROOT, "a");
+        n.add_chunks(f, &[(0, vec![on(1, 0), on(2, 0)]), (1, vec![on(2, 64)])])
+            .unwrap();
+        // Keys do not matter: a reference names a chunk by node and address.
+        let failed = ChunkRef { rkey: 0, ..on(2, 0) };
+        assert_eq!(n.drop_replicas(f, 0, &[failed]), Ok(vec![on(2, 0)]));
+        assert_eq!(n.replicas(f, 0), Some(vec![on(1, 0)]));
+        assert_eq!(n.drop_replicas(f, 0, &[on(1, 0)]), Err(Errno::EIO), "the last one");
+        assert_eq!(n.drop_replicas(f, 0, &[on(3, 0)]), Ok(vec![]), "not there");
+        assert_eq!(n.drop_replicas(f, 7, &[on(1, 0)]), Ok(vec![]), "no such chunk");
+        // A dead node's replicas go where another is left; an only replica stays.
+        n.add_chunks(f, &[(2, vec![on(1, 128), on(2, 128)])]).unwrap();
+        assert_eq!(n.drop_node(2), 1);
+        assert_eq!(n.replicas(f, 1), Some(vec![on(2, 64)]), "its only copy");
+        assert_eq!(n.replicas(f, 2), Some(vec![on(1, 128)]));
+    }
+
+    #[test]
+    fn under_replicated_chunks_are_found_and_copies_land_only_on_what_is_still_there() {
+        let mut n = ns();
+        let f = file(&mut n, ROOT, "a");
+        let g = file(&mut n, ROOT, "b");
+        n.add_chunks(f, &[(0, vec![on(1, 0), on(2, 0)]), (1, vec![on(1, 64)])])
+            .unwrap();
+        n.add_chunks(g, &[(0, vec![on(3, 0)]), (5, vec![on(2, 64), on(3, 64)])])
+            .unwrap();
+        let alive = |node| node != 3;
+        // g's chunk 0 is only on a dead node: nothing to copy from.
+        assert_eq!(n.under_replicated(2, alive, 10), (vec![(f, 1), (g, 5)], 2));
+        let (some, all) = n.under_replicated(2, alive, 1);
+        assert_eq!((some.len(), all), (1, 2), "a limit, and the count of all");
+        assert_eq!(n.under_replicated(1, alive, 10).1, 0);
+        assert!(n.add_replica(f, 1, &on(1, 64), on(2, 192)));
+        assert_eq!(n.replicas(f, 1), Some(vec![on(1, 64), on(2, 192)]));
+        assert!(!n.add_replica(f, 0, &on(3, 0), on(2, 256)), "source not in it");
+        n.setattr(f, &AttrChanges { size: Some(0), ..AttrChanges::default() })
+            .unwrap();
+        assert!(!n.add_replica(f, 1, &on(1, 64), on(2, 256)), "truncated meanwhile");
     }
 }

@@ -18,6 +18,7 @@ use rdmabox::{connect_links, SessionConfig};
 use rfs_proto::frame::send_frame;
 use rfs_proto::handshake;
 use rfs_proto::hello::{Data, Hello, PoolDescriptor};
+use rfs_proto::types::MAX_REPLICAS;
 
 use crate::access::Policy;
 use crate::admission::{self, Admission, Limits, RateLimitedLog, Ticket};
@@ -58,6 +59,10 @@ pub struct NodeConfig {
     pub limits: Limits,
     /// How the metadata service treats callers (root squash).
     pub policy: Policy,
+    /// Copies of each chunk, on distinct data nodes (the metadata node's choice).
+    pub replicas: u32,
+    /// Bytes per second that re-replication may copy.
+    pub repair_rate: u64,
 }
 
 impl NodeConfig {
@@ -76,6 +81,8 @@ impl NodeConfig {
             lease: Duration::from_secs(10),
             limits: Limits::default(),
             policy: Policy::default(),
+            replicas: 1,
+            repair_rate: 256 << 20,
         }
     }
 
@@ -99,6 +106,18 @@ impl NodeConfig {
         }
         if self.limits.total == 0 || self.limits.per_peer == 0 {
             return Err(invalid("connection limits must be at least 1".into()));
+        }
+        if !(1..=MAX_REPLICAS).contains(&self.replicas) {
+            return Err(invalid(format!(
+                "{} replicas: between 1 and {MAX_REPLICAS}",
+                self.replicas
+            )));
+        }
+        if self.repair_rate < self.chunk_size {
+            return Err(invalid(format!(
+                "repair rate {} B/s is below one chunk a second",
+                self.repair_rate
+            )));
         }
         if self.memory < self.chunk_size {
             return Err(invalid(format!(
@@ -191,6 +210,7 @@ impl Node {
         if let (Some(meta), Some(wait)) = (&shared.meta, zero_wait) {
             meta.start_zeroer(shared.clone(), wait)?;
             meta.start_quarantine()?;
+            meta.start_repair(shared.clone())?;
         }
         // Accept before joining: the metadata node connects back to us while it admits us.
         let accept = {

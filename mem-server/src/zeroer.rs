@@ -1,19 +1,24 @@
 //! The zeroer, on the metadata node: freed chunks are zeroed before they are allocated again
 //! (a new file must read zeros, never another file's data): locally by memset, on other nodes by
-//! one-sided writes of zeros over a data session of our own to each.
+//! one-sided writes of zeros over a data session of our own to each. The same sessions copy
+//! chunks for re-replication ([`Zeroer::read_chunk`], [`Zeroer::write_chunk`]).
 
 use std::collections::HashMap;
+use std::io;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
 use rdmabox::transport::RemoteAddr;
 use rfs_proto::data::DataSession;
+use rfs_proto::types::ChunkRef;
 
 use crate::meta::MetaState;
 use crate::node::Shared;
 
 pub(crate) struct Zeroer {
-    /// Sessions to the other data nodes, used only to zero their freed chunks.
+    /// Sessions to the other data nodes, reaching their whole pools: to zero freed chunks and
+    /// to copy replicas.
     sessions: Mutex<HashMap<u32, Arc<DataSession>>>,
     kick: Sender<()>,
 }
@@ -71,6 +76,66 @@ impl Zeroer {
         }
     }
 
+    /// The `len` bytes of `chunk` (on another node, or in this node's pool `local`), by a
+    /// one-sided READ given `limit` (a node that stopped must not hold its caller up; a
+    /// transfer given up on still owns its buffer).
+    pub(crate) fn read_chunk(
+        &self,
+        local: &Shared,
+        chunk: &ChunkRef,
+        len: usize,
+        limit: Duration,
+    ) -> io::Result<Vec<u8>> {
+        if chunk.node == 0 {
+            let mut buf = vec![0; len];
+            local.pool.read_at(local_offset(local, chunk)?, &mut buf)?;
+            return Ok(buf);
+        }
+        let d = self.session(chunk.node)?;
+        let at = RemoteAddr {
+            addr: chunk.addr,
+            rkey: d.pool.rkey,
+        };
+        d.session
+            .read_pending(at, vec![0; len])
+            .wait_timeout(limit)
+            .map_err(|e| io::Error::other(format!("reading data node {}: {e}", chunk.node)))
+    }
+
+    /// Writes `data` over the start of `chunk`, as [`Zeroer::read_chunk`] reads (a write given
+    /// up on may still land: before the zeros of the chunk's freeing, which follow it on the
+    /// same session).
+    pub(crate) fn write_chunk(
+        &self,
+        local: &Shared,
+        chunk: &ChunkRef,
+        data: Vec<u8>,
+        limit: Duration,
+    ) -> io::Result<()> {
+        if chunk.node == 0 {
+            return local.pool.write_at(local_offset(local, chunk)?, &data);
+        }
+        let d = self.session(chunk.node)?;
+        let at = RemoteAddr {
+            addr: chunk.addr,
+            rkey: d.pool.rkey,
+        };
+        d.session
+            .write_pending(at, data)
+            .wait_timeout(limit)
+            .map(drop)
+            .map_err(|e| io::Error::other(format!("writing data node {}: {e}", chunk.node)))
+    }
+
+    fn session(&self, node: u32) -> io::Result<Arc<DataSession>> {
+        self.sessions
+            .lock()
+            .unwrap()
+            .get(&node)
+            .cloned()
+            .ok_or_else(|| io::Error::other(format!("data node {node} has left")))
+    }
+
     /// Writes zeros over `addrs` on `node`, all in flight at once; returns those that took.
     fn zero_remote(&self, node: u32, addrs: Vec<u64>, chunk: usize) -> Vec<u64> {
         let Some(d) = self.sessions.lock().unwrap().get(&node).cloned() else {
@@ -97,4 +162,13 @@ impl Zeroer {
             })
             .collect()
     }
+}
+
+/// Where `chunk` of this node starts in its pool.
+fn local_offset(local: &Shared, chunk: &ChunkRef) -> io::Result<usize> {
+    chunk
+        .addr
+        .checked_sub(local.pool.addr())
+        .map(|o| o as usize)
+        .ok_or_else(|| io::Error::other(format!("chunk {:#x} is not in this pool", chunk.addr)))
 }

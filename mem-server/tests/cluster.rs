@@ -15,7 +15,7 @@ use rfs_proto::message::{
     Open, ReadDir, Release, Unlink,
 };
 use rfs_proto::types::{
-    Attr, Caller, ChunkRef, NodeInfo, Owner, StatFs, MAY_READ, MAY_WRITE, ROOT,
+    Attr, Caller, ChunkRef, NodeInfo, Owner, Replicas, StatFs, MAY_READ, MAY_WRITE, ROOT,
 };
 use rfs_proto::{Client, Errno, MetadataChannel};
 
@@ -64,9 +64,20 @@ fn attach_all(c: &Client) {
     }
 }
 
+/// A map of single-copy chunks, each by its one replica.
+fn single(map: Vec<(u64, Replicas)>) -> Vec<(u64, ChunkRef)> {
+    map.into_iter()
+        .map(|(i, r)| {
+            assert_eq!(r.len(), 1, "one copy of each chunk");
+            (i, r[0])
+        })
+        .collect()
+}
+
 fn allocate(c: &Client, ino: u64, first: u64, count: u32) -> Result<Vec<(u64, ChunkRef)>, Errno> {
     attach_all(c);
     c.call(Allocate { ino, first, count })
+        .map(single)
         .map_err(|e| e.errno())
 }
 
@@ -77,12 +88,14 @@ fn places(map: &[(u64, ChunkRef)]) -> Vec<(u64, u32, u64)> {
 
 fn chunk_map(c: &Client, ino: u64, count: u32) -> Vec<(u64, ChunkRef)> {
     attach_all(c);
-    c.call(ChunkMap {
-        ino,
-        first: 0,
-        count,
-    })
-    .unwrap()
+    single(
+        c.call(ChunkMap {
+            ino,
+            first: 0,
+            count,
+        })
+        .unwrap(),
+    )
 }
 
 fn statfs(c: &Client) -> StatFs {

@@ -77,6 +77,7 @@ fn file(c: &Client, name: &str, chunks: u32) -> (u64, Vec<ChunkRef>) {
             count: chunks,
         })
         .unwrap();
+    let map: Vec<(u64, ChunkRef)> = map.into_iter().map(|(i, r)| (i, r[0])).collect();
     for (i, ch) in &map {
         assert_ne!(ch.rkey, 0, "granted to an attached session");
         write(c, ch, ch.rkey, vec![*i as u8 + 1; 4096]).unwrap();
@@ -103,7 +104,7 @@ fn map(c: &Client, ino: u64) -> Vec<ChunkRef> {
             count: 16,
         })
         .unwrap();
-    m.into_iter().map(|(_, c)| c).collect()
+    m.into_iter().map(|(_, r)| r[0]).collect()
 }
 
 /// 4 KiB at the start of `chunk` through `c`'s data session, with remote key `rkey`.

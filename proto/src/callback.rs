@@ -24,6 +24,9 @@ wire_struct! {
         pub attr: Option<Attr>,
         /// The contents changed (a commit or a truncate): cached pages go too.
         pub data: bool,
+        /// The file's chunk map changed (a replica was dropped or added): drop every
+        /// reference and finish the transfers through them; sizes and contents are as they were.
+        pub remapped: bool,
     }
 }
 
@@ -147,6 +150,7 @@ mod tests {
                 chunks_from: Some(3),
                 attr: None,
                 data: true,
+                remapped: true,
             }],
             entries: vec![EntryChange {
                 parent: 1,
@@ -191,6 +195,7 @@ mod tests {
                 chunks_from: Some(0),
                 attr: None,
                 data: true,
+                remapped: false,
             })
             .collect();
         let parts = huge.split();

@@ -21,6 +21,7 @@ macro_rules! errnos {
 
 errnos!(
     EACCES,
+    EAGAIN,
     EBADF,
     EEXIST,
     EINVAL,

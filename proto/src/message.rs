@@ -8,7 +8,8 @@
 
 use crate::errno::Errno;
 use crate::types::{
-    Attr, AttrChanges, Caller, ChunkRef, DirEntry, FileKind, Ino, Name, NodeInfo, Owner, StatFs,
+    Attr, AttrChanges, Caller, ChunkRef, DirEntry, FileKind, Ino, Name, NodeInfo, Owner, Replicas,
+    StatFs,
 };
 use crate::wire::{bad, DecodeError, Reader, Wire, Writer};
 use crate::{wire_enum, wire_struct};
@@ -140,6 +141,14 @@ wire_struct! {
 }
 
 wire_struct! {
+    /// A write reached some replicas of chunk `index` of a file but not `failed` (their node
+    /// failed or stopped): they are dropped from the map, to be replaced from a replica that
+    /// has the write, before the write is answered. EIO if no other replica would be left.
+    #[derive(Clone, Debug, PartialEq)]
+    pub struct DropReplicas { pub ino: Ino, pub index: u64, pub failed: Vec<ChunkRef> }
+}
+
+wire_struct! {
     /// Records a client's writes: the size grows to `size`, the mtime is set.
     #[derive(Clone, Debug, PartialEq)]
     pub struct Commit { pub ino: Ino, pub size: u64, pub mtime: Option<crate::types::Timestamp> }
@@ -190,6 +199,7 @@ wire_enum! {
         19 => ListNodes,
         20 => Create,
         21 => AttachData,
+        22 => DropReplicas,
     }
 }
 
@@ -225,13 +235,14 @@ calls! {
     ReadDir => Vec<DirEntry>,
     Open => Attr,
     Release => (),
-    ChunkMap => Vec<(u64, ChunkRef)>,
-    Allocate => Vec<(u64, ChunkRef)>,
+    ChunkMap => Vec<(u64, Replicas)>,
+    Allocate => Vec<(u64, Replicas)>,
     Commit => Attr,
     GetStatFs => StatFs,
     ListNodes => Vec<NodeInfo>,
     Create => Attr,
     AttachData => (),
+    DropReplicas => (),
 }
 
 /// The bytes of reply that a readdir page may fill, in messages of `max_msg` bytes: what is
@@ -471,6 +482,16 @@ mod tests {
                 session: u64::MAX,
             }
             .into(),
+            DropReplicas {
+                ino: 4,
+                index: 2,
+                failed: vec![ChunkRef {
+                    node: 2,
+                    addr: 1 << 20,
+                    rkey: 0,
+                }],
+            }
+            .into(),
         ]
     }
 
@@ -500,7 +521,7 @@ mod tests {
                 ]),
             ),
             encode_reply(7, &Ok(Name::from("/x"))),
-            encode_reply(15, &Ok(vec![(0u64, chunk)])),
+            encode_reply(15, &Ok(vec![(0u64, vec![chunk, chunk])])),
             encode_reply(
                 18,
                 &Ok(StatFs {
@@ -509,6 +530,8 @@ mod tests {
                     chunks_free: 3,
                     inodes: 4,
                     lease_ms: 5,
+                    replicas: 2,
+                    chunks_short: 6,
                 }),
             ),
             encode_reply(
@@ -525,7 +548,7 @@ mod tests {
     #[test]
     fn every_request_round_trips_and_keeps_its_op() {
         let all = all_requests();
-        assert_eq!(all.len(), 21, "one of each");
+        assert_eq!(all.len(), 22, "one of each");
         for (i, r) in all.iter().enumerate() {
             assert_eq!(r.op() as usize, i + 1);
             assert_eq!(Request::decode(&r.encode()).unwrap(), *r);

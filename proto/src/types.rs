@@ -262,6 +262,13 @@ wire_struct! {
     }
 }
 
+/// Where one chunk of a file lives: one reference per replica, each on a different data node
+/// (as many as the file system's replica count, fewer while a lost one is being replaced).
+pub type Replicas = Vec<ChunkRef>;
+
+/// The most replicas a file system may keep of each chunk.
+pub const MAX_REPLICAS: u32 = 4;
+
 wire_struct! {
     /// A data node as the metadata service knows it.
     #[derive(Clone, Debug, PartialEq, Eq)]
@@ -291,6 +298,10 @@ wire_struct! {
         /// client's chunk references as dropped; clients refetch chunk maps older than this
         /// (less their I/O deadline), in milliseconds.
         pub lease_ms: u64,
+        /// Copies the file system keeps of each chunk.
+        pub replicas: u32,
+        /// Chunks with fewer copies than that, waiting to be copied again (0: all whole).
+        pub chunks_short: u64,
     }
 }
 

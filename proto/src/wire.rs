@@ -11,7 +11,9 @@ use crate::errno::Errno;
 
 /// The protocol version every message starts with. 2: requests are structs, and a reply
 /// carries its request's op and a status. 3: callbacks on a second queue pair, the lease in StatFs.
-pub const VERSION: u8 = 6;
+/// 7: chunk maps carry every replica of a chunk; DropReplicas; callbacks say when a map was
+/// remapped (replicas moved) rather than cut.
+pub const VERSION: u8 = 7;
 /// Bounds what one list (readdir page, chunk map, node list) may carry: a message is at most
 /// 64 KiB.
 pub const MAX_LIST: u32 = 256;

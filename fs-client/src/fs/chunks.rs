@@ -15,9 +15,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use rfs_proto::message::{Allocate, ChunkMap};
-use rfs_proto::types::{ChunkRef, Ino};
+use rfs_proto::types::{Ino, Replicas};
 use rfs_proto::wire::MAX_LIST;
-use rfs_proto::{Errno, MetadataChannel};
+use rfs_proto::{CallError, Errno, MetadataChannel};
 
 use super::error::{Error, Result};
 
@@ -25,9 +25,11 @@ use super::error::{Error, Result};
 const ALLOC_AHEAD: u64 = 16;
 /// Chunk references kept.
 const CAPACITY: usize = 1 << 16;
+/// How long a map fetch waits for a file whose chunks are being copied to new replicas.
+const FROZEN_WAIT: Duration = Duration::from_secs(30);
 
 struct Cached {
-    chunk: ChunkRef,
+    replicas: Replicas,
     /// When the fetch that brought it was sent.
     fetched: Instant,
 }
@@ -193,7 +195,8 @@ impl ChunkCache {
         } = &mut *files;
         for f in all.values_mut() {
             let before = f.chunks.len();
-            f.chunks.retain(|_, c| !nodes.contains(&c.chunk.node));
+            f.chunks
+                .retain(|_, c| c.replicas.iter().all(|r| !nodes.contains(&r.node)));
             *entries -= before - f.chunks.len();
             if f.chunks.len() != before || f.fetching > 0 {
                 // A fetch under way may bring keys of the old sessions.
@@ -214,9 +217,9 @@ impl ChunkCache {
         }
     }
 
-    /// The chunks `first..first+count` of `ino` (None: a hole), and the hold that keeps a
-    /// recall waiting until the transfer through them is done. With `allocate`, holes are
-    /// filled by the metadata node first.
+    /// The chunks `first..first+count` of `ino` (None: a hole), each with every replica, and
+    /// the hold that keeps a recall waiting until the transfer through them is done. With
+    /// `allocate`, holes are filled by the metadata node first.
     pub(crate) fn refs(
         self: &Arc<Self>,
         meta: &impl MetadataChannel,
@@ -224,7 +227,7 @@ impl ChunkCache {
         first: u64,
         count: u64,
         allocate: bool,
-    ) -> Result<(Vec<Option<ChunkRef>>, InFlight)> {
+    ) -> Result<(Vec<Option<Replicas>>, InFlight)> {
         let range = first..first + count;
         loop {
             let mut files = self.lock();
@@ -234,9 +237,9 @@ impl ChunkCache {
                 f.chunks
                     .get(&i)
                     .filter(|c| now.duration_since(c.fetched) < self.max_age)
-                    .map(|c| c.chunk)
+                    .map(|c| c.replicas.clone())
             };
-            let out: Vec<Option<ChunkRef>> = range.clone().map(|i| fresh(f, i)).collect();
+            let out: Vec<Option<Replicas>> = range.clone().map(|i| fresh(f, i)).collect();
             let Some(lo) = out.iter().position(Option::is_none) else {
                 return Ok((out, self.hold(f, ino)));
             };
@@ -270,15 +273,16 @@ impl ChunkCache {
             }
             let mut out = out;
             let mut added = 0;
-            for (i, chunk) in got {
+            for (i, replicas) in got {
                 if range.contains(&i) {
-                    out[(i - first) as usize] = Some(chunk);
+                    out[(i - first) as usize] = Some(replicas.clone());
                 }
-                if chunk.rkey == 0 {
+                if replicas.iter().all(|r| r.rkey == 0) {
                     continue; // not granted: asked for again once granted
                 }
                 let fetched = sent;
-                added += usize::from(f.chunks.insert(i, Cached { chunk, fetched }).is_none());
+                let cached = Cached { replicas, fetched };
+                added += usize::from(f.chunks.insert(i, cached).is_none());
             }
             if allocate && out.iter().any(Option::is_none) {
                 files.entries += added;
@@ -317,7 +321,7 @@ impl ChunkCache {
         start: u64,
         needed: u64,
         allocate: bool,
-    ) -> Result<Vec<(u64, ChunkRef)>> {
+    ) -> Result<Vec<(u64, Replicas)>> {
         if allocate && start >= 1 && needed < ALLOC_AHEAD {
             match Self::call(meta, ino, start, ALLOC_AHEAD, true) {
                 Err(e) if e.errno() == Errno::ENOSPC => {}
@@ -333,26 +337,51 @@ impl ChunkCache {
         mut start: u64,
         mut want: u64,
         allocate: bool,
-    ) -> Result<Vec<(u64, ChunkRef)>> {
+    ) -> Result<Vec<(u64, Replicas)>> {
         let mut all = Vec::new();
         while want > 0 {
             let count = want.min(MAX_LIST as u64) as u32;
             let first = start;
-            all.extend(if allocate {
-                meta.call(Allocate { ino, first, count })?
-            } else {
-                meta.call(ChunkMap { ino, first, count })?
-            });
+            all.extend(Self::while_frozen(ino, || {
+                if allocate {
+                    meta.call(Allocate { ino, first, count })
+                } else {
+                    meta.call(ChunkMap { ino, first, count })
+                }
+            })?);
             start += count as u64;
             want -= count as u64;
         }
         Ok(all)
+    }
+
+    /// Asks again while the metadata node answers EAGAIN: the file's chunks are being copied
+    /// to new replicas (milliseconds, or a lease if a holder of its map is silent).
+    fn while_frozen<T>(ino: Ino, mut call: impl FnMut() -> Result<T, CallError>) -> Result<T> {
+        let give_up = Instant::now() + FROZEN_WAIT;
+        let mut pause = Duration::from_millis(1);
+        loop {
+            match call() {
+                Err(CallError::Remote(Errno::EAGAIN)) if Instant::now() < give_up => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(50));
+                }
+                Err(CallError::Remote(Errno::EAGAIN)) => {
+                    return Err(Error::new(
+                        Errno::EIO,
+                        format!("the chunks of inode {ino} stayed frozen for {FROZEN_WAIT:?}"),
+                    ))
+                }
+                r => return r.map_err(Error::from),
+            }
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rfs_proto::types::ChunkRef;
     use std::io;
 
     /// A metadata node whose map of inode 1 is chunks at addresses 1000 + index, and which
@@ -370,8 +399,8 @@ mod tests {
                 Request::Allocate(m) => (m_op(&m), m.first, m.count),
                 _ => unreachable!(),
             };
-            let map: Vec<(u64, ChunkRef)> = (first..first + count as u64)
-                .map(|i| (i, chunk(i)))
+            let map: Vec<(u64, Replicas)> = (first..first + count as u64)
+                .map(|i| (i, vec![chunk(i)]))
                 .collect();
             Ok(encode_reply(op, &Ok(map)))
         }
@@ -399,7 +428,7 @@ mod tests {
         let c = cache();
         let meta = Maps(Mutex::default());
         let (refs, hold) = c.refs(&meta, 1, 0, 4, false).unwrap();
-        assert_eq!(refs[3], Some(chunk(3)));
+        assert_eq!(refs[3], Some(vec![chunk(3)]));
         let recalled = {
             let c = c.clone();
             std::thread::spawn(move || {
@@ -436,7 +465,10 @@ mod tests {
             c2.recall(1, 0, Duration::from_secs(1));
         }));
         let (refs, _hold) = c.refs(&meta, 1, 0, 3, false).unwrap();
-        assert_eq!(refs, vec![Some(chunk(0)), Some(chunk(1)), Some(chunk(2))]);
+        assert_eq!(
+            refs,
+            vec![Some(vec![chunk(0)]), Some(vec![chunk(1)]), Some(vec![chunk(2)])]
+        );
         assert!(
             meta.0.lock().unwrap().is_none(),
             "fetched again after the recall"

@@ -61,7 +61,9 @@ impl<B: Backend> Rfs<B> {
     pub fn on_callback(&self, cb: Callback) {
         let invalidates = !cb.inodes.is_empty() || !cb.entries.is_empty();
         for inv in &cb.inodes {
-            if let Some(from) = inv.chunks_from {
+            // Replicas moved: the whole map goes (and the transfers through it finish).
+            let recall_from = if inv.remapped { Some(0) } else { inv.chunks_from };
+            if let Some(from) = recall_from {
                 self.chunks.recall(inv.ino, from, self.lease);
             }
             if let Some(a) = &inv.attr {

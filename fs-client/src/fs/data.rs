@@ -6,10 +6,11 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use rfs_proto::types::{ChunkRef, Ino};
+use rfs_proto::message::DropReplicas;
+use rfs_proto::types::{ChunkRef, Ino, Replicas};
 use rfs_proto::Errno;
 
-use super::backend::Backend;
+use super::backend::{Backend, DataDone};
 use super::chunks::InFlight;
 use super::error::{Error, Result};
 use super::stats::{ClientStats, STATS_INO};
@@ -50,65 +51,60 @@ fn segments(offset: u64, len: usize, chunk: u64) -> Vec<Segment> {
 }
 
 impl<B: Backend> Rfs<B> {
-    /// The references of chunks `first..first+count` of `ino`, held, with a data session to
+    /// The replicas of chunks `first..first+count` of `ino`, held, with a data session to
     /// each node they are on, granted to it: connecting may take metadata calls, which must
     /// not happen while the references are held (a recall of them may be what the metadata
-    /// node is busy with). A chunk not granted (key 0) means our data session there is not
+    /// node is busy with). A replica not granted (key 0) means our data session there is not
     /// attached to our metadata session (first use, or the metadata node lost the session):
-    /// attach, and ask again. A node that failed moments ago fails the transfer at once
-    /// (EIO), without a metadata call.
+    /// attach, and ask again. A write needs every replica, a read one per chunk. Nodes that
+    /// failed moments ago are not dialled: transfers there fail at once (a read then tries
+    /// another replica, a write drops it).
     fn refs(
         &self,
         ino: Ino,
         first: u64,
         count: u64,
         allocate: bool,
-    ) -> Result<(Vec<Option<ChunkRef>>, InFlight)> {
+    ) -> Result<(Vec<Option<Replicas>>, InFlight)> {
         for attempt in 0.. {
             let (refs, hold) = self
                 .chunks
                 .refs(&self.meta(), ino, first, count, allocate)?;
-            let disconnected: Vec<u32> = refs
-                .iter()
-                .flatten()
-                .map(|c| c.node)
-                .filter(|&n| !self.backend.is_connected(n))
-                .collect();
-            let ungranted: Vec<u32> = refs
-                .iter()
-                .flatten()
-                .filter(|c| c.rkey == 0)
-                .map(|c| c.node)
-                .collect();
-            // A session lost again at once fails the transfer in the backend (EIO).
-            if disconnected.is_empty() && ungranted.is_empty() {
+            let usable = |c: &ChunkRef| c.rkey != 0 && self.backend.is_connected(c.node);
+            let mut disconnected = Vec::new();
+            let mut ungranted = Vec::new();
+            for replicas in refs.iter().flatten() {
+                // A read needs one usable replica, a write all (one it cannot use is dropped
+                // from the map, so first use connects); a replica still not granted on a
+                // session we have is asked again only if there is no other.
+                let any_usable = replicas.iter().any(usable);
+                for c in replicas.iter().filter(|c| !self.backend.is_down(c.node)) {
+                    if !self.backend.is_connected(c.node) && (allocate || !any_usable) {
+                        disconnected.push(c.node);
+                    } else if c.rkey == 0 && !any_usable {
+                        ungranted.push(c.node);
+                    }
+                }
+            }
+            disconnected.sort_unstable();
+            disconnected.dedup();
+            if (disconnected.is_empty() && ungranted.is_empty()) || attempt == 2 {
+                // What is still unusable fails in the transfer.
                 return Ok((refs, hold));
             }
             drop(hold);
-            if attempt == 2 {
-                return Err(Error::new(
-                    Errno::EIO,
-                    format!("chunks of inode {ino} on nodes {ungranted:?} {disconnected:?} were not granted to this client"),
-                ));
-            }
-            let mut missing = [disconnected.clone(), ungranted].concat();
-            missing.sort_unstable();
-            missing.dedup();
-            // A node that failed moments ago fails this at once, and the cached maps stay
-            // (fetching them again would have the metadata node grant on the dead node).
-            if let Some(node) = missing.iter().find(|&&n| self.backend.is_down(n)) {
-                return Err(Error::new(
-                    Errno::EIO,
-                    format!("data node {node} failed moments ago"),
-                ));
-            }
             if !disconnected.is_empty() {
                 // Keys granted to a session that is gone would be refused on its successor:
                 // forgotten before it exists, so that no transfer carries one there.
                 self.chunks.forget_nodes(&disconnected);
             }
+            let mut missing = [disconnected, ungranted].concat();
+            missing.sort_unstable();
+            missing.dedup();
             for node in missing {
-                self.backend.connect(node)?;
+                if let Err(e) = self.backend.connect(node) {
+                    log::warn!("inode {ino}: {e}");
+                }
             }
         }
         unreachable!("the loop returns by its third attempt")
@@ -119,8 +115,176 @@ impl<B: Backend> Rfs<B> {
         ClientStats::add(&stats.io_errors, 1);
     }
 
+    /// Reads `len` bytes at `offset` of a chunk from one of its replicas, and from the next
+    /// one if that fails (an error, or the deadline): replicas take turns, so that reads
+    /// spread over them; those on nodes that failed moments ago come last.
+    fn read_replicas(
+        self: &Arc<Self>,
+        mut replicas: Replicas,
+        offset: u64,
+        len: usize,
+        done: DataDone,
+    ) {
+        if replicas.len() > 1 {
+            let turn = self.next_replica.fetch_add(1, Ordering::Relaxed) % replicas.len();
+            replicas.rotate_left(turn);
+            let chosen = replicas[0];
+            // Stable: the turn order stays among equals.
+            replicas.sort_by_key(|c| c.rkey == 0 || self.backend.is_down(c.node));
+            if replicas[0] != chosen {
+                ClientStats::add(&self.stats.failovers, 1);
+            }
+        }
+        self.read_from(replicas, 0, offset, len, None, done);
+    }
+
+    /// [`Self::read_replicas`] from replica `k` on; `failure` is the first one's error.
+    fn read_from(
+        self: &Arc<Self>,
+        replicas: Replicas,
+        k: usize,
+        offset: u64,
+        len: usize,
+        failure: Option<Error>,
+        done: DataDone,
+    ) {
+        let Some(&c) = replicas.get(k) else {
+            return done(Err(failure.expect("at least one replica was tried")));
+        };
+        if k > 0 {
+            ClientStats::add(&self.stats.failovers, 1);
+        }
+        if c.rkey == 0 {
+            let e = not_granted(&c);
+            return self.read_from(replicas, k + 1, offset, len, failure.or(Some(e)), done);
+        }
+        let fs = self.clone();
+        self.backend.read(
+            &c,
+            offset,
+            vec![0; len],
+            Box::new(move |r| match r {
+                Ok(data) => done(Ok(data)),
+                Err(e) => {
+                    if k + 1 < replicas.len() {
+                        log::warn!("{e}: reading another replica");
+                    }
+                    fs.read_from(replicas, k + 1, offset, len, failure.or(Some(e)), done)
+                }
+            }),
+        );
+    }
+
+    /// Writes `data` at `offset` of chunk `index` of `ino` to every replica at once; `done`
+    /// gets Ok once each replica has it or was dropped from the map because it could not get
+    /// it (before the answer: a read must not find the old bytes there), or the first error
+    /// if no replica got it.
+    fn write_replicas(
+        self: &Arc<Self>,
+        ino: Ino,
+        index: u64,
+        replicas: Replicas,
+        offset: u64,
+        data: Vec<u8>,
+        done: Finish,
+    ) {
+        let fanout = Arc::new(Fanout {
+            replicas: replicas.len(),
+            state: Mutex::new((replicas.len(), Vec::new(), None)),
+            done: Mutex::new(Some(done)),
+        });
+        let last = replicas.len() - 1;
+        let mut data = Some(data);
+        for (k, c) in replicas.into_iter().enumerate() {
+            let bytes = if k == last {
+                data.take().expect("the last replica takes the buffer")
+            } else {
+                data.clone().expect("kept for the last replica")
+            };
+            if c.rkey == 0 {
+                self.replica_written(&fanout, ino, index, c, Err(not_granted(&c)));
+                continue;
+            }
+            let (fs, fanout) = (self.clone(), fanout.clone());
+            self.backend.write(
+                &c,
+                offset,
+                bytes,
+                Box::new(move |r| fs.replica_written(&fanout, ino, index, c, r.map(drop))),
+            );
+        }
+    }
+
+    /// One replica of a [`Self::write_replicas`] is done; the last one answers.
+    fn replica_written(
+        self: &Arc<Self>,
+        fanout: &Fanout,
+        ino: Ino,
+        index: u64,
+        c: ChunkRef,
+        r: Result<()>,
+    ) {
+        let (failed, failure, all) = {
+            let mut st = fanout.state.lock().unwrap();
+            if let Err(e) = r {
+                log::warn!("{e}");
+                st.1.push(c);
+                st.2.get_or_insert(e);
+            }
+            st.0 -= 1;
+            if st.0 > 0 {
+                return;
+            }
+            let all = st.1.len();
+            (std::mem::take(&mut st.1), st.2.take(), all)
+        };
+        let done = fanout.done.lock().unwrap().take().expect("answered once");
+        let Some(failure) = failure else {
+            return done(Ok(()));
+        };
+        if all == fanout.replicas {
+            return done(Err(failure));
+        }
+        // Dropping takes a metadata call: not on the completion path (a poller thread).
+        let fs = self.clone();
+        let slot = Arc::new(Mutex::new(Some(done)));
+        let answer = slot.clone();
+        let spawned = std::thread::Builder::new()
+            .name("drop-replicas".into())
+            .spawn(move || {
+                let r = fs.drop_replicas(ino, index, failed);
+                if let Some(done) = answer.lock().unwrap().take() {
+                    done(r);
+                }
+            });
+        if let Err(e) = spawned {
+            if let Some(done) = slot.lock().unwrap().take() {
+                done(Err(Error::new(
+                    Errno::EIO,
+                    format!("no thread to drop replicas that missed a write: {e}"),
+                )));
+            }
+        }
+    }
+
+    /// Has the metadata node drop the replicas of chunk `index` that a write could not reach,
+    /// and forgets our own map of them.
+    fn drop_replicas(&self, ino: Ino, index: u64, failed: Replicas) -> Result<()> {
+        let n = failed.len() as u64;
+        self.call(DropReplicas { ino, index, failed })
+            .map_err(|e| {
+                Error::new(
+                    Errno::EIO,
+                    format!("inode {ino} chunk {index}: a write missed {n} replicas, which could not be dropped: {e}"),
+                )
+            })?;
+        ClientStats::add(&self.stats.replicas_dropped, n);
+        self.chunks.forget(ino, index);
+        Ok(())
+    }
+
     /// Reads up to `len` bytes at `offset`; `done` gets them (short at end of file).
-    pub fn read(&self, ino: Ino, offset: u64, len: usize, done: ReadDone) {
+    pub fn read(self: &Arc<Self>, ino: Ino, offset: u64, len: usize, done: ReadDone) {
         if ino == STATS_INO {
             return done(Ok(self.stats_read(offset, len)));
         }
@@ -141,14 +305,14 @@ impl<B: Backend> Rfs<B> {
         ClientStats::add(&self.stats.bytes_read, len as u64);
         // One segment in one chunk (the common case): hand the transfer's buffer straight back.
         if let [s] = segs.as_slice() {
-            let Some(c) = refs[0] else {
+            let Some(replicas) = refs.into_iter().next().flatten() else {
                 return done(Ok(vec![0; len])); // a hole
             };
             let stats = self.stats.clone();
-            return self.backend.read(
-                &c,
+            return self.read_replicas(
+                replicas,
                 s.offset_in_chunk,
-                vec![0; len],
+                len,
                 Box::new(move |r| {
                     drop(hold);
                     if r.is_err() {
@@ -170,15 +334,15 @@ impl<B: Backend> Rfs<B> {
             )
         };
         for (s, r) in segs.iter().zip(refs) {
-            let Some(c) = r else {
+            let Some(replicas) = r else {
                 job.part_done(); // a hole: zeros already
                 continue;
             };
             let (job, buf, at, stats) = (job.clone(), buf.clone(), s.at, self.stats.clone());
-            self.backend.read(
-                &c,
+            self.read_replicas(
+                replicas,
                 s.offset_in_chunk,
-                vec![0; s.len],
+                s.len,
                 Box::new(move |r| {
                     match r {
                         Ok(data) => buf.lock().unwrap()[at..at + data.len()].copy_from_slice(&data),
@@ -194,7 +358,7 @@ impl<B: Backend> Rfs<B> {
     }
 
     /// Writes `data` at `offset`; `done` gets the byte count once every piece is in remote
-    /// memory.
+    /// memory, on every replica.
     pub fn write(self: &Arc<Self>, ino: Ino, offset: u64, data: &[u8], done: WriteDone) {
         if ino == STATS_INO {
             return done(Err(Errno::EACCES.into()));
@@ -223,10 +387,12 @@ impl<B: Backend> Rfs<B> {
             )
         };
         for (s, r) in segs.iter().zip(refs) {
-            let c = r.expect("allocated above");
+            let replicas = r.expect("allocated above");
             let (job, stats) = (job.clone(), self.stats.clone());
-            self.backend.write(
-                &c,
+            self.write_replicas(
+                ino,
+                s.index,
+                replicas,
                 s.offset_in_chunk,
                 data[s.at..s.at + s.len].to_vec(),
                 Box::new(move |r| {
@@ -242,7 +408,7 @@ impl<B: Backend> Rfs<B> {
 
     /// On truncation inside a chunk, zeroes the rest of that chunk (up to the old size), so
     /// that growing the file again reads zeros there and not the old bytes.
-    pub(crate) fn zero_tail(&self, ino: Ino, new: u64, old: u64) -> Result<()> {
+    pub(crate) fn zero_tail(self: &Arc<Self>, ino: Ino, new: u64, old: u64) -> Result<()> {
         let in_chunk = new % self.chunk_size;
         if in_chunk == 0 {
             return Ok(());
@@ -250,24 +416,42 @@ impl<B: Backend> Rfs<B> {
         let index = new / self.chunk_size;
         let end = ((index + 1) * self.chunk_size).min(old);
         let (refs, _hold) = self.refs(ino, index, 1, false)?;
-        let Some(chunk) = refs[0] else {
+        let Some(replicas) = refs.into_iter().next().flatten() else {
             return Ok(());
         };
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        self.backend.write(
-            &chunk,
+        self.write_replicas(
+            ino,
+            index,
+            replicas,
             in_chunk,
             vec![0; (end - new) as usize],
             Box::new(move |r| drop(tx.send(r))),
         );
         match rx.recv() {
-            Ok(r) => r.map(drop),
+            Ok(r) => r,
             Err(_) => Err(Error::new(
                 Errno::EIO,
                 "zeroing a truncated tail: no answer",
             )),
         }
     }
+}
+
+/// The error of a replica our session was not granted.
+fn not_granted(c: &ChunkRef) -> Error {
+    Error::new(
+        Errno::EIO,
+        format!("data node {}: the chunk was not granted to this client", c.node),
+    )
+}
+
+/// One write going to every replica of a chunk: (replicas still to answer, those that failed,
+/// the first failure), and what to do once all answered.
+struct Fanout {
+    replicas: usize,
+    state: Mutex<(usize, Replicas, Option<Error>)>,
+    done: Mutex<Option<Finish>>,
 }
 
 /// What a split request does once all its pieces are done: Ok, or the first failure.

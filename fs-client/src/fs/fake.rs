@@ -1,6 +1,6 @@
 //! An in-memory stand-in for the nodes, for unit tests of the file system's logic: a tiny
 //! metadata service (the calls the data path and close-to-open use) and chunk memory on two
-//! "nodes", answering synchronously. Several [`Rfs`](super::Rfs) over one [`FakeCluster`] are
+//! "nodes" (three when chunks have replicas), answering synchronously. Several [`Rfs`](super::Rfs) over one [`FakeCluster`] are
 //! several clients.
 
 use std::collections::{BTreeMap, HashMap};
@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use rdmabox::Snapshot;
 use rfs_proto::message::{decode_reply, encode_reply, Call, Request, RequestOp};
-use rfs_proto::types::{Attr, ChunkRef, FileKind, Ino, Owner, StatFs, Timestamp, ROOT};
+use rfs_proto::types::{Attr, ChunkRef, FileKind, Ino, Owner, Replicas, StatFs, Timestamp, ROOT};
 use rfs_proto::{Errno, MetadataChannel};
 
 use super::backend::{Backend, DataDone};
@@ -21,7 +21,9 @@ const NODES: u32 = 2;
 #[derive(Default)]
 struct State {
     files: HashMap<Ino, Attr>,
-    chunks: BTreeMap<(Ino, u64), ChunkRef>,
+    chunks: BTreeMap<(Ino, u64), Replicas>,
+    /// Copies of each chunk, on nodes `0..replicas + 1` (1 when 0: on two nodes).
+    replicas: usize,
     /// The bytes of every allocated chunk, by (node, address).
     memory: HashMap<(u32, u64), Vec<u8>>,
     next_addr: u64,
@@ -57,6 +59,18 @@ impl FakeCluster {
     /// Makes every transfer to `node` fail (None: none).
     pub(crate) fn fail_node(&self, node: Option<u32>) {
         self.state.lock().unwrap().failing_node = node;
+    }
+
+    /// A cluster that keeps `n` copies of each chunk, over `n + 1` nodes.
+    pub(crate) fn with_replicas(n: usize) -> Arc<FakeCluster> {
+        let c = FakeCluster::default();
+        c.state.lock().unwrap().replicas = n;
+        Arc::new(c)
+    }
+
+    /// The replicas of chunk `index` of `ino`.
+    pub(crate) fn replicas(&self, ino: Ino, index: u64) -> Replicas {
+        self.state.lock().unwrap().chunks[&(ino, index)].clone()
     }
 
     /// The size the "metadata node" has for `ino`.
@@ -102,6 +116,8 @@ impl FakeCluster {
                     chunks_free: 1 << 20,
                     inodes: st.files.len() as u64,
                     lease_ms: 10_000,
+                    replicas: st.replicas.max(1) as u32,
+                    chunks_short: 0,
                 }),
             ),
             Request::Mknod(m) => answer(m, Ok(make(st, m.kind, m.owner, m.rdev))),
@@ -130,19 +146,43 @@ impl FakeCluster {
             }
             Request::ChunkMap(m) => answer(m, Ok(map(st, m.ino, m.first, m.count))),
             Request::Allocate(m) => {
+                let (copies, nodes) = match st.replicas {
+                    0 => (1, NODES as u64),
+                    n => (n, n as u64 + 1),
+                };
                 for idx in m.first..m.first + m.count as u64 {
                     if !st.chunks.contains_key(&(m.ino, idx)) {
-                        let c = ChunkRef {
-                            node: (st.next_addr / CHUNK % NODES as u64) as u32,
-                            addr: st.next_addr,
-                            rkey: 1,
-                        };
+                        let first = st.next_addr / CHUNK;
+                        let replicas: Replicas = (0..copies as u64)
+                            .map(|k| ChunkRef {
+                                node: ((first + k) % nodes) as u32,
+                                addr: st.next_addr,
+                                rkey: 1,
+                            })
+                            .collect();
                         st.next_addr += CHUNK;
-                        st.memory.insert((c.node, c.addr), vec![0; CHUNK as usize]);
-                        st.chunks.insert((m.ino, idx), c);
+                        for c in &replicas {
+                            st.memory.insert((c.node, c.addr), vec![0; CHUNK as usize]);
+                        }
+                        st.chunks.insert((m.ino, idx), replicas);
                     }
                 }
                 answer(m, Ok(map(st, m.ino, m.first, m.count)))
+            }
+            Request::DropReplicas(m) => {
+                let r = match st.chunks.get_mut(&(m.ino, m.index)) {
+                    Some(replicas) => {
+                        let failed = |c: &ChunkRef| m.failed.iter().any(|f| f.node == c.node);
+                        if replicas.iter().all(failed) {
+                            Err(Errno::EIO)
+                        } else {
+                            replicas.retain(|c| !failed(c));
+                            Ok(())
+                        }
+                    }
+                    None => Ok(()),
+                };
+                answer(m, r)
             }
             other => {
                 let op = other.op() as u8;
@@ -176,10 +216,10 @@ impl FakeCluster {
     }
 }
 
-fn map(st: &State, ino: Ino, first: u64, count: u32) -> Vec<(u64, ChunkRef)> {
+fn map(st: &State, ino: Ino, first: u64, count: u32) -> Vec<(u64, Replicas)> {
     st.chunks
         .range((ino, first)..(ino, first + count as u64))
-        .map(|(&(_, idx), &c)| (idx, c))
+        .map(|(&(_, idx), c)| (idx, c.clone()))
         .collect()
 }
 

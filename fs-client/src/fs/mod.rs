@@ -25,7 +25,7 @@ mod tests;
 
 use std::collections::HashMap;
 use std::fmt::Debug;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -62,6 +62,8 @@ pub struct Rfs<B: Backend = Client> {
     /// Open handles: the file and the access each was opened with.
     handles: Mutex<HashMap<u64, (Ino, u8)>>,
     next_fh: AtomicU64,
+    /// Whose turn it is among a chunk's replicas, for the next read.
+    next_replica: AtomicUsize,
     stats: Arc<ClientStats>,
 }
 
@@ -98,6 +100,7 @@ impl<B: Backend> Rfs<B> {
             open: Mutex::new(HashMap::new()),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
+            next_replica: AtomicUsize::new(0),
             stats,
         })
     }
@@ -143,7 +146,12 @@ impl<B: Backend> Rfs<B> {
 
     /// chmod, chown, utimens and truncate. A truncation commits our writes first and zeroes
     /// the rest of the last chunk kept, so that growing the file again reads zeros.
-    pub fn setattr(&self, ino: Ino, changes: AttrChanges, caller: &Caller) -> Result<Attr> {
+    pub fn setattr(
+        self: &Arc<Self>,
+        ino: Ino,
+        changes: AttrChanges,
+        caller: &Caller,
+    ) -> Result<Attr> {
         if ino == STATS_INO {
             return Err(Errno::EACCES.into());
         }
@@ -164,7 +172,12 @@ impl<B: Backend> Rfs<B> {
         }
     }
 
-    fn truncate_and_set(&self, ino: Ino, changes: AttrChanges, caller: &Caller) -> Result<Attr> {
+    fn truncate_and_set(
+        self: &Arc<Self>,
+        ino: Ino,
+        changes: AttrChanges,
+        caller: &Caller,
+    ) -> Result<Attr> {
         if let Some(new) = changes.size {
             self.commit(ino)?;
             let old = self.getattr(ino)?.size;

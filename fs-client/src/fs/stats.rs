@@ -22,6 +22,10 @@ pub(crate) struct ClientStats {
     pub(crate) bytes_written: AtomicU64,
     pub(crate) metadata_ops: AtomicU64,
     pub(crate) io_errors: AtomicU64,
+    /// Reads that went on to another replica after one failed.
+    pub(crate) failovers: AtomicU64,
+    /// Replicas dropped from maps because a write could not reach them.
+    pub(crate) replicas_dropped: AtomicU64,
 }
 
 impl ClientStats {
@@ -53,7 +57,7 @@ impl<B: Backend> Rfs<B> {
     pub fn stats_text(&self) -> String {
         let s = &self.stats;
         format!(
-            "transport {}\nreads {}\nwrites {}\nfile_bytes_read {}\nfile_bytes_written {}\nmetadata_ops {}\nio_errors {}\nopen_files {}\ncached_chunks {}\nchunk_size {}\n{}",
+            "transport {}\nreads {}\nwrites {}\nfile_bytes_read {}\nfile_bytes_written {}\nmetadata_ops {}\nio_errors {}\nfailovers {}\nreplicas_dropped {}\nopen_files {}\ncached_chunks {}\nchunk_size {}\n{}",
             self.backend.transport(),
             s.reads.load(Relaxed),
             s.writes.load(Relaxed),
@@ -61,6 +65,8 @@ impl<B: Backend> Rfs<B> {
             s.bytes_written.load(Relaxed),
             s.metadata_ops.load(Relaxed),
             s.io_errors.load(Relaxed),
+            s.failovers.load(Relaxed),
+            s.replicas_dropped.load(Relaxed),
             self.open_file_count(),
             self.chunks.len(),
             self.chunk_size,

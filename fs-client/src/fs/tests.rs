@@ -42,7 +42,7 @@ fn write(fs: &Arc<Rfs<Fake>>, ino: Ino, offset: u64, data: &[u8]) -> Result<u32>
     rx.recv().unwrap()
 }
 
-fn read(fs: &Rfs<Fake>, ino: Ino, offset: u64, len: usize) -> Result<Vec<u8>> {
+fn read(fs: &Arc<Rfs<Fake>>, ino: Ino, offset: u64, len: usize) -> Result<Vec<u8>> {
     let (tx, rx) = mpsc::channel();
     fs.read(ino, offset, len, Box::new(move |r| tx.send(r).unwrap()));
     rx.recv().unwrap()
@@ -249,4 +249,60 @@ fn the_stats_file_reads_and_refuses_writes() {
     assert!(text.starts_with("transport fake\n"), "{text}");
     let e = write(&fs, attr.ino, 0, b"x").unwrap_err();
     assert_eq!(e.errno(), Errno::EACCES);
+}
+
+#[test]
+fn reads_fail_over_between_replicas_and_writes_drop_the_ones_they_miss() {
+    let cluster = FakeCluster::with_replicas(2);
+    let fs = client(&cluster);
+    let ino = create(&fs, "f");
+    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+    let first = pattern(3 * CHUNK as usize, 1);
+    write(&fs, ino, 0, &first).unwrap();
+    for i in 0..3 {
+        assert_eq!(cluster.replicas(ino, i).len(), 2, "chunk {i}");
+    }
+    cluster.fail_node(Some(1));
+    // Every read is answered, from whichever replica is left, turn after turn.
+    for _ in 0..4 {
+        assert_eq!(read(&fs, ino, 0, first.len()).unwrap(), first);
+    }
+    let stats = fs.stats_text();
+    assert!(stats.contains("io_errors 0"), "{stats}");
+    assert!(!stats.contains("failovers 0\n"), "{stats}");
+    // A write reaches the replicas that are left; those it missed leave the map first, so no
+    // read can find the old bytes there later.
+    let second = pattern(3 * CHUNK as usize, 2);
+    write(&fs, ino, 0, &second).unwrap();
+    let on_failed = (0..3)
+        .flat_map(|i| cluster.replicas(ino, i))
+        .filter(|c| c.node == 1)
+        .count();
+    assert_eq!(on_failed, 0, "dropped from every chunk it held");
+    assert!(
+        fs.stats_text().contains("replicas_dropped 2"),
+        "{}",
+        fs.stats_text()
+    );
+    cluster.fail_node(None);
+    for _ in 0..4 {
+        assert_eq!(read(&fs, ino, 0, second.len()).unwrap(), second);
+    }
+    // A chunk whose only replica left fails, as it must.
+    let lone = (0..3)
+        .find(|&i| cluster.replicas(ino, i).len() == 1)
+        .expect("a chunk that lost a replica");
+    cluster.fail_node(Some(cluster.replicas(ino, lone)[0].node));
+    let at = lone * CHUNK;
+    assert_eq!(
+        read(&fs, ino, at, 100).unwrap_err().errno(),
+        Errno::EIO,
+        "no replica left to read"
+    );
+    assert_eq!(
+        write(&fs, ino, at, b"x").unwrap_err().errno(),
+        Errno::EIO,
+        "no replica left to write"
+    );
+    fs.release(fh).unwrap();
 }

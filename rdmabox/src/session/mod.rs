@@ -172,6 +172,16 @@ impl Pending {
     pub fn wait(self) -> Result<Vec<u8>, IoError> {
         self.0.recv().unwrap_or(Err(IoError::Closed))
     }
+
+    /// Like [`Pending::wait`], giving up with [`IoError::TimedOut`] after `limit`: the request
+    /// goes on (its buffer is its own until it completes), only nobody waits for it.
+    pub fn wait_timeout(self, limit: std::time::Duration) -> Result<Vec<u8>, IoError> {
+        match self.0.recv_timeout(limit) {
+            Ok(r) => r,
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(IoError::TimedOut(limit)),
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(IoError::Closed),
+        }
+    }
 }
 
 impl Session {

@@ -1,0 +1,312 @@
+//! Re-replication, on the metadata node: chunks with fewer copies than the file system keeps
+//! (their node died, a write could not reach a copy, or they were allocated while too few nodes
+//! were up) get new copies on other live nodes, copied one-sidedly from a survivor through the
+//! metadata node's own data sessions (the data nodes' CPUs do nothing), at a bounded rate.
+//!
+//! A file's copies are made while its map is frozen: every holder of the map is told to drop
+//! it (a holder answers once its transfers through it are done), and no map of the file is
+//! handed out until the copies are in it (clients ask again). So no write can reach a survivor
+//! after the copy read it and miss the new copy; a holder that cannot be asked is waited out
+//! for its lease, as for freed chunks. Nodes that just failed a write (a client's, or a copy)
+//! get no new copies for a while, so that a stopped node does not keep files frozen.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use rfs_proto::types::{ChunkRef, Ino};
+
+use crate::admission::RateLimitedLog;
+use crate::coherence::{Change, Countdown};
+use crate::meta::{MetaService, MetaState};
+use crate::node::Shared;
+
+/// Chunks looked at per pass, and copied per freeze of one file.
+const PASS: usize = 1024;
+const PER_FREEZE: usize = 16;
+/// How often the whole namespace is checked without a kick (a kick comes with every node that
+/// joins or leaves and every replica dropped).
+const SWEEP: Duration = Duration::from_secs(30);
+/// How long one copy's READ or WRITE may take before the copy is given up (and tried again).
+const COPY_LIMIT: Duration = Duration::from_secs(2);
+/// How long after a pass that copied nothing the next is tried.
+const RETRY: Duration = Duration::from_secs(1);
+/// How long a node that failed a write gets no new copies.
+const AVOID: Duration = Duration::from_secs(30);
+
+pub(crate) struct Repair {
+    kick: Sender<()>,
+    wake: Receiver<()>,
+    /// Bytes per second copies may take.
+    rate: u64,
+    /// Chunks short of copies, as last counted.
+    short: AtomicU64,
+    copied_chunks: AtomicU64,
+    copied_bytes: AtomicU64,
+    /// Nodes that failed a write, and until when they get no new copies.
+    avoid: Mutex<HashMap<u32, Instant>>,
+    degraded: Mutex<RateLimitedLog>,
+}
+
+impl Repair {
+    pub(crate) fn new(rate: u64) -> Repair {
+        let (kick, wake) = crossbeam_channel::bounded(1);
+        Repair {
+            kick,
+            wake,
+            rate,
+            short: AtomicU64::new(0),
+            copied_chunks: AtomicU64::new(0),
+            copied_bytes: AtomicU64::new(0),
+            avoid: Mutex::new(HashMap::new()),
+            degraded: Mutex::new(RateLimitedLog::new(Duration::from_secs(10))),
+        }
+    }
+
+    /// Says there may be chunks to copy.
+    pub(crate) fn kick(&self) {
+        let _ = self.kick.try_send(());
+    }
+
+    /// Chunks short of copies, as last counted.
+    pub(crate) fn short(&self) -> u64 {
+        self.short.load(Ordering::Relaxed)
+    }
+
+    /// `n` more chunks are short of a copy (counted under the state lock, before a kick).
+    pub(crate) fn lost(&self, n: usize) {
+        self.short.fetch_add(n as u64, Ordering::Relaxed);
+        self.kick();
+    }
+
+    /// Writes to `nodes` failed: no new copies there for a while.
+    pub(crate) fn avoid(&self, nodes: impl IntoIterator<Item = u32>) {
+        let until = Instant::now() + AVOID;
+        let mut avoid = self.avoid.lock().unwrap();
+        for n in nodes {
+            avoid.insert(n, until);
+        }
+    }
+
+    /// Nodes to give no new copies now.
+    fn avoided(&self) -> Vec<u32> {
+        let now = Instant::now();
+        let mut avoid = self.avoid.lock().unwrap();
+        avoid.retain(|_, until| *until > now);
+        avoid.keys().copied().collect()
+    }
+
+    /// `n` chunks were allocated with fewer copies than asked for (too few live nodes).
+    pub(crate) fn degraded(&self, n: usize) {
+        self.degraded.lock().unwrap().warn(format_args!(
+            "{n} chunks allocated with fewer copies than asked for: too few live data nodes \
+             with space; they get the rest once nodes join"
+        ));
+    }
+}
+
+/// How copying one chunk went.
+enum Copied {
+    Done,
+    /// Nothing to do (any more): whole, freed, or no node to put a copy on.
+    Nothing,
+    Failed,
+}
+
+impl MetaService {
+    /// Starts the re-replication thread (nothing to do with one copy per chunk).
+    pub(crate) fn start_repair(self: &std::sync::Arc<Self>, local: std::sync::Arc<Shared>) -> std::io::Result<()> {
+        if self.replicas < 2 {
+            return Ok(());
+        }
+        let me = self.clone();
+        std::thread::Builder::new()
+            .name("repair".into())
+            .spawn(move || me.run_repair(&local))?;
+        Ok(())
+    }
+
+    fn run_repair(&self, local: &Shared) {
+        let mut wait = SWEEP;
+        loop {
+            let _ = self.repair.wake.recv_timeout(wait);
+            wait = SWEEP;
+            let started = Instant::now();
+            let (mut copied, mut failed) = (0, 0);
+            loop {
+                let (work, left) = {
+                    let st = self.state.lock().unwrap();
+                    let found = st
+                        .ns
+                        .under_replicated(self.replicas, |n| st.alloc.is_alive(n), PASS);
+                    self.repair.short.store(found.1 as u64, Ordering::Relaxed);
+                    found
+                };
+                if work.is_empty() {
+                    break;
+                }
+                log::info!(
+                    "re-replication: {left} chunks have fewer than {} copies",
+                    self.replicas
+                );
+                let (c, f) = self.repair_pass(local, &work);
+                copied += c;
+                failed += f;
+                if c == 0 {
+                    // Nothing could be copied now (no node to take copies, or failures).
+                    wait = RETRY;
+                    break;
+                }
+            }
+            if copied + failed > 0 {
+                let secs = started.elapsed().as_secs_f64();
+                let mib = (copied as u64 * self.state.lock().unwrap().ns.chunk_size()) >> 20;
+                log::info!(
+                    "re-replication: {copied} chunks copied ({mib} MiB in {secs:.2} s, {:.0} MiB/s), \
+                     {failed} failed, {} still short; {} chunks ({} MiB) copied since start",
+                    mib as f64 / secs.max(1e-6),
+                    self.repair.short(),
+                    self.repair.copied_chunks.load(Ordering::Relaxed),
+                    self.repair.copied_bytes.load(Ordering::Relaxed) >> 20,
+                );
+            }
+        }
+    }
+
+    /// Copies what `work` lists (sorted by file), a few chunks of one file per freeze, as long
+    /// as copies succeed; (copied, failed).
+    fn repair_pass(&self, local: &Shared, work: &[(Ino, u64)]) -> (usize, usize) {
+        let (mut copied, mut failed) = (0, 0);
+        let mut rest = work;
+        while let Some(&(ino, _)) = rest.first() {
+            let n = rest
+                .iter()
+                .take(PER_FREEZE)
+                .take_while(|&&(i, _)| i == ino)
+                .count();
+            let indices: Vec<u64> = rest[..n].iter().map(|&(_, i)| i).collect();
+            rest = &rest[n..];
+            if !self.can_copy(ino, &indices) {
+                continue;
+            }
+            self.freeze(ino);
+            let mut gave_up = false;
+            for index in indices {
+                match self.copy_one(local, ino, index) {
+                    Copied::Done => copied += 1,
+                    Copied::Nothing => {}
+                    Copied::Failed => {
+                        failed += 1;
+                        gave_up = true;
+                        break;
+                    }
+                }
+            }
+            self.thaw(ino);
+            if gave_up {
+                break; // a node failed: the next pass avoids it
+            }
+        }
+        (copied, failed)
+    }
+
+    /// Whether some chunk among `indices` of `ino` can get a copy now (else the file is not
+    /// frozen for nothing).
+    fn can_copy(&self, ino: Ino, indices: &[u64]) -> bool {
+        let avoided = self.repair.avoided();
+        let st = self.state.lock().unwrap();
+        indices.iter().any(|&index| {
+            st.ns
+                .replicas(ino, index)
+                .is_some_and(|r| st.alloc.can_place(&r, &avoided))
+        })
+    }
+
+    /// Takes `ino`'s map back from every holder and hands out none until [`Self::thaw`].
+    fn freeze(&self, ino: Ino) {
+        let mut st = self.state.lock().unwrap();
+        st.frozen.insert(ino);
+        let change = Change {
+            remaps: vec![ino],
+            ..Change::default()
+        };
+        let MetaState { ns, holders, .. } = &mut *st;
+        let plan = holders.plan(None, &change, |i| ns.getattr(i).ok());
+        drop(st);
+        let answered = Countdown::new();
+        for (callbacks, cb) in plan {
+            callbacks.send(cb, &answered);
+        }
+        let deadline = Instant::now() + self.lease;
+        if !answered.wait(deadline) {
+            // A holder that could not be asked stops using its map with its lease.
+            log::info!(
+                "re-replication: inode {ino}: a holder of its map did not answer; waiting out its lease"
+            );
+            std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
+        }
+    }
+
+    fn thaw(&self, ino: Ino) {
+        self.state.lock().unwrap().frozen.remove(&ino);
+    }
+
+    /// Gives chunk `index` of `ino` one more copy, if it still needs one and a node can take it.
+    fn copy_one(&self, local: &Shared, ino: Ino, index: u64) -> Copied {
+        let avoided = self.repair.avoided();
+        let (source, target, len) = {
+            let mut st = self.state.lock().unwrap();
+            let Some(replicas) = st.ns.replicas(ino, index) else {
+                return Copied::Nothing;
+            };
+            let live: Vec<ChunkRef> = replicas
+                .iter()
+                .copied()
+                .filter(|c| st.alloc.is_alive(c.node))
+                .collect();
+            if live.len() >= self.replicas || live.is_empty() {
+                return Copied::Nothing;
+            }
+            let Some(target) = st.alloc.alloc_replica(&replicas, &avoided) else {
+                return Copied::Nothing;
+            };
+            // The sources take turns, so that copies do not all read one node.
+            let source = live[(index as usize) % live.len()];
+            (source, target, st.ns.chunk_size() as usize)
+        };
+        let started = Instant::now();
+        let copied = self
+            .zeroer
+            .read_chunk(local, &source, len, COPY_LIMIT)
+            .and_then(|data| {
+                self.zeroer
+                    .write_chunk(local, &target, data, COPY_LIMIT)
+                    .inspect_err(|_| self.repair.avoid([target.node]))
+            });
+        let mut st = self.state.lock().unwrap();
+        if copied.is_ok() && st.ns.add_replica(ino, index, &source, target) {
+            drop(st);
+            self.repair.copied_chunks.fetch_add(1, Ordering::Relaxed);
+            self.repair
+                .copied_bytes
+                .fetch_add(len as u64, Ordering::Relaxed);
+            // Within the rate: a chunk every len/rate seconds at most.
+            let budget = Duration::from_secs_f64(len as f64 / self.repair.rate as f64);
+            std::thread::sleep(budget.saturating_sub(started.elapsed()));
+            return Copied::Done;
+        }
+        // Never in a map: zeroed and reused like any freed chunk.
+        st.alloc.release([target]);
+        drop(st);
+        self.zeroer.kick();
+        match copied {
+            Err(e) => {
+                log::warn!("re-replication: inode {ino} chunk {index}: {e}");
+                Copied::Failed
+            }
+            Ok(()) => Copied::Nothing, // freed, or its source dropped, meanwhile
+        }
+    }
+}
