@@ -88,6 +88,7 @@ class Bench:
         self.work.mkdir(parents=True, exist_ok=True)
         self.rows = []  # target, config, test, metric, value, unit
         self.server = None
+        self.data_nodes = []
 
     # --- targets -------------------------------------------------------------------------
     def start_server(self):
@@ -95,10 +96,20 @@ class Bench:
         log(f"starting mem-server with {mem >> 20} MiB")
         self.server = subprocess.Popen(
             [BIN / "mem-server", "--listen", "127.0.0.1:0", "--memory", str(mem),
-             "--transport", self.args.transport],
+             "--transport", self.args.transport, "--replicas", str(self.args.replicas)],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         banner = self.server.stdout.readline()
         self.addr = banner.split()[3]
+        # Each copy of a chunk on a node of its own: one data node per copy beyond the first.
+        for _ in range(self.args.replicas - 1):
+            node = subprocess.Popen(
+                [BIN / "mem-server", "--listen", "127.0.0.1:0", "--memory", str(mem),
+                 "--transport", self.args.transport, "--join", self.addr],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            node.stdout.readline()
+            self.data_nodes.append(node)
+        if self.args.replicas > 1:
+            log(f"{self.args.replicas} copies of every chunk, on {self.args.replicas} nodes")
 
     def mount_rfs(self, label, opts):
         path = self.work / f"rfs-{len(self.rows)}-{int(time.time() * 1000) % 100000}"
@@ -269,8 +280,9 @@ class Bench:
                         finally:
                             t.stop()
             finally:
-                self.server.kill()
-                self.server.wait()
+                for p in [self.server, *self.data_nodes]:
+                    p.kill()
+                    p.wait()
         if not a.skip_baselines:
             for make in (self.tmpfs, self.bindfs):
                 t = make()
@@ -443,6 +455,8 @@ def main():
     p.add_argument("--files", type=int, default=None, help="files for the metadata test (default 10000, quick 1000)")
     p.add_argument("--max-write", default="128K", help="fs-client max_write (the paper used 128K)")
     p.add_argument("--transport", default="tcp", help="auto, verbs or tcp")
+    p.add_argument("--replicas", type=int, default=1,
+                   help="copies of every chunk (mem-server --replicas), each on a node of its own")
     p.add_argument("--mount", help="measure this existing rfs mount instead of starting one")
     p.add_argument("--skip-ablation", action="store_true")
     p.add_argument("--skip-baselines", action="store_true")

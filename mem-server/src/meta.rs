@@ -55,9 +55,9 @@ pub(crate) struct MetaService {
     pub(crate) lease: Duration,
     policy: Policy,
     sessions: Sessions,
-    /// Freed chunks a holder could not be asked about, each batch with the end of its lease
-    /// and its free number.
-    quarantine: Mutex<Vec<(Instant, Freed)>>,
+    /// Freed chunks on their way to reuse, each batch with when it is due (at once, or the end
+    /// of the lease of a holder that could not be asked) and whether that was a lease.
+    quarantine: Mutex<Vec<(Instant, Freed, bool)>>,
     /// How to grant and revoke at each live data node.
     links: Mutex<HashMap<u32, Arc<Link>>>,
     quarantined: Condvar,
@@ -369,21 +369,22 @@ impl MetaService {
         if freed.chunks.is_empty() {
             return;
         }
-        if all_answered || Instant::now() >= deadline {
+        // Reused by the quarantine thread: making them unreachable takes a call to each node
+        // they are on, and a stopped node must not hold the caller up for the link deadline.
+        let lease = !(all_answered || Instant::now() >= deadline);
+        let due = if lease {
+            // A holder could not be asked: its references die with its lease.
+            start + self.lease
+        } else {
             log::debug!(
                 "{} chunks freed after {:?} of recalls",
                 freed.chunks.len(),
                 start.elapsed()
             );
-            self.reuse(freed);
-        } else {
-            // A holder could not be asked: its references die with its lease.
-            self.quarantine
-                .lock()
-                .unwrap()
-                .push((start + self.lease, freed));
-            self.quarantined.notify_one();
-        }
+            Instant::now()
+        };
+        self.quarantine.lock().unwrap().push((due, freed, lease));
+        self.quarantined.notify_one();
     }
 
     /// Freed chunks whose every holder let go: out of every session's reach, zeroed, then
@@ -417,7 +418,7 @@ impl MetaService {
         self.zeroer.kick();
     }
 
-    /// Releases quarantined chunks as their deadlines pass.
+    /// Reuses freed chunks as they fall due.
     pub(crate) fn start_quarantine(self: &Arc<Self>) -> io::Result<()> {
         let me = self.clone();
         std::thread::Builder::new()
@@ -427,21 +428,23 @@ impl MetaService {
                 loop {
                     let now = Instant::now();
                     let (due, waiting): (Vec<_>, Vec<_>) =
-                        q.drain(..).partition(|(at, _)| *at <= now);
+                        q.drain(..).partition(|(at, _, _)| *at <= now);
                     *q = waiting;
                     if !due.is_empty() {
                         drop(q);
-                        for (_, freed) in due {
-                            log::info!(
-                                "{} quarantined chunks released (lease over)",
-                                freed.chunks.len()
-                            );
+                        for (_, freed, lease) in due {
+                            if lease {
+                                log::info!(
+                                    "{} quarantined chunks released (lease over)",
+                                    freed.chunks.len()
+                                );
+                            }
                             me.reuse(freed);
                         }
                         q = me.quarantine.lock().unwrap();
                         continue;
                     }
-                    let next = q.iter().map(|(at, _)| *at).min();
+                    let next = q.iter().map(|(at, _, _)| *at).min();
                     q = match next {
                         Some(at) => me.quarantined.wait_timeout(q, at - now).unwrap().0,
                         None => me.quarantined.wait(q).unwrap(),

@@ -48,6 +48,7 @@ pub(crate) struct Repair {
     /// Nodes that failed a write, and until when they get no new copies.
     avoid: Mutex<HashMap<u32, Instant>>,
     degraded: Mutex<RateLimitedLog>,
+    stuck: Mutex<RateLimitedLog>,
 }
 
 impl Repair {
@@ -62,6 +63,7 @@ impl Repair {
             copied_bytes: AtomicU64::new(0),
             avoid: Mutex::new(HashMap::new()),
             degraded: Mutex::new(RateLimitedLog::new(Duration::from_secs(10))),
+            stuck: Mutex::new(RateLimitedLog::new(Duration::from_secs(60))),
         }
     }
 
@@ -147,7 +149,7 @@ impl MetaService {
                 if work.is_empty() {
                     break;
                 }
-                log::info!(
+                log::debug!(
                     "re-replication: {left} chunks have fewer than {} copies",
                     self.replicas
                 );
@@ -156,6 +158,11 @@ impl MetaService {
                 failed += f;
                 if c == 0 {
                     // Nothing could be copied now (no node to take copies, or failures).
+                    self.repair.stuck.lock().unwrap().warn(format_args!(
+                        "re-replication: {left} chunks have fewer than {} copies and none could \
+                         be copied now (too few live data nodes with space, or they fail)",
+                        self.replicas
+                    ));
                     wait = RETRY;
                     break;
                 }

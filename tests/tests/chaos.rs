@@ -1,0 +1,169 @@
+//! Chaos: fio writing and verifying on a mount of a file system with two replicas over three
+//! nodes, while another mount writes files of its own, and a data node is killed mid-run.
+//! Nothing may fail or read back wrong; once the lost copies are made again, killing a second
+//! node still loses nothing.
+
+use std::fs;
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use rand_like::Lcg;
+use rfs_e2e::{MemServer, Mount};
+use rfs_proto::message::{GetStatFs, ListNodes};
+use rfs_proto::MetadataChannel;
+
+/// A tiny deterministic generator: the writer's model needs no crate.
+mod rand_like {
+    pub struct Lcg(pub u64);
+    impl Lcg {
+        pub fn next(&mut self) -> u64 {
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            self.0 >> 33
+        }
+    }
+}
+
+/// fio on `dir`: random writes of 4k..256k over two jobs, each block checksummed (crc32c) and
+/// verified; `verify_only` reads and verifies what an earlier run wrote.
+fn fio(dir: &Path, verify_only: bool) -> Output {
+    let mut cmd = Command::new("fio");
+    cmd.args([
+        "--name=chaos",
+        "--rw=randwrite",
+        "--bs=4k-256k",
+        "--size=48M",
+        "--numjobs=2",
+        "--iodepth=4",
+        "--ioengine=psync",
+        "--verify=crc32c",
+        "--do_verify=1",
+        "--verify_fatal=1",
+        "--randseed=7",
+    ])
+    .arg(format!("--directory={}", dir.display()))
+    // fio saves its verify state in its working directory: keep it inside the mount.
+    .current_dir(dir);
+    if verify_only {
+        cmd.arg("--verify_only");
+    }
+    cmd.output().expect("fio is installed by scripts/setup.sh")
+}
+
+fn check(out: &Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn stat(m: &Mount, name: &str) -> u64 {
+    let text = fs::read_to_string(m.path(".rfs-stats")).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+}
+
+/// Random writes over `files` files of `len` bytes through `m`, each block also applied to
+/// a model, until `stop` says so; the model.
+fn writer(m: &Mount, files: usize, len: usize, until: Instant) -> Vec<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let mut model = vec![vec![0u8; len]; files];
+    let handles: Vec<fs::File> = (0..files)
+        .map(|i| {
+            let f = fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(m.path(&format!("w{i}")))
+                .unwrap();
+            f.set_len(len as u64).unwrap();
+            f
+        })
+        .collect();
+    let mut rng = Lcg(42);
+    while Instant::now() < until {
+        let i = rng.next() as usize % files;
+        let n = 1 + rng.next() as usize % (300 << 10);
+        let at = rng.next() as usize % (len - n);
+        let byte = rng.next() as u8;
+        handles[i].write_all_at(&vec![byte; n], at as u64).unwrap();
+        model[i][at..at + n].fill(byte);
+    }
+    for f in &handles {
+        f.sync_all().unwrap();
+    }
+    model
+}
+
+fn wait_until_whole(meta: &MemServer, dead: u32) -> Duration {
+    let c = rfs_e2e::client(meta);
+    let start = Instant::now();
+    loop {
+        let gone = c
+            .call(ListNodes {})
+            .unwrap()
+            .iter()
+            .any(|n| n.id == dead && !n.alive);
+        let short = c.call(GetStatFs {}).unwrap().chunks_short;
+        if gone && short == 0 {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{short} chunks still short of copies"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn fio_verify_and_a_second_writer_survive_a_killed_data_node() {
+    let meta = MemServer::start(&[
+        "--memory",
+        "320M",
+        "--chunk-size",
+        "1M",
+        "--replicas",
+        "2",
+    ]);
+    let mut first = MemServer::data(&meta, "320M", "1M");
+    let mut second = MemServer::data(&meta, "320M", "1M");
+    let a = Mount::new(&meta, &["io_timeout=1"]);
+    let b = Mount::new(&meta, &["io_timeout=1"]);
+    let started = Instant::now();
+    let (fio_run, model) = std::thread::scope(|s| {
+        let fio_run = s.spawn(|| fio(&a.dir, false));
+        let model = s.spawn(|| writer(&b, 4, 4 << 20, Instant::now() + Duration::from_secs(6)));
+        std::thread::sleep(Duration::from_millis(1500));
+        first.kill();
+        println!("data node 1 killed at {:?}", started.elapsed());
+        (fio_run.join().unwrap(), model.join().unwrap())
+    });
+    check(&fio_run, "fio through the kill");
+    println!("fio done at {:?}", started.elapsed());
+    for (i, expect) in model.iter().enumerate() {
+        assert!(&fs::read(b.path(&format!("w{i}"))).unwrap() == expect, "w{i}");
+    }
+    let took = wait_until_whole(&meta, 1);
+    println!("copies whole again {took:?} later");
+    let (failovers, dropped) = (
+        stat(&a, "failovers") + stat(&b, "failovers"),
+        stat(&a, "replicas_dropped") + stat(&b, "replicas_dropped"),
+    );
+    println!("failovers {failovers}, replicas dropped {dropped}");
+    assert!(failovers + dropped > 0, "the dead node was noticed");
+    assert_eq!(stat(&a, "io_errors") + stat(&b, "io_errors"), 0);
+
+    second.kill();
+    check(&fio(&a.dir, true), "fio verifying with only the metadata node left");
+    for (i, expect) in model.iter().enumerate() {
+        assert!(&fs::read(b.path(&format!("w{i}"))).unwrap() == expect, "w{i} after the second kill");
+    }
+}
