@@ -58,6 +58,9 @@ impl FreeChunks {
 #[derive(Default)]
 pub struct Allocator {
     nodes: Vec<NodeChunks>,
+    /// Chunks freed and not yet released here (waiting for their holders or nodes): free
+    /// space soon, as chunks being zeroed are.
+    pending: u64,
 }
 
 impl Allocator {
@@ -108,9 +111,11 @@ impl Allocator {
             .collect()
     }
 
-    /// (total, free) chunks over the live nodes; chunks waiting to be zeroed count as free.
+    /// (total, free) chunks over the live nodes; chunks freed and not yet allocatable count
+    /// as free.
     pub fn totals(&self) -> (u64, u64) {
-        self.nodes
+        let (total, free) = self
+            .nodes
             .iter()
             .filter(|n| n.alive)
             .fold((0, 0), |(t, f), n| {
@@ -118,16 +123,20 @@ impl Allocator {
                     t + n.total,
                     f + n.free.len() + n.dirty.len() as u64 + n.zeroing,
                 )
-            })
+            });
+        (total, (free + self.pending).min(total))
     }
 
-    /// Chunks freed but not yet zeroed: allocatable soon.
+    /// Chunks freed but not yet allocatable (waiting for their holders, or to be zeroed):
+    /// allocatable soon.
     pub fn zeroing(&self) -> u64 {
-        self.nodes
-            .iter()
-            .filter(|n| n.alive)
-            .map(|n| n.dirty.len() as u64 + n.zeroing)
-            .sum()
+        self.pending
+            + self
+                .nodes
+                .iter()
+                .filter(|n| n.alive)
+                .map(|n| n.dirty.len() as u64 + n.zeroing)
+                .sum::<u64>()
     }
 
     /// `n` chunks of `replicas` replicas each, every replica of a chunk on a different node,
@@ -256,6 +265,16 @@ impl Allocator {
         self.nodes.get(id as usize).is_some_and(|n| n.alive)
     }
 
+    /// `n` chunks were freed and will be released once out of everyone's reach.
+    pub fn expect_freed(&mut self, n: usize) {
+        self.pending += n as u64;
+    }
+
+    /// `n` chunks announced by [`Allocator::expect_freed`] were released (or lost).
+    pub fn freed_now(&mut self, n: usize) {
+        self.pending = self.pending.saturating_sub(n as u64);
+    }
+
     /// Takes freed chunks; they come back through `take_dirty` for zeroing.
     pub fn release(&mut self, chunks: impl IntoIterator<Item = ChunkRef>) {
         for c in chunks {
@@ -382,12 +401,18 @@ mod tests {
         // A new replica goes where none of the chunk is.
         let extra = a.alloc_replica(&got[0], &[]).unwrap();
         assert!(got[0].iter().all(|c| c.node != extra.node));
-        let third = (0..3).find(|n| got[1].iter().all(|c| c.node != *n)).unwrap();
+        let third = (0..3)
+            .find(|n| got[1].iter().all(|c| c.node != *n))
+            .unwrap();
         assert!(a.can_place(&got[1], &[]));
         assert!(!a.can_place(&got[1], &[third]), "avoided");
         assert_eq!(a.alloc_replica(&got[1], &[third]), None);
         let everywhere = a.alloc(1, 3).unwrap().remove(0);
-        assert_eq!(a.alloc_replica(&everywhere, &[]), None, "no node left for it");
+        assert_eq!(
+            a.alloc_replica(&everywhere, &[]),
+            None,
+            "no node left for it"
+        );
     }
 
     #[test]
@@ -397,7 +422,10 @@ mod tests {
         a.add_node("b".into(), 1000, 100, 2);
         a.set_alive(1, false);
         let one = a.alloc(2, 2).unwrap();
-        assert!(one.iter().all(|c| c.len() == 1), "one live node: one replica");
+        assert!(
+            one.iter().all(|c| c.len() == 1),
+            "one live node: one replica"
+        );
         a.set_alive(1, true);
         // 2 free on a, 2 on b: 2 chunks of 2 fit, 3 do not, and a refusal takes nothing.
         assert_eq!(a.alloc(3, 2), Err(Errno::ENOSPC));

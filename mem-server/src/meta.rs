@@ -42,9 +42,9 @@ pub(crate) struct MetaState {
     /// How many frees there were: grants decided now carry it, so that a data node refuses
     /// one that arrives after a later free was revoked.
     frees: u64,
-    /// Files whose chunks are being copied to new replicas: their maps are not handed out
-    /// (EAGAIN: the client asks again) until the copies are in them.
-    pub(crate) frozen: HashSet<Ino>,
+    /// Chunks being copied to new replicas: maps of them are not handed out (EAGAIN: the
+    /// client asks again) until the copies are in them.
+    pub(crate) frozen: HashSet<(Ino, u64)>,
 }
 
 pub(crate) struct MetaService {
@@ -122,6 +122,13 @@ struct Granting {
 struct Freed {
     seq: u64,
     chunks: Vec<ChunkRef>,
+}
+
+/// Whether any of chunks `first..first+count` of `ino` is being copied.
+fn is_frozen(frozen: &HashSet<(Ino, u64)>, ino: Ino, first: u64, count: u32) -> bool {
+    !frozen.is_empty()
+        && (first..first.saturating_add(count.min(MAX_LIST) as u64))
+            .any(|i| frozen.contains(&(ino, i)))
 }
 
 /// The chunks of `refs`, by node.
@@ -365,9 +372,14 @@ impl MetaService {
         // lease is in, a write it makes through an old descriptor goes to the file as it is
         // now. One that cannot be asked (its connection is down) is not waited for; the
         // chunks wait out its lease instead.
-        let all_answered = answered.wait(wait_until);
+        let mut all_answered = answered.wait(wait_until);
         if freed.chunks.is_empty() {
             return;
+        }
+        if quick && !all_answered && !self.unreachable_now(&freed) {
+            // A holder that did not answer may still read the dropped copies, and their
+            // node did not confirm them out of reach: the writer waits, as for a free.
+            all_answered = answered.wait(deadline);
         }
         // Reused by the quarantine thread: making them unreachable takes a call to each node
         // they are on, and a stopped node must not hold the caller up for the link deadline.
@@ -383,8 +395,28 @@ impl MetaService {
             );
             Instant::now()
         };
+        self.state
+            .lock()
+            .unwrap()
+            .alloc
+            .expect_freed(freed.chunks.len());
         self.quarantine.lock().unwrap().push((due, freed, lease));
         self.quarantined.notify_one();
+    }
+
+    /// Revokes every session's reach to `freed` at their nodes, waiting [`GRANT_WAIT`] for
+    /// each; whether each node confirmed it.
+    fn unreachable_now(&self, freed: &Freed) -> bool {
+        by_node(&freed.chunks).into_iter().all(|(node, addrs)| {
+            addrs.chunks(MAX_LIST as usize).all(|part| {
+                let req = RevokeFreed {
+                    seq: freed.seq,
+                    addrs: part.to_vec(),
+                };
+                self.ask_within(node, req.into(), Some(GRANT_WAIT))
+                    .is_some()
+            })
+        })
     }
 
     /// Freed chunks whose every holder let go: out of every session's reach, zeroed, then
@@ -414,7 +446,10 @@ impl MetaService {
                 );
             }
         }
-        self.state.lock().unwrap().alloc.release(reusable);
+        let mut st = self.state.lock().unwrap();
+        st.alloc.release(reusable);
+        st.alloc.freed_now(freed.chunks.len());
+        drop(st);
         self.zeroer.kick();
     }
 
@@ -858,7 +893,7 @@ impl MetaService {
             Request::ChunkMap(m) => {
                 // Only through a handle: the open is where permission was checked.
                 let r = match open.get(&m.ino) {
-                    Some(_) if frozen.contains(&m.ino) => Err(Errno::EAGAIN),
+                    Some(_) if is_frozen(frozen, m.ino, m.first, m.count) => Err(Errno::EAGAIN),
                     Some(_) => ns.chunk_map(m.ino, m.first, m.count.min(MAX_LIST) as u64),
                     None => Err(Errno::EBADF),
                 };
@@ -877,7 +912,7 @@ impl MetaService {
                 let result = writable
                     .then_some(())
                     .ok_or(Errno::EBADF)
-                    .and_then(|()| match frozen.contains(&m.ino) {
+                    .and_then(|()| match is_frozen(frozen, m.ino, m.first, m.count) {
                         true => Err(Errno::EAGAIN),
                         false => ns.missing_chunks(m.ino, m.first, count),
                     })
@@ -934,8 +969,9 @@ impl MetaService {
                 let r = writable
                     .then_some(())
                     .ok_or(Errno::EBADF)
-                    .and_then(|()| ns.drop_replicas(m.ino, m.index, &m.failed))
+                    .and_then(|()| ns.drop_replicas(m.ino, m.index, &m.reached))
                     .map(|dropped| {
+                        let n = dropped.len() as u32;
                         if !dropped.is_empty() {
                             log::warn!(
                                 "inode {}: chunk {}: a write missed its replicas on nodes {:?}: \
@@ -952,6 +988,7 @@ impl MetaService {
                             fx.quick = true;
                             self.repair.lost(1);
                         }
+                        n
                     });
                 answer(m, r)
             }

@@ -8,8 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use rfs_proto::types::{
     Attr, AttrChanges, ChunkRef, DirEntry, FileKind, Ino, Name, Owner, Replicas, Timestamp,
-    NAME_MAX,
-    RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT,
+    NAME_MAX, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT,
 };
 use rfs_proto::Errno;
 
@@ -624,23 +623,24 @@ impl Namespace {
         }
     }
 
-    /// Drops the replicas of chunk `index` that a write could not reach (`failed`, by node and
-    /// address); returns those dropped. EIO if none would be left: the write reached no replica
-    /// the map still has. A chunk that is gone (truncated meanwhile) has nothing to drop.
+    /// Keeps only the replicas of chunk `index` that a write reached (`reached`, by node and
+    /// address): the others may miss it. Returns those dropped; EIO if none of `reached` is
+    /// left to keep (the write reached nothing the map still has). A chunk that is gone
+    /// (truncated meanwhile) has nothing to drop.
     pub fn drop_replicas(
         &mut self,
         ino: Ino,
         index: u64,
-        failed: &[ChunkRef],
+        reached: &[ChunkRef],
     ) -> Result<Vec<ChunkRef>, Errno> {
         let Some(chunk) = self.chunk_mut(ino, index) else {
             return Ok(Vec::new());
         };
-        let is_failed = |c: &ChunkRef| failed.iter().any(|f| same_chunk(f, c));
-        if chunk.iter().all(is_failed) {
+        let has_write = |c: &ChunkRef| reached.iter().any(|r| same_chunk(r, c));
+        if !chunk.iter().any(has_write) {
             return Err(Errno::EIO);
         }
-        let (dropped, kept) = chunk.drain(..).partition(is_failed);
+        let (kept, dropped) = chunk.drain(..).partition(has_write);
         *chunk = kept;
         Ok(dropped)
     }
@@ -969,20 +969,40 @@ mod tests {
     }
 
     #[test]
-    fn replicas_are_dropped_only_while_another_is_left() {
+    fn a_write_keeps_only_the_replicas_it_reached() {
         let mut n = ns();
         let f = file(&mut n, ROOT, "a");
         n.add_chunks(f, &[(0, vec![on(1, 0), on(2, 0)]), (1, vec![on(2, 64)])])
             .unwrap();
         // Keys do not matter: a reference names a chunk by node and address.
-        let failed = ChunkRef { rkey: 0, ..on(2, 0) };
-        assert_eq!(n.drop_replicas(f, 0, &[failed]), Ok(vec![on(2, 0)]));
+        let reached = ChunkRef {
+            rkey: 0,
+            ..on(1, 0)
+        };
+        assert_eq!(n.drop_replicas(f, 0, &[reached]), Ok(vec![on(2, 0)]));
         assert_eq!(n.replicas(f, 0), Some(vec![on(1, 0)]));
-        assert_eq!(n.drop_replicas(f, 0, &[on(1, 0)]), Err(Errno::EIO), "the last one");
-        assert_eq!(n.drop_replicas(f, 0, &[on(3, 0)]), Ok(vec![]), "not there");
-        assert_eq!(n.drop_replicas(f, 7, &[on(1, 0)]), Ok(vec![]), "no such chunk");
+        assert_eq!(
+            n.drop_replicas(f, 0, &[on(1, 0)]),
+            Ok(vec![]),
+            "all it has reached"
+        );
+        assert_eq!(
+            n.drop_replicas(f, 0, &[on(2, 0)]),
+            Err(Errno::EIO),
+            "reached none left"
+        );
+        assert_eq!(n.drop_replicas(f, 0, &[]), Err(Errno::EIO));
+        assert_eq!(
+            n.drop_replicas(f, 7, &[on(1, 0)]),
+            Ok(vec![]),
+            "no such chunk"
+        );
+        // A copy made from a replica that missed the write goes too.
+        assert!(n.add_replica(f, 0, &on(1, 0), on(3, 0)));
+        assert_eq!(n.drop_replicas(f, 0, &[on(1, 0)]), Ok(vec![on(3, 0)]));
         // A dead node's replicas go where another is left; an only replica stays.
-        n.add_chunks(f, &[(2, vec![on(1, 128), on(2, 128)])]).unwrap();
+        n.add_chunks(f, &[(2, vec![on(1, 128), on(2, 128)])])
+            .unwrap();
         assert_eq!(n.drop_node(2), 1);
         assert_eq!(n.replicas(f, 1), Some(vec![on(2, 64)]), "its only copy");
         assert_eq!(n.replicas(f, 2), Some(vec![on(1, 128)]));
@@ -1005,9 +1025,21 @@ mod tests {
         assert_eq!(n.under_replicated(1, alive, 10).1, 0);
         assert!(n.add_replica(f, 1, &on(1, 64), on(2, 192)));
         assert_eq!(n.replicas(f, 1), Some(vec![on(1, 64), on(2, 192)]));
-        assert!(!n.add_replica(f, 0, &on(3, 0), on(2, 256)), "source not in it");
-        n.setattr(f, &AttrChanges { size: Some(0), ..AttrChanges::default() })
-            .unwrap();
-        assert!(!n.add_replica(f, 1, &on(1, 64), on(2, 256)), "truncated meanwhile");
+        assert!(
+            !n.add_replica(f, 0, &on(3, 0), on(2, 256)),
+            "source not in it"
+        );
+        n.setattr(
+            f,
+            &AttrChanges {
+                size: Some(0),
+                ..AttrChanges::default()
+            },
+        )
+        .unwrap();
+        assert!(
+            !n.add_replica(f, 1, &on(1, 64), on(2, 256)),
+            "truncated meanwhile"
+        );
     }
 }

@@ -3,12 +3,15 @@
 //! were up) get new copies on other live nodes, copied one-sidedly from a survivor through the
 //! metadata node's own data sessions (the data nodes' CPUs do nothing), at a bounded rate.
 //!
-//! A file's copies are made while its map is frozen: every holder of the map is told to drop
-//! it (a holder answers once its transfers through it are done), and no map of the file is
-//! handed out until the copies are in it (clients ask again). So no write can reach a survivor
-//! after the copy read it and miss the new copy; a holder that cannot be asked is waited out
-//! for its lease, as for freed chunks. Nodes that just failed a write (a client's, or a copy)
-//! get no new copies for a while, so that a stopped node does not keep files frozen.
+//! Copies are made a few chunks of a file at a time, while those chunks are frozen: every holder
+//! of the file's map is told to drop it (a holder answers once its transfers through it are
+//! done), and no map of those chunks is handed out until the copies are in it (clients ask
+//! again). So no write can reach a survivor after the copy read it and miss the new copy (and
+//! a write that missed a replica drops every replica it did not reach, copies made meanwhile
+//! too); a holder that cannot be asked is waited out for its lease, as for freed chunks. The
+//! rate limit's pauses fall between freezes. Nodes that just failed a write or a read (a
+//! client's, or a copy's) get no new copies and are read last for a while, so that a stopped
+//! node does not keep chunks frozen or hold the other copies up.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,6 +36,8 @@ const SWEEP: Duration = Duration::from_secs(30);
 const COPY_LIMIT: Duration = Duration::from_secs(2);
 /// How long after a pass that copied nothing the next is tried.
 const RETRY: Duration = Duration::from_secs(1);
+/// The least pause between two freezes (clients asking again wait up to 50 ms between tries).
+const THAWED: Duration = Duration::from_millis(60);
 /// How long a node that failed a write gets no new copies.
 const AVOID: Duration = Duration::from_secs(30);
 
@@ -102,6 +107,7 @@ impl Repair {
 
     /// `n` chunks were allocated with fewer copies than asked for (too few live nodes).
     pub(crate) fn degraded(&self, n: usize) {
+        self.kick();
         self.degraded.lock().unwrap().warn(format_args!(
             "{n} chunks allocated with fewer copies than asked for: too few live data nodes \
              with space; they get the rest once nodes join"
@@ -111,7 +117,8 @@ impl Repair {
 
 /// How copying one chunk went.
 enum Copied {
-    Done,
+    /// This many bytes.
+    Done(usize),
     /// Nothing to do (any more): whole, freed, or no node to put a copy on.
     Nothing,
     Failed,
@@ -119,7 +126,10 @@ enum Copied {
 
 impl MetaService {
     /// Starts the re-replication thread (nothing to do with one copy per chunk).
-    pub(crate) fn start_repair(self: &std::sync::Arc<Self>, local: std::sync::Arc<Shared>) -> std::io::Result<()> {
+    pub(crate) fn start_repair(
+        self: &std::sync::Arc<Self>,
+        local: std::sync::Arc<Shared>,
+    ) -> std::io::Result<()> {
         if self.replicas < 2 {
             return Ok(());
         }
@@ -140,9 +150,9 @@ impl MetaService {
             loop {
                 let (work, left) = {
                     let st = self.state.lock().unwrap();
-                    let found = st
-                        .ns
-                        .under_replicated(self.replicas, |n| st.alloc.is_alive(n), PASS);
+                    let found =
+                        st.ns
+                            .under_replicated(self.replicas, |n| st.alloc.is_alive(n), PASS);
                     self.repair.short.store(found.1 as u64, Ordering::Relaxed);
                     found
                 };
@@ -182,8 +192,8 @@ impl MetaService {
         }
     }
 
-    /// Copies what `work` lists (sorted by file), a few chunks of one file per freeze, as long
-    /// as copies succeed; (copied, failed).
+    /// Copies what `work` lists (sorted by file), a few chunks of one file per freeze; a file
+    /// whose copy fails is left for the next pass; (copied, failed).
     fn repair_pass(&self, local: &Shared, work: &[(Ino, u64)]) -> (usize, usize) {
         let (mut copied, mut failed) = (0, 0);
         let mut rest = work;
@@ -198,23 +208,26 @@ impl MetaService {
             if !self.can_copy(ino, &indices) {
                 continue;
             }
-            self.freeze(ino);
-            let mut gave_up = false;
-            for index in indices {
+            let started = Instant::now();
+            self.freeze(ino, &indices);
+            let mut bytes = 0;
+            for &index in &indices {
                 match self.copy_one(local, ino, index) {
-                    Copied::Done => copied += 1,
+                    Copied::Done(len) => {
+                        copied += 1;
+                        bytes += len;
+                    }
                     Copied::Nothing => {}
                     Copied::Failed => {
                         failed += 1;
-                        gave_up = true;
                         break;
                     }
                 }
             }
-            self.thaw(ino);
-            if gave_up {
-                break; // a node failed: the next pass avoids it
-            }
+            self.thaw(ino, &indices);
+            // Within the rate, and a pause between freezes in which maps go out.
+            let budget = Duration::from_secs_f64(bytes as f64 / self.repair.rate as f64);
+            std::thread::sleep(budget.saturating_sub(started.elapsed()).max(THAWED));
         }
         (copied, failed)
     }
@@ -231,10 +244,11 @@ impl MetaService {
         })
     }
 
-    /// Takes `ino`'s map back from every holder and hands out none until [`Self::thaw`].
-    fn freeze(&self, ino: Ino) {
+    /// Takes `ino`'s map back from every holder and hands out none of `indices` until
+    /// [`Self::thaw`].
+    fn freeze(&self, ino: Ino, indices: &[u64]) {
         let mut st = self.state.lock().unwrap();
-        st.frozen.insert(ino);
+        st.frozen.extend(indices.iter().map(|&i| (ino, i)));
         let change = Change {
             remaps: vec![ino],
             ..Change::default()
@@ -256,19 +270,23 @@ impl MetaService {
         }
     }
 
-    fn thaw(&self, ino: Ino) {
-        self.state.lock().unwrap().frozen.remove(&ino);
+    fn thaw(&self, ino: Ino, indices: &[u64]) {
+        let mut st = self.state.lock().unwrap();
+        for &i in indices {
+            st.frozen.remove(&(ino, i));
+        }
     }
 
-    /// Gives chunk `index` of `ino` one more copy, if it still needs one and a node can take it.
+    /// Gives chunk `index` of `ino` one more copy, if it still needs one and a node can take
+    /// it: read from a live replica (the next one if it fails), written to a new chunk.
     fn copy_one(&self, local: &Shared, ino: Ino, index: u64) -> Copied {
         let avoided = self.repair.avoided();
-        let (source, target, len) = {
+        let (sources, target, len) = {
             let mut st = self.state.lock().unwrap();
             let Some(replicas) = st.ns.replicas(ino, index) else {
                 return Copied::Nothing;
             };
-            let live: Vec<ChunkRef> = replicas
+            let mut live: Vec<ChunkRef> = replicas
                 .iter()
                 .copied()
                 .filter(|c| st.alloc.is_alive(c.node))
@@ -279,19 +297,30 @@ impl MetaService {
             let Some(target) = st.alloc.alloc_replica(&replicas, &avoided) else {
                 return Copied::Nothing;
             };
-            // The sources take turns, so that copies do not all read one node.
-            let source = live[(index as usize) % live.len()];
-            (source, target, st.ns.chunk_size() as usize)
+            // The sources take turns (copies do not all read one node); avoided ones last.
+            let turn = index as usize % live.len();
+            live.rotate_left(turn);
+            live.sort_by_key(|c| avoided.contains(&c.node));
+            (live, target, st.ns.chunk_size() as usize)
         };
-        let started = Instant::now();
-        let copied = self
-            .zeroer
-            .read_chunk(local, &source, len, COPY_LIMIT)
-            .and_then(|data| {
-                self.zeroer
-                    .write_chunk(local, &target, data, COPY_LIMIT)
-                    .inspect_err(|_| self.repair.avoid([target.node]))
-            });
+        let mut result = Err(std::io::Error::other("no source"));
+        let mut source = sources[0];
+        for s in sources {
+            source = s;
+            result = self.zeroer.read_chunk(local, &s, len, COPY_LIMIT);
+            match &result {
+                Ok(_) => break,
+                Err(e) => {
+                    log::warn!("re-replication: inode {ino} chunk {index}: {e}");
+                    self.repair.avoid([s.node]);
+                }
+            }
+        }
+        let copied = result.and_then(|data| {
+            self.zeroer
+                .write_chunk(local, &target, data, COPY_LIMIT)
+                .inspect_err(|_| self.repair.avoid([target.node]))
+        });
         let mut st = self.state.lock().unwrap();
         if copied.is_ok() && st.ns.add_replica(ino, index, &source, target) {
             drop(st);
@@ -299,10 +328,7 @@ impl MetaService {
             self.repair
                 .copied_bytes
                 .fetch_add(len as u64, Ordering::Relaxed);
-            // Within the rate: a chunk every len/rate seconds at most.
-            let budget = Duration::from_secs_f64(len as f64 / self.repair.rate as f64);
-            std::thread::sleep(budget.saturating_sub(started.elapsed()));
-            return Copied::Done;
+            return Copied::Done(len);
         }
         // Never in a map: zeroed and reused like any freed chunk.
         st.alloc.release([target]);

@@ -141,11 +141,12 @@ wire_struct! {
 }
 
 wire_struct! {
-    /// A write reached some replicas of chunk `index` of a file but not `failed` (their node
-    /// failed or stopped): they are dropped from the map, to be replaced from a replica that
-    /// has the write, before the write is answered. EIO if no other replica would be left.
+    /// A write reached only `reached` of the replicas of chunk `index` of a file (the others'
+    /// nodes failed or stopped): every other replica, which may miss it (a copy made meanwhile
+    /// too), is dropped from the map before the write is answered, to be made again from one
+    /// that has it. Answers how many were dropped; EIO if none of `reached` is in the map.
     #[derive(Clone, Debug, PartialEq)]
-    pub struct DropReplicas { pub ino: Ino, pub index: u64, pub failed: Vec<ChunkRef> }
+    pub struct DropReplicas { pub ino: Ino, pub index: u64, pub reached: Vec<ChunkRef> }
 }
 
 wire_struct! {
@@ -242,7 +243,7 @@ calls! {
     ListNodes => Vec<NodeInfo>,
     Create => Attr,
     AttachData => (),
-    DropReplicas => (),
+    DropReplicas => u32,
 }
 
 /// The bytes of reply that a readdir page may fill, in messages of `max_msg` bytes: what is
@@ -485,7 +486,7 @@ mod tests {
             DropReplicas {
                 ino: 4,
                 index: 2,
-                failed: vec![ChunkRef {
+                reached: vec![ChunkRef {
                     node: 2,
                     addr: 1 << 20,
                     rkey: 0,

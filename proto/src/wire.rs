@@ -11,7 +11,8 @@ use crate::errno::Errno;
 
 /// The protocol version every message starts with. 2: requests are structs, and a reply
 /// carries its request's op and a status. 3: callbacks on a second queue pair, the lease in StatFs.
-/// 7: chunk maps carry every replica of a chunk; DropReplicas; callbacks say when a map was
+/// 7: chunk maps carry every replica of a chunk; DropReplicas (keep what a write reached);
+/// callbacks say when a map was
 /// remapped (replicas moved) rather than cut.
 pub const VERSION: u8 = 7;
 /// Bounds what one list (readdir page, chunk map, node list) may carry: a message is at most

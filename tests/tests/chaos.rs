@@ -125,14 +125,7 @@ fn wait_until_whole(meta: &MemServer, dead: u32) -> Duration {
 
 #[test]
 fn fio_verify_and_a_second_writer_survive_a_killed_data_node() {
-    let meta = MemServer::start(&[
-        "--memory",
-        "320M",
-        "--chunk-size",
-        "1M",
-        "--replicas",
-        "2",
-    ]);
+    let meta = MemServer::start(&["--memory", "320M", "--chunk-size", "1M", "--replicas", "2"]);
     let mut first = MemServer::data(&meta, "320M", "1M");
     let mut second = MemServer::data(&meta, "320M", "1M");
     let a = Mount::new(&meta, &["io_timeout=1"]);
@@ -149,7 +142,10 @@ fn fio_verify_and_a_second_writer_survive_a_killed_data_node() {
     check(&fio_run, "fio through the kill");
     println!("fio done at {:?}", started.elapsed());
     for (i, expect) in model.iter().enumerate() {
-        assert!(&fs::read(b.path(&format!("w{i}"))).unwrap() == expect, "w{i}");
+        assert!(
+            &fs::read(b.path(&format!("w{i}"))).unwrap() == expect,
+            "w{i}"
+        );
     }
     let took = wait_until_whole(&meta, 1);
     println!("copies whole again {took:?} later");
@@ -162,8 +158,14 @@ fn fio_verify_and_a_second_writer_survive_a_killed_data_node() {
     assert_eq!(stat(&a, "io_errors") + stat(&b, "io_errors"), 0);
 
     second.kill();
-    check(&fio(&a.dir, true), "fio verifying with only the metadata node left");
+    check(
+        &fio(&a.dir, true),
+        "fio verifying with only the metadata node left",
+    );
     for (i, expect) in model.iter().enumerate() {
-        assert!(&fs::read(b.path(&format!("w{i}"))).unwrap() == expect, "w{i} after the second kill");
+        assert!(
+            &fs::read(b.path(&format!("w{i}"))).unwrap() == expect,
+            "w{i} after the second kill"
+        );
     }
 }

@@ -153,17 +153,30 @@ fn with_two_replicas_a_stopped_node_costs_reads_and_writes_at_most_the_deadline(
             let (r, took) = direct_read(f, 8192);
             println!("pass {pass} read f{i}: {took:?}");
             assert_eq!(r.unwrap(), content(i, len)[8192..8192 + 4096], "f{i}");
-            assert!(took < Duration::from_millis(2500), "read f{i} took {took:?}");
+            assert!(
+                took < Duration::from_millis(2500),
+                "read f{i} took {took:?}"
+            );
             let start = Instant::now();
-            f.write_all_at(&block[at..at + 4096], 4096 * (3 + pass)).unwrap();
+            f.write_all_at(&block[at..at + 4096], 4096 * (3 + pass))
+                .unwrap();
             let took = start.elapsed();
             println!("pass {pass} write f{i}: {took:?}");
-            assert!(took < Duration::from_millis(2500), "write f{i} took {took:?}");
+            assert!(
+                took < Duration::from_millis(2500),
+                "write f{i} took {took:?}"
+            );
         }
     }
     assert_eq!(stat(&m, "io_errors"), 0);
-    assert!(stat(&m, "failovers") > 0, "reads passed the stopped copies over");
-    assert!(stat(&m, "replicas_dropped") > 0, "writes dropped the stopped copies");
+    assert!(
+        stat(&m, "failovers") > 0,
+        "reads passed the stopped copies over"
+    );
+    assert!(
+        stat(&m, "replicas_dropped") > 0,
+        "writes dropped the stopped copies"
+    );
     rfs_e2e::resume(data.pid());
     drop(files);
     for i in 0..4 {

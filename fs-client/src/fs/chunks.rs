@@ -262,6 +262,13 @@ impl ChunkCache {
             let f = files.files.get_mut(&ino).expect("kept while fetching");
             f.fetching -= 1;
             let got = match got {
+                Ok(g) if g.iter().any(|(_, r)| r.is_empty()) => Err(Error::new(
+                    Errno::EIO,
+                    format!("the metadata node sent a chunk of inode {ino} without a replica"),
+                )),
+                other => other,
+            };
+            let got = match got {
                 Ok(g) => g,
                 Err(e) => {
                     files.prune(ino);
@@ -467,7 +474,11 @@ mod tests {
         let (refs, _hold) = c.refs(&meta, 1, 0, 3, false).unwrap();
         assert_eq!(
             refs,
-            vec![Some(vec![chunk(0)]), Some(vec![chunk(1)]), Some(vec![chunk(2)])]
+            vec![
+                Some(vec![chunk(0)]),
+                Some(vec![chunk(1)]),
+                Some(vec![chunk(2)])
+            ]
         );
         assert!(
             meta.0.lock().unwrap().is_none(),

@@ -62,7 +62,11 @@ impl<B: Backend> Rfs<B> {
         let invalidates = !cb.inodes.is_empty() || !cb.entries.is_empty();
         for inv in &cb.inodes {
             // Replicas moved: the whole map goes (and the transfers through it finish).
-            let recall_from = if inv.remapped { Some(0) } else { inv.chunks_from };
+            let recall_from = if inv.remapped {
+                Some(0)
+            } else {
+                inv.chunks_from
+            };
             if let Some(from) = recall_from {
                 self.chunks.recall(inv.ino, from, self.lease);
             }

@@ -175,111 +175,87 @@ impl<B: Backend> Rfs<B> {
         );
     }
 
-    /// Writes `data` at `offset` of chunk `index` of `ino` to every replica at once; `done`
-    /// gets Ok once each replica has it or was dropped from the map because it could not get
-    /// it (before the answer: a read must not find the old bytes there), or the first error
-    /// if no replica got it.
+    /// Writes `data` at `offset` of a chunk to every replica at once; `done` gets None once
+    /// each has it, the replicas it reached if some failed (those the map must drop before the
+    /// write is answered: see [`Self::drop_missed`]), or the first error if none got it.
     fn write_replicas(
         self: &Arc<Self>,
-        ino: Ino,
-        index: u64,
         replicas: Replicas,
         offset: u64,
         data: Vec<u8>,
-        done: Finish,
+        done: Written,
     ) {
         let fanout = Arc::new(Fanout {
-            replicas: replicas.len(),
             state: Mutex::new((replicas.len(), Vec::new(), None)),
             done: Mutex::new(Some(done)),
         });
-        let last = replicas.len() - 1;
         let mut data = Some(data);
+        let count = replicas.len();
         for (k, c) in replicas.into_iter().enumerate() {
-            let bytes = if k == last {
+            let bytes = if k + 1 == count {
                 data.take().expect("the last replica takes the buffer")
             } else {
                 data.clone().expect("kept for the last replica")
             };
             if c.rkey == 0 {
-                self.replica_written(&fanout, ino, index, c, Err(not_granted(&c)));
+                Self::replica_written(&fanout, c, Err(not_granted(&c)));
                 continue;
             }
-            let (fs, fanout) = (self.clone(), fanout.clone());
+            let fanout = fanout.clone();
             self.backend.write(
                 &c,
                 offset,
                 bytes,
-                Box::new(move |r| fs.replica_written(&fanout, ino, index, c, r.map(drop))),
+                Box::new(move |r| Self::replica_written(&fanout, c, r.map(drop))),
             );
         }
     }
 
     /// One replica of a [`Self::write_replicas`] is done; the last one answers.
-    fn replica_written(
-        self: &Arc<Self>,
-        fanout: &Fanout,
-        ino: Ino,
-        index: u64,
-        c: ChunkRef,
-        r: Result<()>,
-    ) {
-        let (failed, failure, all) = {
+    fn replica_written(fanout: &Fanout, c: ChunkRef, r: Result<()>) {
+        let (reached, failure) = {
             let mut st = fanout.state.lock().unwrap();
-            if let Err(e) = r {
-                log::warn!("{e}");
-                st.1.push(c);
-                st.2.get_or_insert(e);
+            match r {
+                Ok(()) => st.1.push(c),
+                Err(e) => {
+                    log::warn!("{e}");
+                    st.2.get_or_insert(e);
+                }
             }
             st.0 -= 1;
             if st.0 > 0 {
                 return;
             }
-            let all = st.1.len();
-            (std::mem::take(&mut st.1), st.2.take(), all)
+            (std::mem::take(&mut st.1), st.2.take())
         };
         let done = fanout.done.lock().unwrap().take().expect("answered once");
-        let Some(failure) = failure else {
-            return done(Ok(()));
-        };
-        if all == fanout.replicas {
-            return done(Err(failure));
-        }
-        // Dropping takes a metadata call: not on the completion path (a poller thread).
-        let fs = self.clone();
-        let slot = Arc::new(Mutex::new(Some(done)));
-        let answer = slot.clone();
-        let spawned = std::thread::Builder::new()
-            .name("drop-replicas".into())
-            .spawn(move || {
-                let r = fs.drop_replicas(ino, index, failed);
-                if let Some(done) = answer.lock().unwrap().take() {
-                    done(r);
-                }
-            });
-        if let Err(e) = spawned {
-            if let Some(done) = slot.lock().unwrap().take() {
-                done(Err(Error::new(
-                    Errno::EIO,
-                    format!("no thread to drop replicas that missed a write: {e}"),
-                )));
-            }
-        }
+        done(match failure {
+            None => Ok(None),
+            Some(e) if reached.is_empty() => Err(e),
+            Some(_) => Ok(Some(reached)),
+        })
     }
 
-    /// Has the metadata node drop the replicas of chunk `index` that a write could not reach,
-    /// and forgets our own map of them.
-    fn drop_replicas(&self, ino: Ino, index: u64, failed: Replicas) -> Result<()> {
-        let n = failed.len() as u64;
-        self.call(DropReplicas { ino, index, failed })
-            .map_err(|e| {
+    /// Has the metadata node keep, of each chunk in `missed`, only the replicas a write
+    /// reached (the others may miss it), and forgets our own map of them. Called with no
+    /// references held: the node tells the other holders, and waits (a little) for them.
+    fn drop_missed(&self, ino: Ino, missed: Vec<(u64, Replicas)>) -> Result<()> {
+        for (index, reached) in missed {
+            let r = self.call(DropReplicas {
+                ino,
+                index,
+                reached,
+            });
+            // Whatever the answer, our map of the chunk may list a replica without the write.
+            self.chunks.forget(ino, index);
+            let dropped = r.map_err(|e| {
                 Error::new(
                     Errno::EIO,
-                    format!("inode {ino} chunk {index}: a write missed {n} replicas, which could not be dropped: {e}"),
+                    format!("inode {ino} chunk {index}: a write missed some replicas, which could not be dropped: {e}"),
                 )
             })?;
-        ClientStats::add(&self.stats.replicas_dropped, n);
-        self.chunks.forget(ino, index);
+            ClientStats::add(&self.stats.replicas_dropped, dropped as u64);
+        }
         Ok(())
     }
 
@@ -372,37 +348,70 @@ impl<B: Backend> Rfs<B> {
             Ok(r) => r,
             Err(e) => return done(Err(e)),
         };
+        // Chunks the write did not reach on every replica: dropped once the references are
+        // let go (the metadata node may be recalling them), before the write is answered.
+        let missed: Arc<Mutex<Vec<(u64, Replicas)>>> = Arc::default();
         let job = {
-            let fs = self.clone();
+            let (fs, missed) = (self.clone(), missed.clone());
             let (end, len) = (offset + data.len() as u64, data.len() as u32);
             Pieces::new(
                 segs.len(),
                 Box::new(move |r| {
                     drop(hold);
-                    if r.is_ok() {
-                        fs.wrote(ino, end, len);
+                    let missed = std::mem::take(&mut *missed.lock().unwrap());
+                    let finish = move |fs: &Rfs<B>, r: Result<()>| {
+                        if r.is_ok() {
+                            fs.wrote(ino, end, len);
+                        }
+                        done(r.map(|()| len))
+                    };
+                    if r.is_err() || missed.is_empty() {
+                        return finish(&fs, r);
                     }
-                    done(r.map(|()| len))
+                    // A metadata call: not on the completion path (a poller thread), unless
+                    // no thread can be had.
+                    let work: Arc<DropJob<B>> =
+                        Arc::new(Mutex::new(Some((fs, missed, Box::new(finish)))));
+                    let theirs = work.clone();
+                    let spawned = std::thread::Builder::new()
+                        .name("drop-replicas".into())
+                        .spawn(move || Self::run_drop(ino, &theirs));
+                    if let Err(e) = spawned {
+                        log::warn!("no thread to drop the replicas a write missed ({e}): dropping them here");
+                        Self::run_drop(ino, &work);
+                    }
                 }),
             )
         };
         for (s, r) in segs.iter().zip(refs) {
             let replicas = r.expect("allocated above");
-            let (job, stats) = (job.clone(), self.stats.clone());
+            let (job, missed, stats, index) =
+                (job.clone(), missed.clone(), self.stats.clone(), s.index);
             self.write_replicas(
-                ino,
-                s.index,
                 replicas,
                 s.offset_in_chunk,
                 data[s.at..s.at + s.len].to_vec(),
                 Box::new(move |r| {
-                    if let Err(e) = r {
-                        Self::piece_failed(&stats);
-                        job.fail(e);
+                    match r {
+                        Ok(None) => {}
+                        Ok(Some(reached)) => missed.lock().unwrap().push((index, reached)),
+                        Err(e) => {
+                            Self::piece_failed(&stats);
+                            job.fail(e);
+                        }
                     }
                     job.part_done();
                 }),
             );
+        }
+    }
+
+    /// Drops what a write missed, then answers it ([`DropJob`]), unless that was done already.
+    fn run_drop(ino: Ino, work: &DropJob<B>) {
+        let taken = work.lock().unwrap().take();
+        if let Some((fs, missed, finish)) = taken {
+            let r = fs.drop_missed(ino, missed);
+            finish(&fs, r)
         }
     }
 
@@ -415,25 +424,27 @@ impl<B: Backend> Rfs<B> {
         }
         let index = new / self.chunk_size;
         let end = ((index + 1) * self.chunk_size).min(old);
-        let (refs, _hold) = self.refs(ino, index, 1, false)?;
+        let (refs, hold) = self.refs(ino, index, 1, false)?;
         let Some(replicas) = refs.into_iter().next().flatten() else {
             return Ok(());
         };
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         self.write_replicas(
-            ino,
-            index,
             replicas,
             in_chunk,
             vec![0; (end - new) as usize],
             Box::new(move |r| drop(tx.send(r))),
         );
-        match rx.recv() {
-            Ok(r) => r,
-            Err(_) => Err(Error::new(
+        let written = rx.recv().unwrap_or_else(|_| {
+            Err(Error::new(
                 Errno::EIO,
                 "zeroing a truncated tail: no answer",
-            )),
+            ))
+        });
+        drop(hold);
+        match written? {
+            None => Ok(()),
+            Some(reached) => self.drop_missed(ino, vec![(index, reached)]),
         }
     }
 }
@@ -442,16 +453,26 @@ impl<B: Backend> Rfs<B> {
 fn not_granted(c: &ChunkRef) -> Error {
     Error::new(
         Errno::EIO,
-        format!("data node {}: the chunk was not granted to this client", c.node),
+        format!(
+            "data node {}: the chunk was not granted to this client",
+            c.node
+        ),
     )
 }
 
-/// One write going to every replica of a chunk: (replicas still to answer, those that failed,
+/// A write that missed replicas: the file system, the chunks (with the replicas it reached),
+/// and how to answer it once they are dropped; taken by whoever runs it.
+type DropJob<B> = Mutex<Option<(Arc<Rfs<B>>, Vec<(u64, Replicas)>, FinishWrite<B>)>>;
+type FinishWrite<B> = Box<dyn FnOnce(&Rfs<B>, Result<()>) + Send>;
+
+/// Receives how a write to every replica of a chunk went (see [`Rfs::write_replicas`]).
+type Written = Box<dyn FnOnce(Result<Option<Replicas>>) + Send>;
+
+/// One write going to every replica of a chunk: (replicas still to answer, those it reached,
 /// the first failure), and what to do once all answered.
 struct Fanout {
-    replicas: usize,
     state: Mutex<(usize, Replicas, Option<Error>)>,
-    done: Mutex<Option<Finish>>,
+    done: Mutex<Option<Written>>,
 }
 
 /// What a split request does once all its pieces are done: Ok, or the first failure.

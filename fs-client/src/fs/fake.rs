@@ -172,15 +172,16 @@ impl FakeCluster {
             Request::DropReplicas(m) => {
                 let r = match st.chunks.get_mut(&(m.ino, m.index)) {
                     Some(replicas) => {
-                        let failed = |c: &ChunkRef| m.failed.iter().any(|f| f.node == c.node);
-                        if replicas.iter().all(failed) {
+                        let reached = |c: &ChunkRef| m.reached.iter().any(|r| r.node == c.node);
+                        if !replicas.iter().any(reached) {
                             Err(Errno::EIO)
                         } else {
-                            replicas.retain(|c| !failed(c));
-                            Ok(())
+                            let before = replicas.len();
+                            replicas.retain(reached);
+                            Ok((before - replicas.len()) as u32)
                         }
                     }
-                    None => Ok(()),
+                    None => Ok(0),
                 };
                 answer(m, r)
             }
