@@ -640,4 +640,42 @@ mod tests {
             "count over the limit"
         );
     }
+
+    /// Writes the fuzz seeds of requests, replies and callbacks from the messages above, so
+    /// that they follow the protocol: `cargo test -p rfs-proto -- --ignored fuzz_seeds`.
+    #[test]
+    #[ignore]
+    fn fuzz_seeds() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/messages");
+        let envelope = Envelope {
+            seq: 7,
+            oldest: 3,
+            sent_ms: 1_000,
+            budget_ms: 10_000,
+        };
+        for (i, r) in all_requests().iter().enumerate() {
+            std::fs::write(
+                dir.join(format!("request-{i}")),
+                seal(&envelope, &r.encode()),
+            )
+            .unwrap();
+        }
+        for (i, r) in all_replies().iter().enumerate() {
+            std::fs::write(dir.join(format!("reply-{i}")), r).unwrap();
+        }
+        let cb = crate::callback::Callback {
+            inodes: vec![crate::callback::Invalidation {
+                ino: 7,
+                chunks_from: Some(2),
+                attr: Some(attr()),
+                data: true,
+                remapped: true,
+            }],
+            entries: vec![crate::callback::EntryChange {
+                parent: 1,
+                name: "a".into(),
+            }],
+        };
+        std::fs::write(dir.join("callback"), cb.encode()).unwrap();
+    }
 }
