@@ -88,6 +88,15 @@ impl<B: Backend> Rfs<B> {
             }
             disconnected.sort_unstable();
             disconnected.dedup();
+            // A chunk whose every replica is on a node that failed moments ago fails at once,
+            // and the cached maps stay (fetching them again would have the metadata node
+            // grant on the failed nodes).
+            if let Some(node) = self.all_down(&refs) {
+                return Err(Error::new(
+                    Errno::EIO,
+                    format!("data node {node} failed moments ago"),
+                ));
+            }
             if (disconnected.is_empty() && ungranted.is_empty()) || attempt == 2 {
                 // What is still unusable fails in the transfer.
                 return Ok((refs, hold));
@@ -106,8 +115,22 @@ impl<B: Backend> Rfs<B> {
                     log::warn!("inode {ino}: {e}");
                 }
             }
+            if let Some(node) = self.all_down(&refs) {
+                return Err(Error::new(
+                    Errno::EIO,
+                    format!("data node {node} cannot be reached"),
+                ));
+            }
         }
         unreachable!("the loop returns by its third attempt")
+    }
+
+    /// A node of a chunk among `refs` whose replicas are all on nodes that failed moments ago.
+    fn all_down(&self, refs: &[Option<Replicas>]) -> Option<u32> {
+        refs.iter()
+            .flatten()
+            .find(|r| r.iter().all(|c| self.backend.is_down(c.node)))
+            .and_then(|r| r.first().map(|c| c.node))
     }
 
     /// Counts a failed piece.
