@@ -7,11 +7,11 @@
 use std::io;
 use std::net::TcpStream;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use rfs_proto::frame::{recv_frame, send_frame};
-use rfs_proto::grant::{LinkRequest, MAX_LINK_FRAME};
+use rfs_proto::grant::{LinkOp, LinkRequest, MAX_LINK_FRAME};
 use rfs_proto::Errno;
 
 use crate::grants::Grants;
@@ -33,9 +33,18 @@ impl Link {
     /// failure once the node took longer than [`LINK_DEADLINE`] over one. Any other error
     /// means the node is gone or going.
     pub(crate) fn call(&self, req: &LinkRequest, wait: Option<Duration>) -> Answer {
+        self.ask(req).wait_until(wait.map(|w| Instant::now() + w))
+    }
+
+    /// Asks the node without waiting yet: several nodes can be asked at once, and their
+    /// answers awaited together ([`Asked::wait_until`]).
+    pub(crate) fn ask(&self, req: &LinkRequest) -> Asked {
         match self {
-            Link::Local(g) => Ok(g.serve(req)),
-            Link::Remote(r) => r.call(req, wait),
+            Link::Local(g) => Asked::Ready(Ok(g.serve(req))),
+            Link::Remote(r) => match r.ask(req) {
+                Ok(rx) => Asked::Waiting(rx, req.op()),
+                Err(e) => Asked::Ready(Err(e)),
+            },
         }
     }
 
@@ -54,6 +63,34 @@ impl Link {
 
 /// A node's answer: its keys or its refusal; an error when it gave none.
 type Answer = io::Result<Result<Vec<u32>, Errno>>;
+
+/// An answer on its way from [`Link::ask`].
+pub(crate) enum Asked {
+    Ready(Answer),
+    Waiting(Receiver<Answer>, LinkOp),
+}
+
+impl Asked {
+    /// The answer, given up on at `deadline` if there is one (a `TimedOut` error; the request
+    /// still reaches the node in its turn); without, whatever the worker answers.
+    pub(crate) fn wait_until(self, deadline: Option<Instant>) -> Answer {
+        let (rx, op) = match self {
+            Asked::Ready(a) => return a,
+            Asked::Waiting(rx, op) => (rx, op),
+        };
+        let Some(deadline) = deadline else {
+            return rx.recv().unwrap_or_else(|_| Err(gone()));
+        };
+        match rx.recv_deadline(deadline) {
+            Ok(answer) => answer,
+            Err(RecvTimeoutError::Timeout) => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("data node did not answer a {op:?} in time"),
+            )),
+            Err(RecvTimeoutError::Disconnected) => Err(gone()),
+        }
+    }
+}
 
 /// A request for the link's worker, and where its answer goes (nowhere for a `tell`).
 struct Job {
@@ -87,23 +124,19 @@ impl RemoteLink {
         ))
     }
 
+    /// [`Link::call`] on this link.
     pub(crate) fn call(&self, req: &LinkRequest, wait: Option<Duration>) -> Answer {
+        let rx = self.ask(req)?;
+        Asked::Waiting(rx, req.op()).wait_until(wait.map(|w| Instant::now() + w))
+    }
+
+    fn ask(&self, req: &LinkRequest) -> io::Result<Receiver<Answer>> {
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.enqueue(Job {
             req: req.clone(),
             answer: Some(tx),
         })?;
-        let Some(wait) = wait else {
-            return rx.recv().unwrap_or_else(|_| Err(gone()));
-        };
-        match rx.recv_timeout(wait) {
-            Ok(answer) => answer,
-            Err(RecvTimeoutError::Timeout) => Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!("data node did not answer a {:?} within {wait:?}", req.op()),
-            )),
-            Err(RecvTimeoutError::Disconnected) => Err(gone()),
-        }
+        Ok(rx)
     }
 
     fn tell(&self, req: LinkRequest) -> io::Result<()> {
@@ -258,5 +291,47 @@ mod tests {
         );
         let seen: Vec<u64> = order.try_iter().collect();
         assert_eq!(seen, vec![1, 2, 3], "in the order asked");
+    }
+
+    #[test]
+    fn nodes_asked_at_once_are_waited_for_together_up_to_one_deadline() {
+        // Three nodes that take 600 ms and one that takes 5 s, all asked at once with one
+        // deadline of 1 s: asked one after another, the second would already be past it.
+        let mut streams = Vec::new();
+        let links: Vec<Link> = [false, false, false, true]
+            .into_iter()
+            .map(|stopped| {
+                let delay: fn(usize) -> Duration = if stopped {
+                    |_| Duration::from_secs(5)
+                } else {
+                    |_| Duration::from_millis(600)
+                };
+                let (s, _order) = fake_node(delay);
+                let (link, pump) = RemoteLink::new(&s).unwrap();
+                std::thread::spawn(move || pump.run());
+                streams.push(s); // the fake nodes live as long as the test
+                Link::Remote(link)
+            })
+            .collect();
+        let start = Instant::now();
+        let asked: Vec<Asked> = links
+            .iter()
+            .enumerate()
+            .map(|(i, l)| l.ask(&grant(i as u64 + 10)))
+            .collect();
+        let deadline = start + Duration::from_secs(1);
+        let answers: Vec<Answer> = asked
+            .into_iter()
+            .map(|a| a.wait_until(Some(deadline)))
+            .collect();
+        for (i, a) in answers[..3].iter().enumerate() {
+            assert_eq!(a.as_ref().unwrap(), &Ok(vec![i as u32 + 10]), "node {i}");
+        }
+        assert_eq!(
+            answers[3].as_ref().unwrap_err().kind(),
+            io::ErrorKind::TimedOut,
+            "the stopped node"
+        );
+        assert!(start.elapsed() < Duration::from_millis(1500));
     }
 }

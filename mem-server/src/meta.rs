@@ -27,7 +27,7 @@ use crate::access::{check_access_bits, check_open, check_setattr, Policy};
 use crate::alloc::Allocator;
 use crate::coherence::{Callbacks, Change, Countdown, Holders, SessionId};
 use crate::grants::Grants;
-use crate::link::Link;
+use crate::link::{Asked, Link};
 use crate::namespace::Namespace;
 use crate::node::{wait_for_close, NodeConfig, Shared};
 use crate::repair::Repair;
@@ -273,7 +273,8 @@ impl MetaService {
     }
 
     /// Hands out a chunk map with each chunk granted to the caller's data session at its node
-    /// (key 0 where the session has none there yet, or the node refused).
+    /// (key 0 where the session has none there yet, or the node refused or did not answer
+    /// within [`GRANT_WAIT`]: every node is asked at once, so slow ones cost that once).
     fn grant(&self, data: &HashMap<u32, u64>, g: Granting) -> Vec<u8> {
         let Granting {
             op,
@@ -281,18 +282,31 @@ impl MetaService {
             seq,
             mut chunks,
         } = g;
-        for (node, addrs) in by_node(chunks.iter().flat_map(|(_, r)| r)) {
-            let Some(&session) = data.get(&node) else {
-                continue;
-            };
-            let req = GrantChunks {
-                session,
-                seq,
-                writable,
-                addrs,
-            };
-            let Some(keys) = self.ask_within(node, req.into(), Some(GRANT_WAIT)) else {
-                continue;
+        let deadline = Instant::now() + GRANT_WAIT;
+        let asked: Vec<(u32, Asked)> = by_node(chunks.iter().flat_map(|(_, r)| r))
+            .into_iter()
+            .filter_map(|(node, addrs)| {
+                let session = *data.get(&node)?;
+                let req = GrantChunks {
+                    session,
+                    seq,
+                    writable,
+                    addrs,
+                };
+                Some((node, self.link(node)?.ask(&req.into())))
+            })
+            .collect();
+        for (node, asked) in asked {
+            let keys = match asked.wait_until(Some(deadline)) {
+                Ok(Ok(keys)) => keys,
+                Ok(Err(e)) => {
+                    log::warn!("data node {node} refused a grant: {e}");
+                    continue;
+                }
+                Err(e) => {
+                    log::warn!("data node {node}: {e}");
+                    continue;
+                }
             };
             let mut keys = keys.into_iter();
             let on_node = chunks
