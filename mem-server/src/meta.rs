@@ -240,12 +240,8 @@ impl MetaService {
         self.links.lock().unwrap().get(&node).cloned()
     }
 
-    /// Asks `node` for `req`; None when the node is gone or did not answer (logged).
-    fn ask(&self, node: u32, req: LinkRequest) -> Option<Vec<u32>> {
-        self.ask_within(node, req, None)
-    }
-
-    /// [`MetaService::ask`], waiting at most `wait` (if given) for the answer.
+    /// Asks `node` for `req`, waiting at most `wait` (if given) for the answer; None when the
+    /// node is gone, refused or did not answer (logged).
     fn ask_within(&self, node: u32, req: LinkRequest, wait: Option<Duration>) -> Option<Vec<u32>> {
         let link = self.link(node)?;
         match link.call(&req, wait) {
@@ -421,15 +417,20 @@ impl MetaService {
     /// Revokes every session's reach to `freed` at their nodes, waiting [`GRANT_WAIT`] for
     /// each; whether each node confirmed it.
     fn unreachable_now(&self, freed: &Freed) -> bool {
-        by_node(&freed.chunks).into_iter().all(|(node, addrs)| {
-            addrs.chunks(MAX_LIST as usize).all(|part| {
-                let req = RevokeFreed {
-                    seq: freed.seq,
-                    addrs: part.to_vec(),
-                };
-                self.ask_within(node, req.into(), Some(GRANT_WAIT))
-                    .is_some()
-            })
+        by_node(&freed.chunks)
+            .into_iter()
+            .all(|(node, addrs)| self.revoke_freed(node, freed.seq, &addrs, Some(GRANT_WAIT)))
+    }
+
+    /// Has `node` revoke every session's reach to `addrs` (freed with free number `seq`),
+    /// waiting at most `wait` for each part if given; whether it confirmed.
+    fn revoke_freed(&self, node: u32, seq: u64, addrs: &[u64], wait: Option<Duration>) -> bool {
+        addrs.chunks(MAX_LIST as usize).all(|part| {
+            let req = RevokeFreed {
+                seq,
+                addrs: part.to_vec(),
+            };
+            self.ask_within(node, req.into(), wait).is_some()
         })
     }
 
@@ -438,13 +439,7 @@ impl MetaService {
     fn reuse(&self, freed: Freed) {
         let mut reusable = Vec::with_capacity(freed.chunks.len());
         for (node, addrs) in by_node(&freed.chunks) {
-            let revoked = addrs.chunks(MAX_LIST as usize).all(|part| {
-                let req = RevokeFreed {
-                    seq: freed.seq,
-                    addrs: part.to_vec(),
-                };
-                self.ask(node, req.into()).is_some()
-            });
+            let revoked = self.revoke_freed(node, freed.seq, &addrs, None);
             // A node without a link has left: nobody reaches its pool through us any more.
             if revoked || self.link(node).is_none() {
                 reusable.extend(addrs.into_iter().map(|addr| ChunkRef {

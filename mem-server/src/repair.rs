@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
@@ -126,10 +126,7 @@ enum Copied {
 
 impl MetaService {
     /// Starts the re-replication thread (nothing to do with one copy per chunk).
-    pub(crate) fn start_repair(
-        self: &std::sync::Arc<Self>,
-        local: std::sync::Arc<Shared>,
-    ) -> std::io::Result<()> {
+    pub(crate) fn start_repair(self: &Arc<Self>, local: Arc<Shared>) -> std::io::Result<()> {
         if self.replicas < 2 {
             return Ok(());
         }

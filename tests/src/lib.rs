@@ -189,6 +189,14 @@ impl Mount {
         self.dir.join(rel)
     }
 
+    /// A counter of the mount's stats file.
+    pub fn stat(&self, name: &str) -> u64 {
+        let text = std::fs::read_to_string(self.path(".rfs-stats")).unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+    }
+
     /// The fs-client process, to stop or kill in a test.
     pub fn pid(&self) -> i32 {
         self.child.id() as i32
@@ -275,4 +283,37 @@ pub fn resume(pid: u32) {
         0,
         "SIGCONT {pid}"
     );
+}
+
+/// 4 KiB at `offset` of a file opened with O_DIRECT (no page cache): (the result, how long it
+/// took).
+pub fn direct_read(f: &std::fs::File, offset: u64) -> (std::io::Result<Vec<u8>>, Duration) {
+    use std::os::unix::fs::FileExt;
+    let mut raw = vec![0u8; 8192];
+    let at = raw.as_ptr().align_offset(4096);
+    let start = Instant::now();
+    let r = f.read_at(&mut raw[at..at + 4096], offset);
+    (r.map(|n| raw[at..at + n].to_vec()), start.elapsed())
+}
+
+/// Waits (up to `limit`) until the metadata node `meta` counts node `dead` dead and no chunk
+/// short of copies; how long that took.
+pub fn wait_until_whole(meta: &MemServer, dead: u32, limit: Duration) -> Duration {
+    use rfs_proto::message::{GetStatFs, ListNodes};
+    use rfs_proto::MetadataChannel;
+    let c = client(meta);
+    let start = Instant::now();
+    loop {
+        let nodes = c.call(ListNodes {}).unwrap();
+        let gone = nodes.iter().any(|n| n.id == dead && !n.alive);
+        let short = c.call(GetStatFs {}).unwrap().chunks_short;
+        if gone && short == 0 {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < limit,
+            "{short} chunks still short of copies after {limit:?} (node {dead} dead: {gone})"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

@@ -9,9 +9,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use rand_like::Lcg;
-use rfs_e2e::{MemServer, Mount};
-use rfs_proto::message::{GetStatFs, ListNodes};
-use rfs_proto::MetadataChannel;
+use rfs_e2e::{wait_until_whole, MemServer, Mount};
 
 /// A tiny deterministic generator: the writer's model needs no crate.
 mod rand_like {
@@ -62,13 +60,6 @@ fn check(out: &Output, what: &str) {
     );
 }
 
-fn stat(m: &Mount, name: &str) -> u64 {
-    let text = fs::read_to_string(m.path(".rfs-stats")).unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in {text}"))
-}
-
 /// Random writes over `files` files of `len` bytes through `m`, each block also applied to
 /// a model, until `stop` says so; the model.
 fn writer(m: &Mount, files: usize, len: usize, until: Instant) -> Vec<Vec<u8>> {
@@ -102,27 +93,6 @@ fn writer(m: &Mount, files: usize, len: usize, until: Instant) -> Vec<Vec<u8>> {
     model
 }
 
-fn wait_until_whole(meta: &MemServer, dead: u32) -> Duration {
-    let c = rfs_e2e::client(meta);
-    let start = Instant::now();
-    loop {
-        let gone = c
-            .call(ListNodes {})
-            .unwrap()
-            .iter()
-            .any(|n| n.id == dead && !n.alive);
-        let short = c.call(GetStatFs {}).unwrap().chunks_short;
-        if gone && short == 0 {
-            return start.elapsed();
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "{short} chunks still short of copies"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn fio_verify_and_a_second_writer_survive_a_killed_data_node() {
     let meta = MemServer::start(&["--memory", "320M", "--chunk-size", "1M", "--replicas", "2"]);
@@ -147,16 +117,16 @@ fn fio_verify_and_a_second_writer_survive_a_killed_data_node() {
             "w{i}"
         );
     }
-    let took = wait_until_whole(&meta, 1);
+    let took = wait_until_whole(&meta, 1, Duration::from_secs(60));
     println!("copies whole again {took:?} later");
     let (failovers, dropped) = (
-        stat(&a, "failovers") + stat(&b, "failovers"),
-        stat(&a, "replicas_dropped") + stat(&b, "replicas_dropped"),
+        a.stat("failovers") + b.stat("failovers"),
+        a.stat("replicas_dropped") + b.stat("replicas_dropped"),
     );
     // The client may meet the dead node (failovers, dropped replicas) or learn of it first
     // (the metadata node drops its copies from the maps and recalls them): either is right.
     println!("failovers {failovers}, replicas dropped {dropped}");
-    assert_eq!(stat(&a, "io_errors") + stat(&b, "io_errors"), 0);
+    assert_eq!(a.stat("io_errors") + b.stat("io_errors"), 0);
 
     second.kill();
     check(

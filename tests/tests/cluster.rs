@@ -4,7 +4,7 @@ use std::fs;
 use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
-use rfs_e2e::{errno, MemServer, Mount};
+use rfs_e2e::{direct_read, errno, MemServer, Mount};
 
 #[test]
 fn two_mounts_see_each_others_closed_files() {
@@ -74,15 +74,6 @@ fn a_dead_storage_node_fails_io_with_eio_and_nothing_hangs() {
     fs::write(m.path("after"), b"still here").unwrap();
     assert_eq!(fs::read(m.path("after")).unwrap(), b"still here");
     assert!(m.unmount());
-}
-
-/// 4 KiB at `offset` with O_DIRECT (no page cache): (the result, how long it took).
-fn direct_read(f: &fs::File, offset: u64) -> (std::io::Result<Vec<u8>>, Duration) {
-    let mut raw = vec![0u8; 8192];
-    let at = raw.as_ptr().align_offset(4096);
-    let start = Instant::now();
-    let r = f.read_at(&mut raw[at..at + 4096], offset);
-    (r.map(|n| raw[at..at + n].to_vec()), start.elapsed())
 }
 
 /// The availability issue's finding: a storage node stopped with SIGSTOP blocked O_DIRECT

@@ -5,9 +5,7 @@ use std::fs;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::time::{Duration, Instant};
 
-use rfs_e2e::{MemServer, Mount};
-use rfs_proto::message::{GetStatFs, ListNodes};
-use rfs_proto::MetadataChannel;
+use rfs_e2e::{direct_read, wait_until_whole, MemServer, Mount};
 
 /// A metadata node keeping `replicas` copies, lending `memory`, with 1 MiB chunks.
 fn meta(memory: &str, replicas: &str) -> MemServer {
@@ -25,42 +23,6 @@ fn content(i: usize, len: usize) -> Vec<u8> {
     (0..len)
         .map(|k| (k as u8).wrapping_mul(13).wrapping_add(i as u8))
         .collect()
-}
-
-/// A counter of the mount's stats file.
-fn stat(m: &Mount, name: &str) -> u64 {
-    let text = fs::read_to_string(m.path(".rfs-stats")).unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in {text}"))
-}
-
-/// 4 KiB at `offset` with O_DIRECT: (the result, how long it took).
-fn direct_read(f: &fs::File, offset: u64) -> (std::io::Result<Vec<u8>>, Duration) {
-    let mut raw = vec![0u8; 8192];
-    let at = raw.as_ptr().align_offset(4096);
-    let start = Instant::now();
-    let r = f.read_at(&mut raw[at..at + 4096], offset);
-    (r.map(|n| raw[at..at + n].to_vec()), start.elapsed())
-}
-
-/// Waits until the metadata node counts node `id` dead and no chunk short of copies.
-fn wait_until_whole(meta: &MemServer, dead: u32, limit: Duration) -> Duration {
-    let c = rfs_e2e::client(meta);
-    let start = Instant::now();
-    loop {
-        let nodes = c.call(ListNodes {}).unwrap();
-        let gone = nodes.iter().any(|n| n.id == dead && !n.alive);
-        let short = c.call(GetStatFs {}).unwrap().chunks_short;
-        if gone && short == 0 {
-            return start.elapsed();
-        }
-        assert!(
-            start.elapsed() < limit,
-            "{short} chunks still short of copies after {limit:?} (node {dead} dead: {gone})"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// The availability issue's finding: a storage node's death lost its chunks for good. With
@@ -100,7 +62,7 @@ fn with_two_replicas_a_killed_node_loses_nothing_and_its_copies_are_made_again()
     fs::write(m.path("f1"), &changed).unwrap();
     fs::write(m.path("new"), content(8, len)).unwrap();
     println!("reads and writes through the death: {:?}", killed.elapsed());
-    assert_eq!(stat(&m, "io_errors"), 0);
+    assert_eq!(m.stat("io_errors"), 0);
 
     let took = wait_until_whole(&meta, 1, Duration::from_secs(60));
     println!("copies made again {took:?} after the kill was seen");
@@ -117,7 +79,7 @@ fn with_two_replicas_a_killed_node_loses_nothing_and_its_copies_are_made_again()
         );
     }
     assert!(fs::read(m.path("new")).unwrap() == content(8, len));
-    assert_eq!(stat(&m, "io_errors"), 0);
+    assert_eq!(m.stat("io_errors"), 0);
 }
 
 /// A stopped node (SIGSTOP: it keeps its connections and answers nothing) costs a read or a
@@ -168,13 +130,13 @@ fn with_two_replicas_a_stopped_node_costs_reads_and_writes_at_most_the_deadline(
             );
         }
     }
-    assert_eq!(stat(&m, "io_errors"), 0);
+    assert_eq!(m.stat("io_errors"), 0);
     assert!(
-        stat(&m, "failovers") > 0,
+        m.stat("failovers") > 0,
         "reads passed the stopped copies over"
     );
     assert!(
-        stat(&m, "replicas_dropped") > 0,
+        m.stat("replicas_dropped") > 0,
         "writes dropped the stopped copies"
     );
     rfs_e2e::resume(data.pid());

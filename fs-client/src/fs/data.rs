@@ -86,8 +86,6 @@ impl<B: Backend> Rfs<B> {
                     }
                 }
             }
-            disconnected.sort_unstable();
-            disconnected.dedup();
             // A chunk whose every replica is on a node that failed moments ago fails at once,
             // and the cached maps stay (fetching them again would have the metadata node
             // grant on the failed nodes).
@@ -148,15 +146,20 @@ impl<B: Backend> Rfs<B> {
         len: usize,
         done: DataDone,
     ) {
-        if replicas.len() > 1 {
-            let turn = self.next_replica.fetch_add(1, Ordering::Relaxed) % replicas.len();
-            replicas.rotate_left(turn);
-            let chosen = replicas[0];
-            // Stable: the turn order stays among equals.
-            replicas.sort_by_key(|c| c.rkey == 0 || self.backend.is_down(c.node));
-            if replicas[0] != chosen {
-                ClientStats::add(&self.stats.failovers, 1);
+        if let [c] = replicas[..] {
+            // One copy (the common case): nothing to choose or fail over to.
+            if c.rkey == 0 {
+                return done(Err(not_granted(&c)));
             }
+            return self.backend.read(&c, offset, vec![0; len], done);
+        }
+        let turn = self.next_replica.fetch_add(1, Ordering::Relaxed) % replicas.len();
+        replicas.rotate_left(turn);
+        let chosen = replicas[0];
+        // Stable: the turn order stays among equals.
+        replicas.sort_by_key(|c| c.rkey == 0 || self.backend.is_down(c.node));
+        if replicas[0] != chosen {
+            ClientStats::add(&self.stats.failovers, 1);
         }
         self.read_from(replicas, 0, offset, len, None, done);
     }
@@ -208,8 +211,21 @@ impl<B: Backend> Rfs<B> {
         data: Vec<u8>,
         done: Written,
     ) {
+        if let [c] = replicas[..] {
+            // One copy (the common case): its result is the write's.
+            if c.rkey == 0 {
+                return done(Err(not_granted(&c)));
+            }
+            return self
+                .backend
+                .write(&c, offset, data, Box::new(move |r| done(r.map(|_| None))));
+        }
         let fanout = Arc::new(Fanout {
-            state: Mutex::new((replicas.len(), Vec::new(), None)),
+            state: Mutex::new(FanoutState {
+                left: replicas.len(),
+                reached: Vec::new(),
+                failure: None,
+            }),
             done: Mutex::new(Some(done)),
         });
         let mut data = Some(data);
@@ -239,17 +255,17 @@ impl<B: Backend> Rfs<B> {
         let (reached, failure) = {
             let mut st = fanout.state.lock().unwrap();
             match r {
-                Ok(()) => st.1.push(c),
+                Ok(()) => st.reached.push(c),
                 Err(e) => {
                     log::warn!("{e}");
-                    st.2.get_or_insert(e);
+                    st.failure.get_or_insert(e);
                 }
             }
-            st.0 -= 1;
-            if st.0 > 0 {
+            st.left -= 1;
+            if st.left > 0 {
                 return;
             }
-            (std::mem::take(&mut st.1), st.2.take())
+            (std::mem::take(&mut st.reached), st.failure.take())
         };
         let done = fanout.done.lock().unwrap().take().expect("answered once");
         done(match failure {
@@ -491,11 +507,17 @@ type FinishWrite<B> = Box<dyn FnOnce(&Rfs<B>, Result<()>) + Send>;
 /// Receives how a write to every replica of a chunk went (see [`Rfs::write_replicas`]).
 type Written = Box<dyn FnOnce(Result<Option<Replicas>>) + Send>;
 
-/// One write going to every replica of a chunk: (replicas still to answer, those it reached,
-/// the first failure), and what to do once all answered.
+/// One write going to every replica of a chunk, and what to do once all answered.
 struct Fanout {
-    state: Mutex<(usize, Replicas, Option<Error>)>,
+    state: Mutex<FanoutState>,
     done: Mutex<Option<Written>>,
+}
+
+struct FanoutState {
+    /// Replicas still to answer.
+    left: usize,
+    reached: Replicas,
+    failure: Option<Error>,
 }
 
 /// What a split request does once all its pieces are done: Ok, or the first failure.
