@@ -11,6 +11,7 @@
 //! - [`join`]: data nodes joining the metadata node, both halves.
 //! - [`grants`]: what each data session may reach of a node's pool; [`link`]: how the
 //!   metadata node says so.
+//! - [`journal`]: the state directory (journal of [`record`]s, snapshots, replay).
 //! - [`zeroer`]: zeroing freed chunks before reuse; [`repair`]: copying chunks that lost a
 //!   replica.
 
@@ -20,10 +21,12 @@ pub mod alloc;
 mod coherence;
 mod grants;
 mod join;
+pub mod journal;
 mod link;
 mod meta;
 pub mod namespace;
 pub mod node;
+pub mod record;
 mod repair;
 mod sessions;
 mod zeroer;

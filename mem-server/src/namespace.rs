@@ -4,13 +4,17 @@
 //! Permission checks are the kernel's (the client mounts with `default_permissions`); this module
 //! enforces structure: names, emptiness, types, link counts, unlink-while-open.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use rfs_proto::types::{
     Attr, AttrChanges, ChunkRef, DirEntry, FileKind, Ino, Name, Owner, Replicas, Timestamp,
     NAME_MAX, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT,
 };
 use rfs_proto::Errno;
+
+use crate::record::Record;
+
+mod durable;
 
 enum Data {
     File {
@@ -39,6 +43,10 @@ pub struct Namespace {
     inodes: HashMap<Ino, Inode>,
     next_ino: Ino,
     chunk_size: u64,
+    /// Changes not yet taken for the journal (none: not journaled).
+    log: Option<Vec<Record>>,
+    /// Inodes whose attributes changed since the journal last took them.
+    touched: BTreeSet<Ino>,
 }
 
 /// Names are bytes, as Linux has them: anything but "", ".", "..", '/' and NUL, up to NAME_MAX.
@@ -80,6 +88,8 @@ impl Namespace {
             inodes: HashMap::from([(ROOT, root)]),
             next_ino: ROOT + 1,
             chunk_size,
+            log: None,
+            touched: BTreeSet::new(),
         }
     }
 
@@ -95,8 +105,46 @@ impl Namespace {
         self.inodes.get(&ino).ok_or(Errno::ENOENT)
     }
 
+    /// The inode, to change: its attributes are journaled.
     fn get_mut(&mut self, ino: Ino) -> Result<&mut Inode, Errno> {
-        self.inodes.get_mut(&ino).ok_or(Errno::ENOENT)
+        let i = self.inodes.get_mut(&ino).ok_or(Errno::ENOENT)?;
+        if self.log.is_some() {
+            self.touched.insert(ino);
+        }
+        Ok(i)
+    }
+
+    fn note(&mut self, record: impl FnOnce() -> Record) {
+        if let Some(log) = &mut self.log {
+            log.push(record());
+        }
+    }
+
+    /// Names `ino` as `name` in `dir` (None: removes the name).
+    fn set_entry(&mut self, dir: Ino, name: &[u8], ino: Option<Ino>) -> Result<(), Errno> {
+        let entries = self.entries_mut(dir)?;
+        match ino {
+            Some(ino) => entries.insert(name.to_vec(), ino),
+            None => entries.remove(name),
+        };
+        self.note(|| Record::Entry {
+            dir,
+            name: name.to_vec(),
+            ino: ino.unwrap_or(0),
+        });
+        Ok(())
+    }
+
+    /// Journals chunk `index` of `ino` as it now is.
+    fn note_chunk(&mut self, ino: Ino, index: u64) {
+        if self.log.is_some() {
+            let replicas = self.replicas(ino, index).unwrap_or_default();
+            self.note(|| Record::Chunk {
+                ino,
+                index,
+                replicas,
+            });
+        }
     }
 
     fn entries(&self, dir: Ino) -> Result<&BTreeMap<Vec<u8>, Ino>, Errno> {
@@ -115,7 +163,7 @@ impl Namespace {
 
     fn touch_dir(&mut self, dir: Ino) {
         let t = now();
-        if let Some(i) = self.inodes.get_mut(&dir) {
+        if let Ok(i) = self.get_mut(dir) {
             i.attr.mtime = t;
             i.attr.ctime = t;
         }
@@ -159,6 +207,11 @@ impl Namespace {
         self.next_ino += 1;
         let t = now();
         let is_dir = kind == FileKind::Directory;
+        let (dir_parent, target) = match &data {
+            Data::Dir { parent, .. } => (*parent, Vec::new()),
+            Data::Symlink(t) => (0, t.clone()),
+            _ => (0, Vec::new()),
+        };
         let attr = Attr {
             ino,
             kind,
@@ -183,7 +236,12 @@ impl Namespace {
                 open: 0,
             },
         );
-        self.entries_mut(parent)?.insert(name.to_vec(), ino);
+        self.note(|| Record::Created {
+            attr,
+            parent: dir_parent,
+            target,
+        });
+        self.set_entry(parent, name, Some(ino))?;
         if is_dir {
             self.get_mut(parent)?.attr.nlink += 1;
         }
@@ -270,7 +328,7 @@ impl Namespace {
         if self.entries(newparent)?.contains_key(newname) {
             return Err(Errno::EEXIST);
         }
-        self.entries_mut(newparent)?.insert(newname.to_vec(), ino);
+        self.set_entry(newparent, newname, Some(ino))?;
         let i = self.get_mut(ino)?;
         i.attr.nlink += 1;
         i.attr.ctime = now();
@@ -281,7 +339,7 @@ impl Namespace {
 
     /// Drops one link of `ino`; frees it (returning its chunks) once unlinked and closed.
     fn drop_link(&mut self, ino: Ino) -> Vec<ChunkRef> {
-        let Some(i) = self.inodes.get_mut(&ino) else {
+        let Ok(i) = self.get_mut(ino) else {
             return Vec::new();
         };
         i.attr.nlink = i.attr.nlink.saturating_sub(1);
@@ -294,6 +352,7 @@ impl Namespace {
             Some(i) if i.attr.nlink == 0 && i.open == 0 => {}
             _ => return Vec::new(),
         }
+        self.note(|| Record::Gone(ino));
         match self.inodes.remove(&ino).map(|i| i.data) {
             Some(Data::File { chunks }) => chunks.into_values().flatten().collect(),
             _ => Vec::new(),
@@ -307,7 +366,7 @@ impl Namespace {
         if self.get(ino)?.attr.kind == FileKind::Directory {
             return Err(Errno::EISDIR);
         }
-        self.entries_mut(parent)?.remove(name);
+        self.set_entry(parent, name, None)?;
         self.touch_dir(parent);
         Ok(self.drop_link(ino))
     }
@@ -325,7 +384,7 @@ impl Namespace {
         if !self.entries(ino)?.is_empty() {
             return Err(Errno::ENOTEMPTY);
         }
-        self.entries_mut(parent)?.remove(name);
+        self.set_entry(parent, name, None)?;
         self.get_mut(parent)?.attr.nlink -= 1;
         self.touch_dir(parent);
         let i = self.get_mut(ino)?;
@@ -354,6 +413,10 @@ impl Namespace {
         }) = self.inodes.get_mut(&dir)
         {
             *parent = new_parent;
+            self.note(|| Record::Parent {
+                dir,
+                parent: new_parent,
+            });
         }
     }
 
@@ -387,8 +450,8 @@ impl Namespace {
             if dst_is_dir && self.is_within(parent, dst) {
                 return Err(Errno::EINVAL);
             }
-            self.entries_mut(parent)?.insert(name.to_vec(), dst);
-            self.entries_mut(newparent)?.insert(newname.to_vec(), src);
+            self.set_entry(parent, name, Some(dst))?;
+            self.set_entry(newparent, newname, Some(src))?;
             if src_is_dir != dst_is_dir && parent != newparent {
                 let (to_new, to_old) = if src_is_dir { (1i64, -1i64) } else { (-1, 1) };
                 self.get_mut(newparent)?.attr.nlink =
@@ -421,7 +484,7 @@ impl Namespace {
                 (true, true) if !self.entries(dst)?.is_empty() => return Err(Errno::ENOTEMPTY),
                 _ => {}
             }
-            self.entries_mut(newparent)?.remove(newname);
+            self.set_entry(newparent, newname, None)?;
             if dst_is_dir {
                 self.get_mut(newparent)?.attr.nlink -= 1;
                 self.get_mut(dst)?.attr.nlink = 0;
@@ -430,8 +493,8 @@ impl Namespace {
                 freed = self.drop_link(dst);
             }
         }
-        self.entries_mut(parent)?.remove(name);
-        self.entries_mut(newparent)?.insert(newname.to_vec(), src);
+        self.set_entry(parent, name, None)?;
+        self.set_entry(newparent, newname, Some(src))?;
         if src_is_dir && parent != newparent {
             self.get_mut(parent)?.attr.nlink -= 1;
             self.get_mut(newparent)?.attr.nlink += 1;
@@ -493,11 +556,13 @@ impl Namespace {
         let i = self.get_mut(ino)?;
         let t = now();
         let mut freed = Vec::new();
+        let mut cut = None;
         if let Some(size) = s.size {
             match &mut i.data {
                 Data::File { chunks } => {
                     let keep = size.div_ceil(chunk_size);
                     freed = chunks.split_off(&keep).into_values().flatten().collect();
+                    cut = Some(keep);
                     i.attr.size = size;
                     i.attr.mtime = t;
                 }
@@ -521,11 +586,16 @@ impl Namespace {
             i.attr.mtime = m;
         }
         i.attr.ctime = t;
-        Ok((i.attr, freed))
+        let attr = i.attr;
+        if let Some(from) = cut {
+            self.note(|| Record::Cut { ino, from });
+        }
+        Ok((attr, freed))
     }
 
     pub fn open(&mut self, ino: Ino) -> Result<Attr, Errno> {
-        let i = self.get_mut(ino)?;
+        // Open handles are the sessions' (reclaimed after a restart), not journaled.
+        let i = self.inodes.get_mut(&ino).ok_or(Errno::ENOENT)?;
         i.open += 1;
         Ok(i.attr)
     }
@@ -555,7 +625,11 @@ impl Namespace {
         };
         let keep = i.attr.size.div_ceil(chunk_size);
         let freed: Vec<_> = chunks.split_off(&keep).into_values().flatten().collect();
-        (!freed.is_empty()).then_some((keep, freed))
+        if freed.is_empty() {
+            return None;
+        }
+        self.note(|| Record::Cut { ino, from: keep });
+        Some((keep, freed))
     }
 
     /// Records a client's writes: the size grows to `size` (never shrinks: that is truncate).
@@ -605,15 +679,21 @@ impl Namespace {
     }
 
     pub fn add_chunks(&mut self, ino: Ino, new: &[(u64, Replicas)]) -> Result<(), Errno> {
-        match &mut self.get_mut(ino)?.data {
-            Data::File { chunks } => {
-                for (i, c) in new {
-                    chunks.entry(*i).or_insert_with(|| c.clone());
-                }
-                Ok(())
+        let Data::File { chunks } = &mut self.inodes.get_mut(&ino).ok_or(Errno::ENOENT)?.data
+        else {
+            return Err(Errno::EINVAL);
+        };
+        let mut added = Vec::new();
+        for (i, c) in new {
+            if !chunks.contains_key(i) {
+                chunks.insert(*i, c.clone());
+                added.push(*i);
             }
-            _ => Err(Errno::EINVAL),
         }
+        for index in added {
+            self.note_chunk(ino, index);
+        }
+        Ok(())
     }
 
     fn chunk_mut(&mut self, ino: Ino, index: u64) -> Option<&mut Replicas> {
@@ -640,8 +720,11 @@ impl Namespace {
         if !chunk.iter().any(has_write) {
             return Err(Errno::EIO);
         }
-        let (kept, dropped) = chunk.drain(..).partition(has_write);
+        let (kept, dropped): (Replicas, _) = chunk.drain(..).partition(has_write);
         *chunk = kept;
+        if !dropped.is_empty() {
+            self.note_chunk(ino, index);
+        }
         Ok(dropped)
     }
 
@@ -649,18 +732,21 @@ impl Namespace {
     /// only replica was there keeps it, so that reading it fails rather than reading a hole's
     /// zeros. Returns how many chunks lost a replica.
     pub fn drop_node(&mut self, node: u32) -> usize {
-        let mut dropped = 0;
-        for i in self.inodes.values_mut() {
+        let mut dropped = Vec::new();
+        for (&ino, i) in self.inodes.iter_mut() {
             if let Data::File { chunks } = &mut i.data {
-                for chunk in chunks.values_mut() {
+                for (&index, chunk) in chunks.iter_mut() {
                     if chunk.len() > 1 && chunk.iter().any(|c| c.node == node) {
                         chunk.retain(|c| c.node != node);
-                        dropped += 1;
+                        dropped.push((ino, index));
                     }
                 }
             }
         }
-        dropped
+        for &(ino, index) in &dropped {
+            self.note_chunk(ino, index);
+        }
+        dropped.len()
     }
 
     /// Up to `limit` chunks with fewer than `target` replicas on live nodes (and at least one
@@ -701,6 +787,7 @@ impl Namespace {
         match self.chunk_mut(ino, index) {
             Some(chunk) if chunk.iter().any(|c| same_chunk(c, source)) => {
                 chunk.push(new);
+                self.note_chunk(ino, index);
                 true
             }
             _ => false,

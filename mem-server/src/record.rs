@@ -1,0 +1,272 @@
+//! What the metadata node journals: physical records of each change to the namespace and to
+//! the registry of data nodes, applied in order to rebuild both after a restart (a snapshot is
+//! the same records, written from the whole state). Physical, not the calls that caused them:
+//! a call's outcome depends on the clock and on allocation, which a replay would not repeat.
+
+use rfs_proto::types::{Attr, ChunkRef, Ino};
+use rfs_proto::wire::{bad, DecodeError, Reader, Wire, Writer};
+
+/// One change.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Record {
+    /// What the state directory holds: refused on a restart with other chunks.
+    Format { chunk_size: u64 },
+    /// An inode came to be: a directory with its parent, a symbolic link with its target.
+    Created {
+        attr: Attr,
+        parent: Ino,
+        target: Vec<u8>,
+    },
+    /// An inode's attributes are now `attr`.
+    Attr(Attr),
+    /// Directory `dir` names `ino` as `name` (0: the name went).
+    Entry { dir: Ino, name: Vec<u8>, ino: Ino },
+    /// Directory `dir` moved under `parent`.
+    Parent { dir: Ino, parent: Ino },
+    /// Chunk `index` of `ino` is on `replicas` (none: the chunk went).
+    Chunk {
+        ino: Ino,
+        index: u64,
+        replicas: Vec<ChunkRef>,
+    },
+    /// Chunks from `from` on of `ino` went (truncated, or trimmed on close).
+    Cut { ino: Ino, from: u64 },
+    /// Inode `ino` went.
+    Gone(Ino),
+    /// Inode numbers from here on are unused.
+    NextIno(Ino),
+    /// Data node `id` lends the pool named `pool_id`: `count` chunks from `pool_addr`.
+    Node {
+        id: u32,
+        pool_id: u64,
+        addr: String,
+        pool_addr: u64,
+        count: u64,
+    },
+    /// Nothing at or past `upto` in node `node`'s pool was ever handed out (so it is still
+    /// zero: it needs no zeroing after a restart).
+    Fresh { node: u32, upto: u64 },
+}
+
+/// Bytes counted by a u32: journal records are this node's own, with no list limit.
+fn put_bytes(b: &[u8], w: &mut Writer) {
+    (b.len() as u32).put(w);
+    w.0.extend_from_slice(b);
+}
+
+fn get_bytes(r: &mut Reader<'_>) -> Result<Vec<u8>, DecodeError> {
+    let n = u32::get(r)?;
+    (0..n).map(|_| u8::get(r)).collect()
+}
+
+impl Record {
+    /// Appends this record's encoding (a tag, then its fields).
+    pub fn put(&self, w: &mut Writer) {
+        match self {
+            Record::Format { chunk_size } => {
+                1u8.put(w);
+                chunk_size.put(w);
+            }
+            Record::Created {
+                attr,
+                parent,
+                target,
+            } => {
+                2u8.put(w);
+                attr.put(w);
+                parent.put(w);
+                put_bytes(target, w);
+            }
+            Record::Attr(attr) => {
+                3u8.put(w);
+                attr.put(w);
+            }
+            Record::Entry { dir, name, ino } => {
+                4u8.put(w);
+                dir.put(w);
+                put_bytes(name, w);
+                ino.put(w);
+            }
+            Record::Parent { dir, parent } => {
+                5u8.put(w);
+                dir.put(w);
+                parent.put(w);
+            }
+            Record::Chunk {
+                ino,
+                index,
+                replicas,
+            } => {
+                6u8.put(w);
+                ino.put(w);
+                index.put(w);
+                replicas.put(w);
+            }
+            Record::Cut { ino, from } => {
+                7u8.put(w);
+                ino.put(w);
+                from.put(w);
+            }
+            Record::Gone(ino) => {
+                8u8.put(w);
+                ino.put(w);
+            }
+            Record::NextIno(ino) => {
+                9u8.put(w);
+                ino.put(w);
+            }
+            Record::Node {
+                id,
+                pool_id,
+                addr,
+                pool_addr,
+                count,
+            } => {
+                10u8.put(w);
+                id.put(w);
+                pool_id.put(w);
+                put_bytes(addr.as_bytes(), w);
+                pool_addr.put(w);
+                count.put(w);
+            }
+            Record::Fresh { node, upto } => {
+                11u8.put(w);
+                node.put(w);
+                upto.put(w);
+            }
+        }
+    }
+
+    /// Takes one record.
+    pub fn get(r: &mut Reader<'_>) -> Result<Record, DecodeError> {
+        Ok(match u8::get(r)? {
+            1 => Record::Format {
+                chunk_size: Wire::get(r)?,
+            },
+            2 => Record::Created {
+                attr: Wire::get(r)?,
+                parent: Wire::get(r)?,
+                target: get_bytes(r)?,
+            },
+            3 => Record::Attr(Wire::get(r)?),
+            4 => Record::Entry {
+                dir: Wire::get(r)?,
+                name: get_bytes(r)?,
+                ino: Wire::get(r)?,
+            },
+            5 => Record::Parent {
+                dir: Wire::get(r)?,
+                parent: Wire::get(r)?,
+            },
+            6 => Record::Chunk {
+                ino: Wire::get(r)?,
+                index: Wire::get(r)?,
+                replicas: Wire::get(r)?,
+            },
+            7 => Record::Cut {
+                ino: Wire::get(r)?,
+                from: Wire::get(r)?,
+            },
+            8 => Record::Gone(Wire::get(r)?),
+            9 => Record::NextIno(Wire::get(r)?),
+            10 => Record::Node {
+                id: Wire::get(r)?,
+                pool_id: Wire::get(r)?,
+                addr: String::from_utf8(get_bytes(r)?).or_else(|_| bad("address not UTF-8"))?,
+                pool_addr: Wire::get(r)?,
+                count: Wire::get(r)?,
+            },
+            11 => Record::Fresh {
+                node: Wire::get(r)?,
+                upto: Wire::get(r)?,
+            },
+            t => return bad(format!("unknown journal record {t}")),
+        })
+    }
+
+    /// The records encoded in `b`, all of `b`.
+    pub fn decode_all(b: &[u8]) -> Result<Vec<Record>, DecodeError> {
+        let mut r = Reader::new(b);
+        let mut out = Vec::new();
+        while r.finish().is_err() {
+            out.push(Record::get(&mut r)?);
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rfs_proto::types::{FileKind, Timestamp};
+
+    fn attr() -> Attr {
+        let t = Timestamp { secs: 5, nsecs: 7 };
+        Attr {
+            ino: 9,
+            kind: FileKind::RegularFile,
+            perm: 0o640,
+            nlink: 1,
+            uid: 3,
+            gid: 4,
+            rdev: 0,
+            size: 1 << 40,
+            atime: t,
+            mtime: t,
+            ctime: t,
+        }
+    }
+
+    #[test]
+    fn every_record_round_trips_and_damage_is_refused() {
+        let c = ChunkRef {
+            node: 2,
+            addr: 1 << 30,
+            rkey: 0,
+        };
+        let all = vec![
+            Record::Format {
+                chunk_size: 1 << 20,
+            },
+            Record::Created {
+                attr: attr(),
+                parent: 1,
+                target: b"t\xff".to_vec(),
+            },
+            Record::Attr(attr()),
+            Record::Entry {
+                dir: 1,
+                name: vec![0xfe; 255],
+                ino: 9,
+            },
+            Record::Parent { dir: 4, parent: 1 },
+            Record::Chunk {
+                ino: 9,
+                index: 3,
+                replicas: vec![c, c],
+            },
+            Record::Cut { ino: 9, from: 2 },
+            Record::Gone(9),
+            Record::NextIno(10),
+            Record::Node {
+                id: 2,
+                pool_id: u64::MAX,
+                addr: "10.0.0.2:7471".into(),
+                pool_addr: 1 << 44,
+                count: 512,
+            },
+            Record::Fresh { node: 2, upto: 77 },
+        ];
+        let mut w = Writer::default();
+        for r in &all {
+            r.put(&mut w);
+        }
+        assert_eq!(Record::decode_all(&w.0).unwrap(), all);
+        for cut in 1..w.0.len() {
+            if let Ok(part) = Record::decode_all(&w.0[..cut]) {
+                assert!(part.len() < all.len(), "a cut at {cut} decoded everything");
+            }
+        }
+        assert!(Record::decode_all(&[99]).is_err());
+    }
+}
