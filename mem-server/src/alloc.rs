@@ -6,15 +6,30 @@
 //! before they are reused (a new file must read zeros, and must never see another file's data);
 //! until then they sit in the node's `dirty` list.
 
+use std::collections::BTreeSet;
+
 use rfs_proto::types::{ChunkRef, NodeInfo, Replicas};
 use rfs_proto::Errno;
+
+use crate::record::Record;
+
+/// Fresh chunks journaled as handed out ahead of use, per node: a restart zeroes at most this
+/// many never-used chunks, and the journal gets one record per this many allocations.
+const RESERVE_AHEAD: u64 = 256;
 
 pub struct NodeChunks {
     pub id: u32,
     pub addr: String,
+    /// Names the node's pool (its contents), across restarts of the metadata node.
+    pub pool_id: u64,
     pub pool_addr: u64,
     pub total: u64,
     pub alive: bool,
+    /// Known from the journal and not back since the metadata node restarted: its pool, if it
+    /// comes back, still holds the chunks the maps name.
+    pub replayed: bool,
+    /// Nothing at or past this address was handed out (journaled): still zero.
+    reserved: u64,
     free: FreeChunks,
     dirty: Vec<u64>,
     /// Taken by the zeroer and not yet back.
@@ -58,6 +73,8 @@ impl FreeChunks {
 #[derive(Default)]
 pub struct Allocator {
     nodes: Vec<NodeChunks>,
+    /// Changes not yet taken for the journal (none: not journaled).
+    log: Option<Vec<Record>>,
     /// Chunks freed and not yet released here (waiting for their holders or nodes): free
     /// space soon, as chunks being zeroed are.
     pending: u64,
@@ -72,15 +89,25 @@ impl Allocator {
         )
     }
 
-    /// Adds a node whose pool (all zero) is cut into `count` chunks of `chunk_size`.
-    pub fn add_node(&mut self, addr: String, pool_addr: u64, chunk_size: u64, count: u64) -> u32 {
+    /// Adds a node whose pool `pool_id` (all zero) is cut into `count` chunks of `chunk_size`.
+    pub fn add_node(
+        &mut self,
+        addr: String,
+        pool_id: u64,
+        pool_addr: u64,
+        chunk_size: u64,
+        count: u64,
+    ) -> u32 {
         let id = self.nodes.len() as u32;
         self.nodes.push(NodeChunks {
             id,
             addr,
+            pool_id,
             pool_addr,
             total: count,
             alive: true,
+            replayed: false,
+            reserved: pool_addr,
             free: FreeChunks {
                 recycled: Vec::new(),
                 next_fresh: pool_addr,
@@ -91,7 +118,170 @@ impl Allocator {
             zeroing: 0,
             current: 0,
         });
+        let record = Self::node_record(&self.nodes[id as usize]);
+        self.note(record);
         id
+    }
+
+    fn node_record(n: &NodeChunks) -> Record {
+        Record::Node {
+            id: n.id,
+            pool_id: n.pool_id,
+            addr: n.addr.clone(),
+            pool_addr: n.pool_addr,
+            count: n.total,
+        }
+    }
+
+    fn note(&mut self, record: Record) {
+        if let Some(log) = &mut self.log {
+            log.push(record);
+        }
+    }
+
+    /// Journals how far `node`'s fresh chunks are handed out, ahead of use: a chunk past
+    /// what the journal says was never given to anyone (so never written).
+    fn reserve(&mut self, node: u32) {
+        let Some(n) = self.nodes.get_mut(node as usize) else {
+            return;
+        };
+        if n.free.next_fresh <= n.reserved {
+            return;
+        }
+        let end = n.pool_addr + n.total * n.free.chunk_size;
+        n.reserved = (n.free.next_fresh + RESERVE_AHEAD * n.free.chunk_size).min(end);
+        let record = Record::Fresh {
+            node,
+            upto: n.reserved,
+        };
+        self.note(record);
+    }
+
+    /// Records every change from now on, for [`Allocator::take_records`].
+    pub fn journal_changes(&mut self) {
+        self.log.get_or_insert_with(Vec::new);
+    }
+
+    /// The changes made since the last call, in order.
+    pub fn take_records(&mut self, out: &mut Vec<Record>) {
+        if let Some(log) = &mut self.log {
+            out.append(log);
+        }
+    }
+
+    /// Every node as records: replayed, they rebuild the registry.
+    pub fn records(&self) -> Vec<Record> {
+        self.nodes
+            .iter()
+            .flat_map(|n| {
+                [
+                    Self::node_record(n),
+                    Record::Fresh {
+                        node: n.id,
+                        upto: n.reserved,
+                    },
+                ]
+            })
+            .collect()
+    }
+
+    /// The registry `records` describe (other records are passed over), journaling from then
+    /// on: every node is away until it comes back ([`Allocator::rejoin`]).
+    pub fn replay(chunk_size: u64, records: &[Record]) -> Result<Allocator, String> {
+        let mut a = Allocator::default();
+        for r in records {
+            match r {
+                Record::Node {
+                    id,
+                    pool_id,
+                    addr,
+                    pool_addr,
+                    count,
+                } => {
+                    let id = *id as usize;
+                    if id < a.nodes.len() {
+                        a.nodes[id].addr = addr.clone();
+                        continue;
+                    }
+                    if id != a.nodes.len() {
+                        return Err(format!(
+                            "data node {id} comes before node {}",
+                            a.nodes.len()
+                        ));
+                    }
+                    a.add_node(addr.clone(), *pool_id, *pool_addr, chunk_size, *count);
+                    let n = &mut a.nodes[id];
+                    n.alive = false;
+                    n.replayed = true;
+                }
+                Record::Fresh { node, upto } => match a.nodes.get_mut(*node as usize) {
+                    Some(n) => n.reserved = n.reserved.max(*upto),
+                    None => return Err(format!("fresh chunks of unknown data node {node}")),
+                },
+                _ => {}
+            }
+        }
+        a.journal_changes();
+        Ok(a)
+    }
+
+    /// A node with pool `pool_id` came back after a restart of the metadata node, with its
+    /// pool as it was (`pool_addr`, `count` chunks): the id it had, its chunks that the maps
+    /// name (`in_use`) kept, every other chunk it ever handed out to be zeroed before reuse.
+    /// None if the journal does not know the pool (or it is back already).
+    pub fn rejoin(
+        &mut self,
+        pool_id: u64,
+        addr: String,
+        (pool_addr, count): (u64, u64),
+        in_use: impl FnOnce(u32) -> BTreeSet<u64>,
+    ) -> Option<u32> {
+        let n = self.nodes.iter_mut().find(|n| {
+            n.replayed && n.pool_id == pool_id && n.pool_addr == pool_addr && n.total == count
+        })?;
+        let cs = n.free.chunk_size;
+        let in_use = in_use(n.id);
+        n.dirty = (n.pool_addr..n.reserved)
+            .step_by(cs as usize)
+            .filter(|a| !in_use.contains(a))
+            .collect();
+        let end = n.pool_addr + n.total * cs;
+        n.free = FreeChunks {
+            recycled: Vec::new(),
+            next_fresh: n.reserved,
+            fresh_left: (end - n.reserved) / cs,
+            chunk_size: cs,
+        };
+        n.zeroing = 0;
+        n.current = 0;
+        n.alive = true;
+        n.replayed = false;
+        n.addr = addr;
+        let id = n.id;
+        let record = Self::node_record(n);
+        self.note(record);
+        Some(id)
+    }
+
+    /// Whether node `id` is known from the journal and not back yet.
+    pub fn is_replayed(&self, id: u32) -> bool {
+        self.nodes.get(id as usize).is_some_and(|n| n.replayed)
+    }
+
+    /// Whether the pool `pool_id` is that of a node known from the journal and not back yet.
+    pub fn is_replayed_pool(&self, pool_id: u64) -> bool {
+        self.nodes
+            .iter()
+            .any(|n| n.replayed && n.pool_id == pool_id)
+    }
+
+    /// The nodes known from the journal and not back yet.
+    pub fn replayed(&self) -> Vec<u32> {
+        self.nodes
+            .iter()
+            .filter(|n| n.replayed)
+            .map(|n| n.id)
+            .collect()
     }
 
     pub fn set_alive(&mut self, id: u32, alive: bool) {
@@ -100,13 +290,15 @@ impl Allocator {
         }
     }
 
-    pub fn nodes(&self) -> Vec<NodeInfo> {
+    /// Every node, `local` being the metadata node's own pool.
+    pub fn nodes(&self, local: u32) -> Vec<NodeInfo> {
         self.nodes
             .iter()
             .map(|n| NodeInfo {
                 id: n.id,
                 addr: n.addr.clone(),
                 alive: n.alive,
+                meta: n.id == local,
             })
             .collect()
     }
@@ -218,6 +410,9 @@ impl Allocator {
                 rkey: 0,
             });
         }
+        for c in &picked {
+            self.reserve(c.node);
+        }
         Some(picked)
     }
 
@@ -230,8 +425,10 @@ impl Allocator {
             .filter(|x| Self::may_place(x, besides, avoid))
             .max_by_key(|x| x.free.len())?;
         let addr = node.free.pop().expect("placeable nodes have a free chunk");
+        let node = node.id;
+        self.reserve(node);
         Some(ChunkRef {
-            node: node.id,
+            node,
             addr,
             rkey: 0,
         })
@@ -313,8 +510,8 @@ mod tests {
     #[test]
     fn chunks_spread_over_nodes_by_free_space() {
         let mut a = Allocator::default();
-        a.add_node("a".into(), 0, 100, 100);
-        a.add_node("b".into(), 1 << 40, 100, 100);
+        a.add_node("a".into(), 7, 0, 100, 100);
+        a.add_node("b".into(), 7, 1 << 40, 100, 100);
         let got: Vec<_> = a.alloc(10, 1).unwrap().concat();
         let on_b = got.iter().filter(|c| c.node == 1).count();
         assert_eq!(on_b, 5, "equal nodes share evenly");
@@ -323,8 +520,8 @@ mod tests {
         }
         // A fuller node gets fewer.
         let mut a = Allocator::default();
-        a.add_node("a".into(), 0, 100, 30);
-        a.add_node("b".into(), 1 << 40, 100, 90);
+        a.add_node("a".into(), 7, 0, 100, 30);
+        a.add_node("b".into(), 7, 1 << 40, 100, 90);
         let got: Vec<_> = a.alloc(40, 1).unwrap().concat();
         let on_b = got.iter().filter(|c| c.node == 1).count();
         assert!(on_b >= 25, "{on_b} of 40 on the emptier node");
@@ -333,8 +530,8 @@ mod tests {
     #[test]
     fn enospc_allocates_nothing_and_dead_nodes_are_skipped() {
         let mut a = Allocator::default();
-        a.add_node("a".into(), 0, 100, 3);
-        a.add_node("b".into(), 1000, 100, 3);
+        a.add_node("a".into(), 7, 0, 100, 3);
+        a.add_node("b".into(), 7, 1000, 100, 3);
         a.set_alive(1, false);
         assert_eq!(a.alloc(4, 1), Err(Errno::ENOSPC));
         assert_eq!(a.totals(), (3, 3));
@@ -346,7 +543,7 @@ mod tests {
     #[test]
     fn a_huge_pool_costs_nothing_until_used() {
         let mut a = Allocator::default();
-        a.add_node("a".into(), 0, 4096, 1 << 38);
+        a.add_node("a".into(), 7, 0, 4096, 1 << 38);
         assert_eq!(a.totals(), (1 << 38, 1 << 38));
         let got = a.alloc(3, 1).unwrap().concat();
         let addrs: Vec<u64> = got.iter().map(|c| c.addr).collect();
@@ -364,7 +561,7 @@ mod tests {
     #[test]
     fn freed_chunks_come_back_only_after_zeroing() {
         let mut a = Allocator::default();
-        a.add_node("a".into(), 0, 100, 2);
+        a.add_node("a".into(), 7, 0, 100, 2);
         let got = a.alloc(2, 1).unwrap().concat();
         a.release(got.clone());
         assert_eq!(
@@ -386,7 +583,7 @@ mod tests {
     fn replicas_of_a_chunk_are_on_distinct_nodes_and_spread() {
         let mut a = Allocator::default();
         for i in 0..3 {
-            a.add_node(format!("n{i}"), i << 40, 100, 100);
+            a.add_node(format!("n{i}"), i, i << 40, 100, 100);
         }
         let got = a.alloc(30, 2).unwrap();
         let mut per_node = [0; 3];
@@ -418,8 +615,8 @@ mod tests {
     #[test]
     fn too_few_nodes_give_fewer_replicas_and_too_little_space_gives_nothing() {
         let mut a = Allocator::default();
-        a.add_node("a".into(), 0, 100, 4);
-        a.add_node("b".into(), 1000, 100, 2);
+        a.add_node("a".into(), 7, 0, 100, 4);
+        a.add_node("b".into(), 7, 1000, 100, 2);
         a.set_alive(1, false);
         let one = a.alloc(2, 2).unwrap();
         assert!(
@@ -433,5 +630,61 @@ mod tests {
         let two = a.alloc(2, 2).unwrap();
         assert!(two.iter().all(|c| c.len() == 2));
         assert_eq!(a.totals(), (6, 0));
+    }
+
+    #[test]
+    fn a_node_back_after_a_restart_keeps_what_the_maps_name_and_zeroes_the_rest() {
+        let mut a = Allocator::default();
+        a.journal_changes();
+        a.add_node("a".into(), 11, 0, 100, 1000);
+        let used = a.alloc(3, 1).unwrap().concat();
+        assert_eq!(
+            used.iter().map(|c| c.addr).collect::<Vec<_>>(),
+            [0, 100, 200]
+        );
+        let mut records = Vec::new();
+        a.take_records(&mut records);
+        assert!(
+            records.contains(&Record::Fresh {
+                node: 0,
+                upto: 100 + RESERVE_AHEAD * 100
+            }),
+            "{records:?}"
+        );
+        let mut b = Allocator::replay(100, &records).unwrap();
+        assert_eq!(
+            b.records(),
+            a.records(),
+            "a snapshot of the replay is the same"
+        );
+        assert_eq!(b.totals(), (0, 0), "away until it comes back");
+        let in_use = |_| BTreeSet::from([0, 200]);
+        assert_eq!(
+            b.rejoin(12, "a".into(), (0, 1000), in_use),
+            None,
+            "another pool"
+        );
+        assert_eq!(
+            b.rejoin(11, "a".into(), (0, 999), in_use),
+            None,
+            "another size"
+        );
+        assert_eq!(b.rejoin(11, "a2".into(), (0, 1000), in_use), Some(0));
+        assert_eq!(
+            b.rejoin(11, "a2".into(), (0, 1000), in_use),
+            None,
+            "back already"
+        );
+        assert_eq!(b.totals(), (1000, 998));
+        assert_eq!(b.nodes(0)[0].addr, "a2");
+        // Every chunk handed out before the restart and not in a map is zeroed before reuse;
+        // none in a map is handed out again.
+        let (node, dirty) = b.take_dirty().pop().unwrap();
+        assert_eq!(dirty.len() as u64, RESERVE_AHEAD + 1 - 2);
+        assert!(dirty.contains(&100));
+        b.zeroed(node, dirty, 0);
+        let all = b.alloc(998, 1).unwrap().concat();
+        assert!(all.iter().all(|c| c.addr != 0 && c.addr != 200));
+        assert_eq!(b.alloc(1, 1), Err(Errno::ENOSPC));
     }
 }

@@ -84,13 +84,15 @@ impl Grants {
         drop(gone);
     }
 
-    /// Every session's grants go (the metadata node that made them is gone).
+    /// Every session's grants go (the metadata node that made them is gone), and the free
+    /// numbers with them: the next metadata node (restarted, or reached again) counts anew.
     pub(crate) fn revoke_everything(&self) {
         let mut st = self.state.lock().unwrap();
         for s in st.sessions.values_mut() {
             s.chunks.clear();
             s.pool = None;
         }
+        st.freed.fill(0);
     }
 
     /// The chunk index of a chunk's first byte, if it is one of ours.

@@ -2,9 +2,16 @@
 //! metadata node checks it by opening a data session back to the joiner (which it then uses to
 //! zero that node's chunks), adds the node to the allocator, and marks it dead when the join
 //! connection closes.
+//!
+//! A data node outlives its metadata node: when the join connection ends it takes every grant
+//! back (nobody could revoke them any more) and joins again, naming the same pool. A metadata
+//! node restarted from its journal knows the pool and its chunks (files keep their data); one
+//! that does not know it refuses, and the node wipes its pool and joins as a new one.
 
 use std::io;
 use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rdmabox::SessionConfig;
@@ -12,11 +19,11 @@ use rfs_proto::data::DataSession;
 use rfs_proto::frame::{recv_frame, send_frame};
 use rfs_proto::grant::{encode_link_reply, GrantPool, LinkRequest, MAX_LINK_FRAME};
 use rfs_proto::handshake::dial;
-use rfs_proto::hello::{Hello, Join};
+use rfs_proto::hello::{Hello, Join, UNKNOWN_POOL};
 
 use crate::grants::Grants;
 use crate::link::{Link, RemoteLink};
-use crate::meta::MetaService;
+use crate::meta::{MetaService, MetaState};
 use crate::node::{invalid, Shared};
 
 const ACCEPTED: &[u8] = b"ok";
@@ -30,6 +37,8 @@ const MAX_JOINS: usize = 64 * MAX_NODES;
 const MAX_POOL_BYTES: u64 = 1 << 50;
 /// The longest address a node may advertise.
 const MAX_ADDR_LEN: usize = 255;
+/// The longest pause between a data node's tries to join again.
+const REJOIN_BACKOFF: Duration = Duration::from_secs(1);
 
 /// Checks what a joining node says about itself before anything is sized by it.
 fn check_join(join: &Join, chunk_size: u64) -> Result<(), String> {
@@ -73,7 +82,7 @@ pub(crate) fn admit(
         send_frame(&mut s, why.as_bytes())?;
         return Err(invalid(format!("refused a join: {why}")));
     }
-    let (live, all) = meta.state.lock().unwrap().alloc.node_counts();
+    let (live, all) = meta.state.lock().alloc.node_counts();
     if live >= MAX_NODES || all >= MAX_JOINS {
         send_frame(&mut s, b"too many data nodes")?;
         return Err(invalid(format!(
@@ -85,7 +94,16 @@ pub(crate) fn admit(
         pool_addr,
         pool_len,
         chunk_size,
+        pool_id,
+        fresh,
     } = join;
+    let chunks = pool_len / chunk_size;
+    if !fresh && !meta.state.lock().alloc.is_replayed_pool(*pool_id) {
+        send_frame(&mut s, UNKNOWN_POOL)?;
+        return Err(invalid(format!(
+            "refused a join from {addr}: its pool holds data this node does not know of"
+        )));
+    }
     // Our own session to the node, to zero its freed chunks one-sidedly.
     let target: SocketAddr = addr
         .parse()
@@ -136,16 +154,35 @@ pub(crate) fn admit(
         }
     };
     session.pool.rkey = rkey;
-    let chunks = pool_len / chunk_size;
-    let id =
-        meta.state
-            .lock()
-            .unwrap()
-            .alloc
-            .add_node(addr.clone(), *pool_addr, *chunk_size, chunks);
+    let registered = {
+        let mut st = meta.state.lock();
+        let MetaState { ns, alloc, .. } = &mut *st;
+        let known = alloc.rejoin(*pool_id, addr.clone(), (*pool_addr, chunks), |id| {
+            ns.chunks_on(id)
+        });
+        match known {
+            Some(id) => Some((id, true)),
+            None if *fresh => Some((
+                alloc.add_node(addr.clone(), *pool_id, *pool_addr, *chunk_size, chunks),
+                false,
+            )),
+            None => None,
+        }
+    };
+    let Some((id, back)) = registered else {
+        let _ = s.shutdown(std::net::Shutdown::Both);
+        let _ = pumping.join();
+        return Err(invalid(format!(
+            "refused a join from {addr}: its pool is back already"
+        )));
+    };
     meta.zeroer.add_node(id, session);
     meta.add_link(id, Link::Remote(link));
-    log::info!("data node {id} joined from {addr}: {chunks} chunks");
+    if back {
+        log::info!("data node {id} is back from {addr} with its pool: {chunks} chunks");
+    } else {
+        log::info!("data node {id} joined from {addr}: {chunks} chunks");
+    }
     meta.node_joined();
     match pumping.join() {
         Ok(Err(e)) if e.kind() != io::ErrorKind::UnexpectedEof => {
@@ -161,9 +198,14 @@ pub(crate) fn admit(
     Ok(())
 }
 
-/// The joiner's half: joins the metadata node at `meta`; returns the connection that keeps the
-/// membership alive.
-pub(crate) fn join(node: &Shared, meta: SocketAddr, listen: SocketAddr) -> io::Result<TcpStream> {
+/// The joiner's half: joins the metadata node at `meta`, then keeps the membership in the
+/// background (joining again whenever the connection ends, until `stop`). Returns what ends
+/// it.
+pub(crate) fn join(
+    node: &Arc<Shared>,
+    meta: SocketAddr,
+    listen: SocketAddr,
+) -> io::Result<Membership> {
     let advertise = match &node.cfg.advertise {
         Some(a) => a.clone(),
         None if !listen.ip().is_unspecified() => listen.to_string(),
@@ -173,11 +215,108 @@ pub(crate) fn join(node: &Shared, meta: SocketAddr, listen: SocketAddr) -> io::R
             SocketAddr::new(probe.local_addr()?.ip(), listen.port()).to_string()
         }
     };
+    let mut pool = PoolName {
+        id: rdmabox::random::u64(),
+        fresh: true,
+    };
+    let first = join_once(node, meta, &advertise, &pool)?;
+    let current = Arc::new(Mutex::new(Some(first.try_clone()?)));
+    let membership = Membership(current.clone());
+    let node = node.clone();
+    std::thread::Builder::new()
+        .name("join-link".into())
+        .spawn(move || {
+            let mut link = first;
+            loop {
+                let why = serve_link(&mut link, &node.grants);
+                if current.lock().unwrap().is_none() {
+                    return; // this node is stopping
+                }
+                log::error!(
+                    "the join connection to the metadata node ended ({why}): every grant \
+                     revoked; joining again"
+                );
+                pool.fresh = false;
+                link = match rejoin(&node, meta, &advertise, &mut pool, &current) {
+                    Some(s) => s,
+                    None => return,
+                };
+            }
+        })?;
+    Ok(membership)
+}
+
+/// What a joining node says of its pool.
+struct PoolName {
+    id: u64,
+    fresh: bool,
+}
+
+/// Joins again, with backoff, until it works or the node stops (None).
+fn rejoin(
+    node: &Shared,
+    meta: SocketAddr,
+    advertise: &str,
+    pool: &mut PoolName,
+    current: &Mutex<Option<TcpStream>>,
+) -> Option<TcpStream> {
+    let mut wait = Duration::from_millis(50);
+    let mut tries = 0u32;
+    loop {
+        if node.stop.load(Ordering::Acquire) || current.lock().unwrap().is_none() {
+            return None;
+        }
+        match join_once(node, meta, advertise, pool) {
+            Ok(s) => {
+                let clone = s.try_clone().ok()?;
+                let mut slot = current.lock().unwrap();
+                if slot.is_none() {
+                    let _ = s.shutdown(std::net::Shutdown::Both);
+                    return None;
+                }
+                *slot = Some(clone);
+                log::warn!("joined the metadata node {meta} again");
+                return Some(s);
+            }
+            Err(e) if e.kind() == io::ErrorKind::AddrNotAvailable => {
+                // Not a pool it knows: wiped, this node starts over as a new one.
+                log::warn!("{e}: wiping the pool and joining as a new data node");
+                if let Err(e) = node.pool.fill(0, node.pool.len(), 0) {
+                    log::error!("wiping the pool: {e}");
+                    return None;
+                }
+                *pool = PoolName {
+                    id: rdmabox::random::u64(),
+                    fresh: true,
+                };
+                continue;
+            }
+            Err(e) => {
+                if tries.is_multiple_of(20) {
+                    log::warn!("joining the metadata node {meta} again: {e}");
+                }
+                tries += 1;
+            }
+        }
+        std::thread::sleep(wait);
+        wait = (wait * 2).min(REJOIN_BACKOFF);
+    }
+}
+
+/// One join: the connection that holds the membership, once the metadata node took us.
+fn join_once(
+    node: &Shared,
+    meta: SocketAddr,
+    advertise: &str,
+    pool: &PoolName,
+) -> io::Result<TcpStream> {
     let hello = Hello::Join(Join {
-        addr: advertise,
+        addr: advertise.to_string(),
         pool_addr: node.pool.addr(),
         pool_len: node.pool.len() as u64,
         chunk_size: node.cfg.chunk_size,
+        pool_id: pool.id,
+        fresh: pool.fresh,
     });
     let mut s = dial(
         meta,
@@ -188,6 +327,12 @@ pub(crate) fn join(node: &Shared, meta: SocketAddr, listen: SocketAddr) -> io::R
     // The metadata node connects back to us (a zeroing session) before it answers.
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
     let answer = recv_frame(&mut s, 64)?;
+    if answer == UNKNOWN_POOL {
+        return Err(io::Error::new(
+            io::ErrorKind::AddrNotAvailable,
+            "the metadata node does not know this node's pool",
+        ));
+    }
     if answer != ACCEPTED {
         return Err(io::Error::new(
             io::ErrorKind::ConnectionRefused,
@@ -198,18 +343,25 @@ pub(crate) fn join(node: &Shared, meta: SocketAddr, listen: SocketAddr) -> io::R
         ));
     }
     s.set_read_timeout(None)?;
-    let link = s.try_clone()?;
-    let grants = node.grants.clone();
-    std::thread::Builder::new()
-        .name("join-link".into())
-        .spawn(move || serve_link(link, &grants))?;
     Ok(s)
 }
 
-/// The data node's end of the link: does what the metadata node asks until it goes.
-fn serve_link(mut s: TcpStream, grants: &Grants) {
+/// A data node's membership: ended (the join connection shut down, not just closed, so that
+/// the metadata node sees the node leave; no joining again) when dropped.
+pub(crate) struct Membership(Arc<Mutex<Option<TcpStream>>>);
+
+impl Drop for Membership {
+    fn drop(&mut self) {
+        if let Some(s) = self.0.lock().unwrap().take() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+/// The data node's end of the link: does what the metadata node asks until it goes (why).
+fn serve_link(s: &mut TcpStream, grants: &Grants) -> io::Error {
     let why = loop {
-        let req = match recv_frame(&mut s, MAX_LINK_FRAME) {
+        let req = match recv_frame(s, MAX_LINK_FRAME) {
             Ok(f) => f,
             Err(e) => break e,
         };
@@ -218,17 +370,15 @@ fn serve_link(mut s: TcpStream, grants: &Grants) {
             Err(e) => break io::Error::new(io::ErrorKind::InvalidData, e),
         };
         let answer = encode_link_reply(req.op(), &grants.serve(&req));
-        if let Err(e) = send_frame(&mut s, &answer) {
+        if let Err(e) = send_frame(s, &answer) {
             break e;
         }
     };
-    // Nobody can revoke what was granted from now on, and the metadata node counts this
-    // node's chunks as lost: no session keeps any reach.
+    // Nobody can revoke what was granted from now on: no session keeps any reach until the
+    // metadata node (restarted, or reached again) grants anew.
     grants.revoke_everything();
-    log::error!(
-        "the join connection to the metadata node ended ({why}): this node's pool is no longer in use"
-    );
     let _ = s.shutdown(std::net::Shutdown::Both);
+    why
 }
 
 #[cfg(test)]
@@ -241,6 +391,8 @@ mod tests {
             pool_addr,
             pool_len,
             chunk_size: 1 << 20,
+            pool_id: 1,
+            fresh: true,
         }
     }
 

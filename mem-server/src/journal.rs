@@ -410,6 +410,79 @@ impl Journal {
     }
 }
 
+/// State whose changes are journaled: it hands over the records of its changes, and all of
+/// itself for a snapshot.
+pub trait Durable {
+    fn take_records(&mut self, out: &mut Vec<Record>);
+    fn records(&self) -> Vec<Record>;
+}
+
+/// A mutex over journaled state: whatever a holder of the lock changed is appended to the
+/// journal as the lock is let go (so the journal has changes in the order they were made),
+/// and a snapshot follows when the journal grew long.
+pub struct Journaled<T: Durable> {
+    state: Mutex<T>,
+    journal: Option<Journal>,
+}
+
+/// The lock of a [`Journaled`] state.
+pub struct Guard<'a, T: Durable> {
+    state: MutexGuard<'a, T>,
+    journal: Option<&'a Journal>,
+}
+
+impl<T: Durable> Journaled<T> {
+    /// `state`, journaled to `journal` if there is one.
+    pub fn new(state: T, journal: Option<Journal>) -> Journaled<T> {
+        Journaled {
+            state: Mutex::new(state),
+            journal,
+        }
+    }
+
+    pub fn lock(&self) -> Guard<'_, T> {
+        Guard {
+            state: self.state.lock().unwrap_or_else(|p| p.into_inner()),
+            journal: self.journal.as_ref(),
+        }
+    }
+
+    /// Returns once every change made so far is durable: before an answer that depends on
+    /// any of them (a reply, a chunk zeroed for reuse, data written where the journal must
+    /// first say it may be).
+    pub fn sync(&self) -> io::Result<()> {
+        match &self.journal {
+            Some(j) => j.sync(),
+            None => Ok(()),
+        }
+    }
+}
+
+impl<T: Durable> std::ops::Deref for Guard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.state
+    }
+}
+
+impl<T: Durable> std::ops::DerefMut for Guard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.state
+    }
+}
+
+impl<T: Durable> Drop for Guard<'_, T> {
+    fn drop(&mut self) {
+        let Some(journal) = self.journal else { return };
+        let mut records = Vec::new();
+        self.state.take_records(&mut records);
+        journal.append(&records);
+        if journal.wants_snapshot() {
+            journal.snapshot(self.state.records());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

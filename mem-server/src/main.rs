@@ -23,7 +23,8 @@ struct Args {
     /// Address to listen on for clients and other nodes.
     #[arg(long, default_value = "127.0.0.1:7470")]
     listen: SocketAddr,
-    /// Memory to lend, with a unit: K, M, G or T (e.g. 8G).
+    /// Memory to lend, with a unit: K, M, G or T (e.g. 8G). 0 on the metadata node: it keeps
+    /// the namespace only, and every chunk is on data nodes.
     #[arg(long, value_parser = parse_size)]
     memory: u64,
     /// Join the metadata node at HOST:PORT as a data node.
@@ -73,6 +74,13 @@ struct Args {
     /// How fast lost copies are made again, in bytes per second with a unit (e.g. 256M).
     #[arg(long, default_value = "256M", value_parser = parse_size, conflicts_with = "join")]
     repair_rate: u64,
+    /// Keep the namespace in this directory (a journal of every change, synced before each
+    /// answer, and snapshots): a metadata node restarted with it comes back with every file,
+    /// data nodes join it again with their data, and clients carry on without a remount.
+    /// Without it the namespace lives in memory only. This node's own pool does not survive
+    /// its restart: give it --memory 0 (or --replicas 2 or more) so that no file relies on it.
+    #[arg(long, value_name = "DIR", conflicts_with = "join")]
+    state_dir: Option<std::path::PathBuf>,
     /// Most control connections from one peer address.
     #[arg(long, default_value_t = Limits::default().per_peer)]
     max_connections_per_peer: usize,
@@ -182,6 +190,7 @@ fn main() -> ExitCode {
         lease: args.lease,
         replicas: args.replicas,
         repair_rate: args.repair_rate,
+        state_dir: args.state_dir.clone(),
         policy: Policy {
             root_squash: args.root_squash,
         },

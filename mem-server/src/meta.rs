@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet};
 use std::io;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
@@ -27,14 +27,17 @@ use crate::access::{check_access_bits, check_open, check_setattr, Policy};
 use crate::alloc::Allocator;
 use crate::coherence::{Callbacks, Change, Countdown, Holders, SessionId};
 use crate::grants::Grants;
+use crate::journal::{Durable, Guard, Journal, Journaled};
 use crate::link::{Asked, Link};
 use crate::namespace::Namespace;
 use crate::node::{wait_for_close, NodeConfig, Shared};
+use crate::record::Record;
 use crate::repair::Repair;
 use crate::sessions::{Attached, ClientSession, Handles, Sessions};
 use crate::zeroer::Zeroer;
 
-/// The namespace, the allocator and who caches what, under one lock.
+/// The namespace, the allocator and who caches what, under one lock (journaled: see
+/// [`Journaled`]).
 pub(crate) struct MetaState {
     pub(crate) ns: Namespace,
     pub(crate) alloc: Allocator,
@@ -47,8 +50,28 @@ pub(crate) struct MetaState {
     pub(crate) frozen: HashSet<(Ino, u64)>,
 }
 
+impl Durable for MetaState {
+    fn take_records(&mut self, out: &mut Vec<Record>) {
+        self.ns.take_records(out);
+        self.alloc.take_records(out);
+    }
+
+    fn records(&self) -> Vec<Record> {
+        let mut all = self.ns.records();
+        all.extend(self.alloc.records());
+        all
+    }
+}
+
 pub(crate) struct MetaService {
-    pub(crate) state: Mutex<MetaState>,
+    pub(crate) state: Journaled<MetaState>,
+    /// This node's own pool's id among the data nodes.
+    pub(crate) local: u32,
+    /// After a restart from the state directory: until when data nodes known from the
+    /// journal are waited for (their chunks count as copies), and until when clients may
+    /// reclaim the handles they had (files unlinked while open stay for them).
+    nodes_until: Option<Instant>,
+    reclaim_until: Option<Instant>,
     pub(crate) zeroer: Zeroer,
     /// Bytes of entries a readdir reply may carry: pages are cut to fit a message.
     page_bytes: usize,
@@ -66,6 +89,9 @@ pub(crate) struct MetaService {
     pub(crate) repair: Repair,
 }
 
+/// How long a restarted metadata node waits for the data nodes its journal knows (they join
+/// again within a second of its start) before their chunks are copied elsewhere.
+const REJOIN_WAIT: Duration = Duration::from_secs(5);
 /// How long an allocation waits for chunks being zeroed before it answers ENOSPC.
 const ZEROING_WAIT: Duration = Duration::from_secs(2);
 /// How long a chunk map waits for a data node's grant: a live node answers in microseconds; a
@@ -125,6 +151,13 @@ struct Freed {
 }
 
 /// Whether any of chunks `first..first+count` of `ino` is being copied.
+fn invalid_state(dir: &std::path::Path, why: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("state directory {}: {why}", dir.display()),
+    )
+}
+
 fn is_frozen(frozen: &HashSet<(Ino, u64)>, ino: Ino, first: u64, count: u32) -> bool {
     !frozen.is_empty()
         && (first..first.saturating_add(count.min(MAX_LIST) as u64))
@@ -171,27 +204,65 @@ fn answer<C: Call>(_call: &C, result: Result<C::Reply, Errno>) -> Vec<u8> {
 }
 
 impl MetaService {
-    /// The service over a fresh namespace, with this node's own pool as node 0, and the kicks
-    /// its zeroer thread waits on.
+    /// The service, with this node's own pool as one of the data nodes, and the kicks its
+    /// zeroer thread waits on. With a state directory, the namespace and the data nodes are
+    /// those it holds (none yet: a new file system), and every change is journaled there.
     pub(crate) fn new(
         cfg: &NodeConfig,
         advertise: String,
         pool: &MemoryRegion,
         chunks: u64,
         grants: &Arc<Grants>,
-    ) -> (Arc<MetaService>, Receiver<()>) {
-        let mut alloc = Allocator::default();
-        let local = alloc.add_node(advertise, pool.addr(), cfg.chunk_size, chunks);
-        let (zeroer, wait) = Zeroer::new();
-        let replicas = cfg.replicas as usize;
+    ) -> io::Result<(Arc<MetaService>, Receiver<()>)> {
+        let (mut ns, mut alloc, journal, restarted) = match &cfg.state_dir {
+            None => (
+                Namespace::new(cfg.chunk_size),
+                Allocator::default(),
+                None,
+                false,
+            ),
+            Some(dir) => {
+                let (journal, records) = Journal::open(dir).map_err(|e| {
+                    io::Error::new(e.kind(), format!("state directory {}: {e}", dir.display()))
+                })?;
+                let restarted = !records.is_empty();
+                let (ns, alloc) = if restarted {
+                    Self::replay(cfg.chunk_size, &records).map_err(|e| invalid_state(dir, &e))?
+                } else {
+                    log::info!("state directory {}: a new file system", dir.display());
+                    (Namespace::new(cfg.chunk_size), Allocator::default())
+                };
+                (ns, alloc, Some(journal), restarted)
+            }
+        };
+        ns.journal_changes();
+        alloc.journal_changes();
+        // The pool is new whenever this process is: never one the journal names.
+        let local = alloc.add_node(
+            advertise,
+            rdmabox::random::u64(),
+            pool.addr(),
+            cfg.chunk_size,
+            chunks,
+        );
+        let mut state = MetaState {
+            ns,
+            alloc,
+            holders: Holders::default(),
+            frees: 0,
+            frozen: HashSet::new(),
+        };
+        if let Some(j) = &journal {
+            // The snapshot that starts the journal has what was made here.
+            state.take_records(&mut Vec::new());
+            j.start(&state.records())?;
+        }
+        let (zeroer, wait) = Zeroer::new(local);
         let meta = Arc::new(MetaService {
-            state: Mutex::new(MetaState {
-                ns: Namespace::new(cfg.chunk_size),
-                alloc,
-                holders: Holders::default(),
-                frees: 0,
-                frozen: HashSet::new(),
-            }),
+            state: Journaled::new(state, journal),
+            local,
+            nodes_until: restarted.then(|| Instant::now() + REJOIN_WAIT.min(cfg.lease * 2)),
+            reclaim_until: restarted.then(|| Instant::now() + cfg.lease * 2),
             zeroer,
             page_bytes: readdir_budget(cfg.rpc.max_msg),
             lease: cfg.lease,
@@ -203,21 +274,87 @@ impl MetaService {
                 local,
                 Arc::new(Link::Local(grants.clone())),
             )])),
-            replicas,
+            replicas: cfg.replicas as usize,
             repair: Repair::new(cfg.repair_rate),
         });
-        (meta, wait)
+        Ok((meta, wait))
     }
 
-    /// A data node joined: chunks short of copies may get them there.
+    /// The namespace and the data nodes a state directory's records rebuild.
+    fn replay(chunk_size: u64, records: &[Record]) -> Result<(Namespace, Allocator), String> {
+        let started = Instant::now();
+        let (ns, skipped) = Namespace::replay(chunk_size, records)?;
+        let alloc = Allocator::replay(chunk_size, records)?;
+        if skipped > 0 {
+            log::warn!("replay: {skipped} records named inodes that were not there");
+        }
+        log::info!(
+            "replayed {} records in {:.0?}: {} inodes, {} data nodes known",
+            records.len(),
+            started.elapsed(),
+            ns.inode_count(),
+            alloc.node_counts().1,
+        );
+        Ok((ns, alloc))
+    }
+
+    /// A data node joined: chunks short of copies may get them there, and a node back after
+    /// a restart has chunks to zero.
     pub(crate) fn node_joined(&self) {
         self.repair.kick();
+        self.zeroer.kick();
+    }
+
+    /// Whether chunks on node `id` count as copies: it is alive, or it is known from the
+    /// journal and may still come back.
+    pub(crate) fn counts_as_copy(&self, alloc: &Allocator, id: u32) -> bool {
+        alloc.is_alive(id)
+            || (alloc.is_replayed(id) && self.nodes_until.is_some_and(|t| Instant::now() < t))
+    }
+
+    /// After a restart: data nodes not back in time count as gone (their chunks are copied
+    /// from others); once clients had their time to reclaim, files unlinked while open that
+    /// nobody reclaimed go.
+    pub(crate) fn start_grace(self: &Arc<Self>) -> io::Result<()> {
+        let (Some(nodes_until), Some(reclaim_until)) = (self.nodes_until, self.reclaim_until)
+        else {
+            return Ok(());
+        };
+        let me = self.clone();
+        std::thread::Builder::new()
+            .name("grace".into())
+            .spawn(move || {
+                std::thread::sleep(nodes_until.saturating_duration_since(Instant::now()));
+                let away = me.state.lock().alloc.replayed();
+                for id in away {
+                    log::warn!("data node {id} did not come back after the restart");
+                    me.node_left(id);
+                }
+                std::thread::sleep(reclaim_until.saturating_duration_since(Instant::now()));
+                let mut st = me.state.lock();
+                let orphans = st.ns.reap_orphans();
+                let chunks: Vec<ChunkRef> = orphans
+                    .iter()
+                    .flat_map(|(_, c)| c.iter().copied())
+                    .collect();
+                // Nobody was granted them since the restart (only reclaimed files are).
+                st.alloc.release(chunks);
+                drop(st);
+                if !orphans.is_empty() {
+                    log::info!(
+                        "{} files unlinked while open before the restart were not reclaimed: gone",
+                        orphans.len()
+                    );
+                    me.zeroer.kick();
+                }
+            })?;
+        Ok(())
     }
 
     /// Data node `id` left (its join connection closed): nothing more is allocated there, and
     /// its copies of chunks that have others go from the maps, to be made again elsewhere.
     pub(crate) fn node_left(&self, id: u32) {
-        let mut st = self.state.lock().unwrap();
+        let mut st = self.state.lock();
         st.alloc.set_alive(id, false);
         let lost = st.ns.drop_node(id);
         if lost > 0 {
@@ -279,7 +416,9 @@ impl MetaService {
             mut chunks,
         } = g;
         let deadline = Instant::now() + GRANT_WAIT;
-        let asked: Vec<(u32, Asked)> = by_node(chunks.iter().flat_map(|(_, r)| r))
+        let nodes = by_node(chunks.iter().flat_map(|(_, r)| r));
+        self.await_nodes(nodes.keys().copied(), deadline);
+        let asked: Vec<(u32, Asked)> = nodes
             .into_iter()
             .filter_map(|(node, addrs)| {
                 let session = *data.get(&node)?;
@@ -316,6 +455,24 @@ impl MetaService {
         encode_reply(op as u8, &Ok(chunks))
     }
 
+    /// Right after a restart, waits (until `deadline` at the latest) for those of `nodes`
+    /// that the journal knows and that are not back yet: they join again within moments, and
+    /// a map granted without them would fail its reads.
+    fn await_nodes(&self, nodes: impl Iterator<Item = u32> + Clone, deadline: Instant) {
+        let Some(until) = self.nodes_until else {
+            return;
+        };
+        let deadline = deadline.min(until);
+        while Instant::now() < deadline {
+            let st = self.state.lock();
+            if !nodes.clone().any(|n| st.alloc.is_replayed(n)) {
+                return;
+            }
+            drop(st);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// Takes back what the session was granted on `chunks` (only for writing if
     /// `writable_only`), without waiting: the grants are the session's own, so nobody else
     /// depends on when they go, and a data node that stopped answering must not hold up a
@@ -350,7 +507,7 @@ impl MetaService {
 
     /// Tells the caches what `effects` changed, waits (lock released) for their answers up to
     /// the lease, and only then hands the freed chunks to the zeroer.
-    fn settle(&self, mut st: MutexGuard<'_, MetaState>, caller: SessionId, effects: Effects) {
+    fn settle(&self, mut st: Guard<'_, MetaState>, caller: SessionId, effects: Effects) {
         let Effects {
             freed,
             change,
@@ -405,11 +562,7 @@ impl MetaService {
             );
             Instant::now()
         };
-        self.state
-            .lock()
-            .unwrap()
-            .alloc
-            .expect_freed(freed.chunks.len());
+        self.state.lock().alloc.expect_freed(freed.chunks.len());
         self.quarantine.lock().unwrap().push((due, freed, lease));
         self.quarantined.notify_one();
     }
@@ -455,7 +608,7 @@ impl MetaService {
                 );
             }
         }
-        let mut st = self.state.lock().unwrap();
+        let mut st = self.state.lock();
         st.alloc.release(reusable);
         st.alloc.freed_now(freed.chunks.len());
         drop(st);
@@ -525,11 +678,11 @@ impl MetaService {
         )?;
         // From here on, every way out goes through the detach below.
         let attached = self.sessions.attach(client_id, stop.clone());
-        let replaced = self.state.lock().unwrap().holders.attach(
-            attached.id,
-            attached.epoch(),
-            callbacks.clone(),
-        );
+        let replaced =
+            self.state
+                .lock()
+                .holders
+                .attach(attached.id, attached.epoch(), callbacks.clone());
         if let Some(old) = replaced {
             old.close();
         }
@@ -597,7 +750,7 @@ impl MetaService {
     /// chunks of files it had unlinked, and what closed files hold past their size).
     fn end_session(&self, session: &Mutex<ClientSession>) {
         let session = session.lock().unwrap();
-        let mut st = self.state.lock().unwrap();
+        let mut st = self.state.lock();
         st.holders.remove(session.id);
         let mut effects = Effects::default();
         for (&ino, h) in &session.open {
@@ -666,8 +819,8 @@ impl MetaService {
         // Space being zeroed is free space: an allocation that only it would satisfy waits
         // for the zeroer rather than failing with ENOSPC.
         let give_up = Instant::now() + ZEROING_WAIT;
-        let reply = loop {
-            let mut st = self.state.lock().unwrap();
+        let mut reply = loop {
+            let mut st = self.state.lock();
             let mut effects = Effects::default();
             let reply = self.apply(&mut st, &mut session, &req, &mut effects);
             let short = matches!(req, Request::Allocate(_))
@@ -695,6 +848,11 @@ impl MetaService {
                 None => reply,
             };
         };
+        // Nothing is answered that a restart could take back.
+        if let Err(e) = self.state.sync() {
+            log::error!("call {seq} of session {id}: {e}");
+            reply = encode_reply::<()>(op, &Err(Errno::EIO));
+        }
         if changes_something(&req) {
             session.remember(seq, &reply);
         }
@@ -972,7 +1130,7 @@ impl MetaService {
                     }),
                 )
             }
-            Request::ListNodes(m) => answer(m, Ok(alloc.nodes())),
+            Request::ListNodes(m) => answer(m, Ok(alloc.nodes(self.local))),
             Request::DropReplicas(m) => {
                 let writable = open.get(&m.ino).is_some_and(|h| h.writable > 0);
                 let r = writable
@@ -999,6 +1157,27 @@ impl MetaService {
                         }
                         n
                     });
+                answer(m, r)
+            }
+            Request::Reclaim(m) => {
+                let r = match self.reclaim_until {
+                    Some(until) if Instant::now() < until => {
+                        let mut taken = 0;
+                        for &(ino, access) in &m.handles {
+                            let file = ns
+                                .getattr(ino)
+                                .is_ok_and(|a| a.kind == FileKind::RegularFile);
+                            if file && check_access_bits(access).is_ok() && ns.open(ino).is_ok() {
+                                opened(open, ino, access);
+                                holders.opened(session, ino);
+                                taken += 1;
+                            }
+                        }
+                        Ok(taken)
+                    }
+                    // Handles are taken with a permission check outside the grace period.
+                    _ => Err(Errno::EPERM),
+                };
                 answer(m, r)
             }
             Request::AttachData(m) => {

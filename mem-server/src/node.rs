@@ -63,6 +63,9 @@ pub struct NodeConfig {
     pub replicas: u32,
     /// Bytes per second that re-replication may copy.
     pub repair_rate: u64,
+    /// Where the metadata node journals its state, to come back with it after a restart
+    /// (none: the namespace lives in memory only).
+    pub state_dir: Option<std::path::PathBuf>,
 }
 
 impl NodeConfig {
@@ -83,6 +86,7 @@ impl NodeConfig {
             policy: Policy::default(),
             replicas: 1,
             repair_rate: 256 << 20,
+            state_dir: None,
         }
     }
 
@@ -119,7 +123,10 @@ impl NodeConfig {
                 self.repair_rate
             )));
         }
-        if self.memory < self.chunk_size {
+        if self.memory == 0 && self.join.is_some() {
+            return Err(invalid("a data node must lend some memory".into()));
+        }
+        if self.memory != 0 && self.memory < self.chunk_size {
             return Err(invalid(format!(
                 "memory {} is smaller than one chunk ({})",
                 self.memory, self.chunk_size
@@ -140,7 +147,7 @@ pub(crate) struct Shared {
     /// Present on the metadata node only.
     meta: Option<Arc<MetaService>>,
     admission: Arc<Admission>,
-    stop: AtomicBool,
+    pub(crate) stop: AtomicBool,
 }
 
 /// A running node.
@@ -149,7 +156,7 @@ pub struct Node {
     addr: SocketAddr,
     accept: Option<JoinHandle<()>>,
     /// A data node's membership: the metadata node marks it dead when this closes.
-    _join: Option<Membership>,
+    _join: Option<crate::join::Membership>,
 }
 
 pub(crate) fn invalid(msg: String) -> io::Error {
@@ -167,8 +174,10 @@ impl Node {
         let chunks = cfg.memory / cfg.chunk_size;
         let ctx = Context::open(&cfg.transport)?;
         let pd = Arc::new(ctx.alloc_pd()?);
+        // A metadata node that lends nothing (--memory 0) still has a pool of one chunk to
+        // serve sessions with; none of it is allocated.
         let pool = pd
-            .alloc_region((chunks * cfg.chunk_size) as usize, Access::ALL)
+            .alloc_region((chunks.max(1) * cfg.chunk_size) as usize, Access::ALL)
             .map_err(|e| {
                 io::Error::new(
                     e.kind(),
@@ -193,7 +202,7 @@ impl Node {
             Some(_) => (None, None),
             None => {
                 let advertise = cfg.advertise.clone().unwrap_or_else(|| addr.to_string());
-                let (meta, wait) = MetaService::new(&cfg, advertise, &pool, chunks, &grants);
+                let (meta, wait) = MetaService::new(&cfg, advertise, &pool, chunks, &grants)?;
                 (Some(meta), Some(wait))
             }
         };
@@ -211,6 +220,7 @@ impl Node {
             meta.start_zeroer(shared.clone(), wait)?;
             meta.start_quarantine()?;
             meta.start_repair(shared.clone())?;
+            meta.start_grace()?;
         }
         // Accept before joining: the metadata node connects back to us while it admits us.
         let accept = {
@@ -227,7 +237,7 @@ impl Node {
         };
         if let Some(meta) = shared.cfg.join {
             match crate::join::join(&shared, meta, addr) {
-                Ok(s) => node._join = Some(Membership(s)),
+                Ok(m) => node._join = Some(m),
                 Err(e) => {
                     node.shutdown();
                     return Err(io::Error::new(e.kind(), format!("joining {meta}: {e}")));
@@ -249,7 +259,7 @@ impl Node {
 
     /// Bytes of pool the node lends.
     pub fn pool_bytes(&self) -> usize {
-        self.shared.pool.len()
+        self.shared.cfg.memory as usize
     }
 
     /// Stops accepting; established sessions end with the process.
@@ -371,16 +381,6 @@ impl Shared {
         drop(links);
         self.grants.close(session);
         sent
-    }
-}
-
-/// The join connection, shut down (not just closed: the grant link holds a clone) when the
-/// node goes, so that the metadata node sees it leave.
-struct Membership(TcpStream);
-
-impl Drop for Membership {
-    fn drop(&mut self) {
-        let _ = self.0.shutdown(std::net::Shutdown::Both);
     }
 }
 

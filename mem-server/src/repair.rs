@@ -146,10 +146,12 @@ impl MetaService {
             let (mut copied, mut failed) = (0, 0);
             loop {
                 let (work, left) = {
-                    let st = self.state.lock().unwrap();
-                    let found =
-                        st.ns
-                            .under_replicated(self.replicas, |n| st.alloc.is_alive(n), PASS);
+                    let st = self.state.lock();
+                    let found = st.ns.under_replicated(
+                        self.replicas,
+                        |n| self.counts_as_copy(&st.alloc, n),
+                        PASS,
+                    );
                     self.repair.short.store(found.1 as u64, Ordering::Relaxed);
                     found
                 };
@@ -176,7 +178,7 @@ impl MetaService {
             }
             if copied + failed > 0 {
                 let secs = started.elapsed().as_secs_f64();
-                let mib = (copied as u64 * self.state.lock().unwrap().ns.chunk_size()) >> 20;
+                let mib = (copied as u64 * self.state.lock().ns.chunk_size()) >> 20;
                 log::info!(
                     "re-replication: {copied} chunks copied ({mib} MiB in {secs:.2} s, {:.0} MiB/s), \
                      {failed} failed, {} still short; {} chunks ({} MiB) copied since start",
@@ -233,7 +235,7 @@ impl MetaService {
     /// frozen for nothing).
     fn can_copy(&self, ino: Ino, indices: &[u64]) -> bool {
         let avoided = self.repair.avoided();
-        let st = self.state.lock().unwrap();
+        let st = self.state.lock();
         indices.iter().any(|&index| {
             st.ns
                 .replicas(ino, index)
@@ -244,7 +246,7 @@ impl MetaService {
     /// Takes `ino`'s map back from every holder and hands out none of `indices` until
     /// [`Self::thaw`].
     fn freeze(&self, ino: Ino, indices: &[u64]) {
-        let mut st = self.state.lock().unwrap();
+        let mut st = self.state.lock();
         st.frozen.extend(indices.iter().map(|&i| (ino, i)));
         let change = Change {
             remaps: vec![ino],
@@ -268,7 +270,7 @@ impl MetaService {
     }
 
     fn thaw(&self, ino: Ino, indices: &[u64]) {
-        let mut st = self.state.lock().unwrap();
+        let mut st = self.state.lock();
         for &i in indices {
             st.frozen.remove(&(ino, i));
         }
@@ -279,7 +281,7 @@ impl MetaService {
     fn copy_one(&self, local: &Shared, ino: Ino, index: u64) -> Copied {
         let avoided = self.repair.avoided();
         let (sources, target, len) = {
-            let mut st = self.state.lock().unwrap();
+            let mut st = self.state.lock();
             let Some(replicas) = st.ns.replicas(ino, index) else {
                 return Copied::Nothing;
             };
@@ -313,12 +315,15 @@ impl MetaService {
                 }
             }
         }
+        // The journal must say the target was handed out before data lands in it: a restart
+        // takes chunks past what it says for zeros.
         let copied = result.and_then(|data| {
+            self.state.sync()?;
             self.zeroer
                 .write_chunk(local, &target, data, COPY_LIMIT)
                 .inspect_err(|_| self.repair.avoid([target.node]))
         });
-        let mut st = self.state.lock().unwrap();
+        let mut st = self.state.lock();
         if copied.is_ok() && st.ns.add_replica(ino, index, &source, target) {
             drop(st);
             self.repair.copied_chunks.fetch_add(1, Ordering::Relaxed);

@@ -13,10 +13,13 @@ use rdmabox::transport::RemoteAddr;
 use rfs_proto::data::DataSession;
 use rfs_proto::types::ChunkRef;
 
+use crate::journal::Journaled;
 use crate::meta::MetaState;
 use crate::node::Shared;
 
 pub(crate) struct Zeroer {
+    /// The metadata node's own pool's id: zeroed and copied by memory operations.
+    local: u32,
     /// Sessions to the other data nodes, reaching their whole pools: to zero freed chunks and
     /// to copy replicas.
     sessions: Mutex<HashMap<u32, Arc<DataSession>>>,
@@ -25,10 +28,11 @@ pub(crate) struct Zeroer {
 
 impl Zeroer {
     /// The zeroer, and the kicks its thread waits on ([`Zeroer::run`]).
-    pub(crate) fn new() -> (Zeroer, Receiver<()>) {
+    pub(crate) fn new(local: u32) -> (Zeroer, Receiver<()>) {
         // One pending kick is enough: a pass takes every dirty chunk there is.
         let (kick, wait) = crossbeam_channel::bounded(1);
         let z = Zeroer {
+            local,
             sessions: Mutex::new(HashMap::new()),
             kick,
         };
@@ -53,13 +57,19 @@ impl Zeroer {
     }
 
     /// Zeroes dirty chunks whenever kicked, and makes them allocatable again.
-    pub(crate) fn run(&self, local: &Shared, state: &Mutex<MetaState>, kick: Receiver<()>) {
+    pub(crate) fn run(&self, local: &Shared, state: &Journaled<MetaState>, kick: Receiver<()>) {
         let chunk = local.cfg.chunk_size as usize;
         while kick.recv().is_ok() {
-            let dirty = state.lock().unwrap().alloc.take_dirty();
+            let dirty = state.lock().alloc.take_dirty();
+            // The frees must be durable before the data goes: a restart must not find a
+            // file whose chunks were wiped.
+            if let Err(e) = state.sync() {
+                log::error!("not zeroing freed chunks: {e}");
+                continue;
+            }
             for (node, addrs) in dirty {
                 let taken = addrs.len();
-                let done = if node == 0 {
+                let done = if node == self.local {
                     addrs
                         .into_iter()
                         .filter(|&a| {
@@ -71,7 +81,7 @@ impl Zeroer {
                     self.zero_remote(node, addrs, chunk)
                 };
                 let failed = taken - done.len();
-                state.lock().unwrap().alloc.zeroed(node, done, failed);
+                state.lock().alloc.zeroed(node, done, failed);
             }
         }
     }
@@ -86,7 +96,7 @@ impl Zeroer {
         len: usize,
         limit: Duration,
     ) -> io::Result<Vec<u8>> {
-        if chunk.node == 0 {
+        if chunk.node == self.local {
             let mut buf = vec![0; len];
             local.pool.read_at(local_offset(local, chunk)?, &mut buf)?;
             return Ok(buf);
@@ -112,7 +122,7 @@ impl Zeroer {
         data: Vec<u8>,
         limit: Duration,
     ) -> io::Result<()> {
-        if chunk.node == 0 {
+        if chunk.node == self.local {
             return local.pool.write_at(local_offset(local, chunk)?, &data);
         }
         let d = self.session(chunk.node)?;

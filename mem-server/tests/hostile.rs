@@ -49,12 +49,20 @@ fn still_serves(node: &MemServer, old: &Client) {
 fn a_join_claiming_an_absurd_pool_is_refused_and_the_node_lives() {
     let meta = MemServer::start(&["--memory", "4M"]);
     let c = client(&meta);
-    for pool_len in [1u64 << 62, u64::MAX, 0] {
+    // Absurd sizes, and a pool that claims to hold data this metadata node never knew of.
+    for (pool_len, fresh) in [
+        (1u64 << 62, true),
+        (u64::MAX, true),
+        (0, true),
+        (1 << 30, false),
+    ] {
         let hello = Hello::Join(Join {
             addr: "127.0.0.1:9".into(),
             pool_addr: 1 << 40,
             pool_len,
             chunk_size: 1 << 20,
+            pool_id: 7,
+            fresh,
         });
         let mut s = dial(
             meta.addr,

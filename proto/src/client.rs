@@ -19,8 +19,12 @@ use crate::channel::{backoff, Channel};
 use crate::clock;
 use crate::data::DataSession;
 use crate::errno::Errno;
-use crate::message::{decode_reply, encode_call, seal, AttachData, Call, Envelope, ListNodes};
+use crate::message::{
+    decode_reply, encode_call, seal, AttachData, Call, Envelope, ListNodes, Reclaim, RequestOp,
+};
+use crate::types::Ino;
 use crate::wire::DecodeError;
+use crate::wire::MAX_LIST;
 
 /// How a client reaches the nodes.
 #[derive(Clone, Debug)]
@@ -131,6 +135,9 @@ pub enum Notice {
 /// What a client does with the service's notices.
 pub type NoticeHandler = Box<dyn Fn(Notice) + Send + Sync>;
 
+/// The handles a client has open, as (inode, access): taken again from a restarted service.
+pub type OpenHandles = Box<dyn Fn() -> Vec<(Ino, u8)> + Send + Sync>;
+
 /// Calls under way, by sequence number: the service keeps the replies of those at or above
 /// the lowest, in case they are resent.
 #[derive(Default)]
@@ -164,21 +171,16 @@ pub struct Client {
     /// whole `connect_timeout` each.
     down: Mutex<HashMap<u32, Instant>>,
     on_notice: Arc<OnceLock<NoticeHandler>>,
+    open_handles: OnceLock<OpenHandles>,
 }
 
 impl MetadataChannel for Client {
     fn exchange(&self, request: &[u8]) -> io::Result<Vec<u8>> {
         let timeout = Duration::from_millis(self.call_timeout_ms.load(Ordering::Relaxed));
         let deadline = Instant::now() + timeout;
-        let seq = {
-            let mut c = self.calls.lock().unwrap();
-            c.next += 1;
-            let seq = c.next;
-            c.outstanding.insert(seq);
-            seq
-        };
+        let seq = self.begin_call();
         let result = self.exchange_until(seq, request, deadline);
-        self.calls.lock().unwrap().outstanding.remove(&seq);
+        self.end_call(seq);
         result
     }
 }
@@ -207,7 +209,17 @@ impl Client {
             data: Mutex::new(HashMap::new()),
             down: Mutex::new(HashMap::new()),
             on_notice,
+            open_handles: OnceLock::new(),
         })
+    }
+
+    /// Says how to list the handles this client has open (once): a service that restarted
+    /// (or lost the session) is asked for them again before any other call, so that open
+    /// files stay usable.
+    pub fn on_reclaim(&self, handles: OpenHandles) {
+        if self.open_handles.set(handles).is_err() {
+            log::warn!("a handle list was already set");
+        }
     }
 
     /// Says what to do with the service's notices (once; until then callbacks are answered at
@@ -238,29 +250,93 @@ impl Client {
     /// connection breaks, until `deadline`.
     fn exchange_until(&self, seq: u64, request: &[u8], deadline: Instant) -> io::Result<Vec<u8>> {
         let session = self.sessions_lost.load(Ordering::Acquire);
+        let repeatable = request
+            .get(1)
+            .and_then(|&op| RequestOp::from_code(op))
+            .is_some_and(RequestOp::repeatable);
         loop {
             let channel = self.channel(deadline)?;
-            if self.sessions_lost.load(Ordering::Acquire) != session {
+            if self.sessions_lost.load(Ordering::Acquire) != session && !repeatable {
                 return Err(io::Error::new(
                     io::ErrorKind::ConnectionReset,
-                    "the metadata node lost this client's session while the call was under way",
+                    "the metadata node lost this client's session while the call was under way \
+                     (it may or may not have been applied)",
                 ));
             }
-            let oldest = self.calls.lock().unwrap().outstanding.first().copied();
-            let left = deadline.saturating_duration_since(Instant::now());
-            let envelope = Envelope {
-                seq,
-                oldest: oldest.unwrap_or(seq),
-                sent_ms: clock::now_ms(),
-                budget_ms: left.as_millis().min(u32::MAX as u128) as u32,
-            };
-            let sealed = seal(&envelope, request);
-            match channel.rpc.call_within(&sealed, left) {
+            match self.send_on(&channel, seq, request, deadline) {
                 Err(e) if channel.is_broken() && Instant::now() < deadline => {
                     log::debug!("call {seq}: {e}; resending over a new connection");
                 }
                 r => return r,
             }
+        }
+    }
+
+    /// Sends call `seq` over `channel` once, and waits for its answer until `deadline`.
+    fn send_on(
+        &self,
+        channel: &Channel,
+        seq: u64,
+        request: &[u8],
+        deadline: Instant,
+    ) -> io::Result<Vec<u8>> {
+        let oldest = self.calls.lock().unwrap().outstanding.first().copied();
+        let left = deadline.saturating_duration_since(Instant::now());
+        let envelope = Envelope {
+            seq,
+            oldest: oldest.unwrap_or(seq),
+            sent_ms: clock::now_ms(),
+            budget_ms: left.as_millis().min(u32::MAX as u128) as u32,
+        };
+        let sealed = seal(&envelope, request);
+        channel.rpc.call_within(&sealed, left)
+    }
+
+    /// A sequence number for a new call, counted as under way until [`Client::end_call`].
+    fn begin_call(&self) -> u64 {
+        let mut c = self.calls.lock().unwrap();
+        c.next += 1;
+        let seq = c.next;
+        c.outstanding.insert(seq);
+        seq
+    }
+
+    fn end_call(&self, seq: u64) {
+        self.calls.lock().unwrap().outstanding.remove(&seq);
+    }
+
+    /// Takes this client's open handles again on `channel`, a new session, before anything
+    /// else is sent on it; what cannot be taken is logged (those files fail with EBADF).
+    fn reclaim(&self, channel: &Channel, deadline: Instant) {
+        let Some(handles) = self.open_handles.get().map(|list| list()) else {
+            return;
+        };
+        if handles.is_empty() {
+            return;
+        }
+        let mut taken = 0;
+        for part in handles.chunks(MAX_LIST as usize) {
+            let seq = self.begin_call();
+            let req = Reclaim {
+                handles: part.to_vec(),
+            };
+            let answer = self.send_on(channel, seq, &encode_call(&req), deadline);
+            self.end_call(seq);
+            match answer.map(|raw| decode_reply::<Reclaim>(&raw)) {
+                Ok(Ok(Ok(n))) => taken += n as usize,
+                Ok(Ok(Err(e))) => log::warn!("reclaiming open files: {e}"),
+                Ok(Err(e)) => log::warn!("reclaiming open files: {e}"),
+                Err(e) => log::warn!("reclaiming open files: {e}"),
+            }
+        }
+        if taken == handles.len() {
+            log::warn!("{taken} open handles taken again");
+        } else {
+            log::warn!(
+                "{taken} of {} open handles taken again: the others' files are gone, or the \
+                 metadata node forgot them (no state directory, or past its grace period)",
+                handles.len()
+            );
         }
     }
 
@@ -286,6 +362,7 @@ impl Client {
             if !c.resumed {
                 // Before any call can use the new channel.
                 self.sessions_lost.fetch_add(1, Ordering::AcqRel);
+                self.reclaim(&c, deadline);
             }
             *self.channel.lock().unwrap() = Some(c.clone());
             (c, broken)
@@ -297,8 +374,8 @@ impl Client {
             log::warn!("metadata connection to {} re-established", self.meta_addr);
         } else {
             log::warn!(
-                "metadata connection to {} re-established, but the node had ended this \
-                 client's session: calls under way fail, open files must be opened again",
+                "metadata connection to {} re-established in a new session (the node \
+                 restarted, or had ended this client's session)",
                 self.meta_addr
             );
         }
@@ -431,7 +508,7 @@ impl Client {
             return Err(gone("the node left".into()));
         }
         // The metadata node is reached the way we reached it; others as they advertise.
-        let addr = if node == 0 {
+        let addr = if info.meta {
             self.meta_addr
         } else {
             resolve(&info.addr).map_err(|e| gone(format!("{}: {e}", info.addr)))?

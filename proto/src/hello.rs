@@ -9,6 +9,9 @@ use crate::{wire_enum, wire_struct};
 
 /// The most queue pairs a data session may ask for.
 pub const MAX_QPS: u32 = 64;
+/// A metadata node's answer to a join of a pool that is not fresh and that it does not know:
+/// the joiner wipes its pool and joins as a new node.
+pub const UNKNOWN_POOL: &[u8] = b"unknown pool";
 /// The largest hello a node reads.
 const MAX_HELLO: usize = 4096;
 
@@ -36,6 +39,12 @@ wire_struct! {
         pub pool_addr: u64,
         pub pool_len: u64,
         pub chunk_size: u64,
+        /// Names the pool's contents: a node that joins again after losing its metadata node
+        /// names the same pool, and a metadata node restarted from its journal knows it.
+        pub pool_id: u64,
+        /// Whether the pool is all zeros (never lent, or wiped): a pool that is not must be
+        /// one the metadata node knows, or the join is refused with [`UNKNOWN_POOL`].
+        pub fresh: bool,
     }
 }
 
@@ -112,6 +121,8 @@ mod tests {
                 pool_addr: 1,
                 pool_len: 2,
                 chunk_size: 4,
+                pool_id: u64::MAX,
+                fresh: true,
             }),
         ] {
             assert_eq!(Hello::parse(&h.encode()).unwrap(), h);

@@ -175,6 +175,14 @@ wire_struct! {
     pub struct AttachData { pub node: u32, pub session: u64 }
 }
 
+wire_struct! {
+    /// After the metadata node restarted (within its grace period): takes again the handles
+    /// this client had open, each as (inode, access), without the permission checks they
+    /// passed when they were opened. Answers how many files were still there.
+    #[derive(Clone, Debug, PartialEq)]
+    pub struct Reclaim { pub handles: Vec<(Ino, u8)> }
+}
+
 wire_enum! {
     /// A metadata request, as the service receives it.
     #[derive(Clone, Debug, PartialEq)]
@@ -201,6 +209,27 @@ wire_enum! {
         20 => Create,
         21 => AttachData,
         22 => DropReplicas,
+        23 => Reclaim,
+    }
+}
+
+impl RequestOp {
+    /// Whether sending the call again gives what sending it once gives, even after the
+    /// service lost the session (and its record of the call: it restarted, or the session
+    /// expired): those are resent then; the others fail, as they may have been applied.
+    pub fn repeatable(self) -> bool {
+        !matches!(
+            self,
+            RequestOp::Mknod
+                | RequestOp::Mkdir
+                | RequestOp::Symlink
+                | RequestOp::Link
+                | RequestOp::Unlink
+                | RequestOp::Rmdir
+                | RequestOp::Rename
+                | RequestOp::Create
+                | RequestOp::Reclaim
+        )
     }
 }
 
@@ -244,6 +273,7 @@ calls! {
     Create => Attr,
     AttachData => (),
     DropReplicas => u32,
+    Reclaim => u32,
 }
 
 /// The bytes of reply that a readdir page may fill, in messages of `max_msg` bytes: what is
@@ -493,6 +523,10 @@ mod tests {
                 }],
             }
             .into(),
+            Reclaim {
+                handles: vec![(4, 1), (u64::MAX, 3)],
+            }
+            .into(),
         ]
     }
 
@@ -541,6 +575,7 @@ mod tests {
                     id: 0,
                     addr: "127.0.0.1:7470".into(),
                     alive: true,
+                    meta: true,
                 }]),
             ),
         ]
@@ -549,7 +584,7 @@ mod tests {
     #[test]
     fn every_request_round_trips_and_keeps_its_op() {
         let all = all_requests();
-        assert_eq!(all.len(), 22, "one of each");
+        assert_eq!(all.len(), 23, "one of each");
         for (i, r) in all.iter().enumerate() {
             assert_eq!(r.op() as usize, i + 1);
             assert_eq!(Request::decode(&r.encode()).unwrap(), *r);

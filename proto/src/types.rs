@@ -279,6 +279,8 @@ wire_struct! {
         pub addr: String,
         /// False once the node left.
         pub alive: bool,
+        /// The metadata node's own pool: reached at the metadata node's address.
+        pub meta: bool,
     }
 }
 

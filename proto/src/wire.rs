@@ -13,8 +13,9 @@ use crate::errno::Errno;
 /// carries its request's op and a status. 3: callbacks on a second queue pair, the lease in StatFs.
 /// 7: chunk maps carry every replica of a chunk; DropReplicas (keep what a write reached);
 /// callbacks say when a map was
-/// remapped (replicas moved) rather than cut.
-pub const VERSION: u8 = 7;
+/// remapped (replicas moved) rather than cut. 8: a joining node names its pool (a restarted
+/// metadata node knows it again), Reclaim, the metadata node's own pool marked in node lists.
+pub const VERSION: u8 = 8;
 /// Bounds what one list (readdir page, chunk map, node list) may carry: a message is at most
 /// 64 KiB.
 pub const MAX_LIST: u32 = 256;

@@ -715,7 +715,7 @@ fn cq_event_never_loses_a_completion_racing_the_rearm() {
         rng ^= rng << 13;
         rng ^= rng >> 7;
         rng ^= rng << 17;
-        if rng % 3 == 0 {
+        if rng.is_multiple_of(3) {
             std::thread::sleep(Duration::from_micros(rng % 300));
         }
     }
@@ -964,7 +964,7 @@ fn peer_killed_mid_transfer_flushes_everything() {
             let mut i = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 let off = (i % 64) << 20;
-                let op = if i % 2 == 0 {
+                let op = if i.is_multiple_of(2) {
                     SendOp::Write(at(&r, off))
                 } else {
                     SendOp::Read(at(&r, off))

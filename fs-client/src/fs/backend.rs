@@ -4,7 +4,7 @@
 
 use rdmabox::session::Callback;
 use rdmabox::{Session, Snapshot};
-use rfs_proto::client::NoticeHandler;
+use rfs_proto::client::{NoticeHandler, OpenHandles};
 use rfs_proto::data::chunk_addr;
 use rfs_proto::types::ChunkRef;
 use rfs_proto::{Client, Errno, MetadataChannel};
@@ -32,6 +32,8 @@ pub trait Backend: MetadataChannel + Send + Sync + 'static {
     fn counters(&self) -> Snapshot;
     /// Where the metadata node's callbacks and reconnections are told.
     fn on_notice(&self, handler: NoticeHandler);
+    /// How to list our open handles, for a metadata node that lost them (it restarted).
+    fn on_reclaim(&self, handles: OpenHandles);
 }
 
 /// Starts a transfer on the session to `chunk`'s node, whose result becomes ours. The session
@@ -91,5 +93,9 @@ impl Backend for Client {
 
     fn on_notice(&self, handler: NoticeHandler) {
         Client::on_notice(self, handler)
+    }
+
+    fn on_reclaim(&self, handles: OpenHandles) {
+        Client::on_reclaim(self, handles)
     }
 }

@@ -34,9 +34,16 @@ pub enum KernelInval {
 }
 
 impl<B: Backend> Rfs<B> {
-    /// Takes the metadata node's callbacks from now on, and drops every chunk map when the
-    /// connection comes back after a loss (callbacks sent meanwhile did not arrive).
+    /// Takes the metadata node's callbacks from now on, drops every chunk map when the
+    /// connection comes back after a loss (callbacks sent meanwhile did not arrive), and
+    /// lists our open handles for a metadata node that lost them.
     pub fn attach(self: &Arc<Self>) {
+        let me = Arc::downgrade(self);
+        self.backend
+            .on_reclaim(Box::new(move || match me.upgrade() {
+                Some(fs) => fs.open_handles(),
+                None => Vec::new(),
+            }));
         let me = Arc::downgrade(self);
         self.backend.on_notice(Box::new(move |notice| {
             let Some(fs) = me.upgrade() else { return };

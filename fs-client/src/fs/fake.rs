@@ -263,6 +263,8 @@ impl Backend for Fake {
 
     /// The fake makes no callbacks: the tests call `Rfs::on_callback` themselves.
     fn on_notice(&self, _handler: rfs_proto::client::NoticeHandler) {}
+
+    fn on_reclaim(&self, _handles: rfs_proto::client::OpenHandles) {}
 }
 
 /// Proves the fake answers like the real service does: typed replies decode.

@@ -86,6 +86,11 @@ impl<B: Backend> Rfs<B> {
         (fh, self.with_local_size(attr))
     }
 
+    /// Every handle open, as (inode, access).
+    pub(crate) fn open_handles(&self) -> Vec<(Ino, u8)> {
+        self.handles.lock().unwrap().values().copied().collect()
+    }
+
     /// Whether this client holds a handle of `ino` open for writing.
     pub(crate) fn has_writable_handle(&self, ino: Ino) -> bool {
         self.handles
