@@ -308,8 +308,13 @@ impl MetaService {
     /// Whether chunks on node `id` count as copies: it is alive, or it is known from the
     /// journal and may still come back.
     pub(crate) fn counts_as_copy(&self, alloc: &Allocator, id: u32) -> bool {
-        alloc.is_alive(id)
-            || (alloc.is_replayed(id) && self.nodes_until.is_some_and(|t| Instant::now() < t))
+        alloc.is_alive(id) || (alloc.is_replayed(id) && self.awaiting_nodes(alloc))
+    }
+
+    /// Whether data nodes known from the journal may still come back (shortly after a
+    /// restart, while some are not back yet).
+    fn awaiting_nodes(&self, alloc: &Allocator) -> bool {
+        self.nodes_until.is_some_and(|t| Instant::now() < t) && !alloc.replayed().is_empty()
     }
 
     /// After a restart: data nodes not back in time count as gone (their chunks are copied
@@ -823,9 +828,10 @@ impl MetaService {
             let mut st = self.state.lock();
             let mut effects = Effects::default();
             let reply = self.apply(&mut st, &mut session, &req, &mut effects);
+            // Space is also coming while data nodes known from the journal come back.
             let short = matches!(req, Request::Allocate(_))
                 && reply == encode_reply::<()>(RequestOp::Allocate as u8, &Err(Errno::ENOSPC))
-                && st.alloc.zeroing() > 0;
+                && (st.alloc.zeroing() > 0 || self.awaiting_nodes(&st.alloc));
             if short && Instant::now() < give_up {
                 drop(st);
                 self.zeroer.kick();

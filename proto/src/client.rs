@@ -352,7 +352,10 @@ impl Client {
                 return Ok(c); // another thread reconnected meanwhile
             }
             let broken = self.channel.lock().unwrap().take();
-            if broken.is_some() {
+            if let Some(b) = &broken {
+                // Closed at once: a restarted service cannot listen on its port again while
+                // its side of our old connection waits for us to close ours.
+                b.sever();
                 log::warn!(
                     "metadata connection to {} lost; reconnecting",
                     self.meta_addr

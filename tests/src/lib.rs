@@ -76,12 +76,35 @@ fn log_sink(program: &str) -> Stdio {
 pub struct MemServer {
     child: Child,
     pub addr: SocketAddr,
+    args: Vec<String>,
 }
 
 impl MemServer {
     pub fn start(args: &[&str]) -> MemServer {
+        MemServer::start_on("127.0.0.1:0", args)
+    }
+
+    /// Like [`MemServer::start`], on a port below the ephemeral range: one a restart can take
+    /// again (an ephemeral port may meanwhile be the local end of a peer's redial).
+    pub fn start_restartable(args: &[&str]) -> MemServer {
+        let port = (0..1000)
+            .map(|i| 20000 + (std::process::id() * 7 + i * 13) % 12000)
+            .find(|&p| std::net::TcpListener::bind(("127.0.0.1", p as u16)).is_ok())
+            .expect("a free port below the ephemeral range");
+        MemServer::start_on(&format!("127.0.0.1:{port}"), args)
+    }
+
+    /// Kills the node (SIGKILL) if it runs, and starts it again with the same arguments on
+    /// the same address.
+    pub fn restart(&mut self) {
+        self.kill();
+        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        *self = MemServer::start_on(&self.addr.to_string(), &args);
+    }
+
+    fn start_on(listen: &str, args: &[&str]) -> MemServer {
         let mut child = Command::new(bin("mem-server"))
-            .args(["--listen", "127.0.0.1:0", "--transport", "tcp"])
+            .args(["--listen", listen, "--transport", "tcp"])
             .args(args)
             .stdout(Stdio::piped())
             .stderr(log_sink("mem-server"))
@@ -96,7 +119,11 @@ impl MemServer {
             .nth(3)
             .and_then(|a| a.parse().ok())
             .unwrap_or_else(|| panic!("unexpected mem-server banner {line:?}"));
-        MemServer { child, addr }
+        MemServer {
+            child,
+            addr,
+            args: args.iter().map(|a| a.to_string()).collect(),
+        }
     }
 
     /// A metadata node lending `memory` with `chunk` chunks.

@@ -1,0 +1,219 @@
+//! A metadata node with a state directory, killed (SIGKILL) while clients write and create
+//! files, and started again: the namespace comes back with every change it had answered, the
+//! data nodes join it again with their data, and the mounts carry on without a remount (open
+//! files included, one of them unlinked while open).
+
+use std::fs;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rfs_e2e::{MemServer, Mount};
+
+fn state_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("rfs-state-{name}-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&d);
+    d
+}
+
+fn content(seed: u64, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|k| (k as u64).wrapping_mul(31).wrapping_add(seed * 7) as u8)
+        .collect()
+}
+
+/// What the creator did: files it was told were made (with their content), and those whose
+/// creation failed (made or not: the answer was lost with the node).
+struct Created {
+    made: Vec<(String, Vec<u8>)>,
+    unsure: Vec<String>,
+}
+
+/// Creates files one after another until `stop`.
+fn creator(m: &Mount, stop: &AtomicBool) -> Created {
+    let mut out = Created {
+        made: Vec::new(),
+        unsure: Vec::new(),
+    };
+    let mut i = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let name = format!("d/c{i}");
+        let data = content(i, 20_000 + (i as usize % 7) * 100_000);
+        match fs::write(m.path(&name), &data) {
+            Ok(()) => out.made.push((name, data)),
+            Err(e) => {
+                println!("creating {name}: {e}");
+                out.unsure.push(name);
+            }
+        }
+        i += 1;
+    }
+    out
+}
+
+/// A file's model: its bytes, and the blocks whose last write failed (landed or not).
+struct Model {
+    bytes: Vec<u8>,
+    unsure: std::collections::BTreeSet<usize>,
+}
+
+const BLOCK: usize = 64 << 10;
+
+/// Overwrites blocks of an open file until `stop`, keeping a model of it. Writes may fail
+/// only while the metadata node is down (`down`): the data nodes took back every grant with
+/// it, and a transfer needs a new one.
+fn overwriter(f: &fs::File, len: usize, stop: &AtomicBool, down: &AtomicBool) -> Model {
+    let mut model = Model {
+        bytes: vec![0u8; len],
+        unsure: Default::default(),
+    };
+    let (mut n, mut failed) = (0u64, 0);
+    while !stop.load(Ordering::Relaxed) {
+        let at = ((n * 7919) as usize % (len / BLOCK)) * BLOCK;
+        let data = content(1000 + n, BLOCK);
+        let outage = down.load(Ordering::Relaxed);
+        match f.write_all_at(&data, at as u64) {
+            Ok(()) => {
+                model.bytes[at..at + BLOCK].copy_from_slice(&data);
+                model.unsure.remove(&at);
+            }
+            Err(e) if outage || down.load(Ordering::Relaxed) => {
+                failed += 1;
+                model.unsure.insert(at);
+                println!("write {n} at {at} while the metadata node was down: {e}");
+            }
+            Err(e) => panic!("write {n} at {at}: {e}"),
+        }
+        n += 1;
+    }
+    println!("{n} overwrites through the open handle, {failed} failed during the outage");
+    model
+}
+
+#[test]
+fn a_restarted_metadata_node_comes_back_with_everything_it_answered() {
+    let dir = state_dir("restart");
+    let dir_arg = dir.to_string_lossy().to_string();
+    let mut meta = MemServer::start_restartable(&[
+        "--memory",
+        "0",
+        "--chunk-size",
+        "1M",
+        "--lease",
+        "2",
+        "--state-dir",
+        &dir_arg,
+    ]);
+    let _first = MemServer::data(&meta, "96M", "1M");
+    let _second = MemServer::data(&meta, "96M", "1M");
+    let m = Mount::new(&meta, &["io_timeout=2"]);
+    let other = Mount::new(&meta, &["io_timeout=2"]);
+    fs::create_dir(m.path("d")).unwrap();
+    fs::write(m.path("before"), content(1, 3 << 20)).unwrap();
+    let len = 4 << 20;
+    let held = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(m.path("held"))
+        .unwrap();
+    held.set_len(len as u64).unwrap();
+    // Unlinked while open: it lives on through the handle, across the restart.
+    let orphan = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(m.path("orphan"))
+        .unwrap();
+    orphan.write_all_at(&content(2, 2 << 20), 0).unwrap();
+    fs::remove_file(m.path("orphan")).unwrap();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let down = AtomicBool::new(false);
+    let (created, model) = std::thread::scope(|s| {
+        let creating = s.spawn(|| creator(&other, &stop));
+        let writing = s.spawn(|| overwriter(&held, len, &stop, &down));
+        std::thread::sleep(Duration::from_millis(800));
+        down.store(true, Ordering::Relaxed);
+        meta.kill();
+        std::thread::sleep(Duration::from_millis(300));
+        let started = Instant::now();
+        meta.restart();
+        let up = Instant::now();
+        println!(
+            "metadata node killed and started again: up after {:?}",
+            started.elapsed()
+        );
+        // The mounts carry on: the first stat through each that answers.
+        for (name, mount) in [("writer", &m), ("creator", &other)] {
+            let waited = Instant::now();
+            while fs::metadata(mount.path("before")).is_err() {
+                assert!(
+                    waited.elapsed() < Duration::from_secs(20),
+                    "{name}: no answer"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            println!(
+                "metadata node up -> {name}'s mount working: {:?}",
+                up.elapsed()
+            );
+        }
+        down.store(false, Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(800));
+        stop.store(true, Ordering::Relaxed);
+        (creating.join().unwrap(), writing.join().unwrap())
+    });
+
+    // Everything answered before or after the kill is there, and reads back as written.
+    assert_eq!(fs::read(m.path("before")).unwrap(), content(1, 3 << 20));
+    let mut back = vec![0u8; len];
+    held.read_exact_at(&mut back, 0).unwrap();
+    for at in (0..len).step_by(BLOCK) {
+        if !model.unsure.contains(&at) {
+            let block = at..at + BLOCK;
+            assert!(
+                back[block.clone()] == model.bytes[block],
+                "held file, block at {at}"
+            );
+        }
+    }
+    let mut orphaned = vec![0u8; 2 << 20];
+    orphan.read_exact_at(&mut orphaned, 0).unwrap();
+    assert!(
+        orphaned == content(2, 2 << 20),
+        "the unlinked file lost its data"
+    );
+    orphan.write_all_at(b"still writable", 0).unwrap();
+    println!(
+        "{} files created, {} unsure",
+        created.made.len(),
+        created.unsure.len()
+    );
+    assert!(
+        created.unsure.len() <= 2,
+        "only calls under way at the kill may fail"
+    );
+    for (name, data) in &created.made {
+        assert!(fs::read(m.path(name)).unwrap() == *data, "{name}");
+    }
+    let listed = fs::read_dir(m.path("d")).unwrap().count();
+    assert!(
+        listed >= created.made.len() && listed <= created.made.len() + created.unsure.len(),
+        "{listed} names in d/"
+    );
+    drop((held, orphan));
+
+    // Once more, with nothing under way: a clean restart loses nothing either.
+    meta.restart();
+    assert_eq!(fs::read(m.path("before")).unwrap(), content(1, 3 << 20));
+    let (name, data) = created.made.last().unwrap();
+    assert!(fs::read(other.path(name)).unwrap() == *data);
+    drop((m, other));
+    drop(meta);
+    let _ = fs::remove_dir_all(&dir);
+}
