@@ -72,12 +72,10 @@ fn read_frames(path: &Path, magic: &[u8; 8]) -> io::Result<Frames> {
     };
     while at < bytes.len() {
         let rest = &bytes[at..];
-        if rest.len() < 8 {
+        let Some((len, crc)) = frame_header(rest) else {
             out.torn = Some(format!("{} stray bytes at the end", rest.len()));
             break;
-        }
-        let len = u32::from_le_bytes(rest[..4].try_into().expect("4 bytes")) as usize;
-        let crc = u32::from_le_bytes(rest[4..8].try_into().expect("4 bytes"));
+        };
         if len > MAX_FRAME || rest.len() - 8 < len {
             out.torn = Some(format!(
                 "a frame of {len} bytes with {} left",
@@ -108,14 +106,17 @@ fn read_frames(path: &Path, magic: &[u8; 8]) -> io::Result<Frames> {
     Ok(out)
 }
 
+/// The length and checksum at the start of `b`, if it holds a frame header.
+fn frame_header(b: &[u8]) -> Option<(usize, u32)> {
+    let len = u32::from_le_bytes(b.get(..4)?.try_into().ok()?);
+    let crc = u32::from_le_bytes(b.get(4..8)?.try_into().ok()?);
+    Some((len as usize, crc))
+}
+
 /// Whether `b` starts with a whole, intact frame.
 fn is_whole_frame(b: &[u8]) -> bool {
-    if b.len() < 8 {
-        return false;
-    }
-    let len = u32::from_le_bytes(b[..4].try_into().expect("4 bytes")) as usize;
-    let crc = u32::from_le_bytes(b[4..8].try_into().expect("4 bytes"));
-    len <= b.len() - 8 && crc32fast::hash(&b[8..8 + len]) == crc
+    frame_header(b)
+        .is_some_and(|(len, crc)| len <= b.len() - 8 && crc32fast::hash(&b[8..8 + len]) == crc)
 }
 
 /// The generations of the files named `prefix.N` in `dir`, sorted.
@@ -307,16 +308,18 @@ impl Journal {
     }
 
     /// Appends `records` as one frame (nothing if there are none): they are durable once
-    /// [`Journal::sync`] returns. Call in the order the changes were made.
-    pub fn append(&self, records: &[Record]) {
+    /// [`Journal::sync`] returns. Call in the order the changes were made. Says whether the
+    /// segment is now long enough that a snapshot should follow ([`Journal::snapshot`]).
+    pub fn append(&self, records: &[Record]) -> bool {
         if records.is_empty() {
-            return;
+            return false;
         }
         let mut inner = self.inner.lock().unwrap();
         let before = inner.buf.len();
         frame(records, &mut inner.buf);
         inner.segment_bytes += (inner.buf.len() - before) as u64;
         inner.appended += 1;
+        inner.segment_bytes >= SNAPSHOT_AFTER
     }
 
     /// Returns once everything appended so far is durable (or could not be made so).
@@ -361,11 +364,6 @@ impl Journal {
         }
         self.flushed.notify_all();
         inner
-    }
-
-    /// Whether the segment is long enough that a snapshot should follow.
-    pub fn wants_snapshot(&self) -> bool {
-        self.inner.lock().unwrap().segment_bytes >= SNAPSHOT_AFTER
     }
 
     /// Starts a new segment after `state` (the whole state as records, taken with nothing
@@ -476,8 +474,7 @@ impl<T: Durable> Drop for Guard<'_, T> {
         let Some(journal) = self.journal else { return };
         let mut records = Vec::new();
         self.state.take_records(&mut records);
-        journal.append(&records);
-        if journal.wants_snapshot() {
+        if journal.append(&records) {
             journal.snapshot(self.state.records());
         }
     }

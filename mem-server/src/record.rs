@@ -56,7 +56,7 @@ fn put_bytes(b: &[u8], w: &mut Writer) {
 
 fn get_bytes(r: &mut Reader<'_>) -> Result<Vec<u8>, DecodeError> {
     let n = u32::get(r)?;
-    (0..n).map(|_| u8::get(r)).collect()
+    Ok(r.take(n as usize)?.to_vec())
 }
 
 impl Record {
@@ -188,7 +188,7 @@ impl Record {
     pub fn decode_all(b: &[u8]) -> Result<Vec<Record>, DecodeError> {
         let mut r = Reader::new(b);
         let mut out = Vec::new();
-        while r.finish().is_err() {
+        while !r.is_empty() {
             out.push(Record::get(&mut r)?);
         }
         Ok(out)

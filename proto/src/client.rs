@@ -322,10 +322,15 @@ impl Client {
             };
             let answer = self.send_on(channel, seq, &encode_call(&req), deadline);
             self.end_call(seq);
-            match answer.map(|raw| decode_reply::<Reclaim>(&raw)) {
-                Ok(Ok(Ok(n))) => taken += n as usize,
-                Ok(Ok(Err(e))) => log::warn!("reclaiming open files: {e}"),
-                Ok(Err(e)) => log::warn!("reclaiming open files: {e}"),
+            let taken_now =
+                answer.map_err(|e| e.to_string()).and_then(|raw| {
+                    match decode_reply::<Reclaim>(&raw).map_err(|e| e.to_string())? {
+                        Ok(n) => Ok(n),
+                        Err(e) => Err(e.to_string()),
+                    }
+                });
+            match taken_now {
+                Ok(n) => taken += n as usize,
                 Err(e) => log::warn!("reclaiming open files: {e}"),
             }
         }

@@ -79,7 +79,13 @@ impl<'a> Reader<'a> {
         u8::get(self)
     }
 
-    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+    /// Whether everything was read.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The next `n` bytes (refused if fewer are left).
+    pub fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
         if self.0.len() < n {
             return bad(format!(
                 "truncated: wanted {n} bytes, {} left",

@@ -85,31 +85,49 @@ impl MemServer {
     }
 
     /// Like [`MemServer::start`], on a port below the ephemeral range: one a restart can take
-    /// again (an ephemeral port may meanwhile be the local end of a peer's redial).
+    /// again (an ephemeral port may meanwhile be the local end of a peer's redial). Ports are
+    /// never handed out twice in one test process, so another test cannot take a port while
+    /// its node is down.
     pub fn start_restartable(args: &[&str]) -> MemServer {
+        static TRIED: AtomicU32 = AtomicU32::new(0);
         let port = (0..1000)
-            .map(|i| 20000 + (std::process::id() * 7 + i * 13) % 12000)
+            .map(|_| {
+                let n = TRIED.fetch_add(1, Ordering::Relaxed);
+                20000 + (std::process::id() * 97 + n * 13) % 12000
+            })
             .find(|&p| std::net::TcpListener::bind(("127.0.0.1", p as u16)).is_ok())
             .expect("a free port below the ephemeral range");
         MemServer::start_on(&format!("127.0.0.1:{port}"), args)
     }
 
-    /// Kills the node (SIGKILL) if it runs, and starts it again with the same arguments on
-    /// the same address.
+    /// Kills the node (SIGKILL) and starts it again with the same arguments on the same
+    /// address.
     pub fn restart(&mut self) {
+        self.restart_after(Duration::ZERO);
+    }
+
+    /// Kills the node (SIGKILL), waits `pause`, and starts it again with the same arguments on
+    /// the same address.
+    pub fn restart_after(&mut self, pause: Duration) {
         self.kill();
+        std::thread::sleep(pause);
         let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
         *self = MemServer::start_on(&self.addr.to_string(), &args);
     }
 
     fn start_on(listen: &str, args: &[&str]) -> MemServer {
-        let mut child = Command::new(bin("mem-server"))
+        let child = Command::new(bin("mem-server"))
             .args(["--listen", listen, "--transport", "tcp"])
             .args(args)
             .stdout(Stdio::piped())
             .stderr(log_sink("mem-server"))
             .spawn()
             .expect("start mem-server");
+        MemServer::ready(child, args)
+    }
+
+    /// The node `child` is, once its banner says where it listens.
+    fn ready(mut child: Child, args: &[&str]) -> MemServer {
         let mut line = String::new();
         BufReader::new(child.stdout.take().expect("piped"))
             .read_line(&mut line)
