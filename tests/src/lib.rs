@@ -77,6 +77,42 @@ pub struct MemServer {
     child: Child,
     pub addr: SocketAddr,
     args: Vec<String>,
+    /// A restartable node's successor, waiting to become it (see [`Standby`]).
+    standby: Option<Standby>,
+}
+
+/// A shell that execs mem-server once told to, started while the node it replaces is up.
+///
+/// A restart cannot spawn its process at the moment it is needed: the test process may hold
+/// files open on a mount, and exec closes the child's copies of them, which sends FUSE a flush
+/// each; a flush commits, and a commit waits for the metadata node, the very node the child
+/// would become. Started ahead (with that node up), the shell has those files already closed.
+struct Standby {
+    shell: Child,
+}
+
+impl Standby {
+    fn spawn(listen: &str, args: &[String]) -> Standby {
+        let shell = Command::new("sh")
+            .args(["-c", "read -r _ && exec \"$0\" \"$@\""])
+            .arg(bin("mem-server"))
+            .args(["--listen", listen, "--transport", "tcp"])
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(log_sink("mem-server"))
+            .spawn()
+            .expect("start a standby shell");
+        Standby { shell }
+    }
+
+    /// The mem-server the shell becomes now.
+    fn become_node(mut self) -> Child {
+        use std::io::Write;
+        let mut go = self.shell.stdin.take().expect("piped");
+        go.write_all(b"go\n").expect("the standby shell waits");
+        self.shell
+    }
 }
 
 impl MemServer {
@@ -97,7 +133,9 @@ impl MemServer {
             })
             .find(|&p| std::net::TcpListener::bind(("127.0.0.1", p as u16)).is_ok())
             .expect("a free port below the ephemeral range");
-        MemServer::start_on(&format!("127.0.0.1:{port}"), args)
+        let mut node = MemServer::start_on(&format!("127.0.0.1:{port}"), args);
+        node.standby = Some(Standby::spawn(&node.addr.to_string(), &node.args));
+        node
     }
 
     /// Kills the node (SIGKILL) and starts it again with the same arguments on the same
@@ -109,10 +147,16 @@ impl MemServer {
     /// Kills the node (SIGKILL), waits `pause`, and starts it again with the same arguments on
     /// the same address.
     pub fn restart_after(&mut self, pause: Duration) {
+        let standby = self
+            .standby
+            .take()
+            .expect("started with MemServer::start_restartable");
         self.kill();
         std::thread::sleep(pause);
         let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
-        *self = MemServer::start_on(&self.addr.to_string(), &args);
+        let mut node = MemServer::ready(standby.become_node(), &args);
+        node.standby = Some(Standby::spawn(&self.addr.to_string(), &self.args));
+        *self = node;
     }
 
     fn start_on(listen: &str, args: &[&str]) -> MemServer {
@@ -141,6 +185,7 @@ impl MemServer {
             child,
             addr,
             args: args.iter().map(|a| a.to_string()).collect(),
+            standby: None,
         }
     }
 
@@ -168,6 +213,11 @@ impl MemServer {
 impl Drop for MemServer {
     fn drop(&mut self) {
         self.kill();
+        if let Some(mut s) = self.standby.take() {
+            // Its stdin closes with it: the shell exits without exec.
+            let _ = s.shell.kill();
+            let _ = s.shell.wait();
+        }
     }
 }
 
