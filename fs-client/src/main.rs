@@ -210,6 +210,7 @@ fn main() -> ExitCode {
     // A call may wait for other clients' answers up to the node's lease.
     let call_timeout = cfg.rpc.timeout.max(fs.lease() + cfg.io_timeout);
     fs.backend().set_call_timeout(call_timeout);
+    fs.set_retry_window(call_timeout);
     if cfg.io_timeout > fs.lease() / 2 {
         log::warn!(
             "io_timeout {:?} is over half the metadata node's {:?} lease: a transfer that \

@@ -37,8 +37,9 @@ const MAX_JOINS: usize = 64 * MAX_NODES;
 const MAX_POOL_BYTES: u64 = 1 << 50;
 /// The longest address a node may advertise.
 const MAX_ADDR_LEN: usize = 255;
-/// The longest pause between a data node's tries to join again.
-const REJOIN_BACKOFF: Duration = Duration::from_secs(1);
+/// The longest pause between a data node's tries to join again: chunk maps of a restarted
+/// metadata node wait for its data nodes, so this much adds to how soon I/O goes on.
+const REJOIN_BACKOFF: Duration = Duration::from_millis(250);
 
 /// Checks what a joining node says about itself before anything is sized by it.
 fn check_join(join: &Join, chunk_size: u64) -> Result<(), String> {

@@ -103,7 +103,8 @@ impl Drop for Channel {
     }
 }
 
-/// How long to wait before the next attempt to reach the service.
+/// How long to wait before the next attempt to reach the service: at most a quarter second,
+/// since how soon mounts work again after a restart is this much past the restart.
 pub(crate) fn backoff(previous: Duration) -> Duration {
-    (previous * 2).clamp(Duration::from_millis(20), Duration::from_secs(1))
+    (previous * 2).clamp(Duration::from_millis(20), Duration::from_millis(250))
 }

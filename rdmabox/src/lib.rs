@@ -32,6 +32,6 @@ pub mod window;
 
 pub use counters::Snapshot;
 pub use poller::PollMode;
-pub use session::{AbortHandle, IoError, Pending, Session, SessionConfig};
+pub use session::{AbortHandle, IoError, KeepingCallback, Pending, Session, SessionConfig};
 pub use transport::connect_links;
 pub use window::WindowConfig;

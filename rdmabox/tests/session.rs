@@ -269,6 +269,54 @@ fn out_of_bounds_requests_fail_alone() {
     assert!(!session.is_open());
 }
 
+/// A write's result with its buffer, as `write_keeping` gives it.
+fn write_keeping(
+    session: &Session,
+    at: RemoteAddr,
+    data: Vec<u8>,
+) -> Result<Vec<u8>, (IoError, Vec<u8>)> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    session.write_keeping(at, data, Box::new(move |r| tx.send(r).unwrap()));
+    rx.recv_timeout(Duration::from_secs(20)).expect("answered")
+}
+
+#[test]
+fn a_failed_write_gives_its_buffer_back_whatever_failed() {
+    // Large requests go out in a buffer registered for them (dynMR), small ones staged in the
+    // pool: both come back, intact, on success and on each kind of failure.
+    let (lender, session) = setup(4 << 20, SessionConfig::default());
+    for len in [4096, 1 << 20] {
+        let data = pattern(len, len as u64);
+        assert_eq!(
+            write_keeping(&session, at(&lender, 0), data.clone()).unwrap(),
+            data
+        );
+        let (e, back) = write_keeping(&session, at(&lender, 4 << 20), data.clone()).unwrap_err();
+        assert!(matches!(e, IoError::OutOfBounds { .. }), "{e}");
+        assert_eq!(back, data, "out of bounds, {len} bytes");
+    }
+    let r = lender.mem.remote();
+    let wrong_key = RemoteAddr {
+        addr: r.addr,
+        rkey: r.rkey ^ 1,
+    };
+    for len in [4096, 1 << 20] {
+        let data = pattern(len, 7 + len as u64);
+        let (e, back) = write_keeping(&session, wrong_key, data.clone()).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                IoError::Transport(WcStatus::RemoteAccessError) | IoError::Closed
+            ),
+            "{e}"
+        );
+        assert_eq!(
+            back, data,
+            "refused by the peer or a broken session, {len} bytes"
+        );
+    }
+}
+
 #[test]
 fn a_dead_peer_fails_everything_without_hanging() {
     let (lender, session) = setup(8 << 20, SessionConfig::default());

@@ -1,7 +1,8 @@
 //! Chaos: fio writing and verifying on a mount of a file system with two replicas over three
-//! nodes, while another mount writes files of its own, and a data node is killed mid-run.
-//! Nothing may fail or read back wrong; once the lost copies are made again, killing a second
-//! node still loses nothing.
+//! data nodes, while another mount writes files of its own; mid-run a data node is killed, and
+//! then the metadata node is killed and started again from its state directory. Nothing may
+//! fail or read back wrong; once the lost copies are made again, killing a second data node
+//! still loses nothing.
 
 use std::fs;
 use std::path::Path;
@@ -26,14 +27,16 @@ mod rand_like {
 }
 
 /// fio on `dir`: random writes of 4k..256k over two jobs, each block checksummed (crc32c) and
-/// verified; `verify_only` reads and verifies what an earlier run wrote.
+/// verified; `verify_only` reads and verifies what an earlier run wrote. The writes are paced
+/// (16 MiB/s per job, 4 s in all) so that the failures happen while fio writes.
 fn fio(dir: &Path, verify_only: bool) -> Output {
     let mut cmd = Command::new("fio");
     cmd.args([
         "--name=chaos",
         "--rw=randwrite",
         "--bs=4k-256k",
-        "--size=48M",
+        "--size=64M",
+        "--rate=16m",
         "--numjobs=2",
         "--iodepth=4",
         "--ioengine=psync",
@@ -93,24 +96,62 @@ fn writer(m: &Mount, files: usize, len: usize, until: Instant) -> Vec<Vec<u8>> {
     model
 }
 
+fn state_dir() -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("rfs-state-chaos-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&d);
+    d
+}
+
 #[test]
-fn fio_verify_and_a_second_writer_survive_a_killed_data_node() {
-    let meta = MemServer::start(&["--memory", "320M", "--chunk-size", "1M", "--replicas", "2"]);
-    let mut first = MemServer::data(&meta, "320M", "1M");
-    let mut second = MemServer::data(&meta, "320M", "1M");
+fn fio_verify_and_a_second_writer_survive_a_killed_data_node_and_a_restarted_metadata_node() {
+    let dir = state_dir();
+    let dir_arg = dir.to_string_lossy().to_string();
+    // The durable setup the README describes: a metadata node that lends nothing and keeps
+    // its state on disk, and data nodes that outlive it.
+    let mut meta = MemServer::start_restartable(&[
+        "--memory",
+        "0",
+        "--chunk-size",
+        "1M",
+        "--replicas",
+        "2",
+        "--state-dir",
+        &dir_arg,
+    ]);
+    let mut first = MemServer::data(&meta, "256M", "1M");
+    let mut second = MemServer::data(&meta, "256M", "1M");
+    let _third = MemServer::data(&meta, "256M", "1M");
     let a = Mount::new(&meta, &["io_timeout=1"]);
     let b = Mount::new(&meta, &["io_timeout=1"]);
     let started = Instant::now();
-    let (fio_run, model) = std::thread::scope(|s| {
-        let fio_run = s.spawn(|| fio(&a.dir, false));
-        let model = s.spawn(|| writer(&b, 4, 4 << 20, Instant::now() + Duration::from_secs(6)));
+    let model = std::thread::scope(|s| {
+        let fio_run = s.spawn(|| {
+            let out = fio(&a.dir, false);
+            let done = started.elapsed();
+            println!("fio done at {done:?}");
+            (out, done)
+        });
+        let model = s.spawn(|| writer(&b, 4, 4 << 20, Instant::now() + Duration::from_secs(8)));
         std::thread::sleep(Duration::from_millis(1500));
         first.kill();
         println!("data node 1 killed at {:?}", started.elapsed());
-        (fio_run.join().unwrap(), model.join().unwrap())
+        std::thread::sleep(Duration::from_millis(1500));
+        let killed = Instant::now();
+        meta.restart_after(Duration::from_millis(300));
+        let up = started.elapsed();
+        println!(
+            "metadata node killed at {:?}, up again {:?} later",
+            killed - started,
+            killed.elapsed()
+        );
+        let (fio_run, fio_done) = fio_run.join().unwrap();
+        check(&fio_run, "fio through the kill and the restart");
+        assert!(
+            fio_done > up,
+            "fio was done before the metadata node was back"
+        );
+        model.join().unwrap()
     });
-    check(&fio_run, "fio through the kill");
-    println!("fio done at {:?}", started.elapsed());
     for (i, expect) in model.iter().enumerate() {
         assert!(
             &fs::read(b.path(&format!("w{i}"))).unwrap() == expect,
@@ -119,24 +160,28 @@ fn fio_verify_and_a_second_writer_survive_a_killed_data_node() {
     }
     let took = wait_until_whole(&meta, 1, Duration::from_secs(60));
     println!("copies whole again {took:?} later");
-    let (failovers, dropped) = (
-        a.stat("failovers") + b.stat("failovers"),
-        a.stat("replicas_dropped") + b.stat("replicas_dropped"),
-    );
+    let both = |name| a.stat(name) + b.stat(name);
     // The client may meet the dead node (failovers, dropped replicas) or learn of it first
     // (the metadata node drops its copies from the maps and recalls them): either is right.
-    println!("failovers {failovers}, replicas dropped {dropped}");
-    assert_eq!(a.stat("io_errors") + b.stat("io_errors"), 0);
+    // Transfers refused while the metadata node was away (the data nodes took back its
+    // grants) went again with fresh maps (retries).
+    println!(
+        "failovers {}, replicas dropped {}, retries {}",
+        both("failovers"),
+        both("replicas_dropped"),
+        both("retries")
+    );
+    assert_eq!(both("io_errors"), 0);
 
     second.kill();
-    check(
-        &fio(&a.dir, true),
-        "fio verifying with only the metadata node left",
-    );
+    check(&fio(&a.dir, true), "fio verifying with one data node left");
     for (i, expect) in model.iter().enumerate() {
         assert!(
             &fs::read(b.path(&format!("w{i}"))).unwrap() == expect,
             "w{i} after the second kill"
         );
     }
+    drop((a, b));
+    drop(meta);
+    let _ = fs::remove_dir_all(&dir);
 }

@@ -2,17 +2,21 @@
 //! real one (RPC to the metadata node, rdmabox sessions to the data nodes); the tests use an
 //! in-memory one, so that the file system's logic runs without processes or FUSE.
 
-use rdmabox::session::Callback;
-use rdmabox::{Session, Snapshot};
+use std::sync::Arc;
+
+use rdmabox::Snapshot;
 use rfs_proto::client::{NoticeHandler, OpenHandles};
 use rfs_proto::data::chunk_addr;
+use rfs_proto::data::DataSession;
 use rfs_proto::types::ChunkRef;
 use rfs_proto::{Client, Errno, MetadataChannel};
 
 use super::error::Error;
 
-/// Receives a transfer's result: the filled buffer of a read, the written buffer of a write.
+/// Receives a read's result: the filled buffer.
 pub type DataDone = Box<dyn FnOnce(Result<Vec<u8>, Error>) + Send>;
+/// Receives a write's result, and its buffer either way (to send again after a failure).
+pub type WriteBack = Box<dyn FnOnce(Result<(), Error>, Vec<u8>) + Send>;
 
 /// Where the file system's metadata and data go.
 pub trait Backend: MetadataChannel + Send + Sync + 'static {
@@ -25,7 +29,7 @@ pub trait Backend: MetadataChannel + Send + Sync + 'static {
     /// Reads `buf.len()` bytes at `offset` of `chunk`.
     fn read(&self, chunk: &ChunkRef, offset: u64, buf: Vec<u8>, done: DataDone);
     /// Writes `data` at `offset` of `chunk`.
-    fn write(&self, chunk: &ChunkRef, offset: u64, data: Vec<u8>, done: DataDone);
+    fn write(&self, chunk: &ChunkRef, offset: u64, data: Vec<u8>, done: WriteBack);
     /// The transport, in words, for the stats file.
     fn transport(&self) -> String;
     /// The rdmabox counters, for the stats file.
@@ -36,26 +40,18 @@ pub trait Backend: MetadataChannel + Send + Sync + 'static {
     fn on_reclaim(&self, handles: OpenHandles);
 }
 
-/// Starts a transfer on the session to `chunk`'s node, whose result becomes ours. The session
-/// is connected beforehand ([`Backend::connect`]): a transfer holds its chunk references, and
-/// must not wait on a metadata call that may be waiting for them to be let go.
-fn one_sided(
-    client: &Client,
-    chunk: &ChunkRef,
-    done: DataDone,
-    start: impl FnOnce(&Session, Callback),
-) {
+/// The session to `chunk`'s node, or why a transfer cannot start. The session is connected
+/// beforehand ([`Backend::connect`]): a transfer holds its chunk references, and must not wait
+/// on a metadata call that may be waiting for them to be let go.
+fn session_of(client: &Client, chunk: &ChunkRef) -> Result<Arc<DataSession>, Error> {
     let node = chunk.node;
-    match client.connected(node) {
-        Some(d) => start(
-            &d.session,
-            Box::new(move |r| done(r.map_err(|e| Error::data(node, &e)))),
-        ),
-        None => done(Err(Error::new(
-            Errno::EIO,
-            format!("data node {node}: session lost"),
-        ))),
-    }
+    client.connected(node).ok_or_else(|| {
+        if client.is_down(node) {
+            Error::new(Errno::EIO, format!("data node {node}: failed moments ago"))
+        } else {
+            Error::stale(node, "session lost")
+        }
+    })
 }
 
 impl Backend for Client {
@@ -72,15 +68,30 @@ impl Backend for Client {
     }
 
     fn read(&self, chunk: &ChunkRef, offset: u64, buf: Vec<u8>, done: DataDone) {
-        one_sided(self, chunk, done, |s, cb| {
-            s.read(chunk_addr(chunk, offset), buf, cb)
-        });
+        let node = chunk.node;
+        match session_of(self, chunk) {
+            Ok(d) => d.session.read(
+                chunk_addr(chunk, offset),
+                buf,
+                Box::new(move |r| done(r.map_err(|e| Error::data(node, &e)))),
+            ),
+            Err(e) => done(Err(e)),
+        }
     }
 
-    fn write(&self, chunk: &ChunkRef, offset: u64, data: Vec<u8>, done: DataDone) {
-        one_sided(self, chunk, done, |s, cb| {
-            s.write(chunk_addr(chunk, offset), data, cb)
-        });
+    fn write(&self, chunk: &ChunkRef, offset: u64, data: Vec<u8>, done: WriteBack) {
+        let node = chunk.node;
+        match session_of(self, chunk) {
+            Ok(d) => d.session.write_keeping(
+                chunk_addr(chunk, offset),
+                data,
+                Box::new(move |r| match r {
+                    Ok(data) => done(Ok(()), data),
+                    Err((e, data)) => done(Err(Error::data(node, &e)), data),
+                }),
+            ),
+            Err(e) => done(Err(e), data),
+        }
     }
 
     fn transport(&self) -> String {

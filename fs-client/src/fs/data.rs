@@ -2,9 +2,16 @@
 //! the chunk's data node through the backend, and the caller is answered once every piece is
 //! done (from the completion path of the last one), with the first failure if any: the FUSE
 //! adapter logs it, once.
+//!
+//! A piece a data node refused for a stale reference (the node took back its grants because
+//! the metadata node that made them restarted, or our session there broke) is sent again with
+//! a fresh chunk map, within the retry window: an outage of the metadata node delays I/O
+//! instead of failing it. A write keeps its bytes for that in the transfer's own buffer, which
+//! comes back either way.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use rfs_proto::message::DropReplicas;
 use rfs_proto::types::{ChunkRef, Ino, Replicas};
@@ -21,8 +28,61 @@ pub type ReadDone = Box<dyn FnOnce(Result<Vec<u8>>) + Send>;
 /// Receives the byte count of a write.
 pub type WriteDone = Box<dyn FnOnce(Result<u32>) + Send>;
 
+/// The first pause before a transfer is sent again; it doubles, up to [`MAX_RETRY_PAUSE`].
+const RETRY_PAUSE: Duration = Duration::from_millis(20);
+const MAX_RETRY_PAUSE: Duration = Duration::from_secs(1);
+
+/// Which try of a transfer this is, and until when another may be made.
+#[derive(Clone, Copy)]
+struct Attempt {
+    pause: Duration,
+    deadline: Instant,
+}
+
+impl Attempt {
+    fn first(window: Duration) -> Attempt {
+        Attempt {
+            pause: RETRY_PAUSE,
+            deadline: Instant::now() + window,
+        }
+    }
+
+    /// The next try and the pause before it, if it fits in the window.
+    fn next(self) -> Option<(Attempt, Duration)> {
+        (Instant::now() + self.pause < self.deadline).then(|| {
+            let next = Attempt {
+                pause: (self.pause * 2).min(MAX_RETRY_PAUSE),
+                ..self
+            };
+            (next, self.pause)
+        })
+    }
+}
+
+/// Runs `work` on a thread of its own: it makes metadata calls, which the completion path (a
+/// poller thread) must not wait on. Where no thread can be had, it runs here.
+fn off_the_completion_path(name: &str, work: impl FnOnce() + Send + 'static) {
+    let work = Arc::new(Mutex::new(Some(work)));
+    let theirs = work.clone();
+    let spawned = std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            let taken = theirs.lock().unwrap().take();
+            if let Some(w) = taken {
+                w()
+            }
+        });
+    if let Err(e) = spawned {
+        log::warn!("no thread for {name} ({e}): running it on the completion path");
+        let taken = work.lock().unwrap().take();
+        if let Some(w) = taken {
+            w()
+        }
+    }
+}
+
 /// A piece of a file range that lies in one chunk.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Segment {
     index: u64,
     offset_in_chunk: u64,
@@ -75,13 +135,14 @@ impl<B: Backend> Rfs<B> {
             let mut ungranted = Vec::new();
             for replicas in refs.iter().flatten() {
                 // A read needs one usable replica, a write all (one it cannot use is dropped
-                // from the map, so first use connects); a replica still not granted on a
-                // session we have is asked again only if there is no other.
+                // from the map, so first use connects, and a session the metadata node does
+                // not know, after its restart, is attached again); a read asks again for a
+                // replica not granted on a session we have only if there is no other.
                 let any_usable = replicas.iter().any(usable);
                 for c in replicas.iter().filter(|c| !self.backend.is_down(c.node)) {
                     if !self.backend.is_connected(c.node) && (allocate || !any_usable) {
                         disconnected.push(c.node);
-                    } else if c.rkey == 0 && !any_usable {
+                    } else if c.rkey == 0 && (allocate || !any_usable) {
                         ungranted.push(c.node);
                     }
                 }
@@ -203,7 +264,8 @@ impl<B: Backend> Rfs<B> {
 
     /// Writes `data` at `offset` of a chunk to every replica at once; `done` gets None once
     /// each has it, the replicas it reached if some failed (those the map must drop before the
-    /// write is answered: see [`Self::drop_missed`]), or the first error if none got it.
+    /// write is answered: see [`Self::drop_missed`]), or an error if none got it or one refused
+    /// a stale reference (the chunk is then sent again to every replica); and the bytes.
     fn write_replicas(
         self: &Arc<Self>,
         replicas: Replicas,
@@ -214,17 +276,22 @@ impl<B: Backend> Rfs<B> {
         if let [c] = replicas[..] {
             // One copy (the common case): its result is the write's.
             if c.rkey == 0 {
-                return done(Err(not_granted(&c)));
+                return done(Err(not_granted(&c)), data);
             }
-            return self
-                .backend
-                .write(&c, offset, data, Box::new(move |r| done(r.map(|_| None))));
+            return self.backend.write(
+                &c,
+                offset,
+                data,
+                Box::new(move |r, data| done(r.map(|()| None), data)),
+            );
         }
         let fanout = Arc::new(Fanout {
             state: Mutex::new(FanoutState {
                 left: replicas.len(),
                 reached: Vec::new(),
                 failure: None,
+                stale: None,
+                bytes: None,
             }),
             done: Mutex::new(Some(done)),
         });
@@ -237,7 +304,7 @@ impl<B: Backend> Rfs<B> {
                 data.clone().expect("kept for the last replica")
             };
             if c.rkey == 0 {
-                Self::replica_written(&fanout, c, Err(not_granted(&c)));
+                Self::replica_written(&fanout, c, Err(not_granted(&c)), bytes);
                 continue;
             }
             let fanout = fanout.clone();
@@ -245,34 +312,52 @@ impl<B: Backend> Rfs<B> {
                 &c,
                 offset,
                 bytes,
-                Box::new(move |r| Self::replica_written(&fanout, c, r.map(drop))),
+                Box::new(move |r, bytes| Self::replica_written(&fanout, c, r, bytes)),
             );
         }
     }
 
     /// One replica of a [`Self::write_replicas`] is done; the last one answers.
-    fn replica_written(fanout: &Fanout, c: ChunkRef, r: Result<()>) {
-        let (reached, failure) = {
+    fn replica_written(fanout: &Fanout, c: ChunkRef, r: Result<()>, bytes: Vec<u8>) {
+        let st = {
             let mut st = fanout.state.lock().unwrap();
             match r {
                 Ok(()) => st.reached.push(c),
+                Err(e) if e.is_stale() => {
+                    st.stale.get_or_insert(e);
+                }
                 Err(e) => {
                     log::warn!("{e}");
                     st.failure.get_or_insert(e);
                 }
             }
+            st.bytes.get_or_insert(bytes);
             st.left -= 1;
             if st.left > 0 {
                 return;
             }
-            (std::mem::take(&mut st.reached), st.failure.take())
+            std::mem::replace(
+                &mut *st,
+                FanoutState {
+                    left: 0,
+                    reached: Vec::new(),
+                    failure: None,
+                    stale: None,
+                    bytes: None,
+                },
+            )
         };
         let done = fanout.done.lock().unwrap().take().expect("answered once");
-        done(match failure {
-            None => Ok(None),
-            Some(e) if reached.is_empty() => Err(e),
-            Some(_) => Ok(Some(reached)),
-        })
+        let bytes = st.bytes.expect("every replica gives its bytes back");
+        done(
+            match (st.stale, st.failure) {
+                (Some(stale), _) => Err(stale),
+                (None, None) => Ok(None),
+                (None, Some(e)) if st.reached.is_empty() => Err(e),
+                (None, Some(_)) => Ok(Some(st.reached)),
+            },
+            bytes,
+        )
     }
 
     /// Has the metadata node keep, of each chunk in `missed`, only the replicas a write
@@ -312,40 +397,64 @@ impl<B: Backend> Rfs<B> {
             return done(Ok(Vec::new()));
         }
         ClientStats::add(&self.stats.reads, 1);
+        ClientStats::add(&self.stats.bytes_read, len as u64);
+        self.read_attempt(ino, offset, len, Attempt::first(self.retry_window()), done);
+    }
+
+    /// One try of a read (see [`Self::read`]); a stale reference makes another, whole.
+    fn read_attempt(
+        self: &Arc<Self>,
+        ino: Ino,
+        offset: u64,
+        len: usize,
+        attempt: Attempt,
+        done: ReadDone,
+    ) {
         let segs = segments(offset, len, self.chunk_size);
         let (refs, hold) = match self.refs(ino, segs[0].index, segs.len() as u64, false) {
             Ok(r) => r,
             Err(e) => return done(Err(e)),
         };
-        ClientStats::add(&self.stats.bytes_read, len as u64);
+        // Answers once the references are let go: a stale one sends the read again.
+        let answer = {
+            let (fs, from) = (self.clone(), segs[0].index);
+            move |r: Result<Vec<u8>>| {
+                drop(hold);
+                match r {
+                    Err(e) if e.is_stale() => {
+                        let done = Arc::new(Mutex::new(Some(done)));
+                        let (retry_fs, retry_done) = (fs.clone(), done.clone());
+                        let retry = move |next| {
+                            let done = retry_done.lock().unwrap().take().expect("once");
+                            retry_fs.read_attempt(ino, offset, len, next, done)
+                        };
+                        let give_up = move |e| {
+                            let done = done.lock().unwrap().take().expect("once");
+                            done(Err(e))
+                        };
+                        fs.again(ino, from, attempt, e, retry, give_up)
+                    }
+                    Err(e) => {
+                        Self::piece_failed(&fs.stats);
+                        done(Err(e))
+                    }
+                    Ok(data) => done(Ok(data)),
+                }
+            }
+        };
         // One segment in one chunk (the common case): hand the transfer's buffer straight back.
         if let [s] = segs.as_slice() {
             let Some(replicas) = refs.into_iter().next().flatten() else {
-                return done(Ok(vec![0; len])); // a hole
+                return answer(Ok(vec![0; len])); // a hole
             };
-            let stats = self.stats.clone();
-            return self.read_replicas(
-                replicas,
-                s.offset_in_chunk,
-                len,
-                Box::new(move |r| {
-                    drop(hold);
-                    if r.is_err() {
-                        Self::piece_failed(&stats);
-                    }
-                    done(r)
-                }),
-            );
+            return self.read_replicas(replicas, s.offset_in_chunk, len, Box::new(answer));
         }
         let buf = Arc::new(Mutex::new(vec![0u8; len]));
         let job = {
             let buf = buf.clone();
             Pieces::new(
                 segs.len(),
-                Box::new(move |r| {
-                    drop(hold);
-                    done(r.map(|()| std::mem::take(&mut *buf.lock().unwrap())))
-                }),
+                Box::new(move |r| answer(r.map(|()| std::mem::take(&mut *buf.lock().unwrap())))),
             )
         };
         for (s, r) in segs.iter().zip(refs) {
@@ -353,7 +462,7 @@ impl<B: Backend> Rfs<B> {
                 job.part_done(); // a hole: zeros already
                 continue;
             };
-            let (job, buf, at, stats) = (job.clone(), buf.clone(), s.at, self.stats.clone());
+            let (job, buf, at) = (job.clone(), buf.clone(), s.at);
             self.read_replicas(
                 replicas,
                 s.offset_in_chunk,
@@ -361,15 +470,42 @@ impl<B: Backend> Rfs<B> {
                 Box::new(move |r| {
                     match r {
                         Ok(data) => buf.lock().unwrap()[at..at + data.len()].copy_from_slice(&data),
-                        Err(e) => {
-                            Self::piece_failed(&stats);
-                            job.fail(e);
-                        }
+                        Err(e) => job.fail(e),
                     }
                     job.part_done();
                 }),
             );
         }
+    }
+
+    /// After a transfer of `ino` failed for a `stale` reference: once the attempt's pause is
+    /// over, forgets the file's chunk map from `from` on and sends it again (`retry`, given the
+    /// next attempt), or fails it (`give_up`) if the window is spent. Called with no
+    /// references held; runs off the completion path, since fetching maps and reconnecting
+    /// are metadata calls.
+    fn again(
+        self: &Arc<Self>,
+        ino: Ino,
+        from: u64,
+        attempt: Attempt,
+        stale: Error,
+        retry: impl FnOnce(Attempt) + Send + 'static,
+        give_up: impl FnOnce(Error) + Send + 'static,
+    ) {
+        let fs = self.clone();
+        off_the_completion_path("rfs-retry", move || match attempt.next() {
+            Some((next, pause)) => {
+                log::info!("inode {ino}: {stale}; sending it again with a fresh map");
+                ClientStats::add(&fs.stats.retries, 1);
+                std::thread::sleep(pause);
+                fs.chunks.forget(ino, from);
+                retry(next)
+            }
+            None => {
+                Self::piece_failed(&fs.stats);
+                give_up(stale)
+            }
+        });
     }
 
     /// Writes `data` at `offset`; `done` gets the byte count once every piece is in remote
@@ -382,76 +518,124 @@ impl<B: Backend> Rfs<B> {
             return done(Ok(0));
         }
         ClientStats::add(&self.stats.writes, 1);
-        let segs = segments(offset, data.len(), self.chunk_size);
-        let (refs, hold) = match self.refs(ino, segs[0].index, segs.len() as u64, true) {
+        let pieces = segments(offset, data.len(), self.chunk_size)
+            .into_iter()
+            .map(|s| (s, data[s.at..s.at + s.len].to_vec()))
+            .collect();
+        let (end, len) = (offset + data.len() as u64, data.len() as u32);
+        let finish: FinishWrite<B> = Box::new(move |fs, r| {
+            if r.is_ok() {
+                fs.wrote(ino, end, len);
+            }
+            done(r.map(|()| len))
+        });
+        self.write_pieces(ino, pieces, Attempt::first(self.retry_window()), finish);
+    }
+
+    /// One try of the pieces of a write (see [`Self::write`]); those refused for a stale
+    /// reference make another, with the bytes their transfers gave back.
+    fn write_pieces(
+        self: &Arc<Self>,
+        ino: Ino,
+        pieces: Vec<(Segment, Vec<u8>)>,
+        attempt: Attempt,
+        finish: FinishWrite<B>,
+    ) {
+        let first = pieces[0].0.index;
+        let count = pieces[pieces.len() - 1].0.index - first + 1;
+        let (refs, hold) = match self.refs(ino, first, count, true) {
             Ok(r) => r,
-            Err(e) => return done(Err(e)),
+            Err(e) => {
+                Self::piece_failed(&self.stats);
+                return finish(self, Err(e));
+            }
         };
-        // Chunks the write did not reach on every replica: dropped once the references are
-        // let go (the metadata node may be recalling them), before the write is answered.
-        let missed: Arc<Mutex<Vec<(u64, Replicas)>>> = Arc::default();
-        let job = {
-            let (fs, missed) = (self.clone(), missed.clone());
-            let (end, len) = (offset + data.len() as u64, data.len() as u32);
-            Pieces::new(
-                segs.len(),
-                Box::new(move |r| {
-                    drop(hold);
-                    let missed = std::mem::take(&mut *missed.lock().unwrap());
-                    let finish = move |fs: &Rfs<B>, r: Result<()>| {
-                        if r.is_ok() {
-                            fs.wrote(ino, end, len);
-                        }
-                        done(r.map(|()| len))
-                    };
-                    if r.is_err() || missed.is_empty() {
-                        return finish(&fs, r);
-                    }
-                    // A metadata call: not on the completion path (a poller thread), unless
-                    // no thread can be had.
-                    let work: Arc<DropJob<B>> =
-                        Arc::new(Mutex::new(Some((fs, missed, Box::new(finish)))));
-                    let theirs = work.clone();
-                    let spawned = std::thread::Builder::new()
-                        .name("drop-replicas".into())
-                        .spawn(move || Self::run_drop(ino, &theirs));
-                    if let Err(e) = spawned {
-                        log::warn!("no thread to drop the replicas a write missed ({e}): dropping them here");
-                        Self::run_drop(ino, &work);
-                    }
-                }),
-            )
-        };
-        for (s, r) in segs.iter().zip(refs) {
-            let replicas = r.expect("allocated above");
-            let (job, missed, stats, index) =
-                (job.clone(), missed.clone(), self.stats.clone(), s.index);
+        let job = Arc::new(WriteJob {
+            state: Mutex::new(WriteState {
+                left: pieces.len(),
+                ..WriteState::default()
+            }),
+            hold: Mutex::new(Some(hold)),
+            finish: Mutex::new(Some(finish)),
+        });
+        for (s, bytes) in pieces {
+            let replicas = refs[(s.index - first) as usize]
+                .clone()
+                .expect("allocated above");
+            let (fs, job) = (self.clone(), job.clone());
             self.write_replicas(
                 replicas,
                 s.offset_in_chunk,
-                data[s.at..s.at + s.len].to_vec(),
-                Box::new(move |r| {
-                    match r {
-                        Ok(None) => {}
-                        Ok(Some(reached)) => missed.lock().unwrap().push((index, reached)),
-                        Err(e) => {
-                            Self::piece_failed(&stats);
-                            job.fail(e);
-                        }
-                    }
-                    job.part_done();
-                }),
+                bytes,
+                Box::new(move |r, bytes| fs.piece_written(ino, &job, s, r, bytes, attempt)),
             );
         }
     }
 
-    /// Drops what a write missed, then answers it ([`DropJob`]), unless that was done already.
-    fn run_drop(ino: Ino, work: &DropJob<B>) {
-        let taken = work.lock().unwrap().take();
-        if let Some((fs, missed, finish)) = taken {
-            let r = fs.drop_missed(ino, missed);
-            finish(&fs, r)
+    /// A piece of [`Self::write_pieces`] is done; the last one answers, once the references
+    /// are let go: at once if all went well, else (off the completion path) after dropping
+    /// the replicas writes missed and sending the stale pieces again.
+    fn piece_written(
+        self: &Arc<Self>,
+        ino: Ino,
+        job: &WriteJob<B>,
+        s: Segment,
+        r: Result<Option<Replicas>>,
+        bytes: Vec<u8>,
+        attempt: Attempt,
+    ) {
+        let st = {
+            let mut st = job.state.lock().unwrap();
+            match r {
+                Ok(None) => {}
+                Ok(Some(reached)) => st.missed.push((s.index, reached)),
+                Err(e) if e.is_stale() => {
+                    st.again.push((s, bytes));
+                    st.stale.get_or_insert(e);
+                }
+                Err(e) => {
+                    st.failure.get_or_insert(e);
+                }
+            }
+            st.left -= 1;
+            if st.left > 0 {
+                return;
+            }
+            std::mem::take(&mut *st)
+        };
+        drop(job.hold.lock().unwrap().take());
+        let finish = job.finish.lock().unwrap().take().expect("answered once");
+        if let Some(e) = st.failure {
+            Self::piece_failed(&self.stats);
+            return finish(self, Err(e));
         }
+        if st.missed.is_empty() && st.again.is_empty() {
+            return finish(self, Ok(()));
+        }
+        let fs = self.clone();
+        off_the_completion_path("rfs-write-missed", move || {
+            if !st.missed.is_empty() {
+                if let Err(e) = fs.drop_missed(ino, st.missed) {
+                    return finish(&fs, Err(e));
+                }
+            }
+            let Some(stale) = st.stale else {
+                return finish(&fs, Ok(()));
+            };
+            let from = st.again.iter().map(|(s, _)| s.index).min().expect("some");
+            let (again, finish) = (st.again, Arc::new(Mutex::new(Some(finish))));
+            let (retry_fs, retry_finish) = (fs.clone(), finish.clone());
+            let retry = move |next| {
+                let finish = retry_finish.lock().unwrap().take().expect("once");
+                retry_fs.write_pieces(ino, again, next, finish)
+            };
+            let give_up_fs = fs.clone();
+            let give_up = move |e| {
+                let finish = finish.lock().unwrap().take().expect("once");
+                finish(&give_up_fs, Err(e))
+            };
+            fs.again(ino, from, attempt, stale, retry, give_up);
+        });
     }
 
     /// On truncation inside a chunk, zeroes the rest of that chunk (up to the old size), so
@@ -464,48 +648,42 @@ impl<B: Backend> Rfs<B> {
         let index = new / self.chunk_size;
         let end = ((index + 1) * self.chunk_size).min(old);
         let (refs, hold) = self.refs(ino, index, 1, false)?;
-        let Some(replicas) = refs.into_iter().next().flatten() else {
-            return Ok(());
+        drop(hold);
+        if refs[0].is_none() {
+            return Ok(()); // a hole: zeros already
+        }
+        let len = (end - new) as usize;
+        let piece = Segment {
+            index,
+            offset_in_chunk: in_chunk,
+            len,
+            at: 0,
         };
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        self.write_replicas(
-            replicas,
-            in_chunk,
-            vec![0; (end - new) as usize],
-            Box::new(move |r| drop(tx.send(r))),
-        );
-        let written = rx.recv().unwrap_or_else(|_| {
+        let attempt = Attempt::first(self.retry_window());
+        let finish: FinishWrite<B> = Box::new(move |_, r| drop(tx.send(r)));
+        self.write_pieces(ino, vec![(piece, vec![0; len])], attempt, finish);
+        rx.recv().unwrap_or_else(|_| {
             Err(Error::new(
                 Errno::EIO,
                 "zeroing a truncated tail: no answer",
             ))
-        });
-        drop(hold);
-        match written? {
-            None => Ok(()),
-            Some(reached) => self.drop_missed(ino, vec![(index, reached)]),
-        }
+        })
     }
 }
 
-/// The error of a replica our session was not granted.
+/// The error of a replica our session was not granted (the metadata node does not know the
+/// session yet: it restarted, or the node is coming back): worth another try.
 fn not_granted(c: &ChunkRef) -> Error {
-    Error::new(
-        Errno::EIO,
-        format!(
-            "data node {}: the chunk was not granted to this client",
-            c.node
-        ),
-    )
+    Error::stale(c.node, "the chunk was not granted to this client")
 }
 
-/// A write that missed replicas: the file system, the chunks (with the replicas it reached),
-/// and how to answer it once they are dropped; taken by whoever runs it.
-type DropJob<B> = Mutex<Option<(Arc<Rfs<B>>, Vec<(u64, Replicas)>, FinishWrite<B>)>>;
+/// Answers a write (see [`Rfs::write_pieces`]).
 type FinishWrite<B> = Box<dyn FnOnce(&Rfs<B>, Result<()>) + Send>;
 
-/// Receives how a write to every replica of a chunk went (see [`Rfs::write_replicas`]).
-type Written = Box<dyn FnOnce(Result<Option<Replicas>>) + Send>;
+/// Receives how a write to every replica of a chunk went (see [`Rfs::write_replicas`]), and
+/// the bytes.
+type Written = Box<dyn FnOnce(Result<Option<Replicas>>, Vec<u8>) + Send>;
 
 /// One write going to every replica of a chunk, and what to do once all answered.
 struct Fanout {
@@ -517,6 +695,29 @@ struct FanoutState {
     /// Replicas still to answer.
     left: usize,
     reached: Replicas,
+    failure: Option<Error>,
+    stale: Option<Error>,
+    /// The bytes, from whichever replica gave them back first.
+    bytes: Option<Vec<u8>>,
+}
+
+/// One try of the pieces of a write: what came of them, the references they hold, and how to
+/// answer.
+struct WriteJob<B: Backend> {
+    state: Mutex<WriteState>,
+    hold: Mutex<Option<InFlight>>,
+    finish: Mutex<Option<FinishWrite<B>>>,
+}
+
+#[derive(Default)]
+struct WriteState {
+    /// Pieces still to answer.
+    left: usize,
+    /// Chunks whose write missed some replicas, with those it reached.
+    missed: Vec<(u64, Replicas)>,
+    /// Pieces refused for a stale reference, with their bytes, and the first such refusal.
+    again: Vec<(Segment, Vec<u8>)>,
+    stale: Option<Error>,
     failure: Option<Error>,
 }
 
@@ -539,10 +740,16 @@ impl Pieces {
         })
     }
 
-    /// Fails the request (the first failure is the one reported); call before this piece's
-    /// `part_done`.
+    /// Fails the request (the first failure is the one reported, unless it was a stale
+    /// reference and this is not: that one decides); call before this piece's `part_done`.
     fn fail(&self, e: Error) {
-        self.failure.lock().unwrap().get_or_insert(e);
+        let mut failure = self.failure.lock().unwrap();
+        if failure
+            .as_ref()
+            .is_none_or(|f| f.is_stale() && !e.is_stale())
+        {
+            *failure = Some(e);
+        }
     }
 
     fn part_done(&self) {

@@ -11,6 +11,8 @@ use rfs_proto::{CallError, Errno};
 pub struct Error {
     errno: Errno,
     context: Option<String>,
+    /// A transfer refused for a reference a fresh chunk map may cure (see [`Error::is_stale`]).
+    stale: bool,
 }
 
 /// What every file system operation returns.
@@ -22,6 +24,16 @@ impl Error {
         Error {
             errno,
             context: Some(context.into()),
+            stale: false,
+        }
+    }
+
+    /// A transfer to data node `node` could not use its reference (`why`), though the node is
+    /// not known to be gone.
+    pub(crate) fn stale(node: u32, why: &str) -> Error {
+        Error {
+            stale: true,
+            ..Error::new(Errno::EIO, format!("data node {node}: {why}"))
         }
     }
 
@@ -36,9 +48,23 @@ impl Error {
         self.context.is_some()
     }
 
-    /// A one-sided transfer to data node `node` failed.
+    /// A one-sided transfer to data node `node` failed. Unless the node stopped answering or
+    /// is known gone, the reference is taken as stale: the node refused our key (it took back
+    /// its grants when the metadata node that made them went away), or our session there broke
+    /// and took the transfer with it.
     pub(crate) fn data(node: u32, e: &IoError) -> Error {
-        Error::new(Errno::EIO, format!("data node {node}: {e}"))
+        Error {
+            stale: !matches!(
+                e,
+                IoError::TimedOut(_) | IoError::Aborted(_) | IoError::Registration(_)
+            ),
+            ..Error::new(Errno::EIO, format!("data node {node}: {e}"))
+        }
+    }
+
+    /// Whether the transfer may succeed when sent again with a fresh chunk map (and session).
+    pub(crate) fn is_stale(&self) -> bool {
+        self.stale
     }
 }
 
@@ -48,6 +74,7 @@ impl From<Errno> for Error {
         Error {
             errno,
             context: None,
+            stale: false,
         }
     }
 }
@@ -89,5 +116,17 @@ mod tests {
         let e = Error::data(3, &IoError::Closed);
         assert_eq!(e.errno(), Errno::EIO);
         assert!(e.to_string().contains("data node 3"), "{e}");
+    }
+
+    #[test]
+    fn only_a_node_that_answers_makes_a_reference_stale() {
+        use rdmabox::transport::WcStatus;
+        let refused = IoError::Transport(WcStatus::RemoteAccessError);
+        assert!(Error::data(1, &refused).is_stale());
+        assert!(Error::data(1, &IoError::Closed).is_stale());
+        let silent = IoError::TimedOut(std::time::Duration::from_secs(1));
+        assert!(!Error::data(1, &silent).is_stale());
+        assert!(!Error::data(1, &IoError::Aborted("gone".into())).is_stale());
+        assert!(!Error::from(Errno::ENOENT).is_stale());
     }
 }

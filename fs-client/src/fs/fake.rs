@@ -7,12 +7,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::sync::{Arc, Mutex};
 
+use rdmabox::transport::WcStatus;
 use rdmabox::Snapshot;
 use rfs_proto::message::{decode_reply, encode_reply, Call, Request, RequestOp};
 use rfs_proto::types::{Attr, ChunkRef, FileKind, Ino, Owner, Replicas, StatFs, Timestamp, ROOT};
 use rfs_proto::{Errno, MetadataChannel};
 
-use super::backend::{Backend, DataDone};
+use super::backend::{Backend, DataDone, WriteBack};
 use super::error::{Error, Result};
 
 pub(crate) const CHUNK: u64 = 4096;
@@ -29,6 +30,19 @@ struct State {
     next_addr: u64,
     calls: HashMap<RequestOp, usize>,
     failing_node: Option<u32>,
+    /// Times every key was taken back: maps hand out key `revocations + 1`, and a transfer
+    /// with an older one is refused, as a data node refuses keys it took back (when the
+    /// metadata node restarted).
+    revocations: u32,
+    /// Keys taken back after every map handed out: no transfer ever gets through.
+    refuse_every_key: bool,
+}
+
+impl State {
+    /// The key maps hand out now.
+    fn key(&self) -> u32 {
+        self.revocations + 1
+    }
 }
 
 /// The shared "cluster".
@@ -59,6 +73,16 @@ impl FakeCluster {
     /// Makes every transfer to `node` fail (None: none).
     pub(crate) fn fail_node(&self, node: Option<u32>) {
         self.state.lock().unwrap().failing_node = node;
+    }
+
+    /// Takes back every key handed out, as data nodes do when their metadata node restarts.
+    pub(crate) fn revoke_keys(&self) {
+        self.state.lock().unwrap().revocations += 1;
+    }
+
+    /// Takes back every key as soon as it is handed out, for good (`true`) or not.
+    pub(crate) fn refuse_every_key(&self, refuse: bool) {
+        self.state.lock().unwrap().refuse_every_key = refuse;
     }
 
     /// A cluster that keeps `n` copies of each chunk, over `n + 1` nodes.
@@ -203,6 +227,10 @@ impl FakeCluster {
         if st.failing_node == Some(chunk.node) {
             return Err(Error::new(Errno::EIO, "injected failure"));
         }
+        if chunk.rkey != st.key() || st.refuse_every_key {
+            let refused = rdmabox::IoError::Transport(WcStatus::RemoteAccessError);
+            return Err(Error::data(chunk.node, &refused));
+        }
         let mem = st
             .memory
             .get_mut(&(chunk.node, chunk.addr))
@@ -217,10 +245,15 @@ impl FakeCluster {
     }
 }
 
+/// Chunks `first..first+count` of `ino`, with the keys handed out now.
 fn map(st: &State, ino: Ino, first: u64, count: u32) -> Vec<(u64, Replicas)> {
+    let with_key = |c: &ChunkRef| ChunkRef {
+        rkey: st.key(),
+        ..*c
+    };
     st.chunks
         .range((ino, first)..(ino, first + count as u64))
-        .map(|(&(_, idx), c)| (idx, c.clone()))
+        .map(|(&(_, idx), c)| (idx, c.iter().map(with_key).collect()))
         .collect()
 }
 
@@ -249,8 +282,12 @@ impl Backend for Fake {
         done(self.0.transfer(chunk, offset, buf, false))
     }
 
-    fn write(&self, chunk: &ChunkRef, offset: u64, data: Vec<u8>, done: DataDone) {
-        done(self.0.transfer(chunk, offset, data, true))
+    fn write(&self, chunk: &ChunkRef, offset: u64, data: Vec<u8>, done: WriteBack) {
+        let kept = data.clone();
+        match self.0.transfer(chunk, offset, data, true) {
+            Ok(data) => done(Ok(()), data),
+            Err(e) => done(Err(e), kept),
+        }
     }
 
     fn transport(&self) -> String {

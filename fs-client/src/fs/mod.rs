@@ -39,7 +39,7 @@ use rfs_proto::types::{
 use rfs_proto::wire::MAX_LIST;
 use rfs_proto::{Client, Errno, MetadataChannel};
 
-pub use backend::{Backend, DataDone};
+pub use backend::{Backend, DataDone, WriteBack};
 pub use coherence::KernelInval;
 pub use data::{ReadDone, WriteDone};
 pub use error::{Error, Result};
@@ -64,6 +64,8 @@ pub struct Rfs<B: Backend = Client> {
     next_fh: AtomicU64,
     /// Whose turn it is among a chunk's replicas, for the next read.
     next_replica: AtomicUsize,
+    /// How long a transfer refused for a stale reference is sent again, in milliseconds.
+    retry_window_ms: AtomicU64,
     stats: Arc<ClientStats>,
 }
 
@@ -101,8 +103,26 @@ impl<B: Backend> Rfs<B> {
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             next_replica: AtomicUsize::new(0),
+            retry_window_ms: AtomicU64::new(lease.as_millis() as u64),
             stats,
         })
+    }
+
+    /// Lets a transfer refused for a stale reference be sent again for up to `window` (the
+    /// lease by default): as long as a metadata call may take, so that an outage of the
+    /// metadata node that calls ride out delays I/O rather than failing it.
+    pub fn set_retry_window(&self, window: Duration) {
+        self.retry_window_ms.store(
+            window.as_millis() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    fn retry_window(&self) -> Duration {
+        Duration::from_millis(
+            self.retry_window_ms
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )
     }
 
     /// What the file system runs on.

@@ -26,6 +26,9 @@ pub(crate) struct ClientStats {
     pub(crate) failovers: AtomicU64,
     /// Replicas dropped from maps because a write could not reach them.
     pub(crate) replicas_dropped: AtomicU64,
+    /// Transfers sent again with a fresh chunk map after a node refused a stale reference
+    /// (its grants went with a metadata node that restarted).
+    pub(crate) retries: AtomicU64,
 }
 
 impl ClientStats {
@@ -57,7 +60,7 @@ impl<B: Backend> Rfs<B> {
     pub fn stats_text(&self) -> String {
         let s = &self.stats;
         format!(
-            "transport {}\nreads {}\nwrites {}\nfile_bytes_read {}\nfile_bytes_written {}\nmetadata_ops {}\nio_errors {}\nfailovers {}\nreplicas_dropped {}\nopen_files {}\ncached_chunks {}\nchunk_size {}\n{}",
+            "transport {}\nreads {}\nwrites {}\nfile_bytes_read {}\nfile_bytes_written {}\nmetadata_ops {}\nio_errors {}\nfailovers {}\nreplicas_dropped {}\nretries {}\nopen_files {}\ncached_chunks {}\nchunk_size {}\n{}",
             self.backend.transport(),
             s.reads.load(Relaxed),
             s.writes.load(Relaxed),
@@ -67,6 +70,7 @@ impl<B: Backend> Rfs<B> {
             s.io_errors.load(Relaxed),
             s.failovers.load(Relaxed),
             s.replicas_dropped.load(Relaxed),
+            s.retries.load(Relaxed),
             self.open_file_count(),
             self.chunks.len(),
             self.chunk_size,

@@ -306,3 +306,65 @@ fn reads_fail_over_between_replicas_and_writes_drop_the_ones_they_miss() {
     );
     fs.release(fh).unwrap();
 }
+
+#[test]
+fn transfers_a_node_refused_for_a_stale_key_go_again_with_a_fresh_map() {
+    for replicas in [0, 2] {
+        let cluster = FakeCluster::with_replicas(replicas);
+        let fs = client(&cluster);
+        let ino = create(&fs, "f");
+        let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+        let first = pattern(3 * CHUNK as usize, 1);
+        write(&fs, ino, 0, &first).unwrap();
+        // The metadata node restarted: the data nodes took back every key our map holds.
+        cluster.revoke_keys();
+        assert_eq!(read(&fs, ino, 0, first.len()).unwrap(), first);
+        cluster.revoke_keys();
+        let second = pattern(3 * CHUNK as usize + 10, 2);
+        write(&fs, ino, 5, &second).unwrap();
+        cluster.revoke_keys();
+        assert_eq!(read(&fs, ino, 5, second.len()).unwrap(), second);
+        let stats = fs.stats_text();
+        assert!(
+            stats.contains("retries 3\n"),
+            "{replicas} replicas: {stats}"
+        );
+        assert!(stats.contains("io_errors 0\n"), "{stats}");
+        assert!(
+            stats.contains("replicas_dropped 0\n"),
+            "a refused key is no missed replica: {stats}"
+        );
+        fs.release(fh).unwrap();
+    }
+}
+
+#[test]
+fn a_node_that_keeps_refusing_fails_the_transfer_once_the_retry_window_is_spent() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    fs.set_retry_window(std::time::Duration::from_millis(300));
+    let ino = create(&fs, "f");
+    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+    write(&fs, ino, 0, &pattern(2 * CHUNK as usize, 1)).unwrap();
+    cluster.refuse_every_key(true);
+    let refused = |start: std::time::Instant, outcome: Result<()>| {
+        let e = outcome.unwrap_err();
+        assert_eq!(e.errno(), Errno::EIO);
+        assert!(e.to_string().contains("RemoteAccessError"), "{e}");
+        let took = start.elapsed();
+        assert!(took < std::time::Duration::from_secs(2), "{took:?}");
+    };
+    let start = std::time::Instant::now();
+    refused(
+        start,
+        write(&fs, ino, 0, &pattern(2 * CHUNK as usize, 2)).map(drop),
+    );
+    let start = std::time::Instant::now();
+    refused(start, read(&fs, ino, 0, 2 * CHUNK as usize).map(drop));
+    let stats = fs.stats_text();
+    assert!(stats.contains("io_errors 2\n"), "{stats}");
+    assert!(!stats.contains("retries 0\n"), "{stats}");
+    cluster.refuse_every_key(false);
+    write(&fs, ino, 0, b"fine again").unwrap();
+    fs.release(fh).unwrap();
+}

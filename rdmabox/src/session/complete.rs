@@ -5,7 +5,6 @@
 
 use std::ops::ControlFlow;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::counters::Counters;
@@ -167,14 +166,9 @@ impl Inner {
                     }
                     v
                 }
-                (Buffer::Registered(mr), _) => match Arc::try_unwrap(mr) {
-                    Ok(mr) => mr.into_vec().unwrap_or_else(|mr| mr.to_vec()),
-                    // The poster still holds its clone for an instant: copy rather than wait.
-                    Err(mr) => mr.to_vec(),
-                },
-                (Buffer::Plain(v), Staging::Dynamic) => v,
+                (buf, _) => buf.into_vec(),
             };
-            (r.done)(Ok(data));
+            r.done.ok(data);
         }
     }
 }

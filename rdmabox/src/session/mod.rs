@@ -30,7 +30,7 @@ use crate::transport::{
 };
 use crate::window::{AdmissionPolicy, WindowConfig};
 
-use request::{Dir, InflightWr, Request};
+use request::{Dir, Done, InflightWr, Request};
 
 /// The tunables of a session; the defaults are the paper's (measured on ConnectX-3).
 #[derive(Clone, Debug)]
@@ -132,6 +132,11 @@ impl std::error::Error for IoError {}
 /// Receives a request's result: the filled buffer for a read, the caller's buffer back for a
 /// write.
 pub type Callback = Box<dyn FnOnce(Result<Vec<u8>, IoError>) + Send>;
+
+/// Receives a write's result with the caller's buffer either way, so that a write that failed
+/// can be sent again (to another replica, or once its cause is cured) without a copy kept
+/// beside every write.
+pub type KeepingCallback = Box<dyn FnOnce(Result<Vec<u8>, (IoError, Vec<u8>)>) + Send>;
 
 /// One queue pair with its CQ and the work requests it has in flight, keyed by wr_id.
 struct Link {
@@ -280,12 +285,20 @@ impl Session {
 
     /// Reads `buf.len()` bytes at `remote` into `buf`; `done` gets the filled buffer.
     pub fn read(&self, remote: RemoteAddr, buf: Vec<u8>, done: Callback) {
-        self.inner.submit(Dir::Read, remote, buf, done);
+        self.inner
+            .submit(Dir::Read, remote, buf, Done::Result(done));
     }
 
     /// Writes `data` at `remote`; `done` gets the buffer back.
     pub fn write(&self, remote: RemoteAddr, data: Vec<u8>, done: Callback) {
-        self.inner.submit(Dir::Write, remote, data, done);
+        self.inner
+            .submit(Dir::Write, remote, data, Done::Result(done));
+    }
+
+    /// [`Session::write`], whose `done` gets the buffer back on failure too.
+    pub fn write_keeping(&self, remote: RemoteAddr, data: Vec<u8>, done: KeepingCallback) {
+        self.inner
+            .submit(Dir::Write, remote, data, Done::Keeping(done));
     }
 
     /// [`Session::read`], with a handle to wait on instead of a callback.
@@ -360,6 +373,6 @@ impl Inner {
     /// Answers a request with an error and counts it as failed.
     fn fail(&self, r: Request, e: IoError) {
         Counters::add(&self.counters.requests_failed, 1);
-        (r.done)(Err(e));
+        r.done.fail(e, r.buf.into_vec());
     }
 }

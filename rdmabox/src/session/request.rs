@@ -8,7 +8,7 @@ use std::time::Instant;
 use crate::mr_pool::Slot;
 use crate::transport::{MemoryRegion, RemoteAddr};
 
-use super::Callback;
+use super::{Callback, IoError, KeepingCallback};
 
 /// The direction of a request; indexes the session's two merge queues.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,12 +24,50 @@ pub(super) enum Buffer {
     Registered(Arc<MemoryRegion>),
 }
 
+impl Buffer {
+    /// The caller's vector again (a copy only if a provider still holds the registration).
+    pub(super) fn into_vec(self) -> Vec<u8> {
+        match self {
+            Buffer::Plain(v) => v,
+            Buffer::Registered(mr) => match Arc::try_unwrap(mr) {
+                Ok(mr) => mr.into_vec().unwrap_or_else(|mr| mr.to_vec()),
+                // The poster still holds its clone for an instant: copy rather than wait.
+                Err(mr) => mr.to_vec(),
+            },
+        }
+    }
+}
+
+/// Who gets a request's result.
+pub(super) enum Done {
+    /// The buffer on success.
+    Result(Callback),
+    /// The buffer on success and on failure.
+    Keeping(KeepingCallback),
+}
+
+impl Done {
+    pub(super) fn ok(self, buf: Vec<u8>) {
+        match self {
+            Done::Result(done) => done(Ok(buf)),
+            Done::Keeping(done) => done(Ok(buf)),
+        }
+    }
+
+    pub(super) fn fail(self, e: IoError, buf: Vec<u8>) {
+        match self {
+            Done::Result(done) => done(Err(e)),
+            Done::Keeping(done) => done(Err((e, buf))),
+        }
+    }
+}
+
 /// One read or write as submitted: where, how much, the buffer and who gets the result.
 pub(super) struct Request {
     pub(super) remote: RemoteAddr,
     pub(super) len: usize,
     pub(super) buf: Buffer,
-    pub(super) done: Callback,
+    pub(super) done: Done,
 }
 
 /// Where a member of a work request is staged.

@@ -20,23 +20,23 @@ use crate::transport::{
 };
 use crate::window::{admits, charge};
 
-use super::request::{Buffer, Dir, InflightWr, Request, Staging};
-use super::{Callback, Inner, IoError, Link};
+use super::request::{Buffer, Dir, Done, InflightWr, Request, Staging};
+use super::{Inner, IoError, Link};
 
 /// The requests of a chain that could not be posted, by batch index.
 struct Unposted(Vec<usize>);
 
 impl Inner {
     /// Checks a request, queues it and drains its queue.
-    pub(super) fn submit(&self, dir: Dir, remote: RemoteAddr, buf: Vec<u8>, done: Callback) {
+    pub(super) fn submit(&self, dir: Dir, remote: RemoteAddr, buf: Vec<u8>, done: Done) {
         Counters::add(&self.counters.requests, 1);
         let len = buf.len();
         if self.closed.load(Ordering::Acquire) {
             Counters::add(&self.counters.requests_failed, 1);
-            return done(Err(IoError::Closed));
+            return done.fail(IoError::Closed, buf);
         }
         if len == 0 {
-            return done(Ok(buf));
+            return done.ok(buf);
         }
         // Only the range: keys are the peer's to check (one region may be reached by many
         // keys, each granting part of it).
@@ -49,10 +49,11 @@ impl Inner {
         });
         if !inside || len > i32::MAX as usize {
             Counters::add(&self.counters.requests_failed, 1);
-            return done(Err(IoError::OutOfBounds {
+            let e = IoError::OutOfBounds {
                 addr: remote.addr,
                 len,
-            }));
+            };
+            return done.fail(e, buf);
         }
         self.queues[dir as usize].push(Request {
             remote,
@@ -163,7 +164,8 @@ impl Inner {
                             Counters::add(&self.counters.dynmr_registrations, 1);
                             r.buf = Buffer::Registered(Arc::new(mr));
                         }
-                        Err(e) => {
+                        Err((e, v)) => {
+                            r.buf = Buffer::Plain(v);
                             self.counters.retire(charge(r.len));
                             self.fail(r, IoError::Registration(e.to_string()));
                             continue;

@@ -72,7 +72,7 @@ impl Backing {
         }
     }
 
-    fn take_vec(&mut self) -> Option<Vec<u8>> {
+    pub(crate) fn take_vec(&mut self) -> Option<Vec<u8>> {
         let Backing::Vec { ptr, len, cap } = *self else {
             return None;
         };

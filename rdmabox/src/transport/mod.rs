@@ -230,13 +230,14 @@ pub struct ProtectionDomain {
 }
 
 impl ProtectionDomain {
+    /// Registers `backing`; on failure it comes back with the error.
     fn register(
         &self,
         backing: memory::Backing,
         addr: u64,
         len: usize,
         access: Access,
-    ) -> io::Result<MemoryRegion> {
+    ) -> Result<MemoryRegion, (io::Error, memory::Backing)> {
         match &self.imp {
             PdImpl::Tcp(pd) => pd.register(backing, addr, len, access),
             PdImpl::Verbs(pd) => pd.register(backing, addr, len, access, self.id),
@@ -252,16 +253,26 @@ impl ProtectionDomain {
             _ => unreachable!("mapped() returns owned memory"),
         };
         self.register(backing, addr, len, access)
+            .map_err(|(e, _)| e)
     }
 
-    /// Registers a caller's vector; [`MemoryRegion::into_vec`] gives it back without a copy.
-    pub fn register_vec(&self, v: Vec<u8>, access: Access) -> io::Result<MemoryRegion> {
+    /// Registers a caller's vector; [`MemoryRegion::into_vec`] gives it back without a copy,
+    /// and so does a failure.
+    pub fn register_vec(
+        &self,
+        v: Vec<u8>,
+        access: Access,
+    ) -> Result<MemoryRegion, (io::Error, Vec<u8>)> {
         let backing = memory::Backing::from_vec(v);
         let (addr, len) = match backing {
             memory::Backing::Vec { ptr, len, .. } => (ptr as u64, len),
             _ => unreachable!("from_vec returns vector backing"),
         };
         self.register(backing, addr, len, access)
+            .map_err(|(e, mut backing)| {
+                let v = backing.take_vec().expect("vector backing");
+                (e, v)
+            })
     }
 
     /// Registers caller-owned memory.
@@ -276,6 +287,7 @@ impl ProtectionDomain {
         access: Access,
     ) -> io::Result<MemoryRegion> {
         self.register(memory::Backing::Borrowed, ptr as u64, len, access)
+            .map_err(|(e, _)| e)
     }
 
     /// Registers `len` bytes at `offset` of `parent` once more, in this domain, for no more
@@ -307,6 +319,7 @@ impl ProtectionDomain {
             _parent: parent.inner.clone(),
         };
         self.register(backing, addr, len, access)
+            .map_err(|(e, _)| e)
     }
 }
 

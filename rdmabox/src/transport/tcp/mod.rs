@@ -169,7 +169,7 @@ impl Pd {
         addr: u64,
         len: usize,
         access: Access,
-    ) -> std::io::Result<MemoryRegion> {
+    ) -> Result<MemoryRegion, (std::io::Error, Backing)> {
         // A region within another is pinned by it (mlock does not nest: our munlock would
         // unpin the other's pages).
         let pin = len > 0 && !matches!(backing, Backing::Within { .. });

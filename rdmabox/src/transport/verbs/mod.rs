@@ -386,7 +386,7 @@ impl Pd {
         len: usize,
         access: Access,
         pd_id: u64,
-    ) -> io::Result<MemoryRegion> {
+    ) -> Result<MemoryRegion, (io::Error, Backing)> {
         // SAFETY: the caller guarantees addr..addr+len is memory that outlives the MR.
         let mr = unsafe {
             ffi::ibv_reg_mr(
@@ -397,7 +397,7 @@ impl Pd {
             )
         };
         if mr.is_null() {
-            return Err(os_err(&format!("ibv_reg_mr({len} bytes)")));
+            return Err((os_err(&format!("ibv_reg_mr({len} bytes)")), backing));
         }
         // SAFETY: a registered MR's keys are plain fields.
         let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
