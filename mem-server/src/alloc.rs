@@ -14,8 +14,9 @@ use rfs_proto::Errno;
 use crate::record::Record;
 
 /// Fresh chunks journaled as handed out ahead of use, per node: a restart zeroes at most this
-/// many never-used chunks, and the journal gets one record per this many allocations.
-const RESERVE_AHEAD: u64 = 256;
+/// many never-used chunks (allocations wait for them, or take fresh ones past them), and the
+/// journal gets one record per this many allocations.
+const RESERVE_AHEAD: u64 = 32;
 
 pub struct NodeChunks {
     pub id: u32,

@@ -19,7 +19,9 @@ use rfs_proto::clock;
 use rfs_proto::frame::send_frame;
 use rfs_proto::grant::{GrantChunks, LinkRequest, RevokeChunks, RevokeFreed, RevokeSession};
 use rfs_proto::message::{encode_reply, readdir_budget, unseal, Call, Request, RequestOp};
-use rfs_proto::types::{Attr, ChunkRef, FileKind, Ino, Name, Owner, Replicas, StatFs, MAY_WRITE};
+use rfs_proto::types::{
+    Attr, ChunkRef, FileKind, Ino, Name, NodeInfo, Owner, Replicas, StatFs, MAY_WRITE,
+};
 use rfs_proto::wire::MAX_LIST;
 use rfs_proto::Errno;
 
@@ -92,8 +94,9 @@ pub(crate) struct MetaService {
 /// How long a restarted metadata node waits for the data nodes its journal knows (they join
 /// again within a second of its start) before their chunks are copied elsewhere.
 const REJOIN_WAIT: Duration = Duration::from_secs(5);
-/// How long an allocation waits for chunks being zeroed before it answers ENOSPC.
-const ZEROING_WAIT: Duration = Duration::from_secs(2);
+/// How long an allocation waits for chunks being zeroed before it answers ENOSPC (after a
+/// restart, every chunk freed before it is zeroed again).
+const ZEROING_WAIT: Duration = Duration::from_secs(5);
 /// How long a chunk map waits for a data node's grant: a live node answers in microseconds; a
 /// stopped one must not hold the caller past its I/O deadline (1 s at the least). The map then
 /// goes out ungranted for that node, and the client fails the transfer (or asks again).
@@ -1136,7 +1139,19 @@ impl MetaService {
                     }),
                 )
             }
-            Request::ListNodes(m) => answer(m, Ok(alloc.nodes(self.local))),
+            Request::ListNodes(m) => {
+                // A node known from the journal and not back yet still counts: clients wait
+                // for it rather than give up on it.
+                let nodes = alloc
+                    .nodes(self.local)
+                    .into_iter()
+                    .map(|n| NodeInfo {
+                        alive: self.counts_as_copy(alloc, n.id),
+                        ..n
+                    })
+                    .collect();
+                answer(m, Ok(nodes))
+            }
             Request::DropReplicas(m) => {
                 let writable = open.get(&m.ino).is_some_and(|h| h.writable > 0);
                 let r = writable

@@ -507,14 +507,17 @@ impl Client {
 
     fn dial_data(&self, node: u32) -> Result<Arc<DataSession>, CallError> {
         let gone = |why: String| CallError::NoDataNode { node, why };
+        // A node the metadata node counts out is down for us too: transfers there fail at
+        // once (a read goes to another replica) instead of dialling it again each time.
         let info = self
             .call(ListNodes {})?
             .into_iter()
             .find(|n| n.id == node)
-            .ok_or_else(|| gone("not in the node list".into()))?;
-        if !info.alive {
-            return Err(gone("the node left".into()));
-        }
+            .filter(|n| n.alive)
+            .ok_or_else(|| {
+                self.mark_down(node);
+                gone("the node left".into())
+            })?;
         // The metadata node is reached the way we reached it; others as they advertise.
         let addr = if info.meta {
             self.meta_addr

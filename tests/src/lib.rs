@@ -4,6 +4,9 @@
 //!
 //! The binaries come from the workspace's target directory: `cargo test --workspace` builds them
 //! (mem-server and fs-client have integration tests of their own).
+//!
+//! Nodes and mounts use the tcp provider, or the one `RFS_E2E_TRANSPORT` names (`verbs` in the
+//! Soft-RoCE VM of tests/rxe).
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -29,6 +32,15 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
+/// The provider every node, mount and test client uses.
+pub fn transport() -> String {
+    let t = std::env::var("RFS_E2E_TRANSPORT").unwrap_or_else(|_| "tcp".into());
+    if let Err(e) = t.parse::<rdmabox::transport::ProviderKind>() {
+        panic!("RFS_E2E_TRANSPORT: {e}");
+    }
+    t
+}
+
 /// The secret the first node created at the default path (every test node uses it).
 pub fn secret() -> Option<Vec<u8>> {
     Some(
@@ -38,13 +50,12 @@ pub fn secret() -> Option<Vec<u8>> {
     )
 }
 
-/// How protocol-level test clients connect: tcp provider, the default secret, two queue pairs
-/// per data session.
+/// How protocol-level test clients connect: the tests' provider, the default secret, two queue
+/// pairs per data session.
 pub fn client_config() -> rfs_proto::ClientConfig {
+    let provider = transport().parse().expect("checked by transport()");
     let mut cfg = rfs_proto::ClientConfig {
-        transport: rdmabox::transport::TransportConfig::with_provider(
-            rdmabox::transport::ProviderKind::Tcp,
-        ),
+        transport: rdmabox::transport::TransportConfig::with_provider(provider),
         secret: secret(),
         ..rfs_proto::ClientConfig::default()
     };
@@ -96,7 +107,7 @@ impl Standby {
         let shell = Command::new("sh")
             .args(["-c", "read -r _ && exec \"$0\" \"$@\""])
             .arg(bin("mem-server"))
-            .args(["--listen", listen, "--transport", "tcp"])
+            .args(["--listen", listen, "--transport", &transport()])
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -161,7 +172,7 @@ impl MemServer {
 
     fn start_on(listen: &str, args: &[&str]) -> MemServer {
         let child = Command::new(bin("mem-server"))
-            .args(["--listen", listen, "--transport", "tcp"])
+            .args(["--listen", listen, "--transport", &transport()])
             .args(args)
             .stdout(Stdio::piped())
             .stderr(log_sink("mem-server"))
@@ -242,7 +253,7 @@ impl Mount {
         let n = NEXT_MOUNT.fetch_add(1, Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("rfs-e2e-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("mount point");
-        let mut o = vec!["transport=tcp".to_string()];
+        let mut o = vec![format!("transport={}", transport())];
         o.extend(opts.iter().map(|s| s.to_string()));
         let child = Command::new(bin("fs-client"))
             .arg(server.addr.to_string())

@@ -91,8 +91,6 @@ fn a_restarted_metadata_node_comes_back_with_everything_it_answered() {
         "0",
         "--chunk-size",
         "1M",
-        "--lease",
-        "2",
         "--state-dir",
         &dir_arg,
     ]);

@@ -4,7 +4,7 @@
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 
-use rfs_e2e::{bin, MemServer, Mount};
+use rfs_e2e::{bin, transport, MemServer, Mount};
 
 const NOBODY: u32 = 65534;
 
@@ -20,7 +20,7 @@ fn a_user_without_the_secret_is_refused() {
         let mut c = Command::new(bin("fs-client"));
         c.arg(node.addr.to_string())
             .arg(&dir)
-            .args(["-o", "transport=tcp"])
+            .args(["-o", &format!("transport={}", transport())])
             .args(opts)
             .env("HOME", &dir)
             .env_remove("XDG_CONFIG_HOME")

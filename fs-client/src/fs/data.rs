@@ -541,9 +541,10 @@ impl<B: Backend> Rfs<B> {
         attempt: Attempt,
         finish: FinishWrite<B>,
     ) {
-        let first = pieces[0].0.index;
-        let count = pieces[pieces.len() - 1].0.index - first + 1;
-        let (refs, hold) = match self.refs(ino, first, count, true) {
+        // Pieces sent again come in the order their transfers failed.
+        let first = pieces.iter().map(|(s, _)| s.index).min().expect("a piece");
+        let last = pieces.iter().map(|(s, _)| s.index).max().expect("a piece");
+        let (refs, hold) = match self.refs(ino, first, last - first + 1, true) {
             Ok(r) => r,
             Err(e) => {
                 Self::piece_failed(&self.stats);
@@ -788,6 +789,43 @@ mod tests {
         );
         assert_eq!(segments(2048, 1024, 1024).len(), 1);
         assert!(segments(5, 0, 1024).is_empty());
+    }
+
+    #[test]
+    fn pieces_sent_again_may_come_in_any_order() {
+        use crate::fs::fake::{Fake, FakeCluster, CHUNK};
+        use rfs_proto::types::{FileKind, Owner, ROOT};
+        let cluster: Arc<FakeCluster> = Arc::default();
+        let fs = Arc::new(Rfs::new(Fake(cluster.clone())).unwrap());
+        let owner = Owner {
+            perm: 0o644,
+            uid: 0,
+            gid: 0,
+        };
+        let ino = fs
+            .mknod(ROOT, b"f", FileKind::RegularFile, 0, owner)
+            .unwrap()
+            .ino;
+        let data: Vec<u8> = (0..3 * CHUNK as usize).map(|i| (i % 251) as u8).collect();
+        // As failed transfers give them back: last chunk first.
+        let pieces: Vec<(Segment, Vec<u8>)> = segments(0, data.len(), CHUNK)
+            .into_iter()
+            .rev()
+            .map(|s| (s, data[s.at..s.at + s.len].to_vec()))
+            .collect();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let attempt = Attempt::first(std::time::Duration::from_secs(1));
+        fs.write_pieces(
+            ino,
+            pieces,
+            attempt,
+            Box::new(move |_, r| tx.send(r).unwrap()),
+        );
+        rx.recv().unwrap().unwrap();
+        fs.wrote(ino, data.len() as u64, data.len() as u32);
+        let (tx, rx) = std::sync::mpsc::channel();
+        fs.read(ino, 0, data.len(), Box::new(move |r| tx.send(r).unwrap()));
+        assert!(rx.recv().unwrap().unwrap() == data);
     }
 
     #[test]
