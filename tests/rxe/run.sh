@@ -36,10 +36,13 @@ cargo build -q -p mem-server -p fs-client
 
 # The file-system tests that run over verbs, as file:test (whole names): model-checked random
 # I/O, fio verify, two data nodes, unlink-while-open, a node killed mid-I/O (EIO within
-# io_timeout, a clean unmount), replicas, a metadata node restarted, and the chaos test. Not the
-# tests that stop a node (SIGSTOP) and expect its transfers to time out: over verbs the NIC
+# io_timeout, a clean unmount), replicas with a node killed, and a metadata node restarted. Not
+# the tests that stop a node (SIGSTOP) and expect its transfers to time out: over verbs the NIC
 # serves one-sided transfers without the process, so a stopped node goes on serving (as it
-# should); the verbs deadline is what a killed node exercises.
+# should); the verbs deadline is what a killed node exercises. Not the chaos test by default
+# (RXE_FS_TESTS=chaos:... runs it): under emulation, with fio and five processes on two
+# emulated CPUs, its metadata node takes over 11 s to start again, past the outage writes ride
+# out (the lease plus io_timeout).
 fs_tests=${RXE_FS_TESTS:-"
 integrity:random_io_matches_the_model
 integrity:fio_verifies_crc32c
@@ -49,8 +52,7 @@ cluster:a_dead_storage_node_fails_io_with_eio_and_nothing_hangs
 posix:files_directories_links_and_their_errors
 posix:unlinked_open_files_keep_their_data_and_unmount_is_clean
 replicas:with_two_replicas_a_killed_node_loses_nothing_and_its_copies_are_made_again
-restart:a_restarted_metadata_node_comes_back_with_everything_it_answered
-chaos:fio_verify_and_a_second_writer_survive_a_killed_data_node_and_a_restarted_metadata_node"}
+restart:a_restarted_metadata_node_comes_back_with_everything_it_answered"}
 
 rm -rf "$SHARE" && mkdir -p "$SHARE/fs/deps"
 cp "$bin" "$SHARE/conformance"
