@@ -1,8 +1,8 @@
 #!/bin/bash
 # Sets up a fresh machine and runs every test: formatting and lints, the unit, integration and
 # end-to-end tests (the conformance suite on the tcp provider, real mounts), the same conformance
-# suite on the verbs provider over Soft-RoCE inside a QEMU VM, every fuzz target for 60 s, and
-# the benchmark harness in quick mode.
+# suite and a file-system suite (real mounts) on the verbs provider over Soft-RoCE inside a QEMU
+# VM, every fuzz target for 60 s, and the benchmark harness in quick mode.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

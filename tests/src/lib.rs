@@ -41,6 +41,13 @@ pub fn transport() -> String {
     t
 }
 
+/// An empty directory for a metadata node's state, named for the test (`name`) and process.
+pub fn state_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("rfs-state-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
 /// The secret the first node created at the default path (every test node uses it).
 pub fn secret() -> Option<Vec<u8>> {
     Some(

@@ -10,7 +10,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use rand_like::Lcg;
-use rfs_e2e::{wait_until_whole, MemServer, Mount};
+use rfs_e2e::{state_dir, wait_until_whole, MemServer, Mount};
 
 /// A tiny deterministic generator: the writer's model needs no crate.
 mod rand_like {
@@ -96,15 +96,9 @@ fn writer(m: &Mount, files: usize, len: usize, until: Instant) -> Vec<Vec<u8>> {
     model
 }
 
-fn state_dir() -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("rfs-state-chaos-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&d);
-    d
-}
-
 #[test]
 fn fio_verify_and_a_second_writer_survive_a_killed_data_node_and_a_restarted_metadata_node() {
-    let dir = state_dir();
+    let dir = state_dir("chaos");
     let dir_arg = dir.to_string_lossy().to_string();
     // The durable setup the README describes: a metadata node that lends nothing and keeps
     // its state on disk, and data nodes that outlive it.

@@ -5,20 +5,13 @@
 
 use std::fs;
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rfs_e2e::{client, MemServer, Mount};
+use rfs_e2e::{client, state_dir, MemServer, Mount};
 use rfs_proto::message::GetStatFs;
 use rfs_proto::MetadataChannel;
-
-fn state_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("rfs-state-{name}-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&d);
-    d
-}
 
 fn content(seed: u64, len: usize) -> Vec<u8> {
     (0..len)

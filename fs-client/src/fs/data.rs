@@ -288,10 +288,7 @@ impl<B: Backend> Rfs<B> {
         let fanout = Arc::new(Fanout {
             state: Mutex::new(FanoutState {
                 left: replicas.len(),
-                reached: Vec::new(),
-                failure: None,
-                stale: None,
-                bytes: None,
+                ..FanoutState::default()
             }),
             done: Mutex::new(Some(done)),
         });
@@ -336,16 +333,7 @@ impl<B: Backend> Rfs<B> {
             if st.left > 0 {
                 return;
             }
-            std::mem::replace(
-                &mut *st,
-                FanoutState {
-                    left: 0,
-                    reached: Vec::new(),
-                    failure: None,
-                    stale: None,
-                    bytes: None,
-                },
-            )
+            std::mem::take(&mut *st)
         };
         let done = fanout.done.lock().unwrap().take().expect("answered once");
         let bytes = st.bytes.expect("every replica gives its bytes back");
@@ -422,17 +410,11 @@ impl<B: Backend> Rfs<B> {
                 drop(hold);
                 match r {
                     Err(e) if e.is_stale() => {
-                        let done = Arc::new(Mutex::new(Some(done)));
-                        let (retry_fs, retry_done) = (fs.clone(), done.clone());
-                        let retry = move |next| {
-                            let done = retry_done.lock().unwrap().take().expect("once");
-                            retry_fs.read_attempt(ino, offset, len, next, done)
-                        };
-                        let give_up = move |e| {
-                            let done = done.lock().unwrap().take().expect("once");
-                            done(Err(e))
-                        };
-                        fs.again(ino, from, attempt, e, retry, give_up)
+                        let retry_fs = fs.clone();
+                        fs.again(ino, from, attempt, e, move |next| match next {
+                            Ok(next) => retry_fs.read_attempt(ino, offset, len, next, done),
+                            Err(e) => done(Err(e)),
+                        })
                     }
                     Err(e) => {
                         Self::piece_failed(&fs.stats);
@@ -479,8 +461,8 @@ impl<B: Backend> Rfs<B> {
     }
 
     /// After a transfer of `ino` failed for a `stale` reference: once the attempt's pause is
-    /// over, forgets the file's chunk map from `from` on and sends it again (`retry`, given the
-    /// next attempt), or fails it (`give_up`) if the window is spent. Called with no
+    /// over, forgets the file's chunk map from `from` on and has `then` send it again (given
+    /// the next attempt), or fail it (given `stale`) if the window is spent. Called with no
     /// references held; runs off the completion path, since fetching maps and reconnecting
     /// are metadata calls.
     fn again(
@@ -489,8 +471,7 @@ impl<B: Backend> Rfs<B> {
         from: u64,
         attempt: Attempt,
         stale: Error,
-        retry: impl FnOnce(Attempt) + Send + 'static,
-        give_up: impl FnOnce(Error) + Send + 'static,
+        then: impl FnOnce(Result<Attempt>) + Send + 'static,
     ) {
         let fs = self.clone();
         off_the_completion_path("rfs-retry", move || match attempt.next() {
@@ -499,11 +480,11 @@ impl<B: Backend> Rfs<B> {
                 ClientStats::add(&fs.stats.retries, 1);
                 std::thread::sleep(pause);
                 fs.chunks.forget(ino, from);
-                retry(next)
+                then(Ok(next))
             }
             None => {
                 Self::piece_failed(&fs.stats);
-                give_up(stale)
+                then(Err(stale))
             }
         });
     }
@@ -624,18 +605,11 @@ impl<B: Backend> Rfs<B> {
                 return finish(&fs, Ok(()));
             };
             let from = st.again.iter().map(|(s, _)| s.index).min().expect("some");
-            let (again, finish) = (st.again, Arc::new(Mutex::new(Some(finish))));
-            let (retry_fs, retry_finish) = (fs.clone(), finish.clone());
-            let retry = move |next| {
-                let finish = retry_finish.lock().unwrap().take().expect("once");
-                retry_fs.write_pieces(ino, again, next, finish)
-            };
-            let give_up_fs = fs.clone();
-            let give_up = move |e| {
-                let finish = finish.lock().unwrap().take().expect("once");
-                finish(&give_up_fs, Err(e))
-            };
-            fs.again(ino, from, attempt, stale, retry, give_up);
+            let (again, retry_fs) = (st.again, fs.clone());
+            fs.again(ino, from, attempt, stale, move |next| match next {
+                Ok(next) => retry_fs.write_pieces(ino, again, next, finish),
+                Err(e) => finish(&retry_fs, Err(e)),
+            });
         });
     }
 
@@ -692,6 +666,7 @@ struct Fanout {
     done: Mutex<Option<Written>>,
 }
 
+#[derive(Default)]
 struct FanoutState {
     /// Replicas still to answer.
     left: usize,
