@@ -2,6 +2,9 @@
 # Installs everything this project needs on a fresh Debian (bookworm) machine, as root:
 # build dependencies of libibverbs bindings, FUSE, the Soft-RoCE VM tools, and Debian's non-free
 # component (for iozone3). Safe to run again: it only installs what is missing.
+#
+#   bash scripts/setup.sh            # building, running and testing
+#   bash scripts/setup.sh --build    # building and running only (what scripts/install.sh needs)
 set -euo pipefail
 log() { printf '[setup] %s\n' "$*" >&2; }
 export DEBIAN_FRONTEND=noninteractive
@@ -16,7 +19,8 @@ if [ -f /etc/apt/sources.list.d/debian.sources ] &&
 fi
 
 PKGS=(build-essential pkg-config cmake libclang-dev libnl-3-dev libnl-route-3-dev libibverbs-dev
-      ibverbs-providers fuse3 libfuse3-dev fio qemu-system-x86 debootstrap cpio kmod python3)
+      ibverbs-providers fuse3 libfuse3-dev)
+[ "${1:-}" = --build ] || PKGS+=(fio qemu-system-x86 debootstrap cpio kmod python3)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

@@ -3,7 +3,9 @@
 //! - [`fs`]: the operations, testable without FUSE (and without nodes: see its backend seam).
 //! - [`fuse`]: the fuser adapter.
 //! - [`options`]: mount options (flags and `-o`), written once.
+//! - [`mount_helper`]: `mount.rfs`, for mount(8) and /etc/fstab.
 
 pub mod fs;
 pub mod fuse;
+pub mod mount_helper;
 pub mod options;

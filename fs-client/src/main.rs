@@ -4,7 +4,7 @@
 //!   fs-client stats MOUNTPOINT                    print the live statistics of a mount
 
 use std::io::{BufRead, BufReader, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,8 +15,11 @@ use std::os::unix::ffi::OsStrExt;
 
 use fs_client::fs::{KernelInval, Rfs, STATS_NAME};
 use fs_client::fuse::RfsFuse;
-use fs_client::options::MountConfig;
+use fs_client::mount_helper::{self, HelperCall, HELPER_NAME};
+use fs_client::options::{KernelFlag, MountConfig};
 use fuser::{INodeNo, MountOption, SessionACL};
+use rfs_proto::logging::{self, LogTarget};
+use rfs_proto::patience::until_reachable;
 use rfs_proto::Client;
 
 /// Mount an rfs namespace: POSIX files whose data moves by one-sided RDMA to storage nodes.
@@ -40,9 +43,12 @@ struct Args {
     daemon: bool,
 }
 
-/// The command line: the arguments above and a flag per mount option.
-fn parse_args() -> (Args, Result<MountConfig, String>) {
-    let matches = Args::command().args(MountConfig::flags()).get_matches();
+/// The command line `argv` (after the program name): the arguments above and a flag per mount
+/// option.
+fn parse_args(argv: &[String]) -> (Args, Result<MountConfig, String>) {
+    let matches = Args::command()
+        .args(MountConfig::flags())
+        .get_matches_from(std::iter::once("fs-client").chain(argv.iter().map(String::as_str)));
     let args = Args::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let cfg = MountConfig::from_matches(&matches, &args.options);
     (args, cfg)
@@ -87,13 +93,10 @@ fn stats(mountpoint: &str) -> ExitCode {
     }
 }
 
-/// Starts the mount in a child process and returns once it says it is ready.
-fn daemonize() -> ExitCode {
+/// Starts the mount of `argv` in a child process and returns once it says it is ready.
+fn daemonize(argv: &[String]) -> ExitCode {
     use std::os::unix::process::CommandExt;
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| a != "--daemon")
-        .collect();
+    let args: Vec<&String> = argv.iter().filter(|a| *a != "--daemon").collect();
     let mut child = match Command::new(std::env::current_exe().expect("own path"))
         .args(&args)
         .env(DAEMON_ENV, "1")
@@ -120,6 +123,31 @@ fn daemonize() -> ExitCode {
 }
 
 const DAEMON_ENV: &str = "RFS_DAEMON_CHILD";
+
+/// Lets go of the output the daemon inherited (a terminal, or pipes whose reader, say a
+/// `$(mount ...)`, would wait for them to close): stdout and stderr go to the log file, or
+/// nowhere, and a panic is logged (to the file or syslog) instead of printed.
+fn detach_output(log_file: Option<&LogTarget>) {
+    use std::os::fd::AsRawFd;
+    let sink = match log_file {
+        Some(LogTarget::File(path)) => std::fs::OpenOptions::new().append(true).open(path),
+        _ => std::fs::OpenOptions::new().write(true).open("/dev/null"),
+    };
+    match sink {
+        Ok(f) => {
+            for fd in [1, 2] {
+                // SAFETY: replaces one of our standard descriptors; both are valid.
+                unsafe { libc::dup2(f.as_raw_fd(), fd) };
+            }
+        }
+        Err(e) => log::warn!("keeping the starting shell's output: {e}"),
+    }
+    let print = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        log::error!("{info}");
+        print(info);
+    }));
+}
 
 /// Passes the metadata node's invalidations on to the kernel, from a thread of their own (the
 /// kernel may wait for a lock that one of our operations holds).
@@ -153,22 +181,44 @@ fn invalidate_kernel_caches(fs: &Rfs, notifier: fuser::Notifier) {
     }
 }
 
+/// Where this process logs: as asked, else stderr in the foreground and syslog (when there
+/// is one) for a daemon, whose stderr goes away with the shell that started it.
+fn start_logging(asked: Option<&LogTarget>, daemon_child: bool) -> Result<(), String> {
+    let target = match asked {
+        Some(t) => t.clone(),
+        None if daemon_child && Path::new("/dev/log").exists() => LogTarget::Syslog,
+        None => LogTarget::Stderr,
+    };
+    logging::init("fs-client", "warn,fuser::mnt=error", &target).map_err(|e| e.to_string())
+}
+
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(
-        env_logger::Env::default().default_filter_or("warn,fuser::mnt=error"),
-    )
-    .init();
-    let argv: Vec<String> = std::env::args().collect();
-    if argv.get(1).map(String::as_str) == Some("stats") {
-        return match argv.get(2) {
-            Some(m) if argv.len() == 3 => stats(m),
+    let mut argv: Vec<String> = std::env::args().collect();
+    let program = argv.remove(0);
+    let mut fake = false;
+    if Path::new(&program).file_name() == Some(OsStr::new(HELPER_NAME)) {
+        argv = match mount_helper::client_args(&argv) {
+            Ok(HelperCall::Mount(a)) => a,
+            Ok(HelperCall::Fake(a)) => {
+                fake = true;
+                a
+            }
+            Err(e) => {
+                eprintln!("{HELPER_NAME}: {e}");
+                return ExitCode::from(2);
+            }
+        };
+    }
+    if argv.first().map(String::as_str) == Some("stats") {
+        return match argv.get(1) {
+            Some(m) if argv.len() == 2 => stats(m),
             _ => {
                 eprintln!("usage: fs-client stats MOUNTPOINT");
                 ExitCode::from(2)
             }
         };
     }
-    let (args, cfg) = parse_args();
+    let (args, cfg) = parse_args(&argv);
     let cfg = match cfg {
         Ok(c) => c,
         Err(e) => {
@@ -176,10 +226,17 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if fake {
+        return ExitCode::SUCCESS;
+    }
     if args.daemon {
-        return daemonize();
+        return daemonize(&argv);
     }
     let daemon_child = std::env::var_os(DAEMON_ENV).is_some();
+    if let Err(e) = start_logging(cfg.log_file.as_ref(), daemon_child) {
+        eprintln!("fs-client: {e}");
+        return ExitCode::from(2);
+    }
     let secret = match rfs_proto::secret::for_peer(cfg.secret_file.as_deref()) {
         Ok(s) => s,
         Err(e) => {
@@ -192,7 +249,10 @@ fn main() -> ExitCode {
     // SAFETY: valid set; changes only this thread's mask.
     unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
 
-    let client = match Client::connect(&args.server, cfg.client_config(secret)) {
+    let what = format!("reaching the metadata node {}", args.server);
+    let client = match until_reachable(&what, cfg.mount_timeout, || {
+        Client::connect(&args.server, cfg.client_config(secret.clone()))
+    }) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("fs-client: cannot reach {}: {e}", args.server);
@@ -226,6 +286,14 @@ fn main() -> ExitCode {
         MountOption::DefaultPermissions,
         MountOption::NoAtime,
     ];
+    fuse_cfg
+        .mount_options
+        .extend(cfg.kernel_flags.iter().map(|f| match f {
+            KernelFlag::ReadOnly => MountOption::RO,
+            KernelFlag::NoSuid => MountOption::NoSuid,
+            KernelFlag::NoDev => MountOption::NoDev,
+            KernelFlag::NoExec => MountOption::NoExec,
+        }));
     if cfg.allow_other {
         fuse_cfg
             .mount_options
@@ -252,12 +320,7 @@ fn main() -> ExitCode {
     if daemon_child {
         println!("ready");
         let _ = std::io::stdout().flush();
-        // The parent stops reading: send further output nowhere.
-        if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
-            use std::os::fd::AsRawFd;
-            // SAFETY: replaces our stdout with /dev/null; both descriptors are valid.
-            unsafe { libc::dup2(null.as_raw_fd(), 1) };
-        }
+        detach_output(cfg.log_file.as_ref());
     } else {
         eprintln!(
             "fs-client: {} mounted on {}",

@@ -11,6 +11,7 @@ use rdmabox::rpc::RpcConfig;
 use rdmabox::size::parse_size;
 use rdmabox::transport::{ProviderKind, TransportConfig};
 use rdmabox::SessionConfig;
+use rfs_proto::logging::LogTarget;
 use rfs_proto::ClientConfig;
 
 /// Everything the client is configured with.
@@ -44,6 +45,12 @@ pub struct MountConfig {
     pub session: SessionConfig,
     /// The metadata channel; its deadline follows `io_timeout`.
     pub rpc: RpcConfig,
+    /// How long mounting keeps trying to reach a metadata node that is not up yet.
+    pub mount_timeout: Duration,
+    /// Where the client logs (a daemon without one logs to syslog).
+    pub log_file: Option<LogTarget>,
+    /// Kernel mount flags asked for: ro, nosuid, nodev, noexec.
+    pub kernel_flags: Vec<KernelFlag>,
 }
 
 impl Default for MountConfig {
@@ -67,6 +74,9 @@ impl Default for MountConfig {
                 timeout: io_timeout * 2,
                 ..RpcConfig::default()
             },
+            mount_timeout: Duration::from_secs(30),
+            log_file: None,
+            kernel_flags: Vec::new(),
         }
     }
 }
@@ -200,6 +210,19 @@ pub const OPTIONS: &[MountOption] = &[
         },
     },
     MountOption {
+        name: "mount_timeout",
+        value: Value::Takes("SECONDS"),
+        help: "Seconds mounting keeps trying to reach a metadata node that is not up yet (0: once)",
+        set: |c, v| secs(v).map(|x| c.mount_timeout = x),
+    },
+    MountOption {
+        name: "log_file",
+        value: Value::Takes("PATH|syslog|-"),
+        help:
+            "Where to log: a file, syslog or - for stderr (default: stderr, syslog with --daemon)",
+        set: |c, v| v.parse().map(|x| c.log_file = Some(x)),
+    },
+    MountOption {
         name: "io_timeout",
         value: Value::Takes("SECONDS"),
         help: "Seconds before I/O to a silent storage node fails with EIO (at least 1)",
@@ -249,10 +272,38 @@ pub const OPTIONS: &[MountOption] = &[
     },
 ];
 
-/// Options that FUSE mount helpers pass and that mean nothing to us.
+/// Options that mount(8), fstab and FUSE mount helpers pass and that mean nothing to us (the
+/// defaults, or mount(8)'s own business).
 const IGNORED: &[&str] = &[
-    "rw", "defaults", "auto", "noauto", "user", "nouser", "_netdev", "dev", "suid", "exec",
+    "rw", "defaults", "auto", "noauto", "user", "nouser", "users", "_netdev", "nofail", "dev",
+    "suid", "exec", "atime", "noatime", "relatime",
 ];
+
+/// A kernel mount flag passed on to the FUSE mount.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelFlag {
+    ReadOnly,
+    NoSuid,
+    NoDev,
+    NoExec,
+}
+
+const KERNEL_FLAGS: &[(&str, KernelFlag)] = &[
+    ("ro", KernelFlag::ReadOnly),
+    ("nosuid", KernelFlag::NoSuid),
+    ("nodev", KernelFlag::NoDev),
+    ("noexec", KernelFlag::NoExec),
+];
+
+fn option_name(opt: &str) -> &str {
+    opt.split_once('=').map_or(opt, |(n, _)| n).trim()
+}
+
+/// Options for others: ours to ignore (x-systemd.* and the like are for other programs;
+/// comment= is fstab's).
+fn is_ignored(name: &str) -> bool {
+    IGNORED.contains(&name) || name.starts_with("x-") || name == "comment"
+}
 
 /// The flag that sets `opt`.
 fn flag_name(opt: &MountOption) -> String {
@@ -260,13 +311,26 @@ fn flag_name(opt: &MountOption) -> String {
 }
 
 impl MountConfig {
+    /// Whether the `-o` option `opt` (`name` or `name=value`) is one this client takes or
+    /// knows to ignore, whatever its value.
+    pub fn knows(opt: &str) -> bool {
+        let name = option_name(opt);
+        is_ignored(name)
+            || KERNEL_FLAGS.iter().any(|(n, _)| *n == name)
+            || OPTIONS.iter().any(|o| o.name == name)
+    }
+
     /// Applies one `-o` option, `name` or `name=value`.
     pub fn apply(&mut self, opt: &str) -> Result<(), String> {
-        let (name, value) = match opt.split_once('=') {
-            Some((n, v)) => (n.trim(), Some(v.trim())),
-            None => (opt.trim(), None),
-        };
-        if IGNORED.contains(&name) {
+        let name = option_name(opt);
+        let value = opt.split_once('=').map(|(_, v)| v.trim());
+        if is_ignored(name) {
+            return Ok(());
+        }
+        if let Some(&(_, flag)) = KERNEL_FLAGS.iter().find(|(n, _)| *n == name) {
+            if !self.kernel_flags.contains(&flag) {
+                self.kernel_flags.push(flag);
+            }
             return Ok(());
         }
         let Some(o) = OPTIONS.iter().find(|o| o.name == name) else {
@@ -377,8 +441,11 @@ mod tests {
 
     #[test]
     fn options_parse() {
-        let c = parse("allow_other,max_write=128K,writeback_cache=off,attr_timeout=2.5,threads=8,transport=tcp,qps=2,window=off,dyn_threshold=never,polling=busy,merge=0,chain=no,io_timeout=3,device=mlx5_1,gid_index=3,rw,_netdev")
+        let c = parse("allow_other,max_write=128K,writeback_cache=off,attr_timeout=2.5,threads=8,transport=tcp,qps=2,window=off,dyn_threshold=never,polling=busy,merge=0,chain=no,io_timeout=3,device=mlx5_1,gid_index=3,rw,_netdev,nofail,x-systemd.automount,comment=x,nosuid,nodev,nosuid,mount_timeout=7,log_file=syslog")
             .unwrap();
+        assert_eq!(c.kernel_flags, [KernelFlag::NoSuid, KernelFlag::NoDev]);
+        assert_eq!(c.mount_timeout, Duration::from_secs(7));
+        assert_eq!(c.log_file, Some(LogTarget::Syslog));
         assert!(c.allow_other);
         assert_eq!(c.max_write, 128 << 10);
         assert_eq!(c.attr_timeout, Duration::from_millis(2500));

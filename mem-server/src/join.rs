@@ -20,6 +20,7 @@ use rfs_proto::frame::{recv_frame, send_frame};
 use rfs_proto::grant::{encode_link_reply, GrantPool, LinkRequest, MAX_LINK_FRAME};
 use rfs_proto::handshake::dial;
 use rfs_proto::hello::{Hello, Join, UNKNOWN_POOL};
+use rfs_proto::patience::until_reachable;
 
 use crate::grants::Grants;
 use crate::link::{Link, RemoteLink};
@@ -207,12 +208,15 @@ pub(crate) fn join(
     meta: SocketAddr,
     listen: SocketAddr,
 ) -> io::Result<Membership> {
+    let what = format!("joining the metadata node {meta}");
     let advertise = match &node.cfg.advertise {
         Some(a) => a.clone(),
         None if !listen.ip().is_unspecified() => listen.to_string(),
         None => {
             // Reachable the way we reach the metadata node.
-            let probe = TcpStream::connect_timeout(&meta, Duration::from_secs(5))?;
+            let probe = until_reachable(&what, node.cfg.join_timeout, || {
+                TcpStream::connect_timeout(&meta, Duration::from_secs(5))
+            })?;
             SocketAddr::new(probe.local_addr()?.ip(), listen.port()).to_string()
         }
     };
@@ -220,7 +224,9 @@ pub(crate) fn join(
         id: rdmabox::random::u64(),
         fresh: true,
     };
-    let first = join_once(node, meta, &advertise, &pool)?;
+    let first = until_reachable(&what, node.cfg.join_timeout, || {
+        join_once(node, meta, &advertise, &pool)
+    })?;
     let current = Arc::new(Mutex::new(Some(first.try_clone()?)));
     let membership = Membership(current.clone());
     let node = node.clone();
@@ -335,8 +341,9 @@ fn join_once(
         ));
     }
     if answer != ACCEPTED {
+        // Lasting (another chunk size, a pool it will not take): not tried again at start-up.
         return Err(io::Error::new(
-            io::ErrorKind::ConnectionRefused,
+            io::ErrorKind::InvalidInput,
             format!(
                 "metadata node refused the join: {}",
                 String::from_utf8_lossy(&answer)

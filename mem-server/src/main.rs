@@ -12,6 +12,7 @@ use mem_server::admission::Limits;
 use mem_server::node::{Node, NodeConfig};
 use rdmabox::size::parse_size;
 use rdmabox::transport::{ProviderKind, TransportConfig, VerbsConfig};
+use rfs_proto::logging::{self, LogTarget};
 use rfs_proto::secret;
 use rfs_proto::types::MAX_REPLICAS;
 
@@ -30,6 +31,14 @@ struct Args {
     /// Join the metadata node at HOST:PORT as a data node.
     #[arg(long)]
     join: Option<SocketAddr>,
+    /// Seconds to keep trying to reach a metadata node that is not up yet (at boot, or while
+    /// it prepares its pool) before giving up.
+    #[arg(long, default_value = "60", value_parser = parse_secs, requires = "join")]
+    join_timeout: Duration,
+    /// Where to log: a file (appended to), `syslog` (the local /dev/log, which journald also
+    /// serves) or `-` for stderr (the default). RUST_LOG filters as usual.
+    #[arg(long, value_name = "PATH|syslog|-", default_value = "-")]
+    log_file: LogTarget,
     /// Chunk size: the unit of allocation (power of two, at least 4K).
     #[arg(long, default_value = "1M", value_parser = parse_size)]
     chunk_size: u64,
@@ -156,9 +165,30 @@ fn block_signals() {
     }
 }
 
+/// Tells systemd, when it runs this node as a `Type=notify` service, that the node serves
+/// (its pool is ready): units ordered after it start only then.
+fn notify_systemd_ready() {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::net::{SocketAddr as UnixAddr, UnixDatagram};
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    let sent = UnixDatagram::unbound().and_then(|sock| match path.as_bytes().strip_prefix(b"@") {
+        Some(name) => sock.send_to_addr(b"READY=1", &UnixAddr::from_abstract_name(name)?),
+        None => sock.send_to(b"READY=1", &path),
+    });
+    if let Err(e) = sent {
+        log::warn!("telling systemd we are ready (NOTIFY_SOCKET={path:?}): {e}");
+    }
+}
+
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let args = Args::parse();
+    if let Err(e) = logging::init("mem-server", "info", &args.log_file) {
+        eprintln!("mem-server: {e}");
+        return ExitCode::from(2);
+    }
     let (secret, auth) = match authentication(&args) {
         Ok(a) => a,
         Err(e) => {
@@ -186,6 +216,7 @@ fn main() -> ExitCode {
         secret,
         insecure: args.insecure,
         join: args.join,
+        join_timeout: args.join_timeout,
         advertise: args.advertise,
         lease: args.lease,
         replicas: args.replicas,
@@ -217,6 +248,7 @@ fn main() -> ExitCode {
             None => " with the metadata service".into(),
         }
     );
+    notify_systemd_ready();
     wait_for_signal();
     log::info!("stopping");
     node.shutdown();

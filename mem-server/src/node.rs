@@ -30,6 +30,8 @@ use crate::meta::MetaService;
 pub const SETUP_DEADLINE: Duration = Duration::from_secs(5);
 /// How long the accept loop pauses when the process is out of descriptors or memory.
 const EXHAUSTED_BACKOFF: Duration = Duration::from_millis(100);
+/// Pools from this size take long enough to prepare that the log says so.
+const POOL_WORTH_SAYING: u64 = 1 << 30;
 
 /// How a node runs.
 #[derive(Clone, Debug)]
@@ -48,6 +50,8 @@ pub struct NodeConfig {
     pub insecure: bool,
     /// Join this metadata node as a data node instead of running the metadata service.
     pub join: Option<SocketAddr>,
+    /// How long a joining node keeps trying to reach a metadata node that is not up yet.
+    pub join_timeout: Duration,
     /// host:port clients use to reach this node (default: derived from the listen address).
     pub advertise: Option<String>,
     /// The metadata channels' buffers and deadline.
@@ -79,6 +83,7 @@ impl NodeConfig {
             secret: None,
             insecure: false,
             join: None,
+            join_timeout: Duration::from_secs(60),
             advertise: None,
             rpc: RpcConfig::default(),
             lease: Duration::from_secs(10),
@@ -171,9 +176,21 @@ impl Node {
         if cfg.transport.tcp.bind_ip.is_unspecified() {
             cfg.transport.tcp.bind_ip = cfg.listen.ip();
         }
+        // Listen before the pool is made: pre-faulting a large pool takes seconds, and peers
+        // that connect meanwhile wait in the kernel's backlog (and retry) instead of being
+        // refused.
+        let listener = TcpListener::bind(cfg.listen)
+            .map_err(|e| io::Error::new(e.kind(), format!("listening on {}: {e}", cfg.listen)))?;
+        let addr = listener.local_addr()?;
         let chunks = cfg.memory / cfg.chunk_size;
         let ctx = Context::open(&cfg.transport)?;
         let pd = Arc::new(ctx.alloc_pd()?);
+        if cfg.memory >= POOL_WORTH_SAYING {
+            log::info!(
+                "listening on {addr}; preparing a pool of {} MiB",
+                cfg.memory >> 20
+            );
+        }
         // A metadata node that lends nothing (--memory 0) still has a pool of one chunk to
         // serve sessions with; none of it is allocated.
         let pool = pd
@@ -186,9 +203,6 @@ impl Node {
             })?;
         let pool = Arc::new(pool);
         let grants = Arc::new(Grants::new(pool.clone(), cfg.chunk_size));
-        let listener = TcpListener::bind(cfg.listen)
-            .map_err(|e| io::Error::new(e.kind(), format!("listening on {}: {e}", cfg.listen)))?;
-        let addr = listener.local_addr()?;
         let nofile = admission::raise_fd_limit();
         let limits = cfg.limits.within_fd_limit(nofile);
         if limits != cfg.limits {

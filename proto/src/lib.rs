@@ -13,6 +13,8 @@
 //! - [`grant`]: what a data node lets each data session reach, as the metadata node says.
 //! - [`callback`]: what the metadata service tells clients whose caches a change concerns.
 //! - [`client`] (over a reconnecting `channel`): the metadata client and its data sessions ([`data`]).
+//! - [`patience`]: trying to reach a node for a bounded time at start-up.
+//! - [`logging`]: where both binaries log: stderr, a file, or syslog.
 
 pub mod callback;
 mod channel;
@@ -24,7 +26,9 @@ pub mod frame;
 pub mod grant;
 pub mod handshake;
 pub mod hello;
+pub mod logging;
 pub mod message;
+pub mod patience;
 pub mod secret;
 pub mod types;
 pub mod wire;

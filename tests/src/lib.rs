@@ -90,6 +90,20 @@ fn log_sink(program: &str) -> Stdio {
     }
 }
 
+/// A port nobody listens on, below the ephemeral range: one a node can take later (an
+/// ephemeral port may meanwhile be the local end of some connection). Never handed out twice
+/// in one test process, so another test cannot take it meanwhile.
+pub fn free_port() -> u16 {
+    static TRIED: AtomicU32 = AtomicU32::new(0);
+    (0..1000)
+        .map(|_| {
+            let n = TRIED.fetch_add(1, Ordering::Relaxed);
+            (20000 + (std::process::id() * 97 + n * 13) % 12000) as u16
+        })
+        .find(|&p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok())
+        .expect("a free port below the ephemeral range")
+}
+
 /// A mem-server process.
 pub struct MemServer {
     child: Child,
@@ -138,20 +152,9 @@ impl MemServer {
         MemServer::start_on("127.0.0.1:0", args)
     }
 
-    /// Like [`MemServer::start`], on a port below the ephemeral range: one a restart can take
-    /// again (an ephemeral port may meanwhile be the local end of a peer's redial). Ports are
-    /// never handed out twice in one test process, so another test cannot take a port while
-    /// its node is down.
+    /// Like [`MemServer::start`], on a [`free_port`]: one a restart can take again.
     pub fn start_restartable(args: &[&str]) -> MemServer {
-        static TRIED: AtomicU32 = AtomicU32::new(0);
-        let port = (0..1000)
-            .map(|_| {
-                let n = TRIED.fetch_add(1, Ordering::Relaxed);
-                20000 + (std::process::id() * 97 + n * 13) % 12000
-            })
-            .find(|&p| std::net::TcpListener::bind(("127.0.0.1", p as u16)).is_ok())
-            .expect("a free port below the ephemeral range");
-        let mut node = MemServer::start_on(&format!("127.0.0.1:{port}"), args);
+        let mut node = MemServer::start_on(&format!("127.0.0.1:{}", free_port()), args);
         node.standby = Some(Standby::spawn(&node.addr.to_string(), &node.args));
         node
     }
@@ -177,7 +180,8 @@ impl MemServer {
         *self = node;
     }
 
-    fn start_on(listen: &str, args: &[&str]) -> MemServer {
+    /// A node listening on `listen` (HOST:PORT).
+    pub fn start_on(listen: &str, args: &[&str]) -> MemServer {
         let child = Command::new(bin("mem-server"))
             .args(["--listen", listen, "--transport", &transport()])
             .args(args)

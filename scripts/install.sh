@@ -1,0 +1,48 @@
+#!/bin/bash
+# Installs rfs on this machine, as root: the binaries (mem-server, fs-client), mount.rfs for
+# mount(8) and /etc/fstab, the storage-node unit rfs-node.service with its settings in
+# /etc/rfs/node.env (kept if there), and a mount unit example. Builds first (release).
+#
+#   bash scripts/install.sh
+#   PREFIX=/opt/rfs bash scripts/install.sh        # binaries in /opt/rfs/bin
+#   DESTDIR=/tmp/pkg bash scripts/install.sh       # stage the files under /tmp/pkg (packaging)
+#   RFS_BIN_DIR=target/debug bash scripts/install.sh   # install binaries built already
+#
+# Then: `systemctl enable --now rfs-node`, and `mount -t rfs 127.0.0.1:7470 /mnt/rfs` or the
+# fstab line the README shows.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PREFIX=${PREFIX:-/usr/local}
+DESTDIR=${DESTDIR:-}
+log() { printf '[install] %s\n' "$*" >&2; }
+
+if [ -z "${RFS_BIN_DIR:-}" ]; then
+  bash scripts/setup.sh --build
+  cargo build --release -p mem-server -p fs-client
+  RFS_BIN_DIR=target/release
+fi
+bin=$DESTDIR$PREFIX/bin
+doc=$DESTDIR$PREFIX/share/doc/rfs
+units=$DESTDIR/etc/systemd/system
+install -d "$bin" "$doc/examples" "$units" "$DESTDIR/etc/rfs" "$DESTDIR/sbin"
+install -m 0755 "$RFS_BIN_DIR/mem-server" "$RFS_BIN_DIR/fs-client" "$bin/"
+# mount(8) runs /sbin/mount.TYPE for `-t TYPE`; the client answers to that name.
+ln -sfn "$PREFIX/bin/fs-client" "$DESTDIR/sbin/mount.rfs"
+log "binaries in $bin, mount helper /sbin/mount.rfs"
+
+sed "s|/usr/local|$PREFIX|g" dist/systemd/rfs-node.service >"$units/rfs-node.service"
+chmod 0644 "$units/rfs-node.service"
+if [ -f "$DESTDIR/etc/rfs/node.env" ]; then
+  log "kept /etc/rfs/node.env (the new default is in $doc/examples/node.env)"
+else
+  install -m 0644 dist/systemd/node.env "$DESTDIR/etc/rfs/node.env"
+fi
+install -m 0644 dist/systemd/node.env dist/systemd/mnt-rfs.mount "$doc/examples/"
+install -m 0644 README.md "$doc/"
+log "unit /etc/systemd/system/rfs-node.service (settings: /etc/rfs/node.env); mount unit example in $doc/examples"
+
+if [ -z "$DESTDIR" ] && [ -d /run/systemd/system ]; then
+  systemctl daemon-reload
+  log "start the node with: systemctl enable --now rfs-node"
+fi
+log "mount with: mkdir -p /mnt/rfs && mount -t rfs 127.0.0.1:7470 /mnt/rfs -o allow_other"

@@ -1,0 +1,374 @@
+//! Installed as a network file system is: scripts/install.sh, `mount -t rfs` and an fstab line
+//! through mount.rfs, `umount`, nodes and clients started in any order, logs to a file, and
+//! systemd readiness.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use rfs_e2e::{bin, free_port, transport, MemServer};
+
+/// A scratch directory for one test, removed when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        let d = std::env::temp_dir().join(format!("rfs-install-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Scratch(d)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .into()
+}
+
+fn is_mounted(dir: &Path) -> bool {
+    let target = dir.to_string_lossy();
+    std::fs::read_to_string("/proc/mounts")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split_whitespace().nth(1) == Some(&target))
+}
+
+fn run(cmd: &mut Command) -> Output {
+    let out = cmd.output().expect("run");
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn install_to(dest: &Path) {
+    let bins = bin("fs-client").parent().unwrap().to_path_buf();
+    run(Command::new("bash")
+        .arg(repo().join("scripts/install.sh"))
+        .env("DESTDIR", dest)
+        .env("RFS_BIN_DIR", bins));
+}
+
+#[test]
+fn install_stages_the_binaries_the_mount_helper_and_valid_units() {
+    let dest = Scratch::new("stage");
+    install_to(&dest.0);
+    for f in ["usr/local/bin/mem-server", "usr/local/bin/fs-client"] {
+        assert!(dest.0.join(f).is_file(), "{f}");
+    }
+    assert_eq!(
+        std::fs::read_link(dest.0.join("sbin/mount.rfs")).unwrap(),
+        Path::new("/usr/local/bin/fs-client")
+    );
+    let unit = std::fs::read_to_string(dest.0.join("etc/systemd/system/rfs-node.service")).unwrap();
+    assert!(unit.contains("ExecStart=/usr/local/bin/mem-server $RFS_NODE_ARGS"));
+    assert!(unit.contains("Type=notify"));
+    let env = dest.0.join("etc/rfs/node.env");
+    assert!(std::fs::read_to_string(&env)
+        .unwrap()
+        .contains("RFS_NODE_ARGS="));
+    // Installing again keeps the settings someone edited.
+    std::fs::write(&env, "RFS_NODE_ARGS=--memory 2G\n").unwrap();
+    install_to(&dest.0);
+    assert_eq!(
+        std::fs::read_to_string(&env).unwrap(),
+        "RFS_NODE_ARGS=--memory 2G\n"
+    );
+    assert!(dest
+        .0
+        .join("usr/local/share/doc/rfs/examples/mnt-rfs.mount")
+        .is_file());
+
+    // systemd's own check of the units, where systemd is installed: the node unit pointed at
+    // the binary just built (verify wants its ExecStart to exist).
+    if Command::new("systemd-analyze")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_err()
+    {
+        eprintln!("no systemd-analyze: units not verified");
+        return;
+    }
+    let units = Scratch::new("units");
+    let node_unit = unit
+        .replace(
+            "/usr/local/bin/mem-server",
+            &bin("mem-server").to_string_lossy(),
+        )
+        .replace("/etc/rfs/node.env", &env.to_string_lossy());
+    std::fs::write(units.0.join("rfs-node.service"), node_unit).unwrap();
+    std::fs::copy(
+        repo().join("dist/systemd/mnt-rfs.mount"),
+        units.0.join("mnt-rfs.mount"),
+    )
+    .unwrap();
+    for u in ["rfs-node.service", "mnt-rfs.mount"] {
+        let out = Command::new("systemd-analyze")
+            .args(["verify", "--man=no"])
+            .arg(units.0.join(u))
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        // Only what concerns our units: the host's own units may have findings of their own.
+        let ours: Vec<&str> = said
+            .lines()
+            .filter(|l| l.contains("rfs-node") || l.contains("mnt-rfs"))
+            .collect();
+        assert!(
+            out.status.success() && ours.is_empty(),
+            "systemd-analyze verify {u}: {}\n{said}",
+            out.status
+        );
+    }
+}
+
+/// /sbin/mount.rfs for the test: the installed one if it is this build's client, else a link
+/// made for the test and removed after. `None` (and the test skips mount(8)) when another
+/// client is installed there.
+struct MountHelper {
+    made: bool,
+}
+
+impl MountHelper {
+    const PATH: &'static str = "/sbin/mount.rfs";
+
+    fn get() -> Option<MountHelper> {
+        let ours = bin("fs-client");
+        match std::fs::canonicalize(Self::PATH) {
+            Ok(p) if p == std::fs::canonicalize(&ours).unwrap() => {
+                Some(MountHelper { made: false })
+            }
+            Ok(_) => None,
+            Err(_) => {
+                std::os::unix::fs::symlink(&ours, Self::PATH).ok()?;
+                Some(MountHelper { made: true })
+            }
+        }
+    }
+}
+
+impl Drop for MountHelper {
+    fn drop(&mut self) {
+        if self.made {
+            let _ = std::fs::remove_file(Self::PATH);
+        }
+    }
+}
+
+/// Unmounts `dir` with umount(8) and waits for the client `pid` to be gone.
+fn umount_and_wait(dir: &Path, pid: u32) {
+    run(Command::new("umount").arg(dir));
+    let start = Instant::now();
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "fs-client {pid} outlived its unmount"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!is_mounted(dir));
+}
+
+/// The pid in "fs-client: mounted (pid N)".
+fn mounted_pid(out: &Output) -> u32 {
+    let said = String::from_utf8_lossy(&out.stdout);
+    said.split("pid ")
+        .nth(1)
+        .and_then(|s| s.trim().trim_end_matches(')').parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {said:?}"))
+}
+
+/// Lazily unmounts what a failed test left mounted.
+struct Unmount<'a>(&'a Path);
+
+impl Drop for Unmount<'_> {
+    fn drop(&mut self) {
+        if is_mounted(self.0) {
+            let _ = Command::new("umount").arg("-l").arg(self.0).status();
+        }
+    }
+}
+
+#[test]
+fn mount_t_rfs_and_an_fstab_line_mount_and_umount_unmounts() {
+    let Some(_helper) = MountHelper::get() else {
+        eprintln!(
+            "{} is another client: mount(8) not tested",
+            MountHelper::PATH
+        );
+        return;
+    };
+    let node = MemServer::meta("64M", "1M");
+    let scratch = Scratch::new("mount");
+    let dir = scratch.0.join("mnt");
+    std::fs::create_dir(&dir).unwrap();
+    let _cleanup = Unmount(&dir);
+    let opts = format!(
+        "_netdev,nofail,x-systemd.automount,transport={}",
+        transport()
+    );
+
+    let out = run(Command::new("mount")
+        .args(["-t", "rfs", &node.addr.to_string()])
+        .arg(&dir)
+        .args(["-o", &opts]));
+    assert!(is_mounted(&dir));
+    std::fs::write(dir.join("f"), b"through mount(8)").unwrap();
+    umount_and_wait(&dir, mounted_pid(&out));
+
+    // The same as an fstab line, mounted by its mount point.
+    let fstab = scratch.0.join("fstab");
+    std::fs::write(
+        &fstab,
+        format!("{}  {}  rfs  {opts}  0  0\n", node.addr, dir.display()),
+    )
+    .unwrap();
+    let out = run(Command::new("mount").arg("--fstab").arg(&fstab).arg(&dir));
+    assert_eq!(std::fs::read(dir.join("f")).unwrap(), b"through mount(8)");
+    umount_and_wait(&dir, mounted_pid(&out));
+
+    // Bad options are refused with the reason, and nothing is mounted.
+    let out = Command::new("mount")
+        .args(["-t", "rfs", &node.addr.to_string()])
+        .arg(&dir)
+        .args(["-o", "qps=lots"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("qps"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!is_mounted(&dir));
+}
+
+#[test]
+fn a_client_started_before_its_node_waits_for_it_and_logs_to_its_file() {
+    let scratch = Scratch::new("early");
+    let dir = scratch.0.join("mnt");
+    std::fs::create_dir(&dir).unwrap();
+    let _cleanup = Unmount(&dir);
+    let log = scratch.0.join("client.log");
+    let listen = format!("127.0.0.1:{}", free_port());
+    let opts = format!(
+        "transport={},mount_timeout=30,log_file={}",
+        transport(),
+        log.display()
+    );
+    let mut client = Command::new(bin("fs-client"))
+        .arg(&listen)
+        .arg(&dir)
+        .args(["--daemon", "-o", &opts])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(800));
+    let _node = MemServer::start_on(&listen, &["--memory", "64M"]);
+    let status = client.wait().unwrap();
+    assert!(status.success(), "the mount gave up: {status}");
+    assert!(is_mounted(&dir));
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(logged.contains("trying again"), "{logged}");
+    assert!(logged.contains("reached after"), "{logged}");
+    run(Command::new("umount").arg(&dir));
+
+    // With nobody there at all, the wait is bounded and says so.
+    let start = Instant::now();
+    let out = Command::new(bin("fs-client"))
+        .arg(format!("127.0.0.1:{}", free_port()))
+        .arg(&dir)
+        .arg("-o")
+        .arg(format!("transport={},mount_timeout=1", transport()))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("tried for"), "{said}");
+    assert!(start.elapsed() < Duration::from_secs(10));
+    assert!(!is_mounted(&dir));
+}
+
+#[test]
+fn a_data_node_started_before_the_metadata_node_joins_it() {
+    let listen = format!("127.0.0.1:{}", free_port());
+    let join = listen.clone();
+    let early = std::thread::spawn(move || {
+        MemServer::start(&["--memory", "32M", "--join", &join, "--join-timeout", "30"])
+    });
+    std::thread::sleep(Duration::from_millis(800));
+    let meta = MemServer::start_on(&listen, &["--memory", "32M"]);
+    let data = early.join().expect("the data node joined");
+    assert_ne!(data.addr, meta.addr);
+
+    // A node with nobody to join gives up after its timeout, saying why.
+    let out = Command::new(bin("mem-server"))
+        .args(["--listen", "127.0.0.1:0", "--memory", "16M", "--transport"])
+        .arg(transport())
+        .args(["--join", &format!("127.0.0.1:{}", free_port())])
+        .args(["--join-timeout", "1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("tried for"), "{said}");
+}
+
+#[test]
+fn a_node_logs_to_its_file_and_tells_systemd_when_it_is_ready() {
+    let scratch = Scratch::new("notify");
+    let socket = scratch.0.join("notify");
+    let notify = UnixDatagram::bind(&socket).unwrap();
+    notify
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let log = scratch.0.join("node.log");
+    let mut node = Command::new(bin("mem-server"))
+        .args(["--listen", "127.0.0.1:0", "--memory", "64M", "--transport"])
+        .arg(transport())
+        .arg("--log-file")
+        .arg(&log)
+        .env("NOTIFY_SOCKET", &socket)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut banner = String::new();
+    BufReader::new(node.stdout.take().unwrap())
+        .read_line(&mut banner)
+        .unwrap();
+    let mut got = [0u8; 64];
+    let n = notify.recv(&mut got);
+    let _ = node.kill();
+    let _ = node.wait();
+    assert!(banner.contains("listening"), "{banner}");
+    assert_eq!(&got[..n.expect("a readiness notice")], b"READY=1");
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        logged.contains("INFO"),
+        "nothing logged to the file: {logged:?}"
+    );
+
+    // A log file that cannot be opened is refused before anything starts.
+    let out = Command::new(bin("mem-server"))
+        .args(["--listen", "127.0.0.1:0", "--memory", "16M", "--log-file"])
+        .arg(scratch.0.join("no/such/dir/log"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("log file"));
+}
