@@ -535,6 +535,44 @@ impl Filesystem for RfsFuse {
         reply.error(fuser::Errno::ENOTSUP);
     }
 
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        empty(
+            "fallocate",
+            self.fs.fallocate(ino.0, offset, length, mode),
+            reply,
+        );
+    }
+
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        ino_in: INodeNo,
+        _fh_in: FileHandle,
+        offset_in: u64,
+        ino_out: INodeNo,
+        _fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        _flags: fuser::CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        let copied = self
+            .fs
+            .copy_range(ino_in.0, offset_in, ino_out.0, offset_out, len);
+        // At most 4 GiB - 1 MiB per call (copy_range's bound): fits the reply.
+        reply!("copy_file_range", copied, reply, |n| reply
+            .written(n as u32));
+    }
+
     fn ioctl(
         &self,
         _req: &Request,

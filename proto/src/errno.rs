@@ -24,6 +24,7 @@ errnos!(
     EAGAIN,
     EBADF,
     EEXIST,
+    EFBIG,
     EINVAL,
     EIO,
     EISDIR,

@@ -289,3 +289,124 @@ fn ioctls_answer_enotty() {
         Some(libc::ENOTTY)
     );
 }
+
+fn fallocate(f: &File, mode: i32, offset: u64, len: u64) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid descriptor; fallocate touches no memory of ours.
+    let rc = unsafe { libc::fallocate(f.as_raw_fd(), mode, offset as i64, len as i64) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// copy_file_range until `len` bytes are copied or the source ends: how many were.
+fn copy_file_range(from: &File, at: u64, to: &File, to_at: u64, len: usize) -> usize {
+    use std::os::fd::AsRawFd;
+    let (mut off_in, mut off_out) = (at as i64, to_at as i64);
+    let mut copied = 0;
+    while copied < len {
+        // SAFETY: valid descriptors and offsets that live across the call.
+        let n = unsafe {
+            libc::copy_file_range(
+                from.as_raw_fd(),
+                &mut off_in,
+                to.as_raw_fd(),
+                &mut off_out,
+                len - copied,
+                0,
+            )
+        };
+        assert!(
+            n >= 0,
+            "copy_file_range: {}",
+            std::io::Error::last_os_error()
+        );
+        if n == 0 {
+            break;
+        }
+        copied += n as usize;
+    }
+    copied
+}
+
+#[test]
+fn fallocate_and_copy_file_range_move_no_data_through_fuse() {
+    let node = MemServer::meta("64M", "1M");
+    let m = Mount::new(&node, &[]);
+    let data: Vec<u8> = (0..(6 << 20) + 777u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    fs::write(m.path("src"), &data).unwrap();
+    let src = File::open(m.path("src")).unwrap();
+    let dst = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(m.path("dst"))
+        .unwrap();
+    let written_before = m.stat("file_bytes_written");
+    // More than there is, from inside the source to an unaligned place in the destination.
+    let n = copy_file_range(&src, 1000, &dst, 4097, data.len());
+    assert_eq!(n, data.len() - 1000);
+    assert_eq!(
+        m.stat("bytes_copied"),
+        n as u64,
+        "copied by the client itself"
+    );
+    assert_eq!(
+        m.stat("file_bytes_written") - written_before,
+        n as u64,
+        "written once, by the copy (no write through FUSE besides)"
+    );
+    let mut got = Vec::new();
+    (&dst).read_to_end(&mut got).unwrap();
+    assert_eq!(got.len(), 4097 + n);
+    assert!(got[..4097].iter().all(|&b| b == 0));
+    assert!(got[4097..] == data[1000..], "the copy differs");
+
+    // fallocate: mode 0 extends and reads zeros; KEEP_SIZE keeps the size.
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(m.path("falloc"))
+        .unwrap();
+    fallocate(&f, 0, 0, 5 << 20).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), 5 << 20);
+    fallocate(&f, libc::FALLOC_FL_KEEP_SIZE, 5 << 20, 2 << 20).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), 5 << 20);
+    let mut model = data[..5 << 20].to_vec();
+    (&f).write_all(&model).unwrap();
+    // A punched hole reads zeros, the size stays; a zeroed range past the end extends.
+    fallocate(
+        &f,
+        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+        (1 << 20) + 5,
+        2 << 20,
+    )
+    .unwrap();
+    model[(1 << 20) + 5..(3 << 20) + 5].fill(0);
+    fallocate(&f, libc::FALLOC_FL_ZERO_RANGE, (4 << 20) + 1, 2 << 20).unwrap();
+    model.truncate((4 << 20) + 1);
+    model.resize((6 << 20) + 1, 0);
+    assert_eq!(f.metadata().unwrap().len(), model.len() as u64);
+    drop(f);
+    drop(dst);
+    // Another mount sees what the first committed.
+    let other = Mount::new(&node, &[]);
+    assert!(
+        fs::read(other.path("falloc")).unwrap() == model,
+        "fallocate's result differs"
+    );
+    let f = OpenOptions::new()
+        .write(true)
+        .open(other.path("falloc"))
+        .unwrap();
+    let e = fallocate(&f, libc::FALLOC_FL_COLLAPSE_RANGE, 0, 1 << 20).unwrap_err();
+    assert_eq!(errno(&e), libc::EOPNOTSUPP);
+    assert_eq!(m.stat("io_errors"), 0);
+}

@@ -119,7 +119,7 @@ impl<B: Backend> Rfs<B> {
     /// attach, and ask again. A write needs every replica, a read one per chunk. Nodes that
     /// failed moments ago are not dialled: transfers there fail at once (a read then tries
     /// another replica, a write drops it).
-    fn refs(
+    pub(super) fn refs(
         &self,
         ino: Ino,
         first: u64,

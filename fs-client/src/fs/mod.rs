@@ -8,6 +8,7 @@
 //! - [`chunks`](self::chunks): the chunk cache with allocate-ahead, recalls and leases;
 //! - [`coherence`](self::coherence): the metadata node's callbacks, and the kernel's caches;
 //! - [`data`](self::data): the data path (reads and writes split at chunk boundaries);
+//! - [`ranges`](self::ranges): copy_file_range and fallocate, without data through FUSE;
 //! - [`stats`]: the live statistics file;
 //! - [`error`]: the one error type; [`backend`]: the seam.
 
@@ -19,6 +20,7 @@ mod error;
 #[cfg(test)]
 mod fake;
 mod open;
+mod ranges;
 mod stats;
 #[cfg(test)]
 mod tests;

@@ -29,6 +29,8 @@ pub(crate) struct ClientStats {
     /// Transfers sent again with a fresh chunk map after a node refused a stale reference
     /// (its grants went with a metadata node that restarted).
     pub(crate) retries: AtomicU64,
+    /// Bytes copy_file_range moved between chunks (never through FUSE).
+    pub(crate) bytes_copied: AtomicU64,
 }
 
 impl ClientStats {
@@ -60,7 +62,7 @@ impl<B: Backend> Rfs<B> {
     pub fn stats_text(&self) -> String {
         let s = &self.stats;
         format!(
-            "transport {}\nreads {}\nwrites {}\nfile_bytes_read {}\nfile_bytes_written {}\nmetadata_ops {}\nio_errors {}\nfailovers {}\nreplicas_dropped {}\nretries {}\nopen_files {}\ncached_chunks {}\nchunk_size {}\n{}",
+            "transport {}\nreads {}\nwrites {}\nfile_bytes_read {}\nfile_bytes_written {}\nmetadata_ops {}\nio_errors {}\nfailovers {}\nreplicas_dropped {}\nretries {}\nbytes_copied {}\nopen_files {}\ncached_chunks {}\nchunk_size {}\n{}",
             self.backend.transport(),
             s.reads.load(Relaxed),
             s.writes.load(Relaxed),
@@ -71,6 +73,7 @@ impl<B: Backend> Rfs<B> {
             s.failovers.load(Relaxed),
             s.replicas_dropped.load(Relaxed),
             s.retries.load(Relaxed),
+            s.bytes_copied.load(Relaxed),
             self.open_file_count(),
             self.chunks.len(),
             self.chunk_size,

@@ -368,3 +368,103 @@ fn a_node_that_keeps_refusing_fails_the_transfer_once_the_retry_window_is_spent(
     write(&fs, ino, 0, b"fine again").unwrap();
     fs.release(fh).unwrap();
 }
+
+#[test]
+fn copy_range_copies_across_chunks_and_stops_at_the_end_of_the_source() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    let (src, dst) = (create(&fs, "src"), create(&fs, "dst"));
+    let (a, _) = fs.open(src, RW, &ROOT_CALLER).unwrap();
+    let (b, _) = fs.open(dst, RW, &ROOT_CALLER).unwrap();
+    let data = pattern(3 * CHUNK as usize + 123, 9);
+    write(&fs, src, 0, &data).unwrap();
+    // Into the middle of the destination, across its chunk edges, asking for more than there is.
+    let n = fs.copy_range(src, 100, dst, CHUNK - 7, 10 * CHUNK).unwrap();
+    assert_eq!(n, data.len() as u64 - 100);
+    assert!(read(&fs, dst, CHUNK - 7, n as usize).unwrap() == data[100..]);
+    let before = read(&fs, dst, 0, (CHUNK - 7) as usize).unwrap();
+    assert!(before.iter().all(|&x| x == 0));
+    assert_eq!(fs.size_for_read(dst).unwrap(), CHUNK - 7 + n);
+    assert_eq!(
+        fs.copy_range(src, data.len() as u64 + 5, dst, 0, 100)
+            .unwrap(),
+        0
+    );
+    assert!(fs.stats_text().contains(&format!("bytes_copied {n}\n")));
+    fs.release(a).unwrap();
+    fs.release(b).unwrap();
+}
+
+#[test]
+fn fallocate_allocates_extends_punches_and_zeroes() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    let ino = create(&fs, "f");
+    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+    let (keep, punch, zero) = (
+        libc::FALLOC_FL_KEEP_SIZE,
+        libc::FALLOC_FL_PUNCH_HOLE,
+        libc::FALLOC_FL_ZERO_RANGE,
+    );
+    // Mode 0: allocated, extended, zeros.
+    fs.fallocate(ino, 0, 2 * CHUNK + 10, 0).unwrap();
+    assert!(cluster.chunk_count(ino) >= 3);
+    assert_eq!(fs.size_for_read(ino).unwrap(), 2 * CHUNK + 10);
+    let all = read(&fs, ino, 0, 4 * CHUNK as usize).unwrap();
+    assert_eq!(all.len() as u64, 2 * CHUNK + 10);
+    assert!(all.iter().all(|&x| x == 0));
+    // KEEP_SIZE past the end: allocated, the size kept.
+    let before = cluster.chunk_count(ino);
+    fs.fallocate(ino, 40 * CHUNK, CHUNK, keep).unwrap();
+    assert!(cluster.chunk_count(ino) > before);
+    assert_eq!(fs.size_for_read(ino).unwrap(), 2 * CHUNK + 10);
+    // A punched hole reads zeros inside the range only, and keeps the size.
+    let mut model = pattern(2 * CHUNK as usize + 10, 3);
+    write(&fs, ino, 0, &model).unwrap();
+    fs.fallocate(ino, 100, CHUNK, punch | keep).unwrap();
+    model[100..(CHUNK + 100) as usize].fill(0);
+    assert!(read(&fs, ino, 0, 4 * CHUNK as usize).unwrap() == model);
+    // ZERO_RANGE across the end extends; with KEEP_SIZE it does not.
+    fs.fallocate(ino, 2 * CHUNK, CHUNK, zero).unwrap();
+    model.truncate(2 * CHUNK as usize);
+    model.resize(3 * CHUNK as usize, 0);
+    assert_eq!(fs.size_for_read(ino).unwrap(), 3 * CHUNK);
+    assert!(read(&fs, ino, 0, 4 * CHUNK as usize).unwrap() == model);
+    fs.fallocate(ino, 3 * CHUNK - 5, 10 * CHUNK, zero | keep)
+        .unwrap();
+    assert_eq!(fs.size_for_read(ino).unwrap(), 3 * CHUNK);
+    // What is not supported says so.
+    let err = |off, len, mode| fs.fallocate(ino, off, len, mode).unwrap_err().errno();
+    assert_eq!(
+        err(0, CHUNK, punch),
+        Errno::EINVAL,
+        "a punch must keep the size"
+    );
+    assert_eq!(err(0, 0, 0), Errno::EINVAL);
+    assert_eq!(
+        err(0, CHUNK, libc::FALLOC_FL_COLLAPSE_RANGE),
+        Errno::ENOTSUP
+    );
+    assert_eq!(err(u64::MAX - 5, 10, 0), Errno::EFBIG);
+    fs.release(fh).unwrap();
+}
+
+#[test]
+fn punching_a_hole_leaves_holes_unallocated() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    let ino = create(&fs, "sparse");
+    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+    write(&fs, ino, 10 * CHUNK, b"end").unwrap();
+    let allocated = cluster.chunk_count(ino);
+    fs.fallocate(
+        ino,
+        0,
+        5 * CHUNK,
+        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+    )
+    .unwrap();
+    assert_eq!(cluster.chunk_count(ino), allocated);
+    assert_eq!(read(&fs, ino, 10 * CHUNK, 3).unwrap(), b"end");
+    fs.release(fh).unwrap();
+}

@@ -1,0 +1,148 @@
+//! Operations on byte ranges that move no data through FUSE: `copy_file_range` (one-sided
+//! READ of the source's chunks into a buffer here, one-sided WRITE of it into the
+//! destination's) and `fallocate` (chunks allocated by the metadata node, zeros written
+//! straight into the chunks).
+
+use std::sync::mpsc::sync_channel;
+use std::sync::Arc;
+
+use libc::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};
+
+use rfs_proto::types::Ino;
+use rfs_proto::Errno;
+
+use super::{Backend, ClientStats, Error, Result, Rfs, STATS_INO};
+
+/// The most a copy or a zeroing moves per transfer: the largest FUSE write, so each piece
+/// takes the data path's usual shape.
+const PIECE: u64 = 1 << 20;
+/// Chunks allocated per metadata call.
+const ALLOCATE_BATCH: u64 = 64;
+/// The most one copy_file_range answers (its reply counts bytes in 32 bits).
+const MAX_COPY: u64 = u32::MAX as u64 & !(PIECE - 1);
+
+impl<B: Backend> Rfs<B> {
+    /// Copies up to `len` bytes of `src` from `from` into `dst` at `to`, piece by piece:
+    /// each read by one-sided READ and written by one-sided WRITE, so the bytes never cross
+    /// FUSE. Returns how many were copied: fewer at the end of `src`. (The kernel refuses
+    /// overlapping ranges of one file before asking.)
+    pub fn copy_range(
+        self: &Arc<Self>,
+        src: Ino,
+        from: u64,
+        dst: Ino,
+        to: u64,
+        len: u64,
+    ) -> Result<u64> {
+        if src == STATS_INO || dst == STATS_INO {
+            return Err(Errno::EACCES.into());
+        }
+        let len = len.min(MAX_COPY);
+        let end = from.checked_add(len).ok_or(Errno::EINVAL)?;
+        to.checked_add(len).ok_or(Errno::EFBIG)?;
+        let mut copied = 0;
+        while copied < len {
+            let want = (len - copied).min(PIECE) as usize;
+            let data = self.read_now(src, from + copied, want)?;
+            if data.is_empty() {
+                break;
+            }
+            self.write_now(dst, to + copied, &data)?;
+            copied += data.len() as u64;
+            ClientStats::add(&self.stats.bytes_copied, data.len() as u64);
+            if from + copied >= end || data.len() < want {
+                break;
+            }
+        }
+        Ok(copied)
+    }
+
+    /// fallocate: mode 0 allocates the range's chunks and extends the file to its end;
+    /// `KEEP_SIZE` allocates without extending; `PUNCH_HOLE | KEEP_SIZE` turns the range into
+    /// zeros (its holes stay holes); `ZERO_RANGE` (with or without `KEEP_SIZE`) turns it into
+    /// zeros and allocates it. Other modes (collapse, insert, unshare) are not supported.
+    pub fn fallocate(self: &Arc<Self>, ino: Ino, offset: u64, len: u64, mode: i32) -> Result<()> {
+        if ino == STATS_INO {
+            return Err(Errno::EACCES.into());
+        }
+        let end = offset.checked_add(len).ok_or(Errno::EFBIG)?;
+        if len == 0 {
+            return Err(Errno::EINVAL.into());
+        }
+        let keep_size = mode & FALLOC_FL_KEEP_SIZE != 0;
+        let size = self.size_for_read(ino)?;
+        match mode & !FALLOC_FL_KEEP_SIZE {
+            0 => self.allocate_range(ino, offset, end)?,
+            FALLOC_FL_PUNCH_HOLE if keep_size => {
+                self.zero_range(ino, offset, end.min(size), false)?;
+            }
+            FALLOC_FL_PUNCH_HOLE => return Err(Errno::EINVAL.into()),
+            FALLOC_FL_ZERO_RANGE => {
+                // Bytes past the end are zeros already (truncation zeroes what it cuts);
+                // they only need chunks.
+                self.zero_range(ino, offset, end.min(size), true)?;
+                if end > size {
+                    self.allocate_range(ino, offset.max(size), end)?;
+                }
+            }
+            _ => return Err(Errno::ENOTSUP.into()),
+        }
+        if !keep_size && end > size {
+            self.wrote(ino, end, 0);
+        }
+        Ok(())
+    }
+
+    /// Has the metadata node allocate every chunk of `[from, end)` that is not yet.
+    fn allocate_range(&self, ino: Ino, from: u64, end: u64) -> Result<()> {
+        let last = (end - 1) / self.chunk_size;
+        let mut index = from / self.chunk_size;
+        while index <= last {
+            let count = (last + 1 - index).min(ALLOCATE_BATCH);
+            let (_, hold) = self.refs(ino, index, count, true)?;
+            drop(hold);
+            index += count;
+        }
+        Ok(())
+    }
+
+    /// Writes zeros over `[from, end)`; where no chunk is allocated, only if `fill_holes`.
+    fn zero_range(self: &Arc<Self>, ino: Ino, from: u64, end: u64, fill_holes: bool) -> Result<()> {
+        let zeros = vec![0u8; PIECE as usize];
+        let mut at = from;
+        while at < end {
+            // One chunk at a time, so that a hole is seen whole.
+            let chunk_end = (at / self.chunk_size + 1) * self.chunk_size;
+            let piece_end = end.min(chunk_end).min(at + PIECE);
+            let allocated = fill_holes || {
+                let (refs, hold) = self.refs(ino, at / self.chunk_size, 1, false)?;
+                drop(hold);
+                refs[0].is_some()
+            };
+            if allocated {
+                self.write_now(ino, at, &zeros[..(piece_end - at) as usize])?;
+                at = piece_end;
+            } else {
+                at = chunk_end.min(end);
+            }
+        }
+        Ok(())
+    }
+
+    /// A read, waited for.
+    fn read_now(self: &Arc<Self>, ino: Ino, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let (tx, rx) = sync_channel(1);
+        self.read(ino, offset, len, Box::new(move |r| drop(tx.send(r))));
+        rx.recv()
+            .unwrap_or_else(|_| Err(Error::new(Errno::EIO, "a read got no answer")))
+    }
+
+    /// A write, waited for.
+    fn write_now(self: &Arc<Self>, ino: Ino, offset: u64, data: &[u8]) -> Result<()> {
+        let (tx, rx) = sync_channel(1);
+        self.write(ino, offset, data, Box::new(move |r| drop(tx.send(r))));
+        rx.recv()
+            .unwrap_or_else(|_| Err(Error::new(Errno::EIO, "a write got no answer")))
+            .map(drop)
+    }
+}
