@@ -1,7 +1,7 @@
 //! fs-client: mounts an rfs namespace.
 //!
 //!   fs-client HOST:PORT MOUNTPOINT [-o opt,...]   mount (foreground; --daemon to background)
-//!   fs-client stats MOUNTPOINT                    print the live statistics of a mount
+//!   fs-client stats [--json] MOUNTPOINT           print the live statistics of a mount
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -13,7 +13,7 @@ use clap::{CommandFactory, FromArgMatches, Parser};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 
-use fs_client::fs::{KernelInval, Rfs, STATS_NAME};
+use fs_client::fs::{stats_json, KernelInval, Rfs, STATS_NAME};
 use fs_client::fuse::RfsFuse;
 use fs_client::mount_helper::{self, HelperCall, HELPER_NAME};
 use fs_client::options::{KernelFlag, MountConfig};
@@ -80,8 +80,13 @@ fn signalled(timeout: Duration) -> i32 {
     unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &ts).max(0) }
 }
 
-fn stats(mountpoint: &str) -> ExitCode {
+/// `fs-client stats [--json] MOUNTPOINT`.
+fn stats(mountpoint: &str, json: bool) -> ExitCode {
     match std::fs::read_to_string(PathBuf::from(mountpoint).join(STATS_NAME)) {
+        Ok(s) if json => {
+            println!("{}", stats_json(&s));
+            ExitCode::SUCCESS
+        }
         Ok(s) => {
             print!("{s}");
             ExitCode::SUCCESS
@@ -210,10 +215,11 @@ fn main() -> ExitCode {
         };
     }
     if argv.first().map(String::as_str) == Some("stats") {
-        return match argv.get(1) {
-            Some(m) if argv.len() == 2 => stats(m),
+        return match &argv[1..] {
+            [m] if m != "--json" => stats(m, false),
+            [json, m] | [m, json] if json == "--json" && m != "--json" => stats(m, true),
             _ => {
-                eprintln!("usage: fs-client stats MOUNTPOINT");
+                eprintln!("usage: fs-client stats [--json] MOUNTPOINT");
                 ExitCode::from(2)
             }
         };
@@ -278,6 +284,16 @@ fn main() -> ExitCode {
             cfg.io_timeout,
             fs.lease()
         );
+    }
+    if let Some(addr) = cfg.metrics {
+        let stats = fs.clone();
+        let served = rfs_proto::metrics::serve(addr, move || {
+            rfs_proto::metrics::render("rfs_client", &stats.stats_metrics())
+        });
+        if let Err(e) = served {
+            eprintln!("fs-client: {e}");
+            return ExitCode::FAILURE;
+        }
     }
     let mut fuse_cfg = fuser::Config::default();
     fuse_cfg.mount_options = vec![

@@ -51,6 +51,8 @@ pub struct MountConfig {
     pub log_file: Option<LogTarget>,
     /// Kernel mount flags asked for: ro, nosuid, nodev, noexec.
     pub kernel_flags: Vec<KernelFlag>,
+    /// Where to serve the counters for Prometheus (`GET /metrics`).
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 impl Default for MountConfig {
@@ -77,6 +79,7 @@ impl Default for MountConfig {
             mount_timeout: Duration::from_secs(30),
             log_file: None,
             kernel_flags: Vec::new(),
+            metrics: None,
         }
     }
 }
@@ -221,6 +224,15 @@ pub const OPTIONS: &[MountOption] = &[
         help:
             "Where to log: a file, syslog or - for stderr (default: stderr, syslog with --daemon)",
         set: |c, v| v.parse().map(|x| c.log_file = Some(x)),
+    },
+    MountOption {
+        name: "metrics",
+        value: Value::Takes("HOST:PORT"),
+        help: "Serve the counters for Prometheus on this address (GET /metrics)",
+        set: |c, v| {
+            c.metrics = Some(v.parse().map_err(|_| format!("{v:?} is not HOST:PORT"))?);
+            Ok(())
+        },
     },
     MountOption {
         name: "io_timeout",
@@ -441,11 +453,12 @@ mod tests {
 
     #[test]
     fn options_parse() {
-        let c = parse("allow_other,max_write=128K,writeback_cache=off,attr_timeout=2.5,threads=8,transport=tcp,qps=2,window=off,dyn_threshold=never,polling=busy,merge=0,chain=no,io_timeout=3,device=mlx5_1,gid_index=3,rw,_netdev,nofail,x-systemd.automount,comment=x,nosuid,nodev,nosuid,mount_timeout=7,log_file=syslog")
+        let c = parse("allow_other,max_write=128K,writeback_cache=off,attr_timeout=2.5,threads=8,transport=tcp,qps=2,window=off,dyn_threshold=never,polling=busy,merge=0,chain=no,io_timeout=3,device=mlx5_1,gid_index=3,rw,_netdev,nofail,x-systemd.automount,comment=x,nosuid,nodev,nosuid,mount_timeout=7,log_file=syslog,metrics=127.0.0.1:9101")
             .unwrap();
         assert_eq!(c.kernel_flags, [KernelFlag::NoSuid, KernelFlag::NoDev]);
         assert_eq!(c.mount_timeout, Duration::from_secs(7));
         assert_eq!(c.log_file, Some(LogTarget::Syslog));
+        assert_eq!(c.metrics, Some("127.0.0.1:9101".parse().unwrap()));
         assert!(c.allow_other);
         assert_eq!(c.max_write, 128 << 10);
         assert_eq!(c.attr_timeout, Duration::from_millis(2500));

@@ -13,6 +13,7 @@ use mem_server::node::{Node, NodeConfig};
 use rdmabox::size::parse_size;
 use rdmabox::transport::{ProviderKind, TransportConfig, VerbsConfig};
 use rfs_proto::logging::{self, LogTarget};
+use rfs_proto::metrics;
 use rfs_proto::secret;
 use rfs_proto::types::MAX_REPLICAS;
 
@@ -39,6 +40,9 @@ struct Args {
     /// serves) or `-` for stderr (the default). RUST_LOG filters as usual.
     #[arg(long, value_name = "PATH|syslog|-", default_value = "-")]
     log_file: LogTarget,
+    /// Serve the node's counters for Prometheus on this address (GET /metrics).
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics: Option<SocketAddr>,
     /// Chunk size: the unit of allocation (power of two, at least 4K).
     #[arg(long, default_value = "1M", value_parser = parse_size)]
     chunk_size: u64,
@@ -238,6 +242,15 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Some(addr) = args.metrics {
+        let figures = node.metrics();
+        let served = metrics::serve(addr, move || metrics::render("rfs_node", &figures()));
+        if let Err(e) = served {
+            eprintln!("mem-server: {e}");
+            node.shutdown();
+            return ExitCode::FAILURE;
+        }
+    }
     println!(
         "mem-server listening on {} ({}), serving {} MiB{}; {auth}",
         node.addr(),

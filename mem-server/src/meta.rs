@@ -37,6 +37,7 @@ use crate::record::Record;
 use crate::repair::Repair;
 use crate::sessions::{Attached, ClientSession, Handles, Sessions};
 use crate::zeroer::Zeroer;
+use rfs_proto::metrics::Metric;
 
 /// The namespace, the allocator and who caches what, under one lock (journaled: see
 /// [`Journaled`]).
@@ -207,6 +208,32 @@ fn answer<C: Call>(_call: &C, result: Result<C::Reply, Errno>) -> Vec<u8> {
 }
 
 impl MetaService {
+    /// The metadata service's figures, for the metrics endpoint.
+    pub(crate) fn metrics(&self) -> Vec<Metric> {
+        let st = self.state.lock();
+        let (chunks, free) = st.alloc.totals();
+        let (alive, nodes) = st.alloc.node_counts();
+        let (zeroing, inodes) = (st.alloc.zeroing(), st.ns.inode_count());
+        drop(st);
+        vec![
+            Metric::gauge("chunks", "Chunks of every data node", chunks),
+            Metric::gauge("chunks_free", "Chunks free (some being zeroed)", free),
+            Metric::gauge(
+                "chunks_zeroing",
+                "Chunks freed and not yet allocatable",
+                zeroing,
+            ),
+            Metric::gauge("data_nodes_alive", "Data nodes up", alive as u64),
+            Metric::gauge("data_nodes", "Data nodes ever joined", nodes as u64),
+            Metric::gauge("inodes", "Files, directories and links", inodes),
+            Metric::gauge(
+                "chunks_short_of_replicas",
+                "Chunks with fewer copies than --replicas",
+                self.repair.short(),
+            ),
+        ]
+    }
+
     /// The service, with this node's own pool as one of the data nodes, and the kicks its
     /// zeroer thread waits on. With a state directory, the namespace and the data nodes are
     /// those it holds (none yet: a new file system), and every change is journaled there.

@@ -18,6 +18,7 @@ use rdmabox::{connect_links, SessionConfig};
 use rfs_proto::frame::send_frame;
 use rfs_proto::handshake;
 use rfs_proto::hello::{Data, Hello, PoolDescriptor};
+use rfs_proto::metrics::Metric;
 use rfs_proto::types::MAX_REPLICAS;
 
 use crate::access::Policy;
@@ -259,6 +260,25 @@ impl Node {
             }
         }
         Ok(node)
+    }
+
+    /// What gives the node's figures, for its metrics endpoint.
+    pub fn metrics(&self) -> impl Fn() -> Vec<Metric> + Send + 'static {
+        let s = self.shared.clone();
+        move || {
+            let mut m = vec![
+                Metric::gauge("pool_bytes", "Bytes this node lends", s.cfg.memory),
+                Metric::gauge(
+                    "connections",
+                    "Control connections open (clients, data sessions, nodes)",
+                    s.admission.in_use() as u64,
+                ),
+            ];
+            if let Some(meta) = &s.meta {
+                m.extend(meta.metrics());
+            }
+            m
+        }
     }
 
     /// Where the node listens.

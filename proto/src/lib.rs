@@ -15,6 +15,7 @@
 //! - [`client`] (over a reconnecting `channel`): the metadata client and its data sessions ([`data`]).
 //! - [`patience`]: trying to reach a node for a bounded time at start-up.
 //! - [`logging`]: where both binaries log: stderr, a file, or syslog.
+//! - [`metrics`]: their counters for Prometheus, over HTTP.
 
 pub mod callback;
 mod channel;
@@ -28,6 +29,7 @@ pub mod handshake;
 pub mod hello;
 pub mod logging;
 pub mod message;
+pub mod metrics;
 pub mod patience;
 pub mod secret;
 pub mod types;

@@ -11,6 +11,19 @@
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+/// One counter of a [`Snapshot`], described.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Field {
+    /// Its name, as the stats text shows it.
+    pub name: &'static str,
+    /// What it counts (its doc comment).
+    pub help: &'static str,
+    /// An event count that only grows (else a level or a high-water mark).
+    pub cumulative: bool,
+    /// Its value in the snapshot.
+    pub value: u64,
+}
+
 /// Generates the counter types from one list. Each entry is its doc, its name and how it
 /// combines:
 /// - `sum`: an event count; [`Snapshot::plus`] adds, [`Snapshot::since`] takes the growth;
@@ -27,6 +40,9 @@ macro_rules! counters {
     (@since sum, $now:expr, $then:expr) => { $now.saturating_sub($then) };
     (@since gauge, $now:expr, $then:expr) => { $now };
     (@since peak, $now:expr, $then:expr) => { $now };
+    (@cumulative sum) => { true };
+    (@cumulative gauge) => { false };
+    (@cumulative peak) => { false };
     (
         $( $(#[doc = $doc:literal])+ $name:ident: $kind:ident, )+
         read order: $( $read:ident ),+ $(,)?
@@ -66,6 +82,20 @@ macro_rules! counters {
                 Snapshot {
                     $( $name: counters!(@since $kind, self.$name, earlier.$name), )+
                 }
+            }
+        }
+
+        impl Snapshot {
+            /// Every counter with its name and doc, in display order: for metrics endpoints.
+            pub fn fields(&self) -> Vec<Field> {
+                vec![
+                    $( Field {
+                        name: stringify!($name),
+                        help: concat!($($doc),+).trim_ascii(),
+                        cumulative: counters!(@cumulative $kind),
+                        value: self.$name,
+                    }, )+
+                ]
             }
         }
 

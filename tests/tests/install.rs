@@ -372,3 +372,76 @@ fn a_node_logs_to_its_file_and_tells_systemd_when_it_is_ready() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("log file"));
 }
+
+/// The body of `GET /metrics` at `addr`.
+fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("metrics endpoint");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
+    out
+}
+
+#[test]
+fn counters_as_json_and_for_prometheus_on_both_binaries() {
+    let node_metrics = format!("127.0.0.1:{}", free_port());
+    let node = MemServer::start(&["--memory", "64M", "--metrics", &node_metrics]);
+    let client_metrics = format!("127.0.0.1:{}", free_port());
+    let m = rfs_e2e::Mount::new(&node, &[&format!("metrics={client_metrics}")]);
+    std::fs::write(m.path("f"), vec![7u8; 100_000]).unwrap();
+    assert_eq!(std::fs::read(m.path("f")).unwrap().len(), 100_000);
+
+    let json = run(Command::new(bin("fs-client"))
+        .args(["stats", "--json"])
+        .arg(&m.dir));
+    let json = String::from_utf8(json.stdout).unwrap();
+    assert!(json.starts_with("{\"transport\":\""), "{json}");
+    assert!(json.contains("\"file_bytes_written\":100000,"), "{json}");
+
+    let client = scrape(&client_metrics);
+    assert!(client.contains("# TYPE rfs_client_file_bytes_written_total counter\n"));
+    assert!(
+        client.contains("\nrfs_client_file_bytes_written_total 100000\n"),
+        "{client}"
+    );
+    assert!(client.contains("\nrfs_client_open_files 0\n"), "{client}");
+    assert!(
+        client.contains("\nrfs_client_work_requests_total "),
+        "rdmabox's too"
+    );
+
+    let served = scrape(&node_metrics);
+    assert!(
+        served.contains("\nrfs_node_pool_bytes 67108864\n"),
+        "{served}"
+    );
+    assert!(served.contains("\nrfs_node_chunks 64\n"), "{served}");
+    assert!(
+        served.contains("\nrfs_node_data_nodes_alive 1\n"),
+        "{served}"
+    );
+    let free: u64 = served
+        .lines()
+        .find_map(|l| l.strip_prefix("rfs_node_chunks_free "))
+        .and_then(|v| v.parse().ok())
+        .expect("chunks_free");
+    assert!(free < 64, "the file took chunks: {free} free");
+
+    // An address already taken is refused before anything starts.
+    let out = Command::new(bin("mem-server"))
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--memory",
+            "16M",
+            "--metrics",
+            &node_metrics,
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("metrics on"));
+}

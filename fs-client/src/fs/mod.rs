@@ -45,7 +45,7 @@ pub use backend::{Backend, DataDone, WriteBack};
 pub use coherence::KernelInval;
 pub use data::{ReadDone, WriteDone};
 pub use error::{Error, Result};
-pub use stats::{STATS_INO, STATS_NAME};
+pub use stats::{stats_json, STATS_INO, STATS_NAME};
 
 use chunks::ChunkCache;
 use open::OpenFile;

@@ -3,6 +3,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+use std::fmt::Write as _;
+
+use rfs_proto::metrics::Metric;
 use rfs_proto::types::{Attr, FileKind, Timestamp};
 
 use super::backend::Backend;
@@ -12,6 +15,36 @@ use super::Rfs;
 pub const STATS_NAME: &str = ".rfs-stats";
 /// The stats file's inode number, outside the range the metadata node hands out.
 pub const STATS_INO: u64 = u64::MAX - 1;
+
+/// The stats text (`name value` lines) as one JSON object: numbers as numbers, the rest
+/// (the transport's name) as strings.
+pub fn stats_json(text: &str) -> String {
+    let fields: Vec<String> = text
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .map(|(name, value)| match value.parse::<u64>() {
+            Ok(n) => format!("{}:{n}", json_string(name)),
+            Err(_) => format!("{}:{}", json_string(name), json_string(value)),
+        })
+        .collect();
+    format!("{{{}}}", fields.join(","))
+}
+
+fn json_string(s: &str) -> String {
+    let mut out = String::from('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
 
 /// The client's own figures.
 #[derive(Default)]
@@ -58,27 +91,74 @@ impl<B: Backend> Rfs<B> {
         }
     }
 
-    /// The live statistics.
-    pub fn stats_text(&self) -> String {
+    /// The live figures: the client's, then its data sessions' (rdmabox's).
+    pub fn stats_metrics(&self) -> Vec<Metric> {
         let s = &self.stats;
-        format!(
-            "transport {}\nreads {}\nwrites {}\nfile_bytes_read {}\nfile_bytes_written {}\nmetadata_ops {}\nio_errors {}\nfailovers {}\nreplicas_dropped {}\nretries {}\nbytes_copied {}\nopen_files {}\ncached_chunks {}\nchunk_size {}\n{}",
-            self.backend.transport(),
-            s.reads.load(Relaxed),
-            s.writes.load(Relaxed),
-            s.bytes_read.load(Relaxed),
-            s.bytes_written.load(Relaxed),
-            s.metadata_ops.load(Relaxed),
-            s.io_errors.load(Relaxed),
-            s.failovers.load(Relaxed),
-            s.replicas_dropped.load(Relaxed),
-            s.retries.load(Relaxed),
-            s.bytes_copied.load(Relaxed),
-            self.open_file_count(),
-            self.chunks.len(),
-            self.chunk_size,
-            self.backend.counters(),
-        )
+        let n = |c: &AtomicU64| c.load(Relaxed);
+        let mut m = vec![
+            Metric::counter("reads", "File reads", n(&s.reads)),
+            Metric::counter("writes", "File writes", n(&s.writes)),
+            Metric::counter("file_bytes_read", "Bytes of files read", n(&s.bytes_read)),
+            Metric::counter(
+                "file_bytes_written",
+                "Bytes of files written",
+                n(&s.bytes_written),
+            ),
+            Metric::counter(
+                "metadata_ops",
+                "Calls to the metadata node",
+                n(&s.metadata_ops),
+            ),
+            Metric::counter(
+                "io_errors",
+                "Transfers that failed with EIO",
+                n(&s.io_errors),
+            ),
+            Metric::counter(
+                "failovers",
+                "Reads that went on to another replica",
+                n(&s.failovers),
+            ),
+            Metric::counter(
+                "replicas_dropped",
+                "Replicas dropped from maps after a write missed them",
+                n(&s.replicas_dropped),
+            ),
+            Metric::counter(
+                "retries",
+                "Transfers sent again with a fresh chunk map",
+                n(&s.retries),
+            ),
+            Metric::counter(
+                "bytes_copied",
+                "Bytes copy_file_range moved between chunks",
+                n(&s.bytes_copied),
+            ),
+            Metric::gauge("open_files", "Files open", self.open_file_count() as u64),
+            Metric::gauge(
+                "cached_chunks",
+                "Chunk references cached",
+                self.chunks.len() as u64,
+            ),
+            Metric::gauge("chunk_size", "Bytes per chunk", self.chunk_size),
+        ];
+        m.extend(
+            self.backend
+                .counters()
+                .fields()
+                .into_iter()
+                .map(Metric::from),
+        );
+        m
+    }
+
+    /// The live statistics: `name value` lines.
+    pub fn stats_text(&self) -> String {
+        let mut text = format!("transport {}\n", self.backend.transport());
+        for m in self.stats_metrics() {
+            let _ = writeln!(text, "{} {}", m.name, m.value);
+        }
+        text
     }
 
     /// The stats file's bytes `offset..offset+len`.
@@ -87,5 +167,19 @@ impl<B: Backend> Rfs<B> {
         let start = (offset as usize).min(text.len());
         let end = (start + len).min(text.len());
         text[start..end].to_vec()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_turn_into_json() {
+        assert_eq!(
+            stats_json("transport verbs (mlx5_0 \"x\")\nreads 3\nopen_files 0\n"),
+            r#"{"transport":"verbs (mlx5_0 \"x\")","reads":3,"open_files":0}"#
+        );
+        assert_eq!(stats_json(""), "{}");
     }
 }
