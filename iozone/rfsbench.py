@@ -37,6 +37,32 @@ def log(msg):
     print(f"[rfsbench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+class Progress:
+    """Says which step of how many runs, the time spent and an estimate of the time left
+    (from the time per unit of work so far: a full measurement weighs FULL, an ablation one 1)."""
+
+    FULL = 4
+
+    def __init__(self, weights):
+        self.weights = weights
+        self.done = 0
+        self.start = time.monotonic()
+
+    def step(self, what):
+        elapsed = time.monotonic() - self.start
+        done_weight = sum(self.weights[:self.done])
+        left = ""
+        if done_weight:
+            rest = sum(self.weights[self.done:]) * elapsed / done_weight
+            left = f", about {self.clock(rest)} left"
+        self.done += 1
+        log(f"step {self.done} of {len(self.weights)}: {what} ({self.clock(elapsed)} elapsed{left})")
+
+    @staticmethod
+    def clock(secs):
+        return f"{int(secs) // 60}:{int(secs) % 60:02}"
+
+
 def run(cmd, **kw):
     return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw)
 
@@ -250,7 +276,7 @@ class Bench:
         d.rmdir()
 
     def measure(self, target, config, full=True):
-        log(f"measuring {target.name} ({config})")
+        self.progress.step(f"measuring {target.name} ({config})")
         if full:
             self.iozone(target, config)
         self.fio_suite(target, config)
@@ -258,8 +284,19 @@ class Bench:
             self.metadata(target, config)
 
     # --- the run ---------------------------------------------------------------------------
+    def plan(self):
+        """The weight of each measurement step, in the order go() takes them."""
+        a = self.args
+        steps = [Progress.FULL]
+        if not a.mount and not a.skip_ablation:
+            steps += [1] * (len(ABLATION) if not a.quick else 2)
+        if not a.skip_baselines:
+            steps += [Progress.FULL] * 2
+        return steps
+
     def go(self):
         a = self.args
+        self.progress = Progress(self.plan())
         self.write_env()
         if a.mount:
             self.measure(Target("rfs", a.mount, stats=Path(a.mount) / ".rfs-stats"), "given mount")
@@ -290,6 +327,8 @@ class Bench:
                     self.measure(t, "baseline")
                 finally:
                     t.stop()
+        log(f"all {len(self.progress.weights)} steps done in "
+            f"{Progress.clock(time.monotonic() - self.progress.start)}")
         self.write_outputs()
         return self.check()
 
