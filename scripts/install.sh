@@ -11,10 +11,17 @@
 # Then: `systemctl enable --now rfs-node`, and `mount -t rfs 127.0.0.1:7470 /mnt/rfs` or the
 # fstab line the README shows.
 set -euo pipefail
-cd "$(dirname "$0")/.."
 PREFIX=${PREFIX:-/usr/local}
-DESTDIR=${DESTDIR:-}
+# Relative paths are the caller's, not the repository's.
+DESTDIR=${DESTDIR:+$(realpath -m "$DESTDIR")}
+RFS_BIN_DIR=${RFS_BIN_DIR:+$(realpath -m "$RFS_BIN_DIR")}
+cd "$(dirname "$0")/.."
 log() { printf '[install] %s\n' "$*" >&2; }
+# The unit names the binary by this path: absolute, and nothing systemd would split or sed read.
+if [[ $PREFIX != /* || $PREFIX =~ [[:space:]\\\&\|] ]]; then
+  echo "PREFIX must be an absolute path without spaces, \\, & or |: $PREFIX" >&2
+  exit 2
+fi
 
 if [ -z "${RFS_BIN_DIR:-}" ]; then
   bash scripts/setup.sh --build
@@ -24,7 +31,9 @@ fi
 bin=$DESTDIR$PREFIX/bin
 doc=$DESTDIR$PREFIX/share/doc/rfs
 units=$DESTDIR/etc/systemd/system
-install -d "$bin" "$doc/examples" "$units" "$DESTDIR/etc/rfs" "$DESTDIR/sbin"
+install -d "$bin" "$doc/examples" "$units" "$DESTDIR/sbin"
+# /etc/rfs holds the secret: made private, and left as it is when there.
+[ -d "$DESTDIR/etc/rfs" ] || install -d -m 0700 "$DESTDIR/etc/rfs"
 install -m 0755 "$RFS_BIN_DIR/mem-server" "$RFS_BIN_DIR/fs-client" "$bin/"
 # mount(8) runs /sbin/mount.TYPE for `-t TYPE`; the client answers to that name.
 ln -sfn "$PREFIX/bin/fs-client" "$DESTDIR/sbin/mount.rfs"

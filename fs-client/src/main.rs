@@ -98,8 +98,9 @@ fn stats(mountpoint: &str, json: bool) -> ExitCode {
     }
 }
 
-/// Starts the mount of `argv` in a child process and returns once it says it is ready.
-fn daemonize(argv: &[String]) -> ExitCode {
+/// Starts the mount of `argv` in a child process and returns once it says it is ready. A
+/// failure exits with `failed` (mount(8) wants 32 from its helpers).
+fn daemonize(argv: &[String], failed: ExitCode) -> ExitCode {
     use std::os::unix::process::CommandExt;
     let args: Vec<&String> = argv.iter().filter(|a| *a != "--daemon").collect();
     let mut child = match Command::new(std::env::current_exe().expect("own path"))
@@ -113,7 +114,7 @@ fn daemonize(argv: &[String]) -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             eprintln!("fs-client: cannot start the daemon: {e}");
-            return ExitCode::FAILURE;
+            return failed;
         }
     };
     let mut line = String::new();
@@ -123,8 +124,58 @@ fn daemonize(argv: &[String]) -> ExitCode {
         ExitCode::SUCCESS
     } else {
         let _ = child.wait();
-        ExitCode::FAILURE
+        failed
     }
+}
+
+/// The daemon, before anything else: it holds none of its starter's descriptors (a reader of
+/// one, say `(mount ... 3>&1) | cat`, would wait for the unmount), and it dies with its
+/// starter until it has mounted (a `timeout mount ...` or a Ctrl-C must not leave it trying).
+fn become_daemon_child() {
+    // SAFETY: closes descriptors nothing here uses yet (no thread or file exists so far), and
+    // asks for a signal at the parent's death; neither touches our memory.
+    unsafe {
+        libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+    }
+    if std::os::unix::process::parent_id() == 1 {
+        std::process::exit(1); // the starter went before the request took effect
+    }
+}
+
+/// About to mount: from here the daemon outlives its starter (dying now would leave a dead
+/// mount); a starter that is gone hears no "ready", and the daemon unmounts.
+fn outlive_starter() {
+    // SAFETY: clears the death signal set by become_daemon_child; touches no memory.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, 0) };
+}
+
+/// Tells the starter the mount is ready: true if it heard.
+fn tell_ready() -> bool {
+    let mut out = std::io::stdout();
+    writeln!(out, "ready").and_then(|()| out.flush()).is_ok()
+}
+
+/// Unmounts `mountpoint` on a signal: at once, or, with files still open there, detached from
+/// the tree and served until the last closes (an abrupt exit would leave a dead mount, its
+/// open files failing with ENOTCONN). False if the kernel would not (then fuser unmounts).
+fn unmount_on_signal(mountpoint: &Path) -> bool {
+    let Ok(path) = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: a valid NUL-terminated path.
+    if unsafe { libc::umount2(path.as_ptr(), 0) } == 0 {
+        return true;
+    }
+    if std::io::Error::last_os_error().raw_os_error() != Some(libc::EBUSY) {
+        return false;
+    }
+    log::warn!(
+        "files are open on {}: detached, and served until they close",
+        mountpoint.display()
+    );
+    // SAFETY: as above.
+    unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) == 0 }
 }
 
 const DAEMON_ENV: &str = "RFS_DAEMON_CHILD";
@@ -189,19 +240,26 @@ fn invalidate_kernel_caches(fs: &Rfs, notifier: fuser::Notifier) {
 /// Where this process logs: as asked, else stderr in the foreground and syslog (when there
 /// is one) for a daemon, whose stderr goes away with the shell that started it.
 fn start_logging(asked: Option<&LogTarget>, daemon_child: bool) -> Result<(), String> {
-    let target = match asked {
-        Some(t) => t.clone(),
-        None if daemon_child && Path::new("/dev/log").exists() => LogTarget::Syslog,
-        None => LogTarget::Stderr,
-    };
-    logging::init("fs-client", "warn,fuser::mnt=error", &target).map_err(|e| e.to_string())
+    let init = |t: &LogTarget| logging::init("fs-client", "warn,fuser::mnt=error", t);
+    match asked {
+        Some(t) => init(t).map_err(|e| e.to_string()),
+        None if daemon_child => init(&LogTarget::Syslog).or_else(|e| {
+            eprintln!(
+                "fs-client: {e}: once mounted, the daemon's log goes nowhere (-o log_file=PATH \
+                 keeps it)"
+            );
+            init(&LogTarget::Stderr).map_err(|e| e.to_string())
+        }),
+        None => init(&LogTarget::Stderr).map_err(|e| e.to_string()),
+    }
 }
 
 fn main() -> ExitCode {
     let mut argv: Vec<String> = std::env::args().collect();
     let program = argv.remove(0);
     let mut fake = false;
-    if Path::new(&program).file_name() == Some(OsStr::new(HELPER_NAME)) {
+    let helper = Path::new(&program).file_name() == Some(OsStr::new(HELPER_NAME));
+    if helper {
         argv = match mount_helper::client_args(&argv) {
             Ok(HelperCall::Mount(a)) => a,
             Ok(HelperCall::Fake(a)) => {
@@ -236,9 +294,24 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     if args.daemon {
-        return daemonize(&argv);
+        let failed = if helper {
+            ExitCode::from(32)
+        } else {
+            ExitCode::FAILURE
+        };
+        return daemonize(&argv, failed);
     }
     let daemon_child = std::env::var_os(DAEMON_ENV).is_some();
+    if daemon_child {
+        become_daemon_child();
+    }
+    let mountpoint = match std::fs::canonicalize(&args.mountpoint) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("fs-client: mount point {}: {e}", args.mountpoint.display());
+            return ExitCode::FAILURE;
+        }
+    };
     if let Err(e) = start_logging(cfg.log_file.as_ref(), daemon_child) {
         eprintln!("fs-client: {e}");
         return ExitCode::from(2);
@@ -297,7 +370,8 @@ fn main() -> ExitCode {
     }
     let mut fuse_cfg = fuser::Config::default();
     fuse_cfg.mount_options = vec![
-        MountOption::FSName(format!("rfs@{}", args.server)),
+        // The source as given, as NFS shows it: mount -a then knows an fstab line is mounted.
+        MountOption::FSName(args.server.clone()),
         MountOption::Subtype("rfs".into()),
         MountOption::DefaultPermissions,
         MountOption::NoAtime,
@@ -318,9 +392,12 @@ fn main() -> ExitCode {
     }
     fuse_cfg.n_threads = Some(cfg.threads);
     fuse_cfg.clone_fd = true;
+    if daemon_child {
+        outlive_starter();
+    }
     let session = match fuser::spawn_mount(
         RfsFuse::new(fs.clone(), cfg.clone()),
-        &args.mountpoint,
+        &mountpoint,
         &fuse_cfg,
     ) {
         Ok(s) => s,
@@ -334,9 +411,14 @@ fn main() -> ExitCode {
     };
     invalidate_kernel_caches(&fs, session.notifier());
     if daemon_child {
-        println!("ready");
-        let _ = std::io::stdout().flush();
+        if !tell_ready() {
+            // The starter gave up (a timeout, Ctrl-C) and reported a failure: no mount.
+            let _ = session.umount_and_join();
+            return ExitCode::FAILURE;
+        }
         detach_output(cfg.log_file.as_ref());
+        // Hold no directory of the starter's busy.
+        let _ = std::env::set_current_dir("/");
     } else {
         eprintln!(
             "fs-client: {} mounted on {}",
@@ -350,6 +432,9 @@ fn main() -> ExitCode {
             fs.backend().sever();
         } else if sig != 0 {
             log::info!("signal: unmounting");
+            if unmount_on_signal(&mountpoint) {
+                continue; // the session ends once the kernel lets go
+            }
             return match session.umount_and_join() {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {

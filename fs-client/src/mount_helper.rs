@@ -142,5 +142,11 @@ mod tests {
             .unwrap_err()
             .contains("namespace"));
         assert!(call(&["m:1", "/d", "-x"]).unwrap_err().contains("-x"));
+        // Sloppy or not, a remount reaches the client, which refuses it.
+        let Ok(HelperCall::Mount(args)) = call(&["m:1", "/d", "-s", "-o", "remount,ro"]) else {
+            panic!("passed on");
+        };
+        assert!(args.contains(&"remount,ro".to_string()));
+        assert!(MountConfig::default().apply("remount").is_err());
     }
 }

@@ -291,6 +291,10 @@ const IGNORED: &[&str] = &[
     "suid", "exec", "atime", "noatime", "relatime",
 ];
 
+/// mount(8)'s remount, refused (never dropped as unknown: a mount stacked on the old one
+/// would follow).
+const REMOUNT: &str = "remount";
+
 /// A kernel mount flag passed on to the FUSE mount.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KernelFlag {
@@ -328,6 +332,7 @@ impl MountConfig {
     pub fn knows(opt: &str) -> bool {
         let name = option_name(opt);
         is_ignored(name)
+            || name == REMOUNT
             || KERNEL_FLAGS.iter().any(|(n, _)| *n == name)
             || OPTIONS.iter().any(|o| o.name == name)
     }
@@ -338,6 +343,9 @@ impl MountConfig {
         let value = opt.split_once('=').map(|(_, v)| v.trim());
         if is_ignored(name) {
             return Ok(());
+        }
+        if name == REMOUNT {
+            return Err("remounting is not supported: unmount and mount again".into());
         }
         if let Some(&(_, flag)) = KERNEL_FLAGS.iter().find(|(n, _)| *n == name) {
             if !self.kernel_flags.contains(&flag) {

@@ -42,6 +42,15 @@ const MAX_ADDR_LEN: usize = 255;
 /// metadata node wait for its data nodes, so this much adds to how soon I/O goes on.
 const REJOIN_BACKOFF: Duration = Duration::from_millis(250);
 
+/// Tells a joining node why it is refused (it gives up rather than try again), and says so.
+fn refuse(s: &mut TcpStream, why: String) -> io::Error {
+    let _ = send_frame(s, why.as_bytes());
+    invalid(format!("refused a join: {why}"))
+}
+
+/// The longest answer to a join: a refusal's reason.
+const MAX_JOIN_ANSWER: usize = 1024;
+
 /// Checks what a joining node says about itself before anything is sized by it.
 fn check_join(join: &Join, chunk_size: u64) -> Result<(), String> {
     let Join {
@@ -107,9 +116,9 @@ pub(crate) fn admit(
         )));
     }
     // Our own session to the node, to zero its freed chunks one-sidedly.
-    let target: SocketAddr = addr
-        .parse()
-        .map_err(|_| invalid(format!("joining node advertises a bad address {addr:?}")))?;
+    let Ok(target) = addr.parse::<SocketAddr>() else {
+        return Err(refuse(&mut s, format!("a bad advertised address {addr:?}")));
+    };
     // No deadline: a node that is stopped for a while is zeroed once it resumes (a broken
     // zeroing session would lose every chunk freed on it until it joined again); a dead one
     // is seen by its join connection, and over verbs by the NIC's bounded retries.
@@ -119,18 +128,22 @@ pub(crate) fn admit(
         io_timeout: None,
         ..SessionConfig::default()
     };
-    let mut session = DataSession::connect(
+    let mut session = match DataSession::connect(
         &node.ctx,
         &node.pd,
         target,
         node.cfg.secret.as_deref(),
         &zero_cfg,
         Duration::from_secs(5),
-    )?;
+    ) {
+        Ok(session) => session,
+        Err(e) => return Err(refuse(&mut s, format!("cannot reach it at {addr}: {e}"))),
+    };
     if session.pool.addr != *pool_addr || session.pool.len != *pool_len {
-        return Err(invalid(format!(
-            "node {addr} described its pool inconsistently"
-        )));
+        return Err(refuse(
+            &mut s,
+            format!("node {addr} described its pool inconsistently"),
+        ));
     }
     let (link, pump) = RemoteLink::new(&s)?;
     send_frame(&mut s, ACCEPTED)?;
@@ -333,7 +346,7 @@ fn join_once(
     )?;
     // The metadata node connects back to us (a zeroing session) before it answers.
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
-    let answer = recv_frame(&mut s, 64)?;
+    let answer = recv_frame(&mut s, MAX_JOIN_ANSWER)?;
     if answer == UNKNOWN_POOL {
         return Err(io::Error::new(
             io::ErrorKind::AddrNotAvailable,

@@ -104,8 +104,11 @@ impl Write for Syslog {
         if self.record.is_empty() {
             return Ok(());
         }
-        // A syslog daemon that is gone or full loses the line, never the program.
-        let _ = self.sock.send(&self.record);
+        // A syslog daemon that restarted has a new socket: connect again, once per record.
+        // One that is gone or full loses the line, never the program.
+        if self.sock.send(&self.record).is_err() && self.sock.connect(SYSLOG_SOCKET).is_ok() {
+            let _ = self.sock.send(&self.record);
+        }
         self.record.clear();
         Ok(())
     }

@@ -29,8 +29,8 @@ pub fn is_transient(e: &io::Error) -> bool {
     )
 }
 
-/// Runs `attempt` until it succeeds, fails for good, or `patience` has passed; between tries
-/// it pauses (100 ms, doubling to 2 s). The first transient failure is logged as a warning
+/// Runs `attempt` until it succeeds, fails for good, or `patience` has passed (a try under
+/// way then ends in its own time); between tries it pauses (100 ms, doubling to 2 s). The first transient failure is logged as a warning
 /// naming `what`; the error after the last try says how long it was tried.
 pub fn until_reachable<T>(
     what: &str,
@@ -52,7 +52,7 @@ pub fn until_reachable<T>(
                 }
                 return Ok(v);
             }
-            Err(e) if is_transient(&e) && Instant::now() + pause < deadline => {
+            Err(e) if is_transient(&e) && Instant::now() < deadline => {
                 if !waited {
                     log::warn!(
                         "{what}: {e}; trying again for up to {} s",
@@ -60,7 +60,8 @@ pub fn until_reachable<T>(
                     );
                     waited = true;
                 }
-                std::thread::sleep(pause);
+                // The last try is at the deadline.
+                std::thread::sleep(pause.min(deadline.saturating_duration_since(Instant::now())));
                 pause = (pause * 2).min(MAX_PAUSE);
             }
             Err(e) if waited => {
@@ -114,6 +115,11 @@ mod tests {
         .unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused);
         assert!(e.to_string().contains("tried for"), "{e}");
+        assert!(
+            start.elapsed() >= Duration::from_millis(500),
+            "tried for all the patience given: {:?}",
+            start.elapsed()
+        );
         assert!(start.elapsed() < Duration::from_secs(3));
     }
 

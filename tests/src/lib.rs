@@ -325,6 +325,18 @@ impl Mount {
         let _ = self.child.wait();
     }
 
+    /// How fs-client exited, if it did within `limit`.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
     /// Unmounts with fusermount3 and waits for fs-client to exit; returns its exit success.
     pub fn unmount(&mut self) -> bool {
         let ok = Command::new("fusermount3")

@@ -239,6 +239,13 @@ fn mount_t_rfs_and_an_fstab_line_mount_and_umount_unmounts() {
     .unwrap();
     let out = run(Command::new("mount").arg("--fstab").arg(&fstab).arg(&dir));
     assert_eq!(std::fs::read(dir.join("f")).unwrap(), b"through mount(8)");
+    // mount -a knows it is mounted (the source shows as the fstab line has it).
+    run(Command::new("mount")
+        .args(["-a", "-t", "rfs", "--fstab"])
+        .arg(&fstab));
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+    let target = format!(" {} ", dir.display());
+    assert_eq!(mounts.matches(&target).count(), 1, "{mounts}");
     umount_and_wait(&dir, mounted_pid(&out));
 
     // Bad options are refused with the reason, and nothing is mounted.
@@ -314,6 +321,31 @@ fn a_data_node_started_before_the_metadata_node_joins_it() {
     let meta = MemServer::start_on(&listen, &["--memory", "32M"]);
     let data = early.join().expect("the data node joined");
     assert_ne!(data.addr, meta.addr);
+
+    // A node the metadata node refuses (it cannot be reached where it says) gives up at
+    // once, saying why, instead of trying for its whole timeout.
+    let start = Instant::now();
+    let out = Command::new(bin("mem-server"))
+        .args(["--listen", "127.0.0.1:0", "--memory", "16M", "--transport"])
+        .arg(transport())
+        .args([
+            "--join",
+            &listen,
+            "--advertise",
+            "127.0.0.1:1",
+            "--join-timeout",
+            "60",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("cannot reach it at 127.0.0.1:1"), "{said}");
+    assert!(
+        start.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        start.elapsed()
+    );
 
     // A node with nobody to join gives up after its timeout, saying why.
     let out = Command::new(bin("mem-server"))
@@ -444,4 +476,104 @@ fn counters_as_json_and_for_prometheus_on_both_binaries() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("metrics on"));
+}
+
+/// The pids of processes whose command line contains `needle`.
+fn processes_with(needle: &str) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(needle))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+#[test]
+fn a_background_mount_whose_starter_is_gone_gives_up_and_holds_nothing_of_it() {
+    let scratch = Scratch::new("starter");
+    let dir = scratch.0.join("mnt");
+    std::fs::create_dir(&dir).unwrap();
+    let _cleanup = Unmount(&dir);
+    let listen = format!("127.0.0.1:{}", free_port());
+    let opts = format!("transport={},mount_timeout=30", transport());
+    // The starter is killed (a `timeout mount ...`, a Ctrl-C) while its daemon waits for the
+    // node: the daemon goes too, and nothing is mounted once the node is up.
+    let mut starter = Command::new(bin("fs-client"))
+        .arg(&listen)
+        .arg(&dir)
+        .args(["--daemon", "-o", &opts])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    starter.kill().unwrap();
+    starter.wait().unwrap();
+    let node = MemServer::start_on(&listen, &["--memory", "64M"]);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(!is_mounted(&dir), "a mount nobody waits for");
+    let daemon = format!("{listen}\0{}", dir.display());
+    assert!(
+        processes_with(&daemon).is_empty(),
+        "the daemon outlived its starter"
+    );
+
+    // A daemon holds none of its starter's descriptors: a reader of the starter's output
+    // (here through descriptor 3) sees it end when the starter exits, not at the unmount.
+    let shell = format!(
+        "exec 3>&1; {} {} {} --daemon -o {opts} >/dev/null 2>&1",
+        bin("fs-client").display(),
+        node.addr,
+        dir.display()
+    );
+    let mut reader = Command::new("sh")
+        .args(["-c", &shell])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut pipe = reader.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut all = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut pipe, &mut all);
+        let _ = tx.send(());
+    });
+    assert!(reader.wait().unwrap().success());
+    assert!(is_mounted(&dir));
+    assert!(
+        rx.recv_timeout(Duration::from_secs(5)).is_ok(),
+        "the daemon held the starter's descriptor 3"
+    );
+    run(Command::new("umount").arg(&dir));
+}
+
+#[test]
+fn a_signalled_client_with_files_open_serves_them_until_they_close() {
+    let node = MemServer::meta("64M", "1M");
+    let mut m = rfs_e2e::Mount::new(&node, &[]);
+    let mut held = std::fs::File::create(m.path("held")).unwrap();
+    std::io::Write::write_all(&mut held, b"before").unwrap();
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(m.pid(), libc::SIGTERM) };
+    let start = Instant::now();
+    while is_mounted(&m.dir) {
+        assert!(start.elapsed() < Duration::from_secs(10), "not detached");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Detached from the tree, and the open file still works.
+    std::io::Write::write_all(&mut held, b" and after").unwrap();
+    held.sync_all().unwrap();
+    assert!(
+        m.wait_exit(Duration::from_millis(500)).is_none(),
+        "it serves the open file"
+    );
+    drop(held);
+    let status = m.wait_exit(Duration::from_secs(10));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "the client ends once the file is closed: {status:?}"
+    );
 }
