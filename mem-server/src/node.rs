@@ -31,8 +31,6 @@ use crate::meta::MetaService;
 pub const SETUP_DEADLINE: Duration = Duration::from_secs(5);
 /// How long the accept loop pauses when the process is out of descriptors or memory.
 const EXHAUSTED_BACKOFF: Duration = Duration::from_millis(100);
-/// Pools from this size take long enough to prepare that the log says so.
-const POOL_WORTH_SAYING: u64 = 1 << 30;
 
 /// How a node runs.
 #[derive(Clone, Debug)]
@@ -186,12 +184,10 @@ impl Node {
         let chunks = cfg.memory / cfg.chunk_size;
         let ctx = Context::open(&cfg.transport)?;
         let pd = Arc::new(ctx.alloc_pd()?);
-        if cfg.memory >= POOL_WORTH_SAYING {
-            log::info!(
-                "listening on {addr}; preparing a pool of {} MiB",
-                cfg.memory >> 20
-            );
-        }
+        log::info!(
+            "listening on {addr}; preparing a pool of {} MiB",
+            cfg.memory >> 20
+        );
         // A metadata node that lends nothing (--memory 0) still has a pool of one chunk to
         // serve sessions with; none of it is allocated.
         let pool = pd
