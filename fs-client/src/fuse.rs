@@ -370,11 +370,15 @@ impl Filesystem for RfsFuse {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let opened = self.fs.open(ino.0, access(flags.0), &caller(req));
-        reply!("open", opened, reply, |(fh, _)| {
+        let opened = self
+            .fs
+            .open_keeping_cache(ino.0, access(flags.0), &caller(req));
+        reply!("open", opened, reply, |(fh, _, keep)| {
             // The stats file changes size under the kernel's feet: no page cache for it.
             let flags = if ino.0 == STATS_INO {
                 FopenFlags::FOPEN_DIRECT_IO
+            } else if keep {
+                FopenFlags::FOPEN_KEEP_CACHE
             } else {
                 FopenFlags::empty()
             };

@@ -445,3 +445,35 @@ fn a_dead_metadata_node_fails_calls_with_eio_within_the_deadline_and_nothing_han
     assert!(took < Duration::from_secs(6), "took {took:?}");
     assert!(m.unmount(), "unmount after the node died");
 }
+
+#[test]
+fn cached_pages_outlive_a_close_until_another_mount_changes_the_file() {
+    let node = MemServer::meta("64M", "1M");
+    let (a, b) = (Mount::new(&node, &[]), Mount::new(&node, &[]));
+    let first = pattern(4 * MIB, 1);
+    fs::write(a.path("f"), &first).unwrap();
+    assert!(fs::read(a.path("f")).unwrap() == first);
+    // Unchanged: read again after a close and an open, from the page cache.
+    let reads = a.stat("reads");
+    assert!(fs::read(a.path("f")).unwrap() == first);
+    assert_eq!(
+        a.stat("reads"),
+        reads,
+        "an unchanged file's pages were dropped at open"
+    );
+    // Another mount overwrites a piece and closes: the next open drops the stale pages.
+    let second = pattern(MIB, 2);
+    OpenOptions::new()
+        .write(true)
+        .open(b.path("f"))
+        .unwrap()
+        .write_all_at(&second, MIB as u64)
+        .unwrap();
+    let mut expected = first.clone();
+    expected[MIB..2 * MIB].copy_from_slice(&second);
+    assert!(
+        fs::read(a.path("f")).unwrap() == expected,
+        "stale pages served"
+    );
+    assert!(a.stat("reads") > reads);
+}

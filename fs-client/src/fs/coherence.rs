@@ -34,8 +34,9 @@ pub enum KernelInval {
 }
 
 impl<B: Backend> Rfs<B> {
-    /// Takes the metadata node's callbacks from now on, drops every chunk map when the
-    /// connection comes back after a loss (callbacks sent meanwhile did not arrive), and
+    /// Takes the metadata node's callbacks from now on, drops every chunk map (and keeps no
+    /// cached pages at the next opens) when the connection comes back after a loss (callbacks
+    /// sent meanwhile did not arrive), and
     /// lists our open handles for a metadata node that lost them.
     pub fn attach(self: &Arc<Self>) {
         let me = Arc::downgrade(self);
@@ -49,7 +50,10 @@ impl<B: Backend> Rfs<B> {
             let Some(fs) = me.upgrade() else { return };
             match notice {
                 Notice::Callback(cb) => fs.on_callback(cb),
-                Notice::Reconnected => fs.chunks.forget_all(),
+                Notice::Reconnected => {
+                    fs.chunks.forget_all();
+                    fs.pages_unknown();
+                }
             }
         }));
     }
@@ -79,6 +83,9 @@ impl<B: Backend> Rfs<B> {
             }
             if let Some(a) = &inv.attr {
                 self.changed_elsewhere(a, inv.chunks_from.is_some());
+            }
+            if inv.data {
+                self.pages_changed(inv.ino);
             }
             self.kernel(KernelInval::Inode {
                 ino: inv.ino,

@@ -48,7 +48,7 @@ pub use error::{Error, Result};
 pub use stats::{stats_json, STATS_INO, STATS_NAME};
 
 use chunks::ChunkCache;
-use open::OpenFile;
+use open::{OpenFile, PageVersion};
 use stats::ClientStats;
 
 /// The file system, over a backend (the real [`Client`] by default).
@@ -61,6 +61,9 @@ pub struct Rfs<B: Backend = Client> {
     /// Where invalidations of the kernel's caches go (set once mounted).
     kernel: OnceLock<crossbeam_channel::Sender<KernelInval>>,
     open: Mutex<HashMap<Ino, OpenFile>>,
+    /// The version (size, mtime, ctime) each file had when the kernel last cached its pages
+    /// here; kept until a callback or a lost connection says the pages may be stale.
+    page_versions: Mutex<HashMap<Ino, PageVersion>>,
     /// Open handles: the file and the access each was opened with.
     handles: Mutex<HashMap<u64, (Ino, u8)>>,
     next_fh: AtomicU64,
@@ -102,6 +105,7 @@ impl<B: Backend> Rfs<B> {
             lease,
             kernel: OnceLock::new(),
             open: Mutex::new(HashMap::new()),
+            page_versions: Mutex::new(HashMap::new()),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             next_replica: AtomicUsize::new(0),

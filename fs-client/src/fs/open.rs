@@ -35,20 +35,68 @@ impl OpenFile {
     }
 }
 
+/// What a file was when its pages were cached: a commit of data (which sets ctime), a
+/// truncate, a utimens or a chmod anywhere changes it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PageVersion {
+    size: u64,
+    mtime: Timestamp,
+    ctime: Timestamp,
+}
+
+impl PageVersion {
+    fn of(a: &Attr) -> PageVersion {
+        PageVersion {
+            size: a.size,
+            mtime: a.mtime,
+            ctime: a.ctime,
+        }
+    }
+}
+
 impl<B: Backend> Rfs<B> {
-    /// Opens a file for `access` (MAY_READ, MAY_WRITE) on behalf of `caller`: fresh
-    /// attributes and chunk map (close-to-open), and a handle. The metadata node checks the
-    /// file's mode, and gives chunk maps only while a handle is open.
-    pub fn open(&self, ino: Ino, access: u8, caller: &Caller) -> Result<(u64, Attr)> {
+    /// Like [`Self::open`], and whether the kernel may keep the pages it cached of the file
+    /// (FOPEN_KEEP_CACHE): yes when the file is the version it was when they were cached here,
+    /// and no callback or lost connection came since (as NFS keeps its cache across opens of
+    /// an unchanged file). Otherwise the kernel drops them at this open.
+    pub fn open_keeping_cache(
+        &self,
+        ino: Ino,
+        access: u8,
+        caller: &Caller,
+    ) -> Result<(u64, Attr, bool)> {
         if ino == STATS_INO {
-            return Ok((0, self.stats_attr()));
+            return Ok((0, self.stats_attr(), false));
         }
         let attr = self.call(Open {
             ino,
             access,
             caller: caller.clone(),
         })?;
-        Ok(self.opened(attr, access))
+        let now = PageVersion::of(&attr);
+        let keep = attr.kind == FileKind::RegularFile
+            && self.page_versions.lock().unwrap().insert(ino, now) == Some(now);
+        let (fh, attr) = self.opened(attr, access);
+        Ok((fh, attr, keep))
+    }
+
+    /// The kernel's pages of `ino` may be stale (a callback said it changed).
+    pub(crate) fn pages_changed(&self, ino: Ino) {
+        self.page_versions.lock().unwrap().remove(&ino);
+    }
+
+    /// Callbacks may have been missed (the connection was lost): no cached pages are kept at
+    /// the next open.
+    pub(crate) fn pages_unknown(&self) {
+        self.page_versions.lock().unwrap().clear();
+    }
+
+    /// Opens a file for `access` (MAY_READ, MAY_WRITE) on behalf of `caller`: fresh
+    /// attributes and chunk map (close-to-open), and a handle. The metadata node checks the
+    /// file's mode, and gives chunk maps only while a handle is open.
+    pub fn open(&self, ino: Ino, access: u8, caller: &Caller) -> Result<(u64, Attr)> {
+        self.open_keeping_cache(ino, access, caller)
+            .map(|(fh, attr, _)| (fh, attr))
     }
 
     /// Creates a regular file in `parent` and opens it for `access`, in one call.

@@ -468,3 +468,29 @@ fn punching_a_hole_leaves_holes_unallocated() {
     assert_eq!(read(&fs, ino, 10 * CHUNK, 3).unwrap(), b"end");
     fs.release(fh).unwrap();
 }
+
+#[test]
+fn cached_pages_are_kept_across_opens_of_an_unchanged_file_only() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let (a, b) = (client(&cluster), client(&cluster));
+    let ino = create(&a, "f");
+    let open = |fs: &Arc<Rfs<Fake>>| {
+        let (fh, _, keep) = fs.open_keeping_cache(ino, RW, &ROOT_CALLER).unwrap();
+        fs.release(fh).unwrap();
+        keep
+    };
+    assert!(!open(&a), "nothing cached at the first open");
+    assert!(open(&a), "unchanged since");
+    // Another client writes and closes: the version moved.
+    let (fh, _) = b.open(ino, RW, &ROOT_CALLER).unwrap();
+    write(&b, ino, 0, b"new").unwrap();
+    b.release(fh).unwrap();
+    assert!(!open(&a), "changed elsewhere");
+    assert!(open(&a));
+    // A callback about the data, or a lost connection (callbacks missed), drops the version.
+    a.pages_changed(ino);
+    assert!(!open(&a), "a callback said the pages changed");
+    a.pages_unknown();
+    assert!(!open(&a), "callbacks may have been missed");
+    assert!(open(&a));
+}
