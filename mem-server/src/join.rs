@@ -222,6 +222,7 @@ pub(crate) fn join(
     listen: SocketAddr,
 ) -> io::Result<Membership> {
     let what = format!("joining the metadata node {meta}");
+    let start = std::time::Instant::now();
     let advertise = match &node.cfg.advertise {
         Some(a) => a.clone(),
         None if !listen.ip().is_unspecified() => listen.to_string(),
@@ -237,9 +238,9 @@ pub(crate) fn join(
         id: rdmabox::random::u64(),
         fresh: true,
     };
-    let first = until_reachable(&what, node.cfg.join_timeout, || {
-        join_once(node, meta, &advertise, &pool)
-    })?;
+    // One patience for both: the probe's wait counts against the join's.
+    let left = node.cfg.join_timeout.saturating_sub(start.elapsed());
+    let first = until_reachable(&what, left, || join_once(node, meta, &advertise, &pool))?;
     let current = Arc::new(Mutex::new(Some(first.try_clone()?)));
     let membership = Membership(current.clone());
     let node = node.clone();

@@ -245,7 +245,8 @@ impl Drop for MemServer {
 
 static NEXT_MOUNT: AtomicU32 = AtomicU32::new(0);
 
-fn is_mounted(dir: &Path) -> bool {
+/// Whether something is mounted on `dir`.
+pub fn is_mounted(dir: &Path) -> bool {
     let target = dir.to_string_lossy();
     std::fs::read_to_string("/proc/mounts")
         .unwrap_or_default()

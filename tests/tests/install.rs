@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use rfs_e2e::{bin, free_port, transport, MemServer};
+use rfs_e2e::{bin, free_port, is_mounted, transport, MemServer};
 
 /// A scratch directory for one test, removed when dropped.
 struct Scratch(PathBuf);
@@ -33,14 +33,6 @@ fn repo() -> PathBuf {
         .parent()
         .unwrap()
         .into()
-}
-
-fn is_mounted(dir: &Path) -> bool {
-    let target = dir.to_string_lossy();
-    std::fs::read_to_string("/proc/mounts")
-        .unwrap_or_default()
-        .lines()
-        .any(|l| l.split_whitespace().nth(1) == Some(&target))
 }
 
 fn run(cmd: &mut Command) -> Output {
