@@ -413,14 +413,17 @@ impl Filesystem for RfsFuse {
         offset: u64,
         data: &[u8],
         _write_flags: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        self.fs.write(
+        // The kernel adds O_DSYNC and O_SYNC for RWF_DSYNC and RWF_SYNC writes too.
+        let sync = flags.0 & (libc::O_SYNC | libc::O_DSYNC | libc::O_DIRECT) != 0;
+        self.fs.write_behind(
             ino.0,
             offset,
             data,
+            sync,
             Box::new(move |r| reply!("write", r, reply, |n| reply.written(n))),
         );
     }

@@ -365,6 +365,7 @@ fn main() -> ExitCode {
     let call_timeout = cfg.rpc.timeout.max(fs.lease() + cfg.io_timeout);
     fs.backend().set_call_timeout(call_timeout);
     fs.set_retry_window(call_timeout);
+    fs.set_write_behind(cfg.write_behind);
     warn_if_spinning_outnumbers_cores(&cfg);
     if cfg.io_timeout > fs.lease() / 2 {
         log::warn!(
@@ -442,7 +443,7 @@ fn main() -> ExitCode {
             args.mountpoint.display()
         );
     }
-    loop {
+    let code = loop {
         let sig = signalled(Duration::from_millis(200));
         if sig == libc::SIGUSR1 {
             fs.backend().sever();
@@ -451,7 +452,7 @@ fn main() -> ExitCode {
             if unmount_on_signal(&mountpoint) {
                 continue; // the session ends once the kernel lets go
             }
-            return match session.umount_and_join() {
+            break match session.umount_and_join() {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("fs-client: unmount: {e}");
@@ -461,7 +462,7 @@ fn main() -> ExitCode {
         }
         if session.guard.is_finished() {
             // Unmounted from outside (fusermount3 -u).
-            return match session.join() {
+            break match session.join() {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("fs-client: {e}");
@@ -469,5 +470,8 @@ fn main() -> ExitCode {
                 }
             };
         }
-    }
+    };
+    // Writes answered before they landed are not dropped with the process.
+    fs.writes_landed();
+    code
 }

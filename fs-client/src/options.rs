@@ -25,6 +25,8 @@ pub struct MountConfig {
     pub max_readahead: u32,
     /// The kernel's writeback cache.
     pub writeback_cache: bool,
+    /// Bytes of writes that may be in flight after they were answered (0: none).
+    pub write_behind: u64,
     /// How long the kernel caches attributes.
     pub attr_timeout: Duration,
     /// How long the kernel caches names.
@@ -63,6 +65,7 @@ impl Default for MountConfig {
             max_write: 1 << 20,
             max_readahead: 1 << 20,
             writeback_cache: false,
+            write_behind: 32 << 20,
             attr_timeout: Duration::from_secs(1),
             entry_timeout: Duration::from_secs(1),
             threads: 4,
@@ -157,6 +160,20 @@ pub const OPTIONS: &[MountOption] = &[
         value: Value::OnOff,
         help: "Kernel writeback cache on/off",
         set: |c, v| on_off(v).map(|x| c.writeback_cache = x),
+    },
+    MountOption {
+        name: "write_behind",
+        value: Value::Takes("SIZE|off"),
+        help: "Answer a write once its transfers are posted, with up to SIZE in flight per \
+               mount (default 32M); flush, fsync and close wait for them and report a failure. \
+               O_SYNC, O_DSYNC and O_DIRECT writes are answered once they landed",
+        set: |c, v| {
+            c.write_behind = match v {
+                "off" | "0" => 0,
+                v => parse_size(v)?,
+            };
+            Ok(())
+        },
     },
     MountOption {
         name: "attr_timeout",
@@ -461,7 +478,7 @@ mod tests {
 
     #[test]
     fn options_parse() {
-        let c = parse("allow_other,max_write=128K,writeback_cache=off,attr_timeout=2.5,threads=8,transport=tcp,qps=2,window=off,dyn_threshold=never,polling=busy,merge=0,chain=no,io_timeout=3,device=mlx5_1,gid_index=3,rw,_netdev,nofail,x-systemd.automount,comment=x,nosuid,nodev,nosuid,mount_timeout=7,log_file=syslog,metrics=127.0.0.1:9101")
+        let c = parse("allow_other,max_write=128K,writeback_cache=off,write_behind=4M,attr_timeout=2.5,threads=8,transport=tcp,qps=2,window=off,dyn_threshold=never,polling=busy,merge=0,chain=no,io_timeout=3,device=mlx5_1,gid_index=3,rw,_netdev,nofail,x-systemd.automount,comment=x,nosuid,nodev,nosuid,mount_timeout=7,log_file=syslog,metrics=127.0.0.1:9101")
             .unwrap();
         assert_eq!(c.kernel_flags, [KernelFlag::NoSuid, KernelFlag::NoDev]);
         assert_eq!(c.mount_timeout, Duration::from_secs(7));
@@ -470,6 +487,8 @@ mod tests {
         assert!(c.allow_other);
         assert_eq!(c.max_write, 128 << 10);
         assert_eq!(c.attr_timeout, Duration::from_millis(2500));
+        assert_eq!(c.write_behind, 4 << 20);
+        assert_eq!(parse("write_behind=off").unwrap().write_behind, 0);
         assert_eq!(c.threads, 8);
         assert_eq!(c.transport, ProviderKind::Tcp);
         assert_eq!(c.session.qps, 2);

@@ -150,6 +150,9 @@ counters! {
     event_wakeups: sum,
     /// Times a work request went unanswered past the session's deadline (breaking it).
     deadline_expiries: sum,
+    /// Spins a poller cut short, sleeping on its CQ event, because another thread wanted
+    /// the core (a yield ran it).
+    spins_given_way: sum,
 
     // Effects first: completions and byte counts, then what caused them.
     read order:
@@ -172,6 +175,7 @@ counters! {
         polls_empty,
         polls_nonempty,
         event_wakeups,
+        spins_given_way,
         deadline_expiries,
 }
 
@@ -195,7 +199,7 @@ mod tests {
     use super::*;
 
     /// The text names, in the order tools have always seen them.
-    const NAMES: [&str; 20] = [
+    const NAMES: [&str; 21] = [
         "requests",
         "requests_merged",
         "requests_chained",
@@ -216,9 +220,10 @@ mod tests {
         "completions",
         "event_wakeups",
         "deadline_expiries",
+        "spins_given_way",
     ];
 
-    /// Every counter set, each to a different value (1 to 20, in `NAMES` order). No
+    /// Every counter set, each to a different value (1 to 21, in `NAMES` order). No
     /// `..Default::default()`: a new counter must be added here.
     fn distinct() -> Snapshot {
         Snapshot {
@@ -242,6 +247,7 @@ mod tests {
             completions: 18,
             event_wakeups: 19,
             deadline_expiries: 20,
+            spins_given_way: 21,
         }
     }
 
@@ -268,7 +274,7 @@ mod tests {
         let values: Vec<u64> = rows.iter().map(|&(_, v)| v).collect();
         assert_eq!(
             values,
-            (1..=20).collect::<Vec<_>>(),
+            (1..=21).collect::<Vec<_>>(),
             "each line its own counter"
         );
     }
@@ -322,6 +328,7 @@ mod tests {
             completions: AtomicU64::new(want.completions),
             event_wakeups: AtomicU64::new(want.event_wakeups),
             deadline_expiries: AtomicU64::new(want.deadline_expiries),
+            spins_given_way: AtomicU64::new(want.spins_given_way),
         };
         assert_eq!(live.snapshot(), want);
     }

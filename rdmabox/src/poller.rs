@@ -13,7 +13,7 @@
 use std::fmt;
 use std::ops::ControlFlow;
 use std::str::FromStr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How a poller waits for completions; parsed from and shown as the `--polling` strings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -139,6 +139,11 @@ impl PollState {
         }
     }
 
+    /// A fresh count, after the poller slept for a reason of its own.
+    pub fn restart(&mut self) {
+        self.empty_rounds = 0;
+    }
+
     /// After a poll round that found `found` completions.
     pub fn after_poll(&mut self, found: usize) -> Next {
         if found > 0 && self.mode != PollMode::Event {
@@ -165,6 +170,17 @@ impl PollState {
 /// The longest a poller sleeps on its CQ event, so that a stop request is noticed.
 pub(crate) const MAX_SLEEP: Duration = Duration::from_millis(100);
 
+/// A yield that took longer than this ran another thread: the core was wanted. (Where no
+/// other thread is runnable, a yield returns within a microsecond or two.)
+const WANTED: Duration = Duration::from_micros(20);
+
+/// Yields the core; whether it came back at once (nobody else wanted to run here).
+pub(crate) fn yield_core() -> bool {
+    let start = Instant::now();
+    std::thread::yield_now();
+    start.elapsed() < WANTED
+}
+
 /// What [`drive`] polls: a completion queue and what to do with its completions.
 pub(crate) trait PollTarget {
     /// Polls the CQ once and handles what it found: the number of completions, or `Break` to
@@ -175,34 +191,53 @@ pub(crate) trait PollTarget {
     fn arm(&mut self) -> ControlFlow<()>;
     /// Sleeps until the CQ event fires or `timeout` passes.
     fn sleep(&mut self, timeout: Duration);
+    /// Yields the core between empty rounds; whether nobody else wanted it.
+    fn yield_core(&mut self) -> bool {
+        yield_core()
+    }
+    /// A spin was cut short because the core was wanted (for the counters).
+    fn gave_way(&mut self) {}
 }
 
 /// Runs a poll loop as `mode` says until `target` ends it. Rounds that find nothing yield the
 /// core while polling goes on; when [`PollState`] says sleep, the CQ is armed and polled once more
 /// (a completion may have landed before the arm took effect), and only if that finds nothing
 /// does the poller sleep, for at most [`MAX_SLEEP`].
+///
+/// Polling gives way: spinning pays only on a core nobody else needs, so (except in busy
+/// mode, which is asked for) a yield that ran another thread ends the spin, and the poller
+/// sleeps on its CQ event. On few cores, the threads that would produce the completion (a
+/// FUSE thread, the transport, the application) are often the ones waiting for the core.
 pub(crate) fn drive(mode: PollMode, target: &mut impl PollTarget) {
     let mut state = PollState::new(mode);
     loop {
         let ControlFlow::Continue(n) = target.poll_round() else {
             return;
         };
-        match state.after_poll(n) {
-            Next::Poll => {
-                if n == 0 {
-                    // Busy polling on a shared core: give way if someone else can run.
-                    std::thread::yield_now();
-                }
+        let sleep = match state.after_poll(n) {
+            Next::Poll if n > 0 => false,
+            Next::Poll if mode == PollMode::Busy => {
+                target.yield_core();
+                false
             }
-            Next::ArmAndSleep => {
-                if target.arm().is_break() {
-                    return;
+            Next::Poll => {
+                let wanted = !target.yield_core();
+                if wanted {
+                    target.gave_way();
+                    state.restart();
                 }
-                match target.poll_round() {
-                    ControlFlow::Break(()) => return,
-                    ControlFlow::Continue(0) => target.sleep(MAX_SLEEP),
-                    ControlFlow::Continue(_) => {}
-                }
+                wanted
+            }
+            Next::ArmAndSleep => true,
+        };
+        if sleep {
+            if target.arm().is_break() {
+                return;
+            }
+            match target.poll_round() {
+                ControlFlow::Break(()) => return,
+                ControlFlow::Continue(0) => target.sleep(MAX_SLEEP),
+                ControlFlow::Continue(_) => {}
             }
         }
     }
@@ -270,14 +305,17 @@ mod tests {
     struct Script {
         polls: std::collections::VecDeque<usize>,
         arm_fails: bool,
+        /// Whether each yield finds the core free (once they run out: always).
+        yields: std::collections::VecDeque<bool>,
         log: Vec<Did>,
     }
 
-    #[derive(Debug, PartialEq, Eq)]
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     enum Did {
         Poll(usize),
         Arm,
         Sleep,
+        GaveWay,
     }
 
     impl Script {
@@ -285,6 +323,7 @@ mod tests {
             Script {
                 polls: polls.iter().copied().collect(),
                 arm_fails: false,
+                yields: Default::default(),
                 log: Vec::new(),
             }
         }
@@ -316,6 +355,45 @@ mod tests {
             assert_eq!(timeout, MAX_SLEEP);
             self.log.push(Did::Sleep);
         }
+
+        fn yield_core(&mut self) -> bool {
+            self.yields.pop_front().unwrap_or(true)
+        }
+
+        fn gave_way(&mut self) {
+            self.log.push(Did::GaveWay);
+        }
+    }
+
+    #[test]
+    fn a_spin_gives_way_when_a_yield_ran_another_thread_except_in_busy_mode() {
+        use Did::*;
+        let mode = PollMode::Adaptive {
+            max_poll_wc: 16,
+            max_retry: 100,
+        };
+        let mut s = Script::new(&[1, 0, 0, 0, 0, 0, 0]);
+        s.yields = [true, false, true].into();
+        drive(mode, &mut s);
+        assert_eq!(
+            s.log,
+            [
+                Poll(1),
+                Poll(0), // the core was free: spin on
+                Poll(0), // someone else ran: arm, re-poll, sleep
+                GaveWay,
+                Arm,
+                Poll(0),
+                Sleep,
+                Poll(0),
+                Poll(0),
+                Poll(0),
+            ]
+        );
+        let mut s = Script::new(&[0; 5]);
+        s.yields = [false; 5].into();
+        drive(PollMode::Busy, &mut s);
+        assert_eq!(s.log, [Poll(0); 5], "busy polling spins regardless");
     }
 
     #[test]

@@ -154,3 +154,80 @@ fn a_stopped_storage_node_fails_reads_within_io_timeout_and_serves_again_once_re
         "closing reaches the resumed node"
     );
 }
+
+/// Write-behind on a stopped node: a write is answered before its bytes land, so the failure
+/// (the node stays silent past io_timeout) comes back from close, as NFS reports it, within
+/// the deadline; an O_DSYNC write waits and fails itself. Nothing hangs, and the other node's
+/// files lose nothing.
+#[test]
+fn a_write_that_fails_after_it_was_answered_is_reported_by_close_and_o_dsync_waits() {
+    use std::os::fd::IntoRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let meta = MemServer::meta("16M", "1M");
+    let data = MemServer::data(&meta, "16M", "1M");
+    let m = Mount::new(&meta, &["io_timeout=1"]);
+    // One-chunk files alternate between the nodes; opened and written before the stop, so
+    // that no grant needs the stopped node.
+    let open = |i: usize, flags: i32| {
+        fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(flags)
+            .open(m.path(&format!("f{i}")))
+            .unwrap()
+    };
+    for i in 0..6 {
+        fs::write(m.path(&format!("f{i}")), vec![1u8; 1 << 20]).unwrap();
+    }
+    let plain: Vec<fs::File> = (0..6).map(|i| open(i, 0)).collect();
+    let dsync: Vec<fs::File> = (0..6).map(|i| open(i, libc::O_DSYNC)).collect();
+    for f in &plain {
+        f.write_all_at(&[1u8], 0).unwrap();
+    }
+
+    rfs_e2e::stop(data.pid());
+    let (mut answered_at_once, mut closes_failed, mut dsync_failed) = (0, Vec::new(), Vec::new());
+    for f in &plain {
+        let start = Instant::now();
+        f.write_all_at(&[2u8; 4096], 0).unwrap();
+        if start.elapsed() < Duration::from_millis(500) {
+            answered_at_once += 1;
+        }
+    }
+    for (i, f) in plain.into_iter().enumerate() {
+        let fd = f.into_raw_fd();
+        let start = Instant::now();
+        // SAFETY: `fd` was just taken from the File, which no longer owns it.
+        let closed = unsafe { libc::close(fd) };
+        let took = start.elapsed();
+        assert!(took < Duration::from_millis(3500), "close of f{i} took {took:?}");
+        if closed != 0 {
+            let e = std::io::Error::last_os_error();
+            assert_eq!(errno(&e), libc::EIO, "f{i}: {e}");
+            closes_failed.push(i);
+        }
+    }
+    for (i, f) in dsync.iter().enumerate() {
+        let start = Instant::now();
+        let r = f.write_all_at(&[3u8; 4096], 8192);
+        let took = start.elapsed();
+        assert!(took < Duration::from_millis(3500), "O_DSYNC write to f{i} took {took:?}");
+        if let Err(e) = r {
+            assert_eq!(errno(&e), libc::EIO, "f{i}: {e}");
+            dsync_failed.push(i);
+        }
+    }
+    rfs_e2e::resume(data.pid());
+    drop(dsync);
+    assert_eq!(answered_at_once, 6, "every plain write was answered before it landed");
+    assert!(
+        !closes_failed.is_empty() && closes_failed.len() < 6,
+        "the stopped node's files fail at close, the others do not: {closes_failed:?}"
+    );
+    assert_eq!(closes_failed, dsync_failed, "O_DSYNC writes fail on the same files");
+    for i in (0..6).filter(|i| !closes_failed.contains(i)) {
+        let back = fs::read(m.path(&format!("f{i}"))).unwrap();
+        assert_eq!(back[..4096], [2u8; 4096], "f{i}");
+        assert_eq!(back[8192..12288], [3u8; 4096], "f{i}");
+        assert_eq!(back.len(), 1 << 20);
+    }
+}

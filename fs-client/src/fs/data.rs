@@ -376,6 +376,8 @@ impl<B: Backend> Rfs<B> {
         if ino == STATS_INO {
             return done(Ok(self.stats_read(offset, len)));
         }
+        // A read sees every write answered before it.
+        self.behind.settle(ino, offset, offset + len as u64);
         let size = match self.size_for_read(ino) {
             Ok(s) => s,
             Err(e) => return done(Err(e)),
@@ -492,25 +494,75 @@ impl<B: Backend> Rfs<B> {
     /// Writes `data` at `offset`; `done` gets the byte count once every piece is in remote
     /// memory, on every replica.
     pub fn write(self: &Arc<Self>, ino: Ino, offset: u64, data: &[u8], done: WriteDone) {
+        self.write_answering(ino, offset, data, false, done)
+    }
+
+    /// Like [`Self::write`], but with write-behind on (see [`behind`](super::behind)), and
+    /// unless `sync` (O_SYNC, O_DSYNC, O_DIRECT), `done` gets the byte count once the bytes
+    /// are staged and their transfers posted: a failure after that is reported by the next
+    /// flush or fsync of the file, and fails its next write.
+    pub fn write_behind(
+        self: &Arc<Self>,
+        ino: Ino,
+        offset: u64,
+        data: &[u8],
+        sync: bool,
+        done: WriteDone,
+    ) {
+        let early = !sync && self.behind.enabled();
+        self.write_answering(ino, offset, data, early, done)
+    }
+
+    /// A write, answered once posted (`early`) or once landed.
+    fn write_answering(
+        self: &Arc<Self>,
+        ino: Ino,
+        offset: u64,
+        data: &[u8],
+        early: bool,
+        done: WriteDone,
+    ) {
         if ino == STATS_INO {
             return done(Err(Errno::EACCES.into()));
         }
         if data.is_empty() {
             return done(Ok(0));
         }
+        let (end, len) = (offset + data.len() as u64, data.len() as u32);
+        // In order after the writes in flight it overlaps, within the bytes in flight allowed.
+        if let Err(e) = self.behind.admit(ino, offset, end) {
+            return done(Err(e));
+        }
         ClientStats::add(&self.stats.writes, 1);
         let pieces = segments(offset, data.len(), self.chunk_size)
             .into_iter()
             .map(|s| (s, data[s.at..s.at + s.len].to_vec()))
             .collect();
-        let (end, len) = (offset + data.len() as u64, data.len() as u32);
-        let finish: FinishWrite<B> = Box::new(move |fs, r| {
-            if r.is_ok() {
-                fs.wrote(ino, end, len);
-            }
-            done(r.map(|()| len))
-        });
+        // Answered by whichever comes first: the end of the transfers (always, without
+        // write-behind; with it, when they fail before they are posted), or their posting.
+        let answer = Arc::new(Mutex::new(Some(done)));
+        let finish: FinishWrite<B> = {
+            let answer = answer.clone();
+            Box::new(move |fs, r| {
+                let unanswered = answer.lock().unwrap().take();
+                let Some(done) = unanswered else {
+                    return fs.behind.landed(ino, offset, r.err());
+                };
+                if r.is_ok() {
+                    fs.wrote(ino, end, len);
+                }
+                fs.behind.landed(ino, offset, None);
+                done(r.map(|()| len))
+            })
+        };
         self.write_pieces(ino, pieces, Attempt::first(self.retry_window()), finish);
+        if early {
+            let unanswered = answer.lock().unwrap().take();
+            if let Some(done) = unanswered {
+                self.wrote(ino, end, len);
+                done(Ok(len));
+            }
+        }
     }
 
     /// One try of the pieces of a write (see [`Self::write`]); those refused for a stale

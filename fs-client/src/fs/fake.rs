@@ -36,7 +36,12 @@ struct State {
     revocations: u32,
     /// Keys taken back after every map handed out: no transfer ever gets through.
     refuse_every_key: bool,
+    /// While set, writes wait here (not yet in "remote memory") until let go.
+    held_writes: Option<Vec<HeldWrite>>,
 }
+
+/// A write the fake holds back, as a slow network would.
+type HeldWrite = (ChunkRef, u64, Vec<u8>, WriteBack);
 
 impl State {
     /// The key maps hand out now.
@@ -83,6 +88,41 @@ impl FakeCluster {
     /// Takes back every key as soon as it is handed out, for good (`true`) or not.
     pub(crate) fn refuse_every_key(&self, refuse: bool) {
         self.state.lock().unwrap().refuse_every_key = refuse;
+    }
+
+    /// Holds every write back until [`Self::let_writes_go`].
+    pub(crate) fn hold_writes(&self) {
+        self.state
+            .lock()
+            .unwrap()
+            .held_writes
+            .get_or_insert_with(Vec::new);
+    }
+
+    /// Writes held back so far.
+    pub(crate) fn writes_held(&self) -> usize {
+        self.state
+            .lock()
+            .unwrap()
+            .held_writes
+            .as_ref()
+            .map_or(0, Vec::len)
+    }
+
+    /// Carries out the writes held back, in order, and holds no more.
+    pub(crate) fn let_writes_go(&self) {
+        let held = self.state.lock().unwrap().held_writes.take();
+        for (chunk, offset, data, done) in held.into_iter().flatten() {
+            self.write_now(&chunk, offset, data, done);
+        }
+    }
+
+    fn write_now(&self, chunk: &ChunkRef, offset: u64, data: Vec<u8>, done: WriteBack) {
+        let kept = data.clone();
+        match self.transfer(chunk, offset, data, true) {
+            Ok(data) => done(Ok(()), data),
+            Err(e) => done(Err(e), kept),
+        }
     }
 
     /// A cluster that keeps `n` copies of each chunk, over `n + 1` nodes.
@@ -283,11 +323,10 @@ impl Backend for Fake {
     }
 
     fn write(&self, chunk: &ChunkRef, offset: u64, data: Vec<u8>, done: WriteBack) {
-        let kept = data.clone();
-        match self.0.transfer(chunk, offset, data, true) {
-            Ok(data) => done(Ok(()), data),
-            Err(e) => done(Err(e), kept),
+        if let Some(held) = &mut self.0.state.lock().unwrap().held_writes {
+            return held.push((*chunk, offset, data, done));
         }
+        self.0.write_now(chunk, offset, data, done)
     }
 
     fn transport(&self) -> String {

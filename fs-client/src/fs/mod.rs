@@ -8,11 +8,13 @@
 //! - [`chunks`](self::chunks): the chunk cache with allocate-ahead, recalls and leases;
 //! - [`coherence`](self::coherence): the metadata node's callbacks, and the kernel's caches;
 //! - [`data`](self::data): the data path (reads and writes split at chunk boundaries);
+//! - [`behind`](self::behind): write-behind (what is in flight of each file's writes);
 //! - [`ranges`](self::ranges): copy_file_range and fallocate, without data through FUSE;
 //! - [`stats`]: the live statistics file;
 //! - [`error`]: the one error type; [`backend`]: the seam.
 
 mod backend;
+mod behind;
 mod chunks;
 mod coherence;
 mod data;
@@ -47,6 +49,7 @@ pub use data::{ReadDone, WriteDone};
 pub use error::{Error, Result};
 pub use stats::{stats_json, STATS_INO, STATS_NAME};
 
+use behind::WriteBehind;
 use chunks::ChunkCache;
 use open::{OpenFile, PageVersion};
 use stats::ClientStats;
@@ -71,6 +74,8 @@ pub struct Rfs<B: Backend = Client> {
     next_replica: AtomicUsize,
     /// How long a transfer refused for a stale reference is sent again, in milliseconds.
     retry_window_ms: AtomicU64,
+    /// Writes in flight, answered or not.
+    behind: WriteBehind,
     stats: Arc<ClientStats>,
 }
 
@@ -110,6 +115,7 @@ impl<B: Backend> Rfs<B> {
             next_fh: AtomicU64::new(1),
             next_replica: AtomicUsize::new(0),
             retry_window_ms: AtomicU64::new(lease.as_millis() as u64),
+            behind: WriteBehind::new(0),
             stats,
         })
     }
@@ -122,6 +128,17 @@ impl<B: Backend> Rfs<B> {
             window.as_millis() as u64,
             std::sync::atomic::Ordering::Relaxed,
         );
+    }
+
+    /// Answers writes before they land, with up to `limit` bytes in flight (0: once they
+    /// landed): see [`behind`](self::behind).
+    pub fn set_write_behind(&self, limit: u64) {
+        self.behind.set_limit(limit);
+    }
+
+    /// Waits until every write landed (at unmount).
+    pub fn writes_landed(&self) {
+        self.behind.drain_all();
     }
 
     fn retry_window(&self) -> Duration {

@@ -148,8 +148,16 @@ impl<B: Backend> Rfs<B> {
             .any(|&(i, access)| i == ino && access & MAY_WRITE != 0)
     }
 
-    /// Commits our size and mtime of `ino` to the metadata node, if we changed them.
+    /// Waits for our writes of `ino` in flight, then commits our size and mtime of it to the
+    /// metadata node if we changed them (so that no other client sees a size before its
+    /// bytes); reports a write that failed after it was answered.
     pub fn commit(&self, ino: Ino) -> Result<()> {
+        let landed = self.behind.drain(ino);
+        let committed = self.commit_size(ino);
+        landed.and(committed)
+    }
+
+    fn commit_size(&self, ino: Ino) -> Result<()> {
         let (size, mtime) = {
             let mut open = self.open.lock().unwrap();
             match open.get_mut(&ino) {

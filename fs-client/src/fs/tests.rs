@@ -494,3 +494,142 @@ fn cached_pages_are_kept_across_opens_of_an_unchanged_file_only() {
     assert!(!open(&a), "callbacks may have been missed");
     assert!(open(&a));
 }
+
+/// A write through write-behind: the receiver gets its answer.
+fn write_behind(
+    fs: &Arc<Rfs<Fake>>,
+    ino: Ino,
+    offset: u64,
+    data: &[u8],
+    sync: bool,
+) -> mpsc::Receiver<Result<u32>> {
+    let (tx, rx) = mpsc::channel();
+    fs.write_behind(
+        ino,
+        offset,
+        data,
+        sync,
+        Box::new(move |r| tx.send(r).unwrap()),
+    );
+    rx
+}
+
+/// Runs `f` on a thread; the receiver gets its result.
+fn in_background<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> mpsc::Receiver<T> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || drop(tx.send(f())));
+    rx
+}
+
+const MOMENT: std::time::Duration = std::time::Duration::from_millis(150);
+const LONG: std::time::Duration = std::time::Duration::from_secs(10);
+
+#[test]
+fn write_behind_answers_before_the_bytes_land_and_flush_waits_for_them() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let (fs, other) = (client(&cluster), client(&cluster));
+    fs.set_write_behind(1 << 20);
+    let ino = create(&fs, "f");
+    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+    cluster.hold_writes();
+    let data = pattern(3 * CHUNK as usize, 9);
+    assert_eq!(
+        write_behind(&fs, ino, 0, &data, false).recv().unwrap(),
+        Ok(data.len() as u32)
+    );
+    assert_eq!(
+        cluster.writes_held(),
+        3,
+        "answered with every piece still in flight"
+    );
+    assert_eq!(
+        fs.getattr(ino).unwrap().size,
+        data.len() as u64,
+        "our size has it"
+    );
+    // A read of those bytes, and a flush, wait for them; the size is committed after.
+    let reader = {
+        let fs = fs.clone();
+        in_background(move || read(&fs, ino, CHUNK, 10))
+    };
+    let flush = {
+        let fs = fs.clone();
+        in_background(move || fs.commit(ino))
+    };
+    assert!(reader.recv_timeout(MOMENT).is_err() && flush.recv_timeout(MOMENT).is_err());
+    assert_eq!(cluster.size(ino), 0, "no size committed before its bytes");
+    cluster.let_writes_go();
+    assert_eq!(
+        reader.recv_timeout(LONG).unwrap().unwrap(),
+        data[CHUNK as usize..][..10]
+    );
+    flush.recv_timeout(LONG).unwrap().unwrap();
+    assert_eq!(cluster.size(ino), data.len() as u64);
+    let (ofh, _) = other.open(ino, MAY_READ, &ROOT_CALLER).unwrap();
+    assert_eq!(read(&other, ino, 0, data.len()).unwrap(), data);
+    other.release(ofh).unwrap();
+    fs.release(fh).unwrap();
+}
+
+#[test]
+fn a_write_behind_that_fails_is_reported_by_flush_once_and_fails_the_next_write() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    fs.set_write_behind(1 << 20);
+    let ino = create(&fs, "f");
+    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+    write(&fs, ino, 0, &pattern(2 * CHUNK as usize, 1)).unwrap(); // both chunks allocated
+    cluster.hold_writes();
+    assert!(
+        write_behind(&fs, ino, 0, &pattern(2 * CHUNK as usize, 2), false)
+            .recv()
+            .unwrap()
+            .is_ok()
+    );
+    cluster.fail_node(Some(cluster.replicas(ino, 1)[0].node));
+    cluster.let_writes_go();
+    let e = write_behind(&fs, ino, 0, b"next", false)
+        .recv()
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(e.errno(), Errno::EIO, "the next write hears of it");
+    assert_eq!(
+        fs.commit(ino).unwrap_err().errno(),
+        Errno::EIO,
+        "flush reports it"
+    );
+    cluster.fail_node(None);
+    fs.commit(ino).unwrap();
+    assert!(write_behind(&fs, ino, 0, b"again", false)
+        .recv()
+        .unwrap()
+        .is_ok());
+    fs.release(fh).unwrap();
+}
+
+#[test]
+fn sync_writes_and_writes_without_write_behind_are_answered_once_landed() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    let ino = create(&fs, "f");
+    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+    cluster.hold_writes();
+    let off = write_behind(&fs, ino, 0, b"one", false);
+    assert!(off.recv_timeout(MOMENT).is_err(), "write-behind is off");
+    fs.set_write_behind(1 << 20);
+    let sync = write_behind(&fs, ino, 100, b"two", true);
+    assert!(sync.recv_timeout(MOMENT).is_err(), "O_SYNC waits");
+    // An overlapping write waits for the one in flight, so the bytes land in order.
+    let overlapping = {
+        let fs = fs.clone();
+        in_background(move || write_behind(&fs, ino, 1, b"XY", false).recv().unwrap())
+    };
+    assert!(overlapping.recv_timeout(MOMENT).is_err());
+    cluster.let_writes_go();
+    assert_eq!(off.recv_timeout(LONG).unwrap(), Ok(3));
+    assert_eq!(sync.recv_timeout(LONG).unwrap(), Ok(3));
+    assert_eq!(overlapping.recv_timeout(LONG).unwrap(), Ok(2));
+    fs.commit(ino).unwrap();
+    assert_eq!(read(&fs, ino, 0, 3).unwrap(), b"oXY");
+    fs.release(fh).unwrap();
+}

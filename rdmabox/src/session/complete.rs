@@ -68,6 +68,10 @@ impl PollTarget for LinkPoller<'_> {
             Err(e) => log::error!("waiting for a CQ event failed: {e}"),
         }
     }
+
+    fn gave_way(&mut self) {
+        Counters::add(&self.inner.counters.spins_given_way, 1);
+    }
 }
 
 impl Inner {
