@@ -432,11 +432,11 @@ impl Filesystem for RfsFuse {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        empty("flush", self.fs.commit(ino.0), reply);
+        empty("flush", self.fs.flush(ino.0, fh.0), reply);
     }
 
     fn release(

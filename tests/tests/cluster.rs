@@ -199,7 +199,10 @@ fn a_write_that_fails_after_it_was_answered_is_reported_by_close_and_o_dsync_wai
         // SAFETY: `fd` was just taken from the File, which no longer owns it.
         let closed = unsafe { libc::close(fd) };
         let took = start.elapsed();
-        assert!(took < Duration::from_millis(3500), "close of f{i} took {took:?}");
+        assert!(
+            took < Duration::from_millis(3500),
+            "close of f{i} took {took:?}"
+        );
         if closed != 0 {
             let e = std::io::Error::last_os_error();
             assert_eq!(errno(&e), libc::EIO, "f{i}: {e}");
@@ -210,7 +213,10 @@ fn a_write_that_fails_after_it_was_answered_is_reported_by_close_and_o_dsync_wai
         let start = Instant::now();
         let r = f.write_all_at(&[3u8; 4096], 8192);
         let took = start.elapsed();
-        assert!(took < Duration::from_millis(3500), "O_DSYNC write to f{i} took {took:?}");
+        assert!(
+            took < Duration::from_millis(3500),
+            "O_DSYNC write to f{i} took {took:?}"
+        );
         if let Err(e) = r {
             assert_eq!(errno(&e), libc::EIO, "f{i}: {e}");
             dsync_failed.push(i);
@@ -218,12 +224,18 @@ fn a_write_that_fails_after_it_was_answered_is_reported_by_close_and_o_dsync_wai
     }
     rfs_e2e::resume(data.pid());
     drop(dsync);
-    assert_eq!(answered_at_once, 6, "every plain write was answered before it landed");
+    assert_eq!(
+        answered_at_once, 6,
+        "every plain write was answered before it landed"
+    );
     assert!(
         !closes_failed.is_empty() && closes_failed.len() < 6,
         "the stopped node's files fail at close, the others do not: {closes_failed:?}"
     );
-    assert_eq!(closes_failed, dsync_failed, "O_DSYNC writes fail on the same files");
+    assert_eq!(
+        closes_failed, dsync_failed,
+        "O_DSYNC writes fail on the same files"
+    );
     for i in (0..6).filter(|i| !closes_failed.contains(i)) {
         let back = fs::read(m.path(&format!("f{i}"))).unwrap();
         assert_eq!(back[..4096], [2u8; 4096], "f{i}");

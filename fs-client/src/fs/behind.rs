@@ -58,6 +58,15 @@ impl FileWrites {
             .is_some_and(|(_, &(e, _))| e > start)
     }
 
+    /// Whether a write admitted before `seq` overlaps `start..end`.
+    fn overlaps_before(&self, start: u64, end: u64, seq: u64) -> bool {
+        self.in_flight
+            .range(..end)
+            .rev()
+            .take_while(|(_, &(e, _))| e > start)
+            .any(|(_, &(_, s))| s < seq)
+    }
+
     /// Whether a write admitted before `seq` is still in flight.
     fn in_flight_before(&self, seq: u64) -> bool {
         self.seqs.first().is_some_and(|&first| first < seq)
@@ -142,20 +151,37 @@ impl WriteBehind {
         self.landed.notify_all();
     }
 
-    /// Waits until no write in flight overlaps `ino`'s bytes `start..end`.
+    /// Waits until no write admitted so far that overlaps `ino`'s bytes `start..end` is in
+    /// flight (later ones, a writer that keeps at it, do not hold the read up).
     pub(crate) fn settle(&self, ino: Ino, start: u64, end: u64) {
         let st = self.state.lock().unwrap();
         if st.bytes == 0 {
             return;
         }
+        let mark = st.next_seq;
         drop(self.wait_while(st, |st| {
-            st.files.get(&ino).is_some_and(|f| f.overlaps(start, end))
+            st.files
+                .get(&ino)
+                .is_some_and(|f| f.overlaps_before(start, end, mark))
         }));
     }
 
-    /// Waits until every write of `ino` admitted so far landed, and reports the first that
-    /// failed (once).
-    pub(crate) fn drain(&self, ino: Ino) -> Result<()> {
+    /// Where the bytes of `ino` past `from` that have not landed start: `from` or after it
+    /// (None: all landed). A size committed up to there covers no byte still in flight.
+    pub(crate) fn unlanded_from(&self, ino: Ino, from: u64) -> Option<u64> {
+        let st = self.state.lock().unwrap();
+        let file = st.files.get(&ino)?;
+        if let Some((_, &(end, _))) = file.in_flight.range(..from).next_back() {
+            if end > from {
+                return Some(from);
+            }
+        }
+        file.in_flight.range(from..).next().map(|(&start, _)| start)
+    }
+
+    /// Waits until every write of `ino` admitted so far landed; if `report`, reports the
+    /// first that failed (once), which until then fails the file's new writes.
+    pub(crate) fn drain(&self, ino: Ino, report: bool) -> Result<()> {
         let st = self.state.lock().unwrap();
         let mark = st.next_seq;
         let mut st = self.wait_while(st, |st| {
@@ -164,6 +190,9 @@ impl WriteBehind {
         let Some(file) = st.files.get_mut(&ino) else {
             return Ok(());
         };
+        if !report {
+            return Ok(());
+        }
         let failure = file.failure.take();
         if file.is_idle() {
             st.files.remove(&ino);
@@ -256,13 +285,13 @@ mod tests {
         let drain = {
             let wb = Arc::new(wb);
             let w = wb.clone();
-            let rx = finishes(move || assert!(w.drain(5).is_err()));
+            let rx = finishes(move || assert!(w.drain(5, true).is_err()));
             assert!(blocked(&rx), "drain waits for the write still in flight");
             wb.landed(5, 10, None);
             rx.recv_timeout(Duration::from_secs(5)).unwrap();
             wb
         };
-        drain.drain(5).unwrap();
+        drain.drain(5, true).unwrap();
         drain.admit(5, 20, 30).unwrap();
         drain.landed(5, 20, None);
         assert_eq!(drain.state.lock().unwrap().bytes, 0);
@@ -270,11 +299,38 @@ mod tests {
     }
 
     #[test]
+    fn a_read_waits_only_for_the_writes_before_it_and_a_drain_without_report_keeps_the_failure() {
+        let wb = Arc::new(WriteBehind::new(1 << 20));
+        wb.admit(4, 0, 10).unwrap();
+        let w = wb.clone();
+        let read = finishes(move || w.settle(4, 0, 100));
+        assert!(blocked(&read));
+        // A later write over the same bytes (its turn came) does not hold the read up.
+        wb.landed(4, 0, None);
+        wb.admit(4, 0, 10).unwrap();
+        read.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(wb.unlanded_from(4, 0), Some(0));
+        assert_eq!(wb.unlanded_from(4, 5), Some(5));
+        assert_eq!(wb.unlanded_from(4, 10), None);
+        wb.admit(4, 30, 40).unwrap();
+        assert_eq!(wb.unlanded_from(4, 10), Some(30));
+        wb.landed(4, 0, Some(Error::new(Errno::EIO, "lost")));
+        wb.landed(4, 30, None);
+        wb.drain(4, false).unwrap();
+        assert!(
+            wb.admit(4, 0, 1).is_err(),
+            "not reported: still failing writes"
+        );
+        assert!(wb.drain(4, true).is_err());
+        wb.drain(4, true).unwrap();
+    }
+
+    #[test]
     fn a_failure_the_caller_was_told_of_is_not_kept() {
         let wb = WriteBehind::new(0);
         wb.admit(5, 0, 10).unwrap();
         wb.landed(5, 0, None);
-        wb.drain(5).unwrap();
+        wb.drain(5, true).unwrap();
         assert!(wb.state.lock().unwrap().files.is_empty());
     }
 }

@@ -117,6 +117,18 @@ impl FakeCluster {
         }
     }
 
+    /// Carries out the first `n` writes held back, and goes on holding.
+    pub(crate) fn let_first_writes_go(&self, n: usize) {
+        let first: Vec<HeldWrite> = {
+            let mut st = self.state.lock().unwrap();
+            let held = st.held_writes.as_mut().expect("holding writes");
+            held.drain(..n).collect()
+        };
+        for (chunk, offset, data, done) in first {
+            self.write_now(&chunk, offset, data, done);
+        }
+    }
+
     fn write_now(&self, chunk: &ChunkRef, offset: u64, data: Vec<u8>, done: WriteBack) {
         let kept = data.clone();
         match self.transfer(chunk, offset, data, true) {

@@ -222,7 +222,8 @@ impl<B: Backend> Rfs<B> {
         caller: &Caller,
     ) -> Result<Attr> {
         if let Some(new) = changes.size {
-            self.commit(ino)?;
+            // A failed write is left for the writer's flush or fsync to hear of.
+            self.commit_reporting(ino, false)?;
             let old = self.getattr(ino)?.size;
             if new < old {
                 self.zero_tail(ino, new, old)?;

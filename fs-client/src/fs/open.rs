@@ -18,6 +18,8 @@ pub(crate) struct OpenFile {
     handles: u32,
     /// The size including our uncommitted writes.
     size: u64,
+    /// The size the metadata node has, as far as we know.
+    committed: u64,
     /// Writes not yet committed to the metadata node.
     dirty: bool,
     mtime: Option<Timestamp>,
@@ -27,6 +29,7 @@ impl OpenFile {
     /// Follows the size another client set: a cut (truncate) holds even over our uncommitted
     /// writes (they came before it); otherwise the larger of the two.
     pub(crate) fn follow(&mut self, size: u64, cut: bool) {
+        self.committed = size;
         self.size = if cut || !self.dirty {
             size
         } else {
@@ -127,6 +130,7 @@ impl<B: Backend> Rfs<B> {
         let mut open = self.open.lock().unwrap();
         let f = open.entry(ino).or_default();
         f.handles += 1;
+        f.committed = attr.size;
         if !f.dirty {
             f.size = attr.size;
         }
@@ -148,28 +152,57 @@ impl<B: Backend> Rfs<B> {
             .any(|&(i, access)| i == ino && access & MAY_WRITE != 0)
     }
 
-    /// Waits for our writes of `ino` in flight, then commits our size and mtime of it to the
-    /// metadata node if we changed them (so that no other client sees a size before its
-    /// bytes); reports a write that failed after it was answered.
+    /// fsync: waits for our writes of `ino` in flight, commits our size and mtime of it to
+    /// the metadata node if we changed them, and reports a write that failed after it was
+    /// answered.
     pub fn commit(&self, ino: Ino) -> Result<()> {
-        let landed = self.behind.drain(ino);
+        self.commit_reporting(ino, true)
+    }
+
+    /// close (FLUSH) of handle `fh` of `ino`: a commit; a failed write is reported to
+    /// handles that may write (a reader's close neither hears of it nor hides it).
+    pub fn flush(&self, ino: Ino, fh: u64) -> Result<()> {
+        let writes = self
+            .handles
+            .lock()
+            .unwrap()
+            .get(&fh)
+            .is_some_and(|&(_, access)| access & MAY_WRITE != 0);
+        self.commit_reporting(ino, writes)
+    }
+
+    /// Waits for the writes of `ino` admitted so far, then commits (see [`Self::commit`]).
+    pub(crate) fn commit_reporting(&self, ino: Ino, report: bool) -> Result<()> {
+        let landed = self.behind.drain(ino, report);
         let committed = self.commit_size(ino);
         landed.and(committed)
     }
 
+    /// Commits our size and mtime of `ino`, if we changed them: the size only up to where
+    /// bytes still in flight start (another writer's, answered after the drain), so that no
+    /// other client sees a size before its bytes; the rest stays for the next commit.
     fn commit_size(&self, ino: Ino) -> Result<()> {
         let (size, mtime) = {
             let mut open = self.open.lock().unwrap();
             match open.get_mut(&ino) {
                 Some(f) if f.dirty => {
-                    f.dirty = false;
-                    (f.size, f.mtime)
+                    let landed = self
+                        .behind
+                        .unlanded_from(ino, f.committed)
+                        .map_or(f.size, |from| from.min(f.size));
+                    f.dirty = landed < f.size;
+                    (landed, f.mtime)
                 }
                 _ => return Ok(()),
             }
         };
         match self.call(Commit { ino, size, mtime }) {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                if let Some(f) = self.open.lock().unwrap().get_mut(&ino) {
+                    f.committed = f.committed.max(size);
+                }
+                Ok(())
+            }
             Err(e) => {
                 if let Some(f) = self.open.lock().unwrap().get_mut(&ino) {
                     f.dirty = true;
@@ -179,12 +212,15 @@ impl<B: Backend> Rfs<B> {
         }
     }
 
-    /// Closes handle `fh`: commits, then gives the handle back to the metadata node.
+    /// Closes handle `fh`: commits (reporting a failed write to a handle that may write),
+    /// then gives the handle back to the metadata node. The handle stays listed until its
+    /// writes landed: a metadata node that restarts meanwhile hears of it.
     pub fn release(&self, fh: u64) -> Result<()> {
-        let Some((ino, access)) = self.handles.lock().unwrap().remove(&fh) else {
+        let Some(&(ino, access)) = self.handles.lock().unwrap().get(&fh) else {
             return Ok(()); // the stats file, or an unknown handle
         };
-        let committed = self.commit(ino);
+        let committed = self.commit_reporting(ino, access & MAY_WRITE != 0);
+        self.handles.lock().unwrap().remove(&fh);
         {
             let mut open = self.open.lock().unwrap();
             if let Some(f) = open.get_mut(&ino) {
@@ -201,6 +237,7 @@ impl<B: Backend> Rfs<B> {
     /// Our uncommitted writes make a file look larger to us than to the server.
     pub(crate) fn with_local_size(&self, mut a: Attr) -> Attr {
         if let Some(f) = self.open.lock().unwrap().get_mut(&a.ino) {
+            f.committed = a.size;
             if f.dirty {
                 f.size = f.size.max(a.size);
                 a.size = f.size;
@@ -218,6 +255,7 @@ impl<B: Backend> Rfs<B> {
     pub(crate) fn truncated(&self, ino: Ino, size: u64) {
         if let Some(f) = self.open.lock().unwrap().get_mut(&ino) {
             f.size = size;
+            f.committed = size;
         }
         self.chunks.forget(ino, size.div_ceil(self.chunk_size));
     }

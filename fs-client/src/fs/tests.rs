@@ -633,3 +633,57 @@ fn sync_writes_and_writes_without_write_behind_are_answered_once_landed() {
     assert_eq!(read(&fs, ino, 0, 3).unwrap(), b"oXY");
     fs.release(fh).unwrap();
 }
+
+#[test]
+fn a_flush_commits_no_size_over_bytes_still_in_flight_and_a_readers_close_hides_no_failure() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    fs.set_write_behind(1 << 20);
+    let ino = create(&fs, "f");
+    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+    let (reader, _) = fs.open(ino, MAY_READ, &ROOT_CALLER).unwrap();
+    let chunk = CHUNK as usize;
+    write(&fs, ino, 0, &pattern(chunk, 1)).unwrap();
+    cluster.hold_writes();
+    assert!(write_behind(&fs, ino, CHUNK, &pattern(chunk, 2), false)
+        .recv()
+        .unwrap()
+        .is_ok());
+    let flush = {
+        let fs = fs.clone();
+        in_background(move || fs.flush(ino, fh))
+    };
+    assert!(
+        flush.recv_timeout(MOMENT).is_err(),
+        "waits for the write before it"
+    );
+    // Another writer's bytes, answered after the flush began: not waited for, not committed.
+    assert!(write_behind(&fs, ino, 2 * CHUNK, &pattern(chunk, 3), false)
+        .recv()
+        .unwrap()
+        .is_ok());
+    cluster.let_first_writes_go(1);
+    flush.recv_timeout(LONG).unwrap().unwrap();
+    assert_eq!(
+        cluster.size(ino),
+        2 * CHUNK,
+        "the size stops where bytes in flight start"
+    );
+    cluster.let_writes_go();
+    fs.flush(ino, fh).unwrap();
+    assert_eq!(cluster.size(ino), 3 * CHUNK);
+
+    // A write that fails after its answer: a reader's close neither reports nor hides it.
+    cluster.hold_writes();
+    assert!(write_behind(&fs, ino, 0, b"lost", false)
+        .recv()
+        .unwrap()
+        .is_ok());
+    cluster.fail_node(Some(cluster.replicas(ino, 0)[0].node));
+    cluster.let_writes_go();
+    cluster.fail_node(None);
+    fs.flush(ino, reader).unwrap();
+    assert_eq!(fs.flush(ino, fh).unwrap_err().errno(), Errno::EIO);
+    fs.release(reader).unwrap();
+    fs.release(fh).unwrap();
+}
