@@ -31,6 +31,7 @@ ABLATION = [("all off (Verb)", ALL_OFF)] + [
     for label, key in [("merging", "merge"), ("chaining", "chain"), ("dynMR", "dyn_threshold"),
                        ("4 QPs", "qps"), ("window", "window"), ("adaptive polling", "polling")]
 ] + [("all on", ALL_ON)]
+BASELINES = ("tmpfs", "bindfs on tmpfs", "GlusterFS")
 
 
 def log(msg):
@@ -65,6 +66,14 @@ class Progress:
 
 def run(cmd, **kw):
     return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw)
+
+
+def cpu_busy():
+    """Seconds of CPU time the whole machine has spent busy (not idle or waiting), from /proc."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle, iowait = fields[3], fields[4]
+    return (sum(fields[:8]) - idle - iowait) / os.sysconf("SC_CLK_TCK")
 
 
 def drop_caches():
@@ -166,6 +175,42 @@ class Bench:
         run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)])
         return Target("tmpfs", path, stop=lambda: run(["umount", str(path)]))
 
+    def glusterfs(self):
+        """GlusterFS, the paper's baseline: one brick on tmpfs, mounted over loopback."""
+        brick, path = self.work / "gluster-brick", self.work / "glusterfs"
+        brick.mkdir(exist_ok=True)
+        path.mkdir(exist_ok=True)
+        size = 2 * self.args.size + (256 << 20)
+        run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(brick)])
+        glusterd = None
+        if subprocess.run(["pgrep", "-x", "glusterd"], capture_output=True).returncode != 0:
+            glusterd = subprocess.Popen(["glusterd", "--no-daemon"], stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL)
+        volume, host = f"rfsbench{os.getpid()}", platform.node()
+        gluster = ["gluster", "--mode=script"]
+
+        def stop():
+            subprocess.run(["umount", str(path)], check=False)
+            subprocess.run(gluster + ["volume", "stop", volume, "force"], capture_output=True)
+            subprocess.run(gluster + ["volume", "delete", volume], capture_output=True)
+            if glusterd:
+                glusterd.terminate()
+                glusterd.wait()
+            subprocess.run(["umount", str(brick)], check=False)
+        try:
+            deadline = time.time() + 30
+            while subprocess.run(gluster + ["volume", "list"], capture_output=True).returncode != 0:
+                if time.time() > deadline:
+                    raise RuntimeError("glusterd did not answer within 30 s")
+                time.sleep(0.3)
+            run(gluster + ["volume", "create", volume, f"{host}:{brick}/b", "force"])
+            run(gluster + ["volume", "start", volume])
+            run(["mount", "-t", "glusterfs", f"{host}:/{volume}", str(path)])
+        except Exception:
+            stop()
+            raise
+        return Target("GlusterFS", path, stop=stop)
+
     def bindfs(self):
         src, path = self.work / "bindfs-src", self.work / "bindfs"
         src.mkdir(exist_ok=True)
@@ -227,7 +272,9 @@ class Bench:
                "--output-format=json", "--group_reporting", "--filename_format=fio.$jobnum"] + extra
         if direct:
             cmd.append("--direct=1")
+        busy_before = cpu_busy()
         res = subprocess.run(cmd, capture_output=True, text=True)
+        busy = cpu_busy() - busy_before
         if res.returncode != 0:
             if direct and target.stats is None:
                 log(f"{target.name}: {name} unsupported here ({res.stderr.strip()[:80]}); skipped")
@@ -240,6 +287,9 @@ class Bench:
                 continue
             self.record(target, config, f"fio {name}", f"{op} MB/s", d["bw_bytes"] / 1e6, "MB/s")
             self.record(target, config, f"fio {name}", f"{op} IOPS", d["iops"], "IOPS")
+            if d["total_ios"] > 0 and "--time_based" in extra:
+                # The whole machine: client, servers, fio and the kernel's share of each.
+                self.record(target, config, f"fio {name}", f"cpu us/{op}", busy * 1e6 / d["total_ios"], "us")
             pct = d["clat_ns"].get("percentile", {})
             for p, key in (("p50", "50.000000"), ("p99", "99.000000")):
                 if key in pct:
@@ -291,7 +341,7 @@ class Bench:
         if not a.mount and not a.skip_ablation:
             steps += [1] * (len(ABLATION) if not a.quick else 2)
         if not a.skip_baselines:
-            steps += [Progress.FULL] * 2
+            steps += [Progress.FULL] * len(BASELINES)
         return steps
 
     def go(self):
@@ -321,7 +371,7 @@ class Bench:
                     p.kill()
                     p.wait()
         if not a.skip_baselines:
-            for make in (self.tmpfs, self.bindfs):
+            for make in (self.tmpfs, self.bindfs, self.glusterfs):
                 t = make()
                 try:
                     self.measure(t, "baseline")
@@ -347,6 +397,7 @@ class Bench:
             f"iozone: {version(['sh', '-c', 'iozone -v | grep -i version'])}",
             f"fio: {version(['fio', '--version'])}",
             f"bindfs: {version(['bindfs', '--version'])}",
+            f"glusterfs: {version(['glusterfs', '--version'])}",
             f"settings: {vars(self.args)}",
         ]
         (self.out / "environment.txt").write_text("\n".join(lines) + "\n")
@@ -366,18 +417,23 @@ class Bench:
               (self.out / "environment.txt").read_text().replace("\n", "  \n"), ""]
         tests = sorted({(r[2], r[3]) for r in self.rows if r[1] in ("default", "baseline", "given mount")})
         md += ["## rfs against baselines", "",
-               "| test | metric | rfs | tmpfs | bindfs on tmpfs | rfs / tmpfs | rfs / bindfs |",
-               "|---|---|---|---|---|---|---|"]
+               "| test | metric | rfs | " + " | ".join(BASELINES) + " | "
+               + " | ".join(f"rfs / {b}" for b in BASELINES) + " |",
+               "|---|---|---|" + "---|" * (2 * len(BASELINES))]
+        md[-3:-3] = ["Ratios above 1 mean rfs is better: for latency (us) and CPU per operation rows "
+                     "they are baseline / rfs.", ""]
         rfs_cfg = "given mount" if self.args.mount else "default"
+        fmt = lambda v: "n/a" if v is None else f"{v:,.1f}"  # noqa: E731
         for test, metric in tests:
             if metric.endswith("/MB"):
                 continue
             r = self.value("rfs", rfs_cfg, test, metric)
-            t = self.value("tmpfs", "baseline", test, metric)
-            b = self.value("bindfs on tmpfs", "baseline", test, metric)
-            fmt = lambda v: "n/a" if v is None else f"{v:,.1f}"  # noqa: E731
-            ratio = lambda x, y: "n/a" if x is None or not y else f"{x / y:.2f}x"  # noqa: E731
-            md.append(f"| {test} | {metric} | {fmt(r)} | {fmt(t)} | {fmt(b)} | {ratio(r, t)} | {ratio(r, b)} |")
+            base = [self.value(b, "baseline", test, metric) for b in BASELINES]
+            # Lower is better for latency and CPU per operation: ratios say how many times better.
+            lower = metric.endswith(" us") or metric.startswith("cpu")
+            ratio = lambda x, y: "n/a" if not x or not y else f"{(y / x if lower else x / y):.2f}x"  # noqa: E731
+            md.append(f"| {test} | {metric} | {fmt(r)} | " + " | ".join(fmt(v) for v in base) + " | "
+                      + " | ".join(ratio(r, v) for v in base) + " |")
         abl = [r for r in self.rows if r[0] == "rfs ablation"]
         if abl:
             configs = list(dict.fromkeys(r[1] for r in abl))
@@ -401,7 +457,7 @@ class Bench:
         except ImportError:
             log("matplotlib missing: no plots")
             return
-        targets = [t for t in ("rfs", "tmpfs", "bindfs on tmpfs") if any(r[0] == t for r in self.rows)]
+        targets = [t for t in ("rfs", *BASELINES) if any(r[0] == t for r in self.rows)]
         groups = {}
         for r in self.rows:
             if r[0] in targets and r[5] in ("MB/s", "IOPS", "ops/s"):
@@ -474,7 +530,7 @@ class Bench:
                 if not any(r[1] == label and r[4] and r[4] > 0 for r in self.rows):
                     missing.append(f"ablation: {label}")
         if not self.args.skip_baselines:
-            for t in ("tmpfs", "bindfs on tmpfs"):
+            for t in BASELINES:
                 if not any(r[0] == t and r[4] and r[4] > 0 for r in self.rows):
                     missing.append(t)
         if missing:

@@ -1,6 +1,7 @@
 #!/bin/bash
-# IOzone and fio against an rfs mount and against baselines (tmpfs, bindfs over tmpfs), side by
-# side, with the RDMABox ablation through the mount; tables, CSV and plots in iozone/results/.
+# IOzone and fio against an rfs mount and against baselines (tmpfs, bindfs over tmpfs, GlusterFS
+# with one brick on tmpfs: the paper's baseline), side by side, with the RDMABox ablation through
+# the mount; tables, CSV and plots in iozone/results/.
 #
 #   bash iozone/run.sh                 # full run (2 GiB files): the README's Performance table
 #   bash iozone/run.sh --quick         # seconds: proves every step produces numbers (CI)
@@ -16,6 +17,7 @@ need=()
 command -v iozone >/dev/null || need+=(iozone3)
 command -v bindfs >/dev/null || need+=(bindfs)
 command -v fio >/dev/null || need+=(fio)
+command -v glusterd >/dev/null || need+=(glusterfs-server glusterfs-client)
 /usr/bin/python3 -c 'import matplotlib' 2>/dev/null || need+=(python3-matplotlib)
 if ((${#need[@]})); then
   apt-get update -qq
