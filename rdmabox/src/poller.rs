@@ -174,6 +174,9 @@ pub(crate) const MAX_SLEEP: Duration = Duration::from_millis(100);
 /// other thread is runnable, a yield returns within a microsecond or two.)
 const WANTED: Duration = Duration::from_micros(20);
 
+/// Yields in a row that ran another thread before a spin gives way.
+const GIVE_WAY_AFTER: u32 = 3;
+
 /// Yields the core; whether it came back at once (nobody else wanted to run here).
 pub(crate) fn yield_core() -> bool {
     let start = Instant::now();
@@ -205,31 +208,45 @@ pub(crate) trait PollTarget {
 /// does the poller sleep, for at most [`MAX_SLEEP`].
 ///
 /// Polling gives way: spinning pays only on a core nobody else needs, so (except in busy
-/// mode, which is asked for) a yield that ran another thread ends the spin, and the poller
-/// sleeps on its CQ event. On few cores, the threads that would produce the completion (a
+/// mode, which is asked for) [`GIVE_WAY_AFTER`] yields in a row that ran another thread end
+/// the spin, and the poller sleeps on its CQ event. On few cores, the threads that would produce the completion (a
 /// FUSE thread, the transport, the application) are often the ones waiting for the core.
 pub(crate) fn drive(mode: PollMode, target: &mut impl PollTarget) {
     let mut state = PollState::new(mode);
+    // Yields in a row that ran another thread: one is the thread a completion just woke
+    // (which the spin should outlast); several mean the core is in demand.
+    let mut wanted_in_a_row = 0;
     loop {
         let ControlFlow::Continue(n) = target.poll_round() else {
             return;
         };
         let sleep = match state.after_poll(n) {
-            Next::Poll if n > 0 => false,
+            Next::Poll if n > 0 => {
+                wanted_in_a_row = 0;
+                false
+            }
             Next::Poll if mode == PollMode::Busy => {
                 target.yield_core();
                 false
             }
             Next::Poll => {
-                let wanted = !target.yield_core();
-                if wanted {
+                wanted_in_a_row = if target.yield_core() {
+                    0
+                } else {
+                    wanted_in_a_row + 1
+                };
+                let give_way = wanted_in_a_row >= GIVE_WAY_AFTER;
+                if give_way {
                     target.gave_way();
                     state.restart();
                 }
-                wanted
+                give_way
             }
             Next::ArmAndSleep => true,
         };
+        if sleep {
+            wanted_in_a_row = 0;
+        }
         if sleep {
             if target.arm().is_break() {
                 return;
@@ -372,20 +389,22 @@ mod tests {
             max_poll_wc: 16,
             max_retry: 100,
         };
-        let mut s = Script::new(&[1, 0, 0, 0, 0, 0, 0]);
-        s.yields = [true, false, true].into();
+        let mut s = Script::new(&[1, 0, 0, 0, 0, 0, 0, 0, 0]);
+        s.yields = [false, true, false, false, false].into();
         drive(mode, &mut s);
         assert_eq!(
             s.log,
             [
                 Poll(1),
-                Poll(0), // the core was free: spin on
-                Poll(0), // someone else ran: arm, re-poll, sleep
+                Poll(0), // another thread ran, once: spin on
+                Poll(0), // the core was free: the count starts again
+                Poll(0),
+                Poll(0),
+                Poll(0), // three in a row ran another thread: arm, re-poll, sleep
                 GaveWay,
                 Arm,
                 Poll(0),
                 Sleep,
-                Poll(0),
                 Poll(0),
                 Poll(0),
             ]
