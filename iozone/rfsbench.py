@@ -168,20 +168,23 @@ class Bench:
             path.rmdir()
         return Target(label, path, stats=path / ".rfs-stats", stop=stop)
 
-    def tmpfs(self):
-        path = self.work / "tmpfs"
+    def mount_tmpfs(self, name):
+        """A tmpfs under the work directory, large enough for the run's files."""
+        path = self.work / name
         path.mkdir(exist_ok=True)
         size = 2 * self.args.size + (256 << 20)
         run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)])
+        return path
+
+    def tmpfs(self):
+        path = self.mount_tmpfs("tmpfs")
         return Target("tmpfs", path, stop=lambda: run(["umount", str(path)]))
 
     def glusterfs(self):
         """GlusterFS, the paper's baseline: one brick on tmpfs, mounted over loopback."""
-        brick, path = self.work / "gluster-brick", self.work / "glusterfs"
-        brick.mkdir(exist_ok=True)
+        path = self.work / "glusterfs"
         path.mkdir(exist_ok=True)
-        size = 2 * self.args.size + (256 << 20)
-        run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(brick)])
+        brick = self.mount_tmpfs("gluster-brick")
         glusterd = None
         if subprocess.run(["pgrep", "-x", "glusterd"], capture_output=True).returncode != 0:
             glusterd = subprocess.Popen(["glusterd", "--no-daemon"], stdout=subprocess.DEVNULL,
@@ -212,11 +215,9 @@ class Bench:
         return Target("GlusterFS", path, stop=stop)
 
     def bindfs(self):
-        src, path = self.work / "bindfs-src", self.work / "bindfs"
-        src.mkdir(exist_ok=True)
+        path = self.work / "bindfs"
         path.mkdir(exist_ok=True)
-        size = 2 * self.args.size + (256 << 20)
-        run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(src)])
+        src = self.mount_tmpfs("bindfs-src")
         run(["bindfs", str(src), str(path)])
 
         def stop():
