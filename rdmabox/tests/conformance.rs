@@ -897,6 +897,23 @@ impl KillOnDrop {
         // SAFETY: kill(2) on our own child's pid.
         assert_eq!(unsafe { libc::kill(self.0.id() as i32, sig) }, 0);
     }
+
+    /// SIGSTOP, returning once the child is stopped: the signal is asynchronous, and a test
+    /// that races it sees the peer answer requests "while stopped" (CI saw 2 of 16 answered).
+    fn stop(&self) {
+        self.signal(libc::SIGSTOP);
+        let stat = format!("/proc/{}/stat", self.0.id());
+        let start = Instant::now();
+        // The state letter follows the parenthesized command name.
+        while !std::fs::read_to_string(&stat)
+            .unwrap_or_default()
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('T'))
+        {
+            assert!(start.elapsed() < Duration::from_secs(5), "never stopped");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
 }
 
 impl Drop for KillOnDrop {
@@ -1084,7 +1101,7 @@ fn a_session_answers_every_request_in_time_when_the_peer_stops_or_dies() {
         results
     };
     assert!(burst("alive").iter().all(|r| r.is_ok()));
-    child.signal(libc::SIGSTOP);
+    child.stop();
     let stopped = burst("stopped");
     for e in stopped.iter().filter_map(|r| r.as_ref().err()) {
         assert!(

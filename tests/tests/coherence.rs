@@ -174,10 +174,9 @@ fn a_truncate_waits_for_a_stopped_holder_only_until_its_lease_and_it_refetches()
     fs::write(a.path("T"), pattern(2 * MIB, 7)).unwrap();
     old.read_exact_at(&mut buf, MIB as u64).unwrap();
 
-    // SAFETY: plain signals to a child process of ours.
-    unsafe { libc::kill(b.pid(), libc::SIGSTOP) };
+    rfs_e2e::stop(b.pid() as u32);
     let stopped = timed_truncate(&a.path("T"));
-    unsafe { libc::kill(b.pid(), libc::SIGCONT) };
+    rfs_e2e::resume(b.pid() as u32);
     println!("truncate with the holder alive: {alive:?}, stopped: {stopped:?} (lease 2 s)");
     assert!(alive < Duration::from_millis(500), "{alive:?}");
     assert!(
