@@ -51,11 +51,20 @@ macro_rules! reply {
 pub struct RfsFuse {
     fs: Arc<Rfs>,
     cfg: MountConfig,
+    /// How long the kernel keeps attributes, and names.
+    attr_ttl: Duration,
+    entry_ttl: Duration,
 }
 
 impl RfsFuse {
     pub fn new(fs: Arc<Rfs>, cfg: MountConfig) -> RfsFuse {
-        RfsFuse { fs, cfg }
+        let (attr_ttl, entry_ttl) = cfg.kernel_cache_for(fs.lease());
+        RfsFuse {
+            fs,
+            cfg,
+            attr_ttl,
+            entry_ttl,
+        }
     }
 
     fn attr(&self, a: &Attr) -> FileAttr {
@@ -118,14 +127,14 @@ impl RfsFuse {
 
     fn entry(&self, op: &'static str, r: Result<Attr, Error>, reply: ReplyEntry) {
         match r {
-            Ok(a) => reply.entry(&self.cfg.entry_timeout, &self.attr(&a), Generation(0)),
+            Ok(a) => reply.entry(&self.entry_ttl, &self.attr(&a), Generation(0)),
             Err(e) => fuse_error!(op, reply, e),
         }
     }
 
     fn attr_reply(&self, op: &'static str, r: Result<Attr, Error>, reply: ReplyAttr) {
         match r {
-            Ok(a) => reply.attr(&self.cfg.attr_timeout, &self.attr(&a)),
+            Ok(a) => reply.attr(&self.attr_ttl, &self.attr(&a)),
             Err(e) => fuse_error!(op, reply, e),
         }
     }
@@ -486,7 +495,7 @@ impl Filesystem for RfsFuse {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let ttl = self.cfg.entry_timeout;
+        let ttl = self.entry_ttl;
         let listed = self.list(ino, offset, |c, n, a| {
             reply.add(INodeNo(a.ino), c, n, &ttl, &self.attr(a), Generation(0))
         });
@@ -614,7 +623,7 @@ impl Filesystem for RfsFuse {
         let owner = owner(req, mode, umask);
         let made = self.fs.create(parent.0, n, owner, access(flags));
         reply!("create", made, reply, |(fh, a)| reply.created(
-            &self.cfg.entry_timeout,
+            &self.entry_ttl,
             &self.attr(&a),
             Generation(0),
             FileHandle(fh),

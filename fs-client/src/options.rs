@@ -27,10 +27,10 @@ pub struct MountConfig {
     pub writeback_cache: bool,
     /// Bytes of writes that may be in flight after they were answered (0: none).
     pub write_behind: u64,
-    /// How long the kernel caches attributes.
-    pub attr_timeout: Duration,
-    /// How long the kernel caches names.
-    pub entry_timeout: Duration,
+    /// How long the kernel caches attributes (None: [`MountConfig::kernel_cache_for`]).
+    pub attr_timeout: Option<Duration>,
+    /// How long the kernel caches names (None: [`MountConfig::kernel_cache_for`]).
+    pub entry_timeout: Option<Duration>,
     /// FUSE dispatch threads.
     pub threads: usize,
     /// Which transport provider.
@@ -66,8 +66,8 @@ impl Default for MountConfig {
             max_readahead: 1 << 20,
             writeback_cache: false,
             write_behind: 32 << 20,
-            attr_timeout: Duration::from_secs(1),
-            entry_timeout: Duration::from_secs(1),
+            attr_timeout: None,
+            entry_timeout: None,
             threads: 4,
             transport: ProviderKind::Auto,
             device: None,
@@ -178,14 +178,16 @@ pub const OPTIONS: &[MountOption] = &[
     MountOption {
         name: "attr_timeout",
         value: Value::Takes("SECONDS"),
-        help: "Seconds the kernel caches attributes",
-        set: |c, v| secs(v).map(|x| c.attr_timeout = x),
+        help: "Seconds the kernel caches attributes (default: half the metadata node's lease; \
+               another mount's change drops them at once)",
+        set: |c, v| secs(v).map(|x| c.attr_timeout = Some(x)),
     },
     MountOption {
         name: "entry_timeout",
         value: Value::Takes("SECONDS"),
-        help: "Seconds the kernel caches names",
-        set: |c, v| secs(v).map(|x| c.entry_timeout = x),
+        help: "Seconds the kernel caches names (default: half the metadata node's lease; \
+               another mount's change drops them at once)",
+        set: |c, v| secs(v).map(|x| c.entry_timeout = Some(x)),
     },
     MountOption {
         name: "threads",
@@ -344,6 +346,19 @@ fn flag_name(opt: &MountOption) -> String {
 }
 
 impl MountConfig {
+    /// How long the kernel caches attributes and names, given the metadata node's `lease`.
+    /// Callbacks drop them the moment another mount changes them, so they can be kept long;
+    /// the node waits a lease for a client that does not answer a callback (stopped, or its
+    /// connection lost), and half of one leaves the other half for a reply in flight to reach
+    /// the kernel, as chunk references are refetched at half the lease.
+    pub fn kernel_cache_for(&self, lease: Duration) -> (Duration, Duration) {
+        let default = lease / 2;
+        (
+            self.attr_timeout.unwrap_or(default),
+            self.entry_timeout.unwrap_or(default),
+        )
+    }
+
     /// Whether the `-o` option `opt` (`name` or `name=value`) is one this client takes or
     /// knows to ignore, whatever its value.
     pub fn knows(opt: &str) -> bool {
@@ -477,6 +492,19 @@ mod tests {
     }
 
     #[test]
+    fn kernel_caches_half_the_lease_unless_told() {
+        let lease = Duration::from_secs(10);
+        let c = parse("rw").unwrap();
+        let half = Duration::from_secs(5);
+        assert_eq!(c.kernel_cache_for(lease), (half, half));
+        let c = parse("attr_timeout=0,entry_timeout=60").unwrap();
+        assert_eq!(
+            c.kernel_cache_for(lease),
+            (Duration::ZERO, Duration::from_secs(60))
+        );
+    }
+
+    #[test]
     fn options_parse() {
         let c = parse("allow_other,max_write=128K,writeback_cache=off,write_behind=4M,attr_timeout=2.5,threads=8,transport=tcp,qps=2,window=off,dyn_threshold=never,polling=busy,merge=0,chain=no,io_timeout=3,device=mlx5_1,gid_index=3,rw,_netdev,nofail,x-systemd.automount,comment=x,nosuid,nodev,nosuid,mount_timeout=7,log_file=syslog,metrics=127.0.0.1:9101")
             .unwrap();
@@ -486,7 +514,7 @@ mod tests {
         assert_eq!(c.metrics, Some("127.0.0.1:9101".parse().unwrap()));
         assert!(c.allow_other);
         assert_eq!(c.max_write, 128 << 10);
-        assert_eq!(c.attr_timeout, Duration::from_millis(2500));
+        assert_eq!(c.attr_timeout, Some(Duration::from_millis(2500)));
         assert_eq!(c.write_behind, 4 << 20);
         assert_eq!(parse("write_behind=off").unwrap().write_behind, 0);
         assert_eq!(c.threads, 8);

@@ -3,6 +3,7 @@
 //! its file's, and space given back is really free.
 
 use std::fs::{self, OpenOptions};
+use std::io::Write;
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::time::{Duration, Instant};
 
@@ -105,6 +106,48 @@ fn chmod_link_and_truncate_reach_the_other_mounts_next_stat() {
     eventually("rename seen", || {
         fs::metadata(b.path("f")).is_err() && fs::metadata(b.path("h")).is_ok()
     });
+}
+
+/// With the default options the kernel keeps attributes and names for half the lease (5 s
+/// here): a stat of an unchanged file costs no call, and another mount's change is seen at the
+/// next stat all the same, since its callback is answered only once the kernel dropped them.
+#[test]
+fn default_mounts_stat_from_cache_and_see_another_mounts_change_at_once() {
+    let server = MemServer::meta("32M", "1M");
+    let a = Mount::new(&server, &[]);
+    let b = Mount::new(&server, &[]);
+    fs::write(a.path("f"), vec![1u8; 1000]).unwrap();
+    fs::create_dir(a.path("d")).unwrap();
+    fs::write(a.path("d/x"), b"x").unwrap();
+    let names = ["f", "d", "d/x"];
+    for n in names {
+        fs::metadata(b.path(n)).unwrap();
+    }
+    // Past what the kernel's customary 1 s would keep.
+    std::thread::sleep(Duration::from_millis(1500));
+    let calls = b.stat("metadata_ops");
+    for _ in 0..100 {
+        for n in names {
+            fs::metadata(b.path(n)).unwrap();
+        }
+    }
+    assert_eq!(b.stat("metadata_ops"), calls, "300 stats of unchanged files");
+
+    // Each change is seen by the very next stat on b: no waiting out a timeout.
+    fs::set_permissions(a.path("f"), fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(fs::metadata(b.path("f")).unwrap().mode() & 0o777, 0o600);
+    OpenOptions::new()
+        .append(true)
+        .open(a.path("f"))
+        .unwrap()
+        .write_all(&[2u8; 500])
+        .unwrap();
+    assert_eq!(fs::metadata(b.path("f")).unwrap().len(), 1500, "commit on close");
+    fs::rename(a.path("d/x"), a.path("d/y")).unwrap();
+    assert!(fs::metadata(b.path("d/x")).is_err(), "renamed away");
+    assert_eq!(fs::read(b.path("d/y")).unwrap(), b"x");
+    fs::remove_file(a.path("f")).unwrap();
+    assert!(fs::metadata(b.path("f")).is_err(), "unlinked");
 }
 
 #[test]
