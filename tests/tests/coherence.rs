@@ -131,7 +131,11 @@ fn default_mounts_stat_from_cache_and_see_another_mounts_change_at_once() {
             fs::metadata(b.path(n)).unwrap();
         }
     }
-    assert_eq!(b.stat("metadata_ops"), calls, "300 stats of unchanged files");
+    assert_eq!(
+        b.stat("metadata_ops"),
+        calls,
+        "300 stats of unchanged files"
+    );
 
     // Each change is seen by the very next stat on b: no waiting out a timeout.
     fs::set_permissions(a.path("f"), fs::Permissions::from_mode(0o600)).unwrap();
@@ -142,7 +146,11 @@ fn default_mounts_stat_from_cache_and_see_another_mounts_change_at_once() {
         .unwrap()
         .write_all(&[2u8; 500])
         .unwrap();
-    assert_eq!(fs::metadata(b.path("f")).unwrap().len(), 1500, "commit on close");
+    assert_eq!(
+        fs::metadata(b.path("f")).unwrap().len(),
+        1500,
+        "commit on close"
+    );
     fs::rename(a.path("d/x"), a.path("d/y")).unwrap();
     assert!(fs::metadata(b.path("d/x")).is_err(), "renamed away");
     assert_eq!(fs::read(b.path("d/y")).unwrap(), b"x");
