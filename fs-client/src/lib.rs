@@ -4,8 +4,10 @@
 //! - [`fuse`]: the fuser adapter.
 //! - [`options`]: mount options (flags and `-o`), written once.
 //! - [`mount_helper`]: `mount.rfs`, for mount(8) and /etc/fstab.
+//! - [`readahead`]: the kernel's readahead for the mount.
 
 pub mod fs;
 pub mod fuse;
 pub mod mount_helper;
 pub mod options;
+pub mod readahead;

@@ -17,6 +17,7 @@ use fs_client::fs::{stats_json, KernelInval, Rfs, STATS_NAME};
 use fs_client::fuse::RfsFuse;
 use fs_client::mount_helper::{self, HelperCall, HELPER_NAME};
 use fs_client::options::{KernelFlag, MountConfig};
+use fs_client::readahead;
 use fuser::{INodeNo, MountOption, SessionACL};
 use rfs_proto::logging::{self, LogTarget};
 use rfs_proto::patience::until_reachable;
@@ -427,6 +428,10 @@ fn main() -> ExitCode {
         }
     };
     invalidate_kernel_caches(&fs, session.notifier());
+    if let Err(e) = readahead::set(&mountpoint, cfg.max_readahead) {
+        // Unprivileged mounts cannot write sysfs: the kernel's 128 KiB stays.
+        log::info!("kernel readahead left as it is: {e}");
+    }
     if daemon_child {
         if !tell_ready() {
             // The starter gave up (a timeout, Ctrl-C) and reported a failure: no mount.

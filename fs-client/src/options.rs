@@ -152,7 +152,7 @@ pub const OPTIONS: &[MountOption] = &[
     MountOption {
         name: "max_readahead",
         value: Value::Takes("SIZE"),
-        help: "Kernel readahead",
+        help: "Kernel readahead (set on the mount's backing device: needs root)",
         set: |c, v| parse_size(v).map(|s| c.max_readahead = s.min(u32::MAX as u64) as u32),
     },
     MountOption {
