@@ -32,6 +32,18 @@ ABLATION = [("all off (Verb)", ALL_OFF)] + [
                        ("4 QPs", "qps"), ("window", "window"), ("adaptive polling", "polling")]
 ] + [("all on", ALL_ON)]
 BASELINES = ("tmpfs", "bindfs on tmpfs", "GlusterFS")
+# fs-client's own max_write, and the name of the configuration measured with it.
+DEFAULT_MAX_WRITE = "1M"
+DEFAULT_MOUNT = "default mount (max_write 1M)"
+
+
+def times_better(metric, x, y):
+    """How many times better x is than y, as a table cell: lower is better for latency (us) and
+    CPU per operation."""
+    if not x or not y:
+        return "n/a"
+    lower = metric.endswith(" us") or metric.startswith("cpu")
+    return f"{(y / x if lower else x / y):.2f}x"
 
 
 def log(msg):
@@ -339,6 +351,8 @@ class Bench:
         """The weight of each measurement step, in the order go() takes them."""
         a = self.args
         steps = [Progress.FULL]
+        if not a.mount and a.max_write != DEFAULT_MAX_WRITE:
+            steps += [Progress.FULL]
         if not a.mount and not a.skip_ablation:
             steps += [1] * (len(ABLATION) if not a.quick else 2)
         if not a.skip_baselines:
@@ -359,6 +373,13 @@ class Bench:
                     self.measure(t, "default")
                 finally:
                     t.stop()
+                if a.max_write != DEFAULT_MAX_WRITE:
+                    # What a mount without options gets, beside the paper's setting.
+                    t = self.mount_rfs("rfs", {"max_write": DEFAULT_MAX_WRITE})
+                    try:
+                        self.measure(t, DEFAULT_MOUNT)
+                    finally:
+                        t.stop()
                 if not a.skip_ablation:
                     plan = ABLATION if not a.quick else [ABLATION[0], ABLATION[-1]]
                     for label, opts in plan:
@@ -430,11 +451,20 @@ class Bench:
                 continue
             r = self.value("rfs", rfs_cfg, test, metric)
             base = [self.value(b, "baseline", test, metric) for b in BASELINES]
-            # Lower is better for latency and CPU per operation: ratios say how many times better.
-            lower = metric.endswith(" us") or metric.startswith("cpu")
-            ratio = lambda x, y: "n/a" if not x or not y else f"{(y / x if lower else x / y):.2f}x"  # noqa: E731
             md.append(f"| {test} | {metric} | {fmt(r)} | " + " | ".join(fmt(v) for v in base) + " | "
-                      + " | ".join(ratio(r, v) for v in base) + " |")
+                      + " | ".join(times_better(metric, r, v) for v in base) + " |")
+        if any(r[1] == DEFAULT_MOUNT for r in self.rows):
+            md += ["", f"## The {DEFAULT_MOUNT} against max_write {self.args.max_write}", "",
+                   f"| test | metric | max_write {self.args.max_write} | {DEFAULT_MOUNT} | "
+                   "1M / paper | 1M / GlusterFS |", "|---|---|---|---|---|---|"]
+            for test, metric in tests:
+                if metric.endswith("/MB"):
+                    continue
+                paper = self.value("rfs", "default", test, metric)
+                one = self.value("rfs", DEFAULT_MOUNT, test, metric)
+                gluster = self.value("GlusterFS", "baseline", test, metric)
+                md.append(f"| {test} | {metric} | {fmt(paper)} | {fmt(one)} | "
+                          f"{times_better(metric, one, paper)} | {times_better(metric, one, gluster)} |")
         abl = [r for r in self.rows if r[0] == "rfs ablation"]
         if abl:
             configs = list(dict.fromkeys(r[1] for r in abl))
@@ -522,10 +552,14 @@ class Bench:
         expect_tests = [f"iozone {r}K" for r in self.args.records] + [
             "fio seq write 128K", "fio seq read 128K", "fio rand read 4K qd1 direct",
             "fio rand write 4K qd1 direct", "fio rand read 4K 4 jobs direct", f"metadata {self.args.files} files"]
-        name = "rfs"
-        for t in expect_tests:
-            if not any(r[0] == name and r[2] == t and r[4] and r[4] > 0 for r in self.rows):
-                missing.append(f"{name}: {t}")
+        configs = ["given mount"] if self.args.mount else ["default"]
+        if not self.args.mount and self.args.max_write != DEFAULT_MAX_WRITE:
+            configs.append(DEFAULT_MOUNT)
+        for config in configs:
+            for t in expect_tests:
+                if not any(r[0] == "rfs" and r[1] == config and r[2] == t and r[4] and r[4] > 0
+                           for r in self.rows):
+                    missing.append(f"rfs ({config}): {t}")
         if not self.args.skip_ablation and not self.args.mount:
             for label, _ in ([ABLATION[0], ABLATION[-1]] if self.args.quick else ABLATION):
                 if not any(r[1] == label and r[4] and r[4] > 0 for r in self.rows):
