@@ -18,7 +18,7 @@ use rdmabox::transport::MemoryRegion;
 use rfs_proto::clock;
 use rfs_proto::frame::send_frame;
 use rfs_proto::grant::{GrantChunks, LinkRequest, RevokeChunks, RevokeFreed, RevokeSession};
-use rfs_proto::message::{encode_reply, readdir_budget, unseal, Call, Request, RequestOp};
+use rfs_proto::message::{encode_reply, readdir_budget, unseal, Call, Made, Request, RequestOp};
 use rfs_proto::types::{
     Attr, ChunkRef, FileKind, Ino, Name, NodeInfo, Owner, Replicas, StatFs, MAY_WRITE,
 };
@@ -200,6 +200,32 @@ fn told(
         dir.inspect(|&d| holders.looked_in(session, d));
     }
     r
+}
+
+/// Directory `dir`'s attributes after a change `session` made in it: it may keep them, so it
+/// is told when they change again.
+fn dir_after(
+    holders: &mut Holders,
+    session: SessionId,
+    ns: &Namespace,
+    dir: Ino,
+) -> Result<Attr, Errno> {
+    let a = ns.getattr(dir)?;
+    holders.saw(session, dir);
+    Ok(a)
+}
+
+/// The answer to a call that added a name to `dir` (see [`told`] and [`dir_after`]).
+fn made(
+    holders: &mut Holders,
+    session: SessionId,
+    ns: &Namespace,
+    r: Result<Attr, Errno>,
+    dir: Ino,
+) -> Result<Made, Errno> {
+    let attr = told(holders, session, r, Some(dir))?;
+    let dir = dir_after(holders, session, ns, dir)?;
+    Ok(Made { attr, dir })
 }
 
 /// The reply to `call`: typed by the call, so each request can only get its own kind of answer.
@@ -968,12 +994,12 @@ impl MetaService {
             Request::Mknod(m) => {
                 let r = ns.mknod(m.parent, &m.name, m.kind, m.rdev, policy.owner(m.owner));
                 r.is_ok().then(|| fx.change.inodes.push((m.parent, false)));
-                answer(m, told(holders, session, r, Some(m.parent)))
+                answer(m, made(holders, session, ns, r, m.parent))
             }
             Request::Mkdir(m) => {
                 let r = ns.mkdir(m.parent, &m.name, policy.owner(m.owner));
                 r.is_ok().then(|| fx.change.inodes.push((m.parent, false)));
-                answer(m, told(holders, session, r, Some(m.parent)))
+                answer(m, made(holders, session, ns, r, m.parent))
             }
             Request::Symlink(m) => {
                 let o = policy.owner(Owner {
@@ -983,7 +1009,7 @@ impl MetaService {
                 });
                 let r = ns.symlink(m.parent, &m.name, &m.target, o.uid, o.gid);
                 r.is_ok().then(|| fx.change.inodes.push((m.parent, false)));
-                answer(m, told(holders, session, r, Some(m.parent)))
+                answer(m, made(holders, session, ns, r, m.parent))
             }
             Request::Readlink(m) => answer(m, ns.readlink(m.ino)),
             Request::Link(m) => {
@@ -993,7 +1019,7 @@ impl MetaService {
                         .inodes
                         .extend([(m.ino, false), (m.newparent, false)]);
                 }
-                answer(m, told(holders, session, r, Some(m.newparent)))
+                answer(m, made(holders, session, ns, r, m.newparent))
             }
             Request::Unlink(m) => {
                 let victim = target(ns, m.parent, &m.name);
@@ -1003,7 +1029,10 @@ impl MetaService {
                     fx.change.entries.push((m.parent, m.name.clone()));
                     fx.freed(ino, 0, freed);
                 });
-                answer(m, r)
+                answer(
+                    m,
+                    r.and_then(|()| dir_after(holders, session, ns, m.parent)),
+                )
             }
             Request::Rmdir(m) => {
                 let victim = target(ns, m.parent, &m.name);
@@ -1012,7 +1041,10 @@ impl MetaService {
                     fx.change.inodes.extend(victim.map(|a| (a.ino, false)));
                     fx.change.entries.push((m.parent, m.name.clone()));
                 });
-                answer(m, r)
+                answer(
+                    m,
+                    r.and_then(|()| dir_after(holders, session, ns, m.parent)),
+                )
             }
             Request::Rename(m) => {
                 let src = target(ns, m.parent, &m.name);
@@ -1028,7 +1060,11 @@ impl MetaService {
                         c.entries.push((m.newparent, m.newname.clone()));
                         fx.freed(dst.map_or(0, |a| a.ino), 0, freed);
                     });
-                answer(m, r)
+                let dirs = r.and_then(|()| {
+                    let old = dir_after(holders, session, ns, m.parent)?;
+                    Ok((old, dir_after(holders, session, ns, m.newparent)?))
+                });
+                answer(m, dirs)
             }
             Request::ReadDir(m) => {
                 let max = m.max.min(MAX_LIST) as usize;
@@ -1063,7 +1099,7 @@ impl MetaService {
                     holders.opened(session, a.ino);
                     fx.change.inodes.push((m.parent, false));
                 }
-                answer(m, told(holders, session, r, Some(m.parent)))
+                answer(m, made(holders, session, ns, r, m.parent))
             }
             Request::Release(m) => {
                 let r = match open.get_mut(&m.ino) {

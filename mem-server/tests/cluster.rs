@@ -45,6 +45,7 @@ fn create(c: &Client, name: &str) -> u64 {
         access: RW,
     })
     .unwrap()
+    .attr
     .ino
 }
 

@@ -68,6 +68,7 @@ fn file(c: &Client, name: &str, chunks: u32) -> (u64, Vec<ChunkRef>) {
             access: RW,
         })
         .unwrap()
+        .attr
         .ino;
     attach_all(c);
     let map = c

@@ -206,6 +206,7 @@ fn create_private(c: &Client, name: &str, uid: u32) -> Attr {
         access: MAY_READ | MAY_WRITE,
     })
     .unwrap()
+    .attr
 }
 
 fn open_as(c: &Client, ino: u64, access: u8, who: Caller) -> Result<(), Errno> {

@@ -123,6 +123,14 @@ wire_struct! {
 }
 
 wire_struct! {
+    /// What a call that adds a name answers: the inode the name leads to, and the directory's
+    /// attributes after the change, which the caller may keep (the kernel asks for them next,
+    /// and the directory's holders are told when it changes again).
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    pub struct Made { pub attr: Attr, pub dir: Attr }
+}
+
+wire_struct! {
     /// Closes a handle taken by [`Open`] or [`Create`] with `access`.
     #[derive(Clone, Debug, PartialEq)]
     pub struct Release { pub ino: Ino, pub access: u8 }
@@ -254,14 +262,15 @@ calls! {
     Lookup => Attr,
     GetAttr => Attr,
     SetAttr => Attr,
-    Mknod => Attr,
-    Mkdir => Attr,
-    Symlink => Attr,
+    Mknod => Made,
+    Mkdir => Made,
+    Symlink => Made,
     Readlink => Name,
-    Link => Attr,
-    Unlink => (),
-    Rmdir => (),
-    Rename => (),
+    Link => Made,
+    // The directory's attributes after the change; a rename's: the old and the new one's.
+    Unlink => Attr,
+    Rmdir => Attr,
+    Rename => (Attr, Attr),
     ReadDir => Vec<DirEntry>,
     Open => Attr,
     Release => (),
@@ -270,7 +279,7 @@ calls! {
     Commit => Attr,
     GetStatFs => StatFs,
     ListNodes => Vec<NodeInfo>,
-    Create => Attr,
+    Create => Made,
     AttachData => (),
     DropReplicas => u32,
     Reclaim => u32,

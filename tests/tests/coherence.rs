@@ -158,6 +158,43 @@ fn default_mounts_stat_from_cache_and_see_another_mounts_change_at_once() {
     assert!(fs::metadata(b.path("f")).is_err(), "unlinked");
 }
 
+/// A call that changes a directory answers the directory's attributes after it, which the
+/// kernel asks for next: a create costs its lookup, the create and the release (not a
+/// getattr of the directory besides), an unlink one call. Another mount's change to the
+/// directory is seen at once all the same, and so is a rename's.
+#[test]
+fn creates_and_unlinks_keep_their_directorys_attributes_and_other_changes_still_show() {
+    let server = MemServer::meta("32M", "1M");
+    let a = Mount::new(&server, &[]);
+    let b = Mount::new(&server, &[]);
+    fs::create_dir(a.path("d")).unwrap();
+    let per_op = |m: &Mount, op: &dyn Fn(usize)| {
+        let calls = m.stat("metadata_ops");
+        (0..50).for_each(op);
+        (m.stat("metadata_ops") - calls) as f64 / 50.0
+    };
+    let creates = per_op(&a, &|i| {
+        fs::File::create(a.path(&format!("d/f{i}"))).unwrap();
+    });
+    assert!(creates <= 3.0, "{creates} calls per create");
+    let unlinks = per_op(&a, &|i| fs::remove_file(a.path(&format!("d/f{i}"))).unwrap());
+    assert!(unlinks <= 1.0, "{unlinks} calls per unlink");
+
+    let before = fs::metadata(a.path("d")).unwrap();
+    fs::create_dir(b.path("d/sub")).unwrap();
+    let after = fs::metadata(a.path("d")).unwrap();
+    assert_eq!(after.nlink(), before.nlink() + 1, "b's mkdir, seen on a");
+    assert!(after.mtime_nsec() != before.mtime_nsec() || after.mtime() != before.mtime());
+    // a keeps d's attributes again, then renames the subdirectory out: both directories'
+    // links follow.
+    fs::write(a.path("d/g"), b"x").unwrap();
+    fs::rename(a.path("d/sub"), a.path("sub")).unwrap();
+    assert_eq!(fs::metadata(a.path("d")).unwrap().nlink(), before.nlink());
+    assert_eq!(fs::metadata(b.path("d")).unwrap().nlink(), before.nlink());
+    fs::remove_file(b.path("d/g")).unwrap();
+    assert!(fs::read_dir(a.path("d")).unwrap().next().is_none(), "b's unlink");
+}
+
 #[test]
 fn allocate_ahead_is_given_back_and_deleted_space_returns() {
     // 64 chunks of 1 MiB: thirty 1.5 MiB files (two chunks each) fit only if the chunks

@@ -52,6 +52,7 @@ impl<B: Backend> Rfs<B> {
                 Notice::Callback(cb) => fs.on_callback(cb),
                 Notice::Reconnected => {
                     fs.chunks.forget_all();
+                    fs.dirs.forget_all();
                     fs.pages_unknown();
                 }
             }
@@ -72,6 +73,7 @@ impl<B: Backend> Rfs<B> {
     pub fn on_callback(&self, cb: Callback) {
         let invalidates = !cb.inodes.is_empty() || !cb.entries.is_empty();
         for inv in &cb.inodes {
+            self.dirs.changed(inv.ino);
             // Replicas moved: the whole map goes (and the transfers through it finish).
             let recall_from = if inv.remapped {
                 Some(0)

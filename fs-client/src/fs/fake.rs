@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use rdmabox::transport::WcStatus;
 use rdmabox::Snapshot;
-use rfs_proto::message::{decode_reply, encode_reply, Call, Request, RequestOp};
+use rfs_proto::message::{decode_reply, encode_reply, Call, Made, Request, RequestOp};
 use rfs_proto::types::{Attr, ChunkRef, FileKind, Ino, Owner, Replicas, StatFs, Timestamp, ROOT};
 use rfs_proto::{Errno, MetadataChannel};
 
@@ -179,6 +179,15 @@ impl FakeCluster {
             st.files.insert(ino, a);
             a
         }
+        // The fake keeps no directories: any parent is one, as the new inode left it.
+        fn made(parent: Ino, attr: Attr) -> Made {
+            let dir = Attr {
+                ino: parent,
+                kind: FileKind::Directory,
+                ..attr
+            };
+            Made { attr, dir }
+        }
         let mut st = self.state.lock().unwrap();
         *st.calls.entry(req.op()).or_default() += 1;
         let st = &mut *st;
@@ -196,8 +205,11 @@ impl FakeCluster {
                     chunks_short: 0,
                 }),
             ),
-            Request::Mknod(m) => answer(m, Ok(make(st, m.kind, m.owner, m.rdev))),
-            Request::Create(m) => answer(m, Ok(make(st, FileKind::RegularFile, m.owner, 0))),
+            Request::Mknod(m) => answer(m, Ok(made(m.parent, make(st, m.kind, m.owner, m.rdev)))),
+            Request::Create(m) => answer(
+                m,
+                Ok(made(m.parent, make(st, FileKind::RegularFile, m.owner, 0))),
+            ),
             Request::GetAttr(m) => answer(m, attr(st, m.ino)),
             Request::Open(m) => answer(m, attr(st, m.ino)),
             Request::Release(m) => answer(m, attr(st, m.ino).map(drop)),

@@ -9,6 +9,7 @@
 //! - [`coherence`](self::coherence): the metadata node's callbacks, and the kernel's caches;
 //! - [`data`](self::data): the data path (reads and writes split at chunk boundaries);
 //! - [`behind`](self::behind): write-behind (what is in flight of each file's writes);
+//! - [`dir_attrs`](self::dir_attrs): directory attributes as our own changes left them;
 //! - [`ranges`](self::ranges): copy_file_range and fallocate, without data through FUSE;
 //! - [`stats`]: the live statistics file;
 //! - [`error`]: the one error type; [`backend`]: the seam.
@@ -18,6 +19,7 @@ mod behind;
 mod chunks;
 mod coherence;
 mod data;
+mod dir_attrs;
 mod error;
 #[cfg(test)]
 mod fake;
@@ -34,7 +36,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use rfs_proto::message::{
-    Call, GetAttr, GetStatFs, Link, Lookup, Mkdir, Mknod, ReadDir, Readlink, Rename, Rmdir,
+    Call, GetAttr, GetStatFs, Link, Lookup, Made, Mkdir, Mknod, ReadDir, Readlink, Rename, Rmdir,
     SetAttr, Symlink, Unlink,
 };
 use rfs_proto::types::{
@@ -51,6 +53,7 @@ pub use stats::{stats_json, STATS_INO, STATS_NAME};
 
 use behind::WriteBehind;
 use chunks::ChunkCache;
+use dir_attrs::DirAttrs;
 use open::{OpenFile, PageVersion};
 use stats::ClientStats;
 
@@ -76,6 +79,8 @@ pub struct Rfs<B: Backend = Client> {
     retry_window_ms: AtomicU64,
     /// Writes in flight, answered or not.
     behind: WriteBehind,
+    /// Directories' attributes as our changes left them.
+    dirs: DirAttrs,
     stats: Arc<ClientStats>,
 }
 
@@ -116,6 +121,8 @@ impl<B: Backend> Rfs<B> {
             next_replica: AtomicUsize::new(0),
             retry_window_ms: AtomicU64::new(lease.as_millis() as u64),
             behind: WriteBehind::new(0),
+            // A quarter: with the kernel's half lease, nothing older than a lease is served.
+            dirs: DirAttrs::new(lease / 4),
             stats,
         })
     }
@@ -162,6 +169,23 @@ impl<B: Backend> Rfs<B> {
         Ok(self.meta().call(req)?)
     }
 
+    /// A call that adds a name: the inode it leads to (seen with our own uncommitted writes);
+    /// the directory's attributes after it are kept.
+    fn made<C: Call<Reply = Made> + Debug>(&self, req: C) -> Result<Attr> {
+        let sent = self.dirs.sent();
+        let made = self.call(req)?;
+        self.dirs.answered(sent, made.dir);
+        Ok(self.with_local_size(made.attr))
+    }
+
+    /// A call that removes a name; the directory's attributes after it are kept.
+    fn removed<C: Call<Reply = Attr> + Debug>(&self, req: C) -> Result<()> {
+        let sent = self.dirs.sent();
+        let dir = self.call(req)?;
+        self.dirs.answered(sent, dir);
+        Ok(())
+    }
+
     /// A call answering attributes, seen with our own uncommitted writes.
     fn attr_of<C: Call<Reply = Attr> + Debug>(&self, req: C) -> Result<Attr> {
         let a = self.call(req)?;
@@ -183,6 +207,9 @@ impl<B: Backend> Rfs<B> {
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
         if ino == STATS_INO {
             return Ok(self.stats_attr());
+        }
+        if let Some(a) = self.dirs.get(ino) {
+            return Ok(a);
         }
         self.attr_of(GetAttr { ino })
     }
@@ -233,7 +260,10 @@ impl<B: Backend> Rfs<B> {
             ino,
             changes,
             caller: caller.clone(),
-        })?;
+        });
+        // A chmod of a directory whose attributes we keep (and the kernel asks for next).
+        self.dirs.changed(ino);
+        let attr = attr?;
         if let Some(new) = changes.size {
             self.truncated(ino, new);
         }
@@ -249,7 +279,7 @@ impl<B: Backend> Rfs<B> {
         rdev: u32,
         owner: Owner,
     ) -> Result<Attr> {
-        self.attr_of(Mknod {
+        self.made(Mknod {
             parent,
             name: name.into(),
             kind,
@@ -260,7 +290,7 @@ impl<B: Backend> Rfs<B> {
 
     /// Creates a directory.
     pub fn mkdir(&self, parent: Ino, name: &[u8], owner: Owner) -> Result<Attr> {
-        self.attr_of(Mkdir {
+        self.made(Mkdir {
             parent,
             name: name.into(),
             owner,
@@ -276,7 +306,7 @@ impl<B: Backend> Rfs<B> {
         uid: u32,
         gid: u32,
     ) -> Result<Attr> {
-        self.attr_of(Symlink {
+        self.made(Symlink {
             parent,
             name: name.into(),
             target: target.into(),
@@ -292,7 +322,7 @@ impl<B: Backend> Rfs<B> {
 
     /// A hard link to `ino`.
     pub fn link(&self, ino: Ino, newparent: Ino, newname: &[u8]) -> Result<Attr> {
-        self.attr_of(Link {
+        self.made(Link {
             ino,
             newparent,
             newname: newname.into(),
@@ -301,7 +331,7 @@ impl<B: Backend> Rfs<B> {
 
     /// Removes a name (not a directory).
     pub fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()> {
-        self.call(Unlink {
+        self.removed(Unlink {
             parent,
             name: name.into(),
         })
@@ -309,7 +339,7 @@ impl<B: Backend> Rfs<B> {
 
     /// Removes an empty directory.
     pub fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()> {
-        self.call(Rmdir {
+        self.removed(Rmdir {
             parent,
             name: name.into(),
         })
@@ -324,13 +354,16 @@ impl<B: Backend> Rfs<B> {
         newname: &[u8],
         flags: u32,
     ) -> Result<()> {
-        self.call(Rename {
+        let sent = self.dirs.sent();
+        let (old, new) = self.call(Rename {
             parent,
             name: name.into(),
             newparent,
             newname: newname.into(),
             flags,
-        })
+        })?;
+        self.dirs.renamed(sent, old, new);
+        Ok(())
     }
 
     /// One page of a directory after `cookie`.

@@ -110,13 +110,15 @@ impl<B: Backend> Rfs<B> {
         owner: Owner,
         access: u8,
     ) -> Result<(u64, Attr)> {
-        let attr = self.call(Create {
+        let sent = self.dirs.sent();
+        let made = self.call(Create {
             parent,
             name: name.into(),
             owner,
             access,
         })?;
-        Ok(self.opened(attr, access))
+        self.dirs.answered(sent, made.dir);
+        Ok(self.opened(made.attr, access))
     }
 
     /// A handle the metadata node granted.
