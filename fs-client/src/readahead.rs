@@ -27,15 +27,13 @@ pub fn set(mountpoint: &Path, bytes: u32) -> io::Result<()> {
 /// from a mountinfo table.
 fn device_of(mountinfo: &str, mountpoint: &Path) -> Option<String> {
     let wanted = mountpoint.to_str()?;
-    mountinfo
-        .lines()
-        .filter_map(|line| {
-            let mut fields = line.split(' ');
-            let device = fields.nth(2)?;
-            let point = fields.nth(1)?;
-            (unescape(point) == wanted).then(|| device.to_string())
-        })
-        .last() // a later mount on the same point hides the earlier ones
+    // A later mount on the same point hides the earlier ones.
+    mountinfo.lines().rev().find_map(|line| {
+        let mut fields = line.split(' ');
+        let device = fields.nth(2)?;
+        let point = fields.nth(1)?;
+        (unescape(point) == wanted).then(|| device.to_string())
+    })
 }
 
 /// mountinfo writes space, tab, newline and backslash as octal escapes.
