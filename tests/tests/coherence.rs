@@ -159,9 +159,10 @@ fn default_mounts_stat_from_cache_and_see_another_mounts_change_at_once() {
 }
 
 /// A call that changes a directory answers the directory's attributes after it, which the
-/// kernel asks for next: a create costs its lookup, the create and the release (not a
-/// getattr of the directory besides), an unlink one call. Another mount's change to the
-/// directory is seen at once all the same, and so is a rename's.
+/// kernel asks for next, and a mount knows every name in a directory it made until another
+/// changes it: a create costs the create and the release (no lookup of the new name, no
+/// getattr of the directory), an unlink one call. Another mount's change to the directory is
+/// seen at once all the same, its names included, and so is a rename's.
 #[test]
 fn creates_and_unlinks_keep_their_directorys_attributes_and_other_changes_still_show() {
     let server = MemServer::meta("32M", "1M");
@@ -176,9 +177,24 @@ fn creates_and_unlinks_keep_their_directorys_attributes_and_other_changes_still_
     let creates = per_op(&a, &|i| {
         fs::File::create(a.path(&format!("d/f{i}"))).unwrap();
     });
-    assert!(creates <= 3.0, "{creates} calls per create");
-    let unlinks = per_op(&a, &|i| fs::remove_file(a.path(&format!("d/f{i}"))).unwrap());
+    assert!(creates <= 2.0, "{creates} calls per create");
+    let unlinks = per_op(&a, &|i| {
+        fs::remove_file(a.path(&format!("d/f{i}"))).unwrap()
+    });
     assert!(unlinks <= 1.0, "{unlinks} calls per unlink");
+    let missing = per_op(&a, &|i| {
+        assert!(fs::metadata(a.path(&format!("d/none{i}"))).is_err());
+    });
+    assert_eq!(missing, 0.0, "calls per lookup of a name d lacks");
+
+    // b's names in d are seen on a at once, and so is their removal.
+    fs::write(b.path("d/from-b"), b"b").unwrap();
+    assert_eq!(fs::read(a.path("d/from-b")).unwrap(), b"b");
+    fs::remove_file(b.path("d/from-b")).unwrap();
+    assert!(fs::metadata(a.path("d/from-b")).is_err());
+    fs::write(b.path("d/again"), b"c").unwrap();
+    assert_eq!(fs::read(a.path("d/again")).unwrap(), b"c");
+    fs::remove_file(a.path("d/again")).unwrap();
 
     let before = fs::metadata(a.path("d")).unwrap();
     fs::create_dir(b.path("d/sub")).unwrap();
@@ -192,7 +208,10 @@ fn creates_and_unlinks_keep_their_directorys_attributes_and_other_changes_still_
     assert_eq!(fs::metadata(a.path("d")).unwrap().nlink(), before.nlink());
     assert_eq!(fs::metadata(b.path("d")).unwrap().nlink(), before.nlink());
     fs::remove_file(b.path("d/g")).unwrap();
-    assert!(fs::read_dir(a.path("d")).unwrap().next().is_none(), "b's unlink");
+    assert!(
+        fs::read_dir(a.path("d")).unwrap().next().is_none(),
+        "b's unlink"
+    );
 }
 
 #[test]

@@ -95,6 +95,7 @@ impl<B: Backend> Rfs<B> {
             });
         }
         for e in cb.entries {
+            self.dirs.changed(e.parent);
             self.kernel(KernelInval::Entry {
                 parent: e.parent,
                 name: e.name,

@@ -9,7 +9,7 @@
 //! - [`coherence`](self::coherence): the metadata node's callbacks, and the kernel's caches;
 //! - [`data`](self::data): the data path (reads and writes split at chunk boundaries);
 //! - [`behind`](self::behind): write-behind (what is in flight of each file's writes);
-//! - [`dir_attrs`](self::dir_attrs): directory attributes as our own changes left them;
+//! - [`dirs`](self::dirs): what we know of the directories we change (attributes, names);
 //! - [`ranges`](self::ranges): copy_file_range and fallocate, without data through FUSE;
 //! - [`stats`]: the live statistics file;
 //! - [`error`]: the one error type; [`backend`]: the seam.
@@ -19,7 +19,7 @@ mod behind;
 mod chunks;
 mod coherence;
 mod data;
-mod dir_attrs;
+mod dirs;
 mod error;
 #[cfg(test)]
 mod fake;
@@ -53,7 +53,7 @@ pub use stats::{stats_json, STATS_INO, STATS_NAME};
 
 use behind::WriteBehind;
 use chunks::ChunkCache;
-use dir_attrs::DirAttrs;
+use dirs::Dirs;
 use open::{OpenFile, PageVersion};
 use stats::ClientStats;
 
@@ -79,8 +79,8 @@ pub struct Rfs<B: Backend = Client> {
     retry_window_ms: AtomicU64,
     /// Writes in flight, answered or not.
     behind: WriteBehind,
-    /// Directories' attributes as our changes left them.
-    dirs: DirAttrs,
+    /// What we know of the directories we change.
+    dirs: Dirs,
     stats: Arc<ClientStats>,
 }
 
@@ -122,7 +122,7 @@ impl<B: Backend> Rfs<B> {
             retry_window_ms: AtomicU64::new(lease.as_millis() as u64),
             behind: WriteBehind::new(0),
             // A quarter: with the kernel's half lease, nothing older than a lease is served.
-            dirs: DirAttrs::new(lease / 4),
+            dirs: Dirs::new(lease / 4),
             stats,
         })
     }
@@ -169,20 +169,26 @@ impl<B: Backend> Rfs<B> {
         Ok(self.meta().call(req)?)
     }
 
-    /// A call that adds a name: the inode it leads to (seen with our own uncommitted writes);
-    /// the directory's attributes after it are kept.
-    fn made<C: Call<Reply = Made> + Debug>(&self, req: C) -> Result<Attr> {
+    /// A call that changes directory `dir`: if it fails, whether it took effect is not
+    /// known, and what we knew of the directory goes.
+    fn changing<C: Call + Debug>(&self, dir: Ino, req: C) -> Result<C::Reply> {
+        self.call(req).inspect_err(|_| self.dirs.changed(dir))
+    }
+
+    /// A call that adds `name` to `dir`: the inode it leads to, seen with our own
+    /// uncommitted writes.
+    fn add<C: Call<Reply = Made> + Debug>(&self, dir: Ino, name: &[u8], req: C) -> Result<Attr> {
         let sent = self.dirs.sent();
-        let made = self.call(req)?;
-        self.dirs.answered(sent, made.dir);
+        let made = self.changing(dir, req)?;
+        self.dirs.added(sent, made.dir, name);
         Ok(self.with_local_size(made.attr))
     }
 
-    /// A call that removes a name; the directory's attributes after it are kept.
-    fn removed<C: Call<Reply = Attr> + Debug>(&self, req: C) -> Result<()> {
+    /// A call that removes `name` from `dir`.
+    fn remove<C: Call<Reply = Attr> + Debug>(&self, dir: Ino, name: &[u8], req: C) -> Result<()> {
         let sent = self.dirs.sent();
-        let dir = self.call(req)?;
-        self.dirs.answered(sent, dir);
+        let after = self.changing(dir, req)?;
+        self.dirs.removed(sent, after, name);
         Ok(())
     }
 
@@ -197,6 +203,9 @@ impl<B: Backend> Rfs<B> {
         if parent == ROOT && name == STATS_NAME.as_bytes() {
             return Ok(self.stats_attr());
         }
+        if self.dirs.lacks(parent, name) {
+            return Err(Errno::ENOENT.into());
+        }
         self.attr_of(Lookup {
             parent,
             name: name.into(),
@@ -208,7 +217,7 @@ impl<B: Backend> Rfs<B> {
         if ino == STATS_INO {
             return Ok(self.stats_attr());
         }
-        if let Some(a) = self.dirs.get(ino) {
+        if let Some(a) = self.dirs.attrs(ino) {
             return Ok(a);
         }
         self.attr_of(GetAttr { ino })
@@ -279,22 +288,27 @@ impl<B: Backend> Rfs<B> {
         rdev: u32,
         owner: Owner,
     ) -> Result<Attr> {
-        self.made(Mknod {
+        let mknod = Mknod {
             parent,
             name: name.into(),
             kind,
             rdev,
             owner,
-        })
+        };
+        self.add(parent, name, mknod)
     }
 
     /// Creates a directory.
     pub fn mkdir(&self, parent: Ino, name: &[u8], owner: Owner) -> Result<Attr> {
-        self.made(Mkdir {
+        let sent = self.dirs.sent();
+        let mkdir = Mkdir {
             parent,
             name: name.into(),
             owner,
-        })
+        };
+        let made = self.changing(parent, mkdir)?;
+        self.dirs.made_dir(sent, made.dir, name, made.attr.ino);
+        Ok(made.attr)
     }
 
     /// Creates a symbolic link owned by `uid`:`gid`.
@@ -306,13 +320,14 @@ impl<B: Backend> Rfs<B> {
         uid: u32,
         gid: u32,
     ) -> Result<Attr> {
-        self.made(Symlink {
+        let symlink = Symlink {
             parent,
             name: name.into(),
             target: target.into(),
             uid,
             gid,
-        })
+        };
+        self.add(parent, name, symlink)
     }
 
     /// A symbolic link's target.
@@ -322,27 +337,30 @@ impl<B: Backend> Rfs<B> {
 
     /// A hard link to `ino`.
     pub fn link(&self, ino: Ino, newparent: Ino, newname: &[u8]) -> Result<Attr> {
-        self.made(Link {
+        let link = Link {
             ino,
             newparent,
             newname: newname.into(),
-        })
+        };
+        self.add(newparent, newname, link)
     }
 
     /// Removes a name (not a directory).
     pub fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()> {
-        self.removed(Unlink {
+        let unlink = Unlink {
             parent,
             name: name.into(),
-        })
+        };
+        self.remove(parent, name, unlink)
     }
 
     /// Removes an empty directory.
     pub fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()> {
-        self.removed(Rmdir {
+        let rmdir = Rmdir {
             parent,
             name: name.into(),
-        })
+        };
+        self.remove(parent, name, rmdir)
     }
 
     /// rename(2), with renameat2's flags.
@@ -355,14 +373,17 @@ impl<B: Backend> Rfs<B> {
         flags: u32,
     ) -> Result<()> {
         let sent = self.dirs.sent();
-        let (old, new) = self.call(Rename {
+        let rename = Rename {
             parent,
             name: name.into(),
             newparent,
             newname: newname.into(),
             flags,
+        };
+        let (old, new) = self.changing(parent, rename).inspect_err(|_| {
+            self.dirs.changed(newparent);
         })?;
-        self.dirs.renamed(sent, old, new);
+        self.dirs.renamed(sent, (old, name), (new, newname), flags);
         Ok(())
     }
 

@@ -111,13 +111,14 @@ impl<B: Backend> Rfs<B> {
         access: u8,
     ) -> Result<(u64, Attr)> {
         let sent = self.dirs.sent();
-        let made = self.call(Create {
+        let create = Create {
             parent,
             name: name.into(),
             owner,
             access,
-        })?;
-        self.dirs.answered(sent, made.dir);
+        };
+        let made = self.changing(parent, create)?;
+        self.dirs.added(sent, made.dir, name);
         Ok(self.opened(made.attr, access))
     }
 
