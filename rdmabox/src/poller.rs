@@ -13,6 +13,8 @@
 use std::fmt;
 use std::ops::ControlFlow;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// How a poller waits for completions; parsed from and shown as the `--polling` strings.
@@ -177,6 +179,79 @@ const WANTED: Duration = Duration::from_micros(20);
 /// Yields in a row that ran another thread before a spin gives way.
 const GIVE_WAY_AFTER: u32 = 3;
 
+/// How long one look at the machine's runnable threads stands for every poller.
+const RUNNABLE_FRESH: Duration = Duration::from_millis(1);
+
+/// This process's pollers spinning now (see [`Spinning`]).
+static SPINNING: AtomicUsize = AtomicUsize::new(0);
+
+/// A poller's place among [`SPINNING`] while it spins.
+struct Spinning(bool);
+
+impl Spinning {
+    fn start(&mut self, target: &mut impl PollTarget) {
+        if !self.0 {
+            SPINNING.fetch_add(1, Ordering::Relaxed);
+            self.0 = true;
+            target.spinning(true);
+        }
+    }
+
+    fn stop(&mut self, target: &mut impl PollTarget) {
+        if self.0 {
+            target.spinning(false);
+            SPINNING.fetch_sub(1, Ordering::Relaxed);
+            self.0 = false;
+        }
+    }
+}
+
+impl Drop for Spinning {
+    fn drop(&mut self) {
+        if self.0 {
+            SPINNING.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Whether our spinning pollers take cores that other threads wait for: more of them spin than
+/// there are cores left by the threads that are runnable and not spinning (the running count
+/// of /proc/loadavg, less our spinners, when last looked at). One look stands for
+/// [`RUNNABLE_FRESH`], for every poller of the process; where it cannot be read, no.
+pub(crate) fn cores_wanted() -> bool {
+    static EPOCH: OnceLock<(Instant, usize)> = OnceLock::new();
+    static LOOKED_NS: AtomicU64 = AtomicU64::new(0);
+    static FREE_CORES: AtomicUsize = AtomicUsize::new(usize::MAX);
+    let (epoch, cores) = *EPOCH.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        (Instant::now(), cores)
+    });
+    let now = epoch.elapsed().as_nanos() as u64 + 1;
+    let looked = LOOKED_NS.load(Ordering::Relaxed);
+    if now.saturating_sub(looked) > RUNNABLE_FRESH.as_nanos() as u64
+        && LOOKED_NS
+            .compare_exchange(looked, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    {
+        let spinning = SPINNING.load(Ordering::Relaxed);
+        let free = std::fs::read_to_string("/proc/loadavg")
+            .ok()
+            .and_then(|l| runnable_in_loadavg(&l))
+            .map_or(usize::MAX, |r| {
+                cores.saturating_sub(r.saturating_sub(spinning))
+            });
+        FREE_CORES.store(free, Ordering::Relaxed);
+    }
+    // Spinners beyond the free cores give way one by one, until the rest fit.
+    SPINNING.load(Ordering::Relaxed) > FREE_CORES.load(Ordering::Relaxed)
+}
+
+/// The threads runnable now, from /proc/loadavg ("0.20 0.18 0.12 3/245 1234": 3).
+fn runnable_in_loadavg(loadavg: &str) -> Option<usize> {
+    let field = loadavg.split_whitespace().nth(3)?;
+    field.split_once('/')?.0.parse().ok()
+}
+
 /// Yields the core; whether it came back at once (nobody else wanted to run here).
 pub(crate) fn yield_core() -> bool {
     let start = Instant::now();
@@ -198,8 +273,15 @@ pub(crate) trait PollTarget {
     fn yield_core(&mut self) -> bool {
         yield_core()
     }
+    /// Whether our spinning pollers take cores that other threads wait for (asked while this
+    /// one spins).
+    fn cores_wanted(&mut self) -> bool {
+        cores_wanted()
+    }
     /// A spin was cut short because the core was wanted (for the counters).
     fn gave_way(&mut self) {}
+    /// The poller starts (`true`) or stops spinning.
+    fn spinning(&mut self, _on: bool) {}
 }
 
 /// Runs a poll loop as `mode` says until `target` ends it. Rounds that find nothing yield the
@@ -208,14 +290,16 @@ pub(crate) trait PollTarget {
 /// does the poller sleep, for at most [`MAX_SLEEP`].
 ///
 /// Polling gives way: spinning pays only on a core nobody else needs, so (except in busy
-/// mode, which is asked for) [`GIVE_WAY_AFTER`] yields in a row that ran another thread end
-/// the spin, and the poller sleeps on its CQ event. On few cores, the threads that would produce the completion (a
-/// FUSE thread, the transport, the application) are often the ones waiting for the core.
+/// mode, which is asked for) a spin ends, and the poller sleeps on its CQ event, once more
+/// threads are runnable than there are cores, or [`GIVE_WAY_AFTER`] yields in a row ran
+/// another thread. On few cores, the threads that would produce the completion (a FUSE
+/// thread, the transport, the application) are often the ones waiting for the core.
 pub(crate) fn drive(mode: PollMode, target: &mut impl PollTarget) {
     let mut state = PollState::new(mode);
     // Yields in a row that ran another thread: one is the thread a completion just woke
     // (which the spin should outlast); several mean the core is in demand.
     let mut wanted_in_a_row = 0;
+    let mut spinning = Spinning(false);
     loop {
         let ControlFlow::Continue(n) = target.poll_round() else {
             return;
@@ -223,6 +307,7 @@ pub(crate) fn drive(mode: PollMode, target: &mut impl PollTarget) {
         let sleep = match state.after_poll(n) {
             Next::Poll if n > 0 => {
                 wanted_in_a_row = 0;
+                spinning.stop(target);
                 false
             }
             Next::Poll if mode == PollMode::Busy => {
@@ -230,12 +315,13 @@ pub(crate) fn drive(mode: PollMode, target: &mut impl PollTarget) {
                 false
             }
             Next::Poll => {
+                spinning.start(target);
                 wanted_in_a_row = if target.yield_core() {
                     0
                 } else {
                     wanted_in_a_row + 1
                 };
-                let give_way = wanted_in_a_row >= GIVE_WAY_AFTER;
+                let give_way = wanted_in_a_row >= GIVE_WAY_AFTER || target.cores_wanted();
                 if give_way {
                     target.gave_way();
                     state.restart();
@@ -246,6 +332,7 @@ pub(crate) fn drive(mode: PollMode, target: &mut impl PollTarget) {
         };
         if sleep {
             wanted_in_a_row = 0;
+            spinning.stop(target);
         }
         if sleep {
             if target.arm().is_break() {
@@ -324,6 +411,8 @@ mod tests {
         arm_fails: bool,
         /// Whether each yield finds the core free (once they run out: always).
         yields: std::collections::VecDeque<bool>,
+        /// Whether more threads are runnable than cores, at each look (then: no).
+        crowded: std::collections::VecDeque<bool>,
         log: Vec<Did>,
     }
 
@@ -341,6 +430,7 @@ mod tests {
                 polls: polls.iter().copied().collect(),
                 arm_fails: false,
                 yields: Default::default(),
+                crowded: Default::default(),
                 log: Vec::new(),
             }
         }
@@ -380,6 +470,49 @@ mod tests {
         fn gave_way(&mut self) {
             self.log.push(Did::GaveWay);
         }
+
+        fn cores_wanted(&mut self) -> bool {
+            self.crowded.pop_front().unwrap_or(false)
+        }
+    }
+
+    #[test]
+    fn a_spin_gives_way_when_spinners_take_cores_others_wait_for() {
+        use Did::*;
+        let mode = PollMode::Adaptive {
+            max_poll_wc: 16,
+            max_retry: 100,
+        };
+        let mut s = Script::new(&[0, 0, 0, 0, 0]);
+        s.crowded = [false, true].into();
+        drive(mode, &mut s);
+        assert_eq!(
+            s.log,
+            [
+                Poll(0),
+                Poll(0),
+                GaveWay,
+                Arm,
+                Poll(0),
+                Sleep,
+                Poll(0),
+                Poll(0)
+            ]
+        );
+        let mut s = Script::new(&[0; 4]);
+        s.crowded = [true; 4].into();
+        drive(PollMode::Busy, &mut s);
+        assert_eq!(s.log, [Poll(0); 4], "busy polling spins regardless");
+    }
+
+    #[test]
+    fn the_runnable_count_is_read_from_loadavg() {
+        assert_eq!(runnable_in_loadavg("0.20 0.18 0.12 3/245 1234\n"), Some(3));
+        assert_eq!(runnable_in_loadavg("0.20 0.18 0.12"), None);
+        assert_eq!(runnable_in_loadavg("a b c x/y z"), None);
+        assert!(
+            runnable_in_loadavg(&std::fs::read_to_string("/proc/loadavg").unwrap()).unwrap() >= 1
+        );
     }
 
     #[test]

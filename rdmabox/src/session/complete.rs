@@ -72,6 +72,10 @@ impl PollTarget for LinkPoller<'_> {
     fn gave_way(&mut self) {
         Counters::add(&self.inner.counters.spins_given_way, 1);
     }
+
+    fn spinning(&mut self, on: bool) {
+        self.link.spinning.store(on, Ordering::Relaxed);
+    }
 }
 
 impl Inner {

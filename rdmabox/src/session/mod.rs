@@ -143,6 +143,8 @@ struct Link {
     qp: QueuePair,
     cq: CompletionQueue,
     inflight: Mutex<Slab<InflightWr>>,
+    /// Its poller is spinning: a lone request sent here is seen the moment it completes.
+    spinning: AtomicBool,
 }
 
 /// The state a session shares with its poller threads.
@@ -229,6 +231,7 @@ impl Session {
                     qp,
                     cq,
                     inflight: Mutex::new(Slab::new()),
+                    spinning: AtomicBool::new(false),
                 })
                 .collect(),
             next_link: AtomicUsize::new(0),

@@ -76,8 +76,15 @@ impl Inner {
             || r.len > self.cfg.slot_size
     }
 
-    /// A link with room for `n` more work requests, trying them round-robin.
+    /// A link with room for `n` more work requests: an idle one whose poller spins (where
+    /// few pollers may spin, a lone request goes where one does), else round-robin.
     fn link_room(&self, n: usize) -> Option<usize> {
+        let hot = self.links.iter().position(|l| {
+            l.spinning.load(Ordering::Relaxed) && l.inflight.lock().unwrap().is_empty()
+        });
+        if hot.is_some() {
+            return hot;
+        }
         let links = self.links.len();
         let start = self.next_link.fetch_add(1, Ordering::Relaxed);
         (0..links).map(|k| (start + k) % links).find(|&i| {
