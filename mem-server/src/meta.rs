@@ -1061,6 +1061,9 @@ impl MetaService {
                         fx.freed(dst.map_or(0, |a| a.ino), 0, freed);
                     });
                 let dirs = r.and_then(|()| {
+                    // The caller's kernel now holds the new name: it is told when it changes.
+                    holders.looked_in(session, m.parent);
+                    holders.looked_in(session, m.newparent);
                     let old = dir_after(holders, session, ns, m.parent)?;
                     Ok((old, dir_after(holders, session, ns, m.newparent)?))
                 });

@@ -346,6 +346,16 @@ impl Client {
     }
 
     /// The live channel, reconnecting if it broke (until `deadline`).
+    /// Whether the metadata connection is up: not lost, or lost and already replaced (a
+    /// lost one is noticed at once, replaced at the next call).
+    pub fn metadata_connected(&self) -> bool {
+        self.channel
+            .lock()
+            .unwrap()
+            .as_ref()
+            .is_some_and(|c| !c.is_broken())
+    }
+
     fn channel(&self, deadline: Instant) -> io::Result<Arc<Channel>> {
         let live = |c: &Option<Arc<Channel>>| c.as_ref().filter(|c| !c.is_broken()).cloned();
         if let Some(c) = live(&self.channel.lock().unwrap()) {

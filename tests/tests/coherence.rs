@@ -214,6 +214,25 @@ fn creates_and_unlinks_keep_their_directorys_attributes_and_other_changes_still_
     );
 }
 
+/// A name a mount renamed into a directory is one its kernel keeps: another mount's rename
+/// over it is seen at once (the review's finding: only a lookup registered a mount for the
+/// names of a directory, and a mount that made the directory answers its lookups itself).
+#[test]
+fn a_name_renamed_in_is_dropped_when_another_mount_replaces_it() {
+    let server = MemServer::meta("32M", "1M");
+    let a = Mount::new(&server, &[]);
+    let b = Mount::new(&server, &[]);
+    fs::create_dir(a.path("D")).unwrap();
+    fs::write(a.path("a"), b"old").unwrap();
+    fs::rename(a.path("a"), a.path("D/b")).unwrap();
+    assert_eq!(fs::read(a.path("D/b")).unwrap(), b"old");
+    fs::write(b.path("D/new"), b"new").unwrap();
+    fs::rename(b.path("D/new"), b.path("D/b")).unwrap();
+    assert_eq!(fs::read(a.path("D/b")).unwrap(), b"new");
+    fs::remove_file(b.path("D/b")).unwrap();
+    assert!(fs::metadata(a.path("D/b")).is_err(), "removed on b");
+}
+
 #[test]
 fn allocate_ahead_is_given_back_and_deleted_space_returns() {
     // 64 chunks of 1 MiB: thirty 1.5 MiB files (two chunks each) fit only if the chunks

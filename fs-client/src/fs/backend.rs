@@ -38,6 +38,8 @@ pub trait Backend: MetadataChannel + Send + Sync + 'static {
     fn on_notice(&self, handler: NoticeHandler);
     /// How to list our open handles, for a metadata node that lost them (it restarted).
     fn on_reclaim(&self, handles: OpenHandles);
+    /// Whether the metadata connection is up (its callbacks arrive).
+    fn metadata_connected(&self) -> bool;
 }
 
 /// The session to `chunk`'s node, or why a transfer cannot start. The session is connected
@@ -104,6 +106,10 @@ impl Backend for Client {
 
     fn on_notice(&self, handler: NoticeHandler) {
         Client::on_notice(self, handler)
+    }
+
+    fn metadata_connected(&self) -> bool {
+        Client::metadata_connected(self)
     }
 
     fn on_reclaim(&self, handles: OpenHandles) {

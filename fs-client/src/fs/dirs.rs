@@ -68,10 +68,24 @@ impl Kept {
         }
     }
 
-    /// Applies a change of `dir`'s names that the metadata node answered.
+    fn new_listing(&mut self, dir: Ino) {
+        self.drop_listing(dir);
+        let empty = Listing {
+            names: HashSet::new(),
+            confirmed: Instant::now(),
+        };
+        if let Some((_, evicted)) = self.listings.push(dir, empty) {
+            self.names -= evicted.names.len();
+        }
+    }
+
+    /// Applies a change of `dir`'s names that the metadata node answered. An answer that a
+    /// callback (about any inode) overtook cannot tell whether the listing still holds: the
+    /// listing goes.
     fn edit(&mut self, sent: Sent, dir: Ino, change: impl FnOnce(&mut HashSet<Name>)) {
         if !self.fresh(sent) {
-            return; // a callback came meanwhile: it dropped the listing, if it was about it
+            self.drop_listing(dir);
+            return;
         }
         let Some(l) = self.listings.get_mut(&dir) else {
             return;
@@ -131,12 +145,7 @@ impl Dirs {
         self.added(sent, parent, name);
         let mut k = self.kept.lock().unwrap();
         if k.fresh(sent) {
-            k.drop_listing(made);
-            let empty = Listing {
-                names: HashSet::new(),
-                confirmed: Instant::now(),
-            };
-            k.listings.put(made, empty);
+            k.new_listing(made);
         }
     }
 
@@ -168,10 +177,24 @@ impl Dirs {
         k.epoch += 1;
     }
 
+    /// Keeps `dir`'s attributes after a change; an answer that a callback overtook may be
+    /// older than what it replaces: both go.
     fn keep_attrs(k: &mut Kept, sent: Sent, dir: Attr) {
         if k.fresh(sent) {
             k.attrs.put(dir.ino, (dir, Instant::now()));
+        } else {
+            k.attrs.pop(&dir.ino);
         }
+    }
+
+    /// A call sent at `sent` removed directory `name` from `dir` (its attributes after).
+    /// The removed directory's attributes, which the kernel may still ask for (a process in
+    /// it), go with every other directory's: its number is not known here.
+    pub(crate) fn removed_dir(&self, sent: Sent, dir: Attr, name: &[u8]) {
+        self.removed(sent, dir, name);
+        let mut k = self.kept.lock().unwrap();
+        k.attrs.clear();
+        Self::keep_attrs(&mut k, sent, dir);
     }
 
     /// `dir`'s attributes, if kept and young enough.
@@ -260,12 +283,20 @@ mod tests {
     }
 
     #[test]
-    fn an_answer_overtaken_by_a_callback_is_not_kept() {
+    fn an_answer_overtaken_by_a_callback_is_not_kept_and_what_it_changed_goes() {
         let d = Dirs::new(Duration::from_secs(10));
         let sent = d.sent();
         d.changed(9); // a callback, about any inode, while the call was out
         d.added(sent, dir(5, 3), b"x");
         assert_eq!(d.attrs(5), None);
+        // Kept before, then an overtaken answer about the same directory: both go.
+        d.made_dir(d.sent(), dir(1, 3), b"d", 5);
+        d.added(d.sent(), dir(5, 2), b"a");
+        let sent = d.sent();
+        d.changed(9);
+        d.added(sent, dir(5, 2), b"b");
+        assert_eq!(d.attrs(5), None, "the older attributes go");
+        assert!(!d.lacks(5, b"b"), "the listing without b goes");
         let sent = d.sent();
         d.changed(9);
         d.made_dir(sent, dir(1, 3), b"d", 5);
@@ -329,5 +360,28 @@ mod tests {
         assert!(d.lacks(6, b"zz"));
         d.added(d.sent(), dir(6, 2), b"one more");
         assert!(!d.lacks(6, b"zz"), "over the budget alone: not kept");
+    }
+
+    #[test]
+    fn listings_pushed_out_give_their_names_back() {
+        let d = Dirs::new(Duration::from_secs(10));
+        for dir_ino in 0..LISTINGS as u64 * 2 {
+            d.made_dir(d.sent(), dir(1, 3), b"d", 100 + dir_ino);
+            d.added(d.sent(), dir(100 + dir_ino, 2), b"a");
+        }
+        assert_eq!(
+            d.kept.lock().unwrap().names,
+            LISTINGS,
+            "one name per listing kept"
+        );
+    }
+
+    #[test]
+    fn a_removed_directorys_attributes_are_not_kept() {
+        let d = Dirs::new(Duration::from_secs(10));
+        d.added(d.sent(), dir(7, 2), b"x"); // perhaps the directory removed next
+        d.removed_dir(d.sent(), dir(5, 2), b"sub");
+        assert_eq!(d.attrs(7), None);
+        assert_eq!(d.attrs(5).unwrap().nlink, 2);
     }
 }

@@ -365,6 +365,10 @@ impl Backend for Fake {
     fn on_notice(&self, _handler: rfs_proto::client::NoticeHandler) {}
 
     fn on_reclaim(&self, _handles: rfs_proto::client::OpenHandles) {}
+
+    fn metadata_connected(&self) -> bool {
+        true
+    }
 }
 
 /// Proves the fake answers like the real service does: typed replies decode.

@@ -203,7 +203,8 @@ impl<B: Backend> Rfs<B> {
         if parent == ROOT && name == STATS_NAME.as_bytes() {
             return Ok(self.stats_attr());
         }
-        if self.dirs.lacks(parent, name) {
+        // Unless the metadata node is out of reach: callbacks may be missed meanwhile.
+        if self.dirs.lacks(parent, name) && self.backend.metadata_connected() {
             return Err(Errno::ENOENT.into());
         }
         self.attr_of(Lookup {
@@ -218,7 +219,9 @@ impl<B: Backend> Rfs<B> {
             return Ok(self.stats_attr());
         }
         if let Some(a) = self.dirs.attrs(ino) {
-            return Ok(a);
+            if self.backend.metadata_connected() {
+                return Ok(a);
+            }
         }
         self.attr_of(GetAttr { ino })
     }
@@ -356,11 +359,14 @@ impl<B: Backend> Rfs<B> {
 
     /// Removes an empty directory.
     pub fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        let sent = self.dirs.sent();
         let rmdir = Rmdir {
             parent,
             name: name.into(),
         };
-        self.remove(parent, name, rmdir)
+        let after = self.changing(parent, rmdir)?;
+        self.dirs.removed_dir(sent, after, name);
+        Ok(())
     }
 
     /// rename(2), with renameat2's flags.
