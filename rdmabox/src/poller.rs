@@ -274,9 +274,15 @@ pub(crate) trait PollTarget {
         yield_core()
     }
     /// Whether our spinning pollers take cores that other threads wait for (asked while this
-    /// one spins).
+    /// one spins, if it [`gives way to waiting threads`](Self::gives_way_to_waiting_threads)).
     fn cores_wanted(&mut self) -> bool {
         cores_wanted()
+    }
+    /// Whether this poller's spin ends when threads wait for a core. A poller whose every
+    /// completion a caller waits for (an RPC pump: one call at a time per caller) spins on,
+    /// and is one of the threads the others give way to.
+    fn gives_way_to_waiting_threads(&self) -> bool {
+        true
     }
     /// A spin was cut short because the core was wanted (for the counters).
     fn gave_way(&mut self) {}
@@ -315,13 +321,16 @@ pub(crate) fn drive(mode: PollMode, target: &mut impl PollTarget) {
                 false
             }
             Next::Poll => {
-                spinning.start(target);
+                if target.gives_way_to_waiting_threads() {
+                    spinning.start(target);
+                }
                 wanted_in_a_row = if target.yield_core() {
                     0
                 } else {
                     wanted_in_a_row + 1
                 };
-                let give_way = wanted_in_a_row >= GIVE_WAY_AFTER || target.cores_wanted();
+                let give_way = wanted_in_a_row >= GIVE_WAY_AFTER
+                    || (target.gives_way_to_waiting_threads() && target.cores_wanted());
                 if give_way {
                     target.gave_way();
                     state.restart();
