@@ -50,10 +50,14 @@ impl State {
     }
 }
 
+/// Run before the next Commit reaches the "metadata node", outside its lock.
+type BeforeCommit = Box<dyn FnOnce() + Send>;
+
 /// The shared "cluster".
 #[derive(Default)]
 pub(crate) struct FakeCluster {
     state: Mutex<State>,
+    before_commit: Mutex<Option<BeforeCommit>>,
 }
 
 /// One client's connection to the cluster.
@@ -65,6 +69,11 @@ fn answer<C: Call>(_: &C, r: Result<C::Reply, Errno>) -> Vec<u8> {
 }
 
 impl FakeCluster {
+    /// Has `meanwhile` run while the next commit is on its way, before the node applies it.
+    pub(crate) fn before_next_commit(&self, meanwhile: BeforeCommit) {
+        *self.before_commit.lock().unwrap() = Some(meanwhile);
+    }
+
     /// How many `op` calls reached the "metadata node".
     pub(crate) fn calls(&self, op: RequestOp) -> usize {
         *self.state.lock().unwrap().calls.get(&op).unwrap_or(&0)
@@ -325,6 +334,12 @@ impl MetadataChannel for Fake {
     fn exchange(&self, request: &[u8]) -> io::Result<Vec<u8>> {
         let req =
             Request::decode(request).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        if matches!(req, Request::Commit(_)) {
+            let meanwhile = self.0.before_commit.lock().unwrap().take();
+            if let Some(meanwhile) = meanwhile {
+                meanwhile();
+            }
+        }
         Ok(self.0.handle(req))
     }
 }

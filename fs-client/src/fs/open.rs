@@ -22,15 +22,23 @@ pub(crate) struct OpenFile {
     committed: u64,
     /// Writes not yet committed to the metadata node.
     dirty: bool,
+    /// Commits on their way: until they are answered, the node may answer sizes from before
+    /// them (a getattr it answered first), which must not take ours back.
+    committing: u32,
     mtime: Option<Timestamp>,
 }
 
 impl OpenFile {
+    /// Whether our size may be ahead of the metadata node's.
+    fn ahead(&self) -> bool {
+        self.dirty || self.committing > 0
+    }
+
     /// Follows the size another client set: a cut (truncate) holds even over our uncommitted
     /// writes (they came before it); otherwise the larger of the two.
     pub(crate) fn follow(&mut self, size: u64, cut: bool) {
         self.committed = size;
-        self.size = if cut || !self.dirty {
+        self.size = if cut || !self.ahead() {
             size
         } else {
             self.size.max(size)
@@ -194,25 +202,26 @@ impl<B: Backend> Rfs<B> {
                         .unlanded_from(ino, f.committed)
                         .map_or(f.size, |from| from.min(f.size));
                     f.dirty = landed < f.size;
+                    f.committing += 1;
                     (landed, f.mtime)
                 }
                 _ => return Ok(()),
             }
         };
-        match self.call(Commit { ino, size, mtime }) {
-            Ok(_) => {
-                if let Some(f) = self.open.lock().unwrap().get_mut(&ino) {
-                    f.committed = f.committed.max(size);
-                }
-                Ok(())
+        let committed = self.call(Commit { ino, size, mtime });
+        let mut open = self.open.lock().unwrap();
+        // Kept while committing: `release` leaves a file that is ahead of the node.
+        if let Some(f) = open.get_mut(&ino) {
+            f.committing -= 1;
+            match committed {
+                Ok(_) => f.committed = f.committed.max(size),
+                Err(_) => f.dirty = true,
             }
-            Err(e) => {
-                if let Some(f) = self.open.lock().unwrap().get_mut(&ino) {
-                    f.dirty = true;
-                }
-                Err(e)
+            if f.handles == 0 && !f.ahead() {
+                open.remove(&ino); // released meanwhile
             }
         }
+        committed.map(drop)
     }
 
     /// Closes handle `fh`: commits (reporting a failed write to a handle that may write),
@@ -228,7 +237,7 @@ impl<B: Backend> Rfs<B> {
             let mut open = self.open.lock().unwrap();
             if let Some(f) = open.get_mut(&ino) {
                 f.handles -= 1;
-                if f.handles == 0 && !f.dirty {
+                if f.handles == 0 && !f.ahead() {
                     open.remove(&ino);
                 }
             }
@@ -240,8 +249,10 @@ impl<B: Backend> Rfs<B> {
     /// Our uncommitted writes make a file look larger to us than to the server.
     pub(crate) fn with_local_size(&self, mut a: Attr) -> Attr {
         if let Some(f) = self.open.lock().unwrap().get_mut(&a.ino) {
-            f.committed = a.size;
-            if f.dirty {
+            if f.committing == 0 {
+                f.committed = a.size;
+            }
+            if f.ahead() {
                 f.size = f.size.max(a.size);
                 a.size = f.size;
                 if let Some(m) = f.mtime {
