@@ -338,8 +338,15 @@ impl Mount {
         None
     }
 
-    /// Unmounts with fusermount3 and waits for fs-client to exit; returns its exit success.
+    /// Unmounts with fusermount3 and waits (up to 10 s) for fs-client to exit; returns its
+    /// exit success.
     pub fn unmount(&mut self) -> bool {
+        self.unmount_within(Duration::from_secs(10))
+    }
+
+    /// [`Mount::unmount`], waiting up to `limit` for fs-client to finish the calls it has
+    /// under way (each bounded by its deadline).
+    pub fn unmount_within(&mut self, limit: Duration) -> bool {
         let ok = Command::new("fusermount3")
             .arg("-u")
             .arg(&self.dir)
@@ -347,7 +354,7 @@ impl Mount {
             .status()
             .is_ok_and(|s| s.success());
         let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(10) {
+        while start.elapsed() < limit {
             if let Ok(Some(status)) = self.child.try_wait() {
                 return ok && status.success();
             }

@@ -568,7 +568,13 @@ fn a_dead_metadata_node_fails_calls_with_eio_within_the_deadline_and_nothing_han
     let took = start.elapsed();
     assert_eq!(rfs_e2e::errno(&e), libc::EIO, "{e}");
     assert!(took < Duration::from_secs(6), "took {took:?}");
-    assert!(m.unmount(), "unmount after the node died");
+    // The close of "before" may have left a commit and a release under way, and a release
+    // that finds the file still dirty commits again: three calls of up to 2 s each, one after
+    // the other, which under load outlasted the usual 10 s (1 run in about 8).
+    assert!(
+        m.unmount_within(Duration::from_secs(20)),
+        "unmount after the node died"
+    );
 }
 
 #[test]
