@@ -191,10 +191,12 @@ impl Dirs {
     /// The removed directory's attributes, which the kernel may still ask for (a process in
     /// it), go with every other directory's: its number is not known here.
     pub(crate) fn removed_dir(&self, sent: Sent, dir: Attr, name: &[u8]) {
-        self.removed(sent, dir, name);
         let mut k = self.kept.lock().unwrap();
         k.attrs.clear();
         Self::keep_attrs(&mut k, sent, dir);
+        k.edit(sent, dir.ino, |names| {
+            names.remove(&Name::from(name));
+        });
     }
 
     /// `dir`'s attributes, if kept and young enough.

@@ -30,6 +30,8 @@ struct State {
     next_addr: u64,
     calls: HashMap<RequestOp, usize>,
     failing_node: Option<u32>,
+    /// The metadata connection reads as down (calls still get through).
+    metadata_down: bool,
     /// Times every key was taken back: maps hand out key `revocations + 1`, and a transfer
     /// with an older one is refused, as a data node refuses keys it took back (when the
     /// metadata node restarted).
@@ -82,6 +84,11 @@ impl FakeCluster {
     /// Every call that reached the "metadata node".
     pub(crate) fn total_calls(&self) -> usize {
         self.state.lock().unwrap().calls.values().sum()
+    }
+
+    /// Has the metadata connection read as down (or up again).
+    pub(crate) fn metadata_down(&self, down: bool) {
+        self.state.lock().unwrap().metadata_down = down;
     }
 
     /// Makes every transfer to `node` fail (None: none).
@@ -215,6 +222,12 @@ impl FakeCluster {
                 }),
             ),
             Request::Mknod(m) => answer(m, Ok(made(m.parent, make(st, m.kind, m.owner, m.rdev)))),
+            Request::Mkdir(m) => answer(
+                m,
+                Ok(made(m.parent, make(st, FileKind::Directory, m.owner, 0))),
+            ),
+            // The fake keeps no names.
+            Request::Lookup(m) => answer(m, Err(Errno::ENOENT)),
             Request::Create(m) => answer(
                 m,
                 Ok(made(m.parent, make(st, FileKind::RegularFile, m.owner, 0))),
@@ -382,7 +395,7 @@ impl Backend for Fake {
     fn on_reclaim(&self, _handles: rfs_proto::client::OpenHandles) {}
 
     fn metadata_connected(&self) -> bool {
-        true
+        !self.0.state.lock().unwrap().metadata_down
     }
 }
 

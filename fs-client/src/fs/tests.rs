@@ -714,3 +714,29 @@ fn a_getattr_answered_before_a_commit_does_not_take_the_size_back() {
     assert_eq!(fs.getattr(ino).unwrap().size, 1000);
     assert_eq!(read(&fs, ino, 0, 4000).unwrap().len(), 1000);
 }
+
+/// What is kept of a directory made here (its names, its attributes) answers lookups and
+/// getattrs without a call, but not while the metadata connection is down: callbacks may be
+/// missed meanwhile.
+#[test]
+fn kept_directories_answer_without_calls_only_while_connected() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    let d = fs.mkdir(ROOT, b"d", OWNER).unwrap().ino;
+    fs.mknod(d, b"f", FileKind::RegularFile, 0, OWNER).unwrap();
+    let calls = cluster.total_calls();
+    let e = fs.lookup(d, b"missing").unwrap_err();
+    assert_eq!(e.errno(), Errno::ENOENT);
+    fs.getattr(d).unwrap();
+    assert_eq!(cluster.total_calls(), calls, "from what is kept");
+
+    cluster.metadata_down(true);
+    assert_eq!(fs.lookup(d, b"missing").unwrap_err().errno(), Errno::ENOENT);
+    fs.getattr(d).unwrap();
+    assert_eq!(
+        cluster.total_calls(),
+        calls + 2,
+        "asked, while disconnected"
+    );
+    assert_eq!(cluster.calls(RequestOp::Lookup), 1);
+}
