@@ -153,6 +153,9 @@ counters! {
     /// Spins a poller cut short, sleeping on its CQ event, because another thread wanted
     /// the core (a yield ran it).
     spins_given_way: sum,
+    /// Completions the transport's own thread handled while the poller slept (event polling
+    /// on the tcp provider), with no wake-up.
+    completed_inline: sum,
 
     // Effects first: completions and byte counts, then what caused them.
     read order:
@@ -175,6 +178,7 @@ counters! {
         polls_empty,
         polls_nonempty,
         event_wakeups,
+        completed_inline,
         spins_given_way,
         deadline_expiries,
 }
@@ -199,7 +203,7 @@ mod tests {
     use super::*;
 
     /// The text names, in the order tools have always seen them.
-    const NAMES: [&str; 21] = [
+    const NAMES: [&str; 22] = [
         "requests",
         "requests_merged",
         "requests_chained",
@@ -221,9 +225,10 @@ mod tests {
         "event_wakeups",
         "deadline_expiries",
         "spins_given_way",
+        "completed_inline",
     ];
 
-    /// Every counter set, each to a different value (1 to 21, in `NAMES` order). No
+    /// Every counter set, each to a different value (1 to 22, in `NAMES` order). No
     /// `..Default::default()`: a new counter must be added here.
     fn distinct() -> Snapshot {
         Snapshot {
@@ -248,6 +253,7 @@ mod tests {
             event_wakeups: 19,
             deadline_expiries: 20,
             spins_given_way: 21,
+            completed_inline: 22,
         }
     }
 
@@ -274,7 +280,7 @@ mod tests {
         let values: Vec<u64> = rows.iter().map(|&(_, v)| v).collect();
         assert_eq!(
             values,
-            (1..=21).collect::<Vec<_>>(),
+            (1..=22).collect::<Vec<_>>(),
             "each line its own counter"
         );
     }
@@ -329,6 +335,7 @@ mod tests {
             event_wakeups: AtomicU64::new(want.event_wakeups),
             deadline_expiries: AtomicU64::new(want.deadline_expiries),
             spins_given_way: AtomicU64::new(want.spins_given_way),
+            completed_inline: AtomicU64::new(want.completed_inline),
         };
         assert_eq!(live.snapshot(), want);
     }

@@ -58,6 +58,12 @@ impl PollMode {
         }
     }
 
+    /// Whether the poller sleeps after each batch of completions it finds, so that a
+    /// completion that comes while it sleeps is best handled where it was produced.
+    pub fn sleeps_after_work(self) -> bool {
+        matches!(self, PollMode::Event | PollMode::EventBatch)
+    }
+
     fn max_retry(self) -> Option<u32> {
         match self {
             PollMode::Busy => None,

@@ -417,10 +417,71 @@ fn every_polling_mode_completes_work() {
             .unwrap();
         assert_eq!(got, pattern(4096, 0), "{mode}");
         let c = session.counters();
-        if mode != PollMode::Busy {
+        if mode.sleeps_after_work() {
+            // The tcp engine finished what came while the poller slept.
+            assert!(c.completed_inline > 0, "{mode}: {c:?}");
+        } else if mode != PollMode::Busy {
             assert!(c.event_wakeups > 0, "{mode} slept and was woken");
         }
     }
+}
+
+/// With event polling on the tcp provider, the engine thread that reads a completion off the
+/// socket also answers it: a lone request wakes no poller. Requests that callbacks send from
+/// there (as a write-behind chain does) go out and complete too.
+#[test]
+fn event_polling_answers_on_the_transport_thread_without_waking_the_poller() {
+    let cfg = SessionConfig {
+        polling: PollMode::Event,
+        qps: 2,
+        ..SessionConfig::default()
+    };
+    let (lender, session) = setup(1 << 20, cfg);
+    for i in 0..200u64 {
+        let off = (i % 256) * 4096;
+        session
+            .write_pending(at(&lender, off), pattern(4096, i))
+            .wait()
+            .unwrap();
+        let got = session
+            .read_pending(at(&lender, off), vec![0; 4096])
+            .wait()
+            .unwrap();
+        assert!(got == pattern(4096, i), "block {i}");
+    }
+    let c = session.counters();
+    assert_eq!(c.event_wakeups, 0, "no completion woke a poller: {c:?}");
+    assert!(
+        c.completed_inline >= 300,
+        "most of 400 answered inline: {c:?}"
+    );
+
+    // Each write's callback sends the next one, from the engine's thread.
+    let session = Arc::new(session);
+    let lender = Arc::new(lender);
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    fn chain(s: Arc<Session>, l: Arc<Lender>, i: u64, done: std::sync::mpsc::Sender<u64>) {
+        let next = (s.clone(), l.clone());
+        s.write(
+            at(&l, (i % 256) * 4096),
+            pattern(4096, 1000 + i),
+            Box::new(move |r| {
+                r.expect("chained write");
+                if i == 99 {
+                    done.send(i).unwrap();
+                } else {
+                    chain(next.0, next.1, i + 1, done);
+                }
+            }),
+        );
+    }
+    chain(session.clone(), lender.clone(), 0, done_tx);
+    assert_eq!(done_rx.recv_timeout(Duration::from_secs(20)), Ok(99));
+    let got = session
+        .read_pending(at(&lender, 99 * 4096), vec![0; 4096])
+        .wait()
+        .unwrap();
+    assert!(got == pattern(4096, 1099));
 }
 
 /// What a watcher of the peer's control connection does when the peer goes: every request

@@ -2,9 +2,15 @@
 //! requests (copying staged reads out of their pool slot), and then drains both merge queues,
 //! since a completion frees exactly what a stalled drainer was waiting for (window room, a pool
 //! slot, a send-queue entry).
+//!
+//! With event polling, a poller sleeps after each completion, and waking it costs more than
+//! the work it wakes for. Where the transport has a thread of its own that produced the
+//! completion (the tcp provider's engine), that thread does the work instead while the poller
+//! sleeps; the poller still wakes at its bounded sleep to hold the deadline.
 
 use std::ops::ControlFlow;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::counters::Counters;
@@ -13,6 +19,9 @@ use crate::transport::{Completion, WcStatus};
 
 use super::request::{Buffer, Dir, InflightWr, Staging};
 use super::{Inner, IoError, Link};
+
+/// Completions taken per poll on a transport thread (see [`Inner::complete_inline`]).
+const INLINE_BATCH: usize = 16;
 
 /// One link's side of [`poller::drive`]: its CQ, the session's counters and its shutdown rule.
 struct LinkPoller<'a> {
@@ -93,6 +102,31 @@ impl Inner {
                 next_deadline_check: Instant::now(),
             },
         );
+    }
+
+    /// Has each link's transport thread finish the completions it produces while the link's
+    /// poller sleeps (where the transport can). Holds the session weakly: the CQs belong to it.
+    pub(super) fn complete_inline(self: &Arc<Self>) {
+        for (li, link) in self.links.iter().enumerate() {
+            let session = Arc::downgrade(self);
+            link.cq.complete_inline(Arc::new(move || {
+                if let Some(inner) = session.upgrade() {
+                    inner.poll_inline(li);
+                }
+            }));
+        }
+    }
+
+    /// Finishes everything on link `li`'s CQ, on the transport thread that completed it.
+    fn poll_inline(&self, li: usize) {
+        let mut wc = [Completion::EMPTY; INLINE_BATCH];
+        loop {
+            let n = self.poll_once(&self.links[li], &mut wc);
+            Counters::add(&self.counters.completed_inline, n as u64);
+            if n < wc.len() {
+                return;
+            }
+        }
     }
 
     /// Polls the link's CQ once and finishes what it found, then drains both queues.

@@ -244,6 +244,9 @@ impl Session {
             stopping: AtomicBool::new(false),
             cfg,
         });
+        if inner.cfg.polling.sleeps_after_work() {
+            inner.complete_inline();
+        }
         let pollers = (0..inner.links.len())
             .map(|i| {
                 let inner = inner.clone();

@@ -28,7 +28,7 @@ pub use connect::connect_links;
 pub use deadline::DeadlineStream;
 pub use endpoint::{exchange_endpoints, Endpoint};
 pub use memory::MemoryRegion;
-pub use tcp::TcpConfig;
+pub use tcp::{InlineConsumer, TcpConfig};
 pub use types::{
     Access, Completion, PostError, QpCaps, QpState, RecvWr, RemoteAddr, RemoteRegion, SendOp,
     SendWr, Sge, WcOpcode, WcStatus,
@@ -346,6 +346,20 @@ impl CompletionQueue {
         match &self.imp {
             CqImpl::Tcp(c) => Ok(c.poll(out)),
             CqImpl::Verbs(c) => c.poll(out),
+        }
+    }
+
+    /// Where the provider has a thread of its own that produces completions (tcp: the QP's
+    /// engine), has that thread run `consumer` for what it completes while the CQ is armed,
+    /// instead of firing the event: the waiter sleeps on, and a completion costs no wake-up.
+    /// False where completions come from a NIC (verbs), or a consumer was set already.
+    ///
+    /// The consumer runs on a transport thread: it must not wait for another completion of
+    /// the same QP, which that thread would deliver.
+    pub fn complete_inline(&self, consumer: InlineConsumer) -> bool {
+        match &self.imp {
+            CqImpl::Tcp(c) => c.set_inline(consumer),
+            CqImpl::Verbs(_) => false,
         }
     }
 

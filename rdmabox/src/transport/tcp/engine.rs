@@ -164,6 +164,9 @@ impl Engine {
                 Kind::Nak => self.on_nak(&h),
                 Kind::ReadResponse => self.on_read_response(&h),
             };
+            // Also after a failed step: what was completed before the failure is answered.
+            self.qp.send_cq.run_inline();
+            self.qp.recv_cq.run_inline();
             if let Err(stop) = step {
                 return stop;
             }
@@ -215,13 +218,13 @@ impl Engine {
             let Some(recv) = self.wait_for_recv() else {
                 return Err(self.refuse(h.psn, NakReason::ReceiverNotReady));
             };
-            self.qp.recv_cq.push(Completion {
+            self.qp.recv_cq.push_deferred([Completion {
                 byte_len: h.len,
                 imm: Some(h.imm),
                 ..self
                     .qp
                     .completion(recv.wr_id, WcStatus::Success, WcOpcode::RecvWithImm)
-            });
+            }]);
         }
         self.respond(Response::Ack(h.psn))
     }
@@ -297,11 +300,11 @@ impl Engine {
         } else {
             WcOpcode::Recv
         };
-        self.qp.recv_cq.push(Completion {
+        self.qp.recv_cq.push_deferred([Completion {
             byte_len: h.len,
             imm: (h.kind == Kind::SendWithImm).then_some(h.imm),
             ..self.qp.completion(recv.wr_id, WcStatus::Success, opcode)
-        });
+        }]);
         self.respond(Response::Ack(h.psn))
     }
 
@@ -341,7 +344,7 @@ impl Engine {
             }
         }
         drop(out);
-        self.qp.send_cq.push_all(done);
+        self.qp.send_cq.push_deferred(done);
         Ok(last)
     }
 
@@ -385,12 +388,12 @@ impl Engine {
             return Err(stop);
         }
         if o.signaled {
-            self.qp.send_cq.push(Completion {
+            self.qp.send_cq.push_deferred([Completion {
                 byte_len: o.byte_len,
                 ..self
                     .qp
                     .completion(o.wr_id, WcStatus::Success, WcOpcode::Read)
-            });
+            }]);
         }
         Ok(())
     }

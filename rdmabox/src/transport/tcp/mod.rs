@@ -10,6 +10,8 @@
 //! `RnrRetryExceeded`. Registration pins memory with `mlock` (best effort).
 
 mod cq;
+
+pub use cq::InlineConsumer;
 mod engine;
 mod io;
 mod qp;

@@ -616,8 +616,13 @@ impl Drop for Qp {
     fn drop(&mut self) {
         self.shared.enter_error();
         self.shared.close();
+        let me = std::thread::current().id();
         for t in self.threads.drain(..) {
-            let _ = t.join();
+            // An inline consumer on the engine thread may hold the last reference to the
+            // session that owns this QP; the engine ends by itself once the socket is shut.
+            if t.thread().id() != me {
+                let _ = t.join();
+            }
         }
     }
 }
