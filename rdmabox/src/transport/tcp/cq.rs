@@ -105,7 +105,9 @@ impl Cq {
     /// Runs the inline consumer if completions were deferred to it. The caller must hold no
     /// lock the consumer might take (it answers requests and posts more).
     pub fn run_inline(&self) {
-        if self.inline_due.swap(false, Ordering::AcqRel) {
+        // A plain load first: the engine asks after every frame, and mostly nothing is due.
+        if self.inline_due.load(Ordering::Acquire) && self.inline_due.swap(false, Ordering::AcqRel)
+        {
             if let Some(consume) = self.inline.get() {
                 consume();
             }
