@@ -319,7 +319,25 @@ fn a_failed_write_gives_its_buffer_back_whatever_failed() {
 
 #[test]
 fn a_dead_peer_fails_everything_without_hanging() {
-    let (lender, session) = setup(8 << 20, SessionConfig::default());
+    // Event polling answers completions on the transport's own thread while the poller
+    // sleeps; a peer's death must still reach every waiter in each mode.
+    for mode in [
+        PollMode::default(),
+        PollMode::Busy,
+        PollMode::Event,
+        PollMode::EventBatch,
+    ] {
+        let cfg = SessionConfig {
+            polling: mode,
+            ..SessionConfig::default()
+        };
+        a_dead_peer_fails_everything(cfg);
+    }
+}
+
+fn a_dead_peer_fails_everything(cfg: SessionConfig) {
+    let mode = cfg.polling;
+    let (lender, session) = setup(8 << 20, cfg);
     let done = Arc::new(AtomicUsize::new(0));
     let failed = Arc::new(AtomicUsize::new(0));
     for i in 0..200u64 {
@@ -342,7 +360,10 @@ fn a_dead_peer_fails_everything_without_hanging() {
     drop(lender);
     let start = Instant::now();
     while done.load(Ordering::Relaxed) < 21 {
-        assert!(start.elapsed() < Duration::from_secs(20), "requests hung");
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "requests hung ({mode})"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     // Whether or not those writes beat the peer's death, the next request fails in bounded
@@ -358,9 +379,12 @@ fn a_dead_peer_fails_everything_without_hanging() {
     );
     let r = rx
         .recv_timeout(Duration::from_secs(20))
-        .expect("no answer: hung");
-    assert!(r.is_err(), "a write to a dead peer succeeded");
-    assert!(!session.is_open(), "the session noticed the peer is gone");
+        .unwrap_or_else(|_| panic!("no answer: hung ({mode})"));
+    assert!(r.is_err(), "a write to a dead peer succeeded ({mode})");
+    assert!(
+        !session.is_open(),
+        "the session noticed the peer is gone ({mode})"
+    );
     let r = session
         .write_pending(RemoteAddr { addr: 0, rkey: 0 }, vec![1])
         .wait();
