@@ -7,7 +7,6 @@
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -55,9 +54,6 @@ pub struct RfsFuse {
     /// How long the kernel keeps attributes, and names.
     attr_ttl: Duration,
     entry_ttl: Duration,
-    /// Set when rings are ready for FUSE over io_uring: INIT then asks for it, and records
-    /// here whether the kernel granted it.
-    ring_granted: Option<Arc<AtomicBool>>,
 }
 
 impl RfsFuse {
@@ -68,15 +64,7 @@ impl RfsFuse {
             cfg,
             attr_ttl,
             entry_ttl,
-            ring_granted: None,
         }
-    }
-
-    /// Asks for FUSE over io_uring at INIT (the rings must be ready to register at once:
-    /// the kernel holds every request until they are); `granted` says whether it was.
-    pub fn with_ring(mut self, granted: Arc<AtomicBool>) -> RfsFuse {
-        self.ring_granted = Some(granted);
-        self
     }
 
     fn attr(&self, a: &Attr) -> FileAttr {
@@ -251,15 +239,6 @@ impl Filesystem for RfsFuse {
         }
         if let Err(missing) = config.add_capabilities(want) {
             log::warn!("kernel lacks FUSE capabilities {missing:?}");
-        }
-        if let Some(granted) = &self.ring_granted {
-            match config.add_capabilities(InitFlags::FUSE_OVER_IO_URING) {
-                Ok(()) => granted.store(true, Ordering::Release),
-                Err(_) => log::warn!(
-                    "the kernel offers no FUSE over io_uring (Linux 6.14+ with \
-                     /sys/module/fuse/parameters/enable_uring set to 1): using /dev/fuse"
-                ),
-            }
         }
         Ok(())
     }

@@ -5,11 +5,9 @@
 //! - [`options`]: mount options (flags and `-o`), written once.
 //! - [`mount_helper`]: `mount.rfs`, for mount(8) and /etc/fstab.
 //! - [`readahead`]: the kernel's readahead for the mount.
-//! - [`uring`]: FUSE over io_uring.
 
 pub mod fs;
 pub mod fuse;
 pub mod mount_helper;
 pub mod options;
 pub mod readahead;
-pub mod uring;

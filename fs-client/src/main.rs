@@ -4,10 +4,8 @@
 //!   fs-client stats [--json] MOUNTPOINT           print the live statistics of a mount
 
 use std::io::{BufRead, BufReader, Write};
-use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,7 +18,6 @@ use fs_client::fuse::RfsFuse;
 use fs_client::mount_helper::{self, HelperCall, HELPER_NAME};
 use fs_client::options::{KernelFlag, MountConfig};
 use fs_client::readahead;
-use fs_client::uring::{self, FuseRing};
 use fuser::{INodeNo, MountOption, SessionACL};
 use rfs_proto::logging::{self, LogTarget};
 use rfs_proto::patience::until_reachable;
@@ -211,27 +208,6 @@ fn detach_output(log_file: Option<&LogTarget>) {
 
 /// Passes the metadata node's invalidations on to the kernel, from a thread of their own (the
 /// kernel may wait for a lock that one of our operations holds).
-/// Rings for FUSE over io_uring, made before mounting so that INIT asks for it only when they
-/// exist; None (and /dev/fuse) when they cannot be made.
-fn prepare_ring(fs: &Arc<Rfs>, cfg: &MountConfig) -> Option<FuseRing> {
-    // The kernel makes one queue per possible CPU and waits for every one of them.
-    let cpus = std::fs::read_to_string("/sys/devices/system/cpu/possible")
-        .ok()
-        .and_then(|list| uring::possible_cpus(&list));
-    let Some(cpus) = cpus else {
-        log::warn!("io_uring: no list of possible CPUs in /sys: using /dev/fuse");
-        return None;
-    };
-    let payload = uring::payload_size(cfg.max_write);
-    match FuseRing::prepare(cpus, cfg.threads, cfg.uring_depth, payload, fs.ring_stats()) {
-        Ok(ring) => Some(ring),
-        Err(e) => {
-            log::warn!("io_uring: cannot set up {cpus} rings ({e}): using /dev/fuse");
-            None
-        }
-    }
-}
-
 fn invalidate_kernel_caches(fs: &Rfs, notifier: fuser::Notifier) {
     let (tx, rx) = crossbeam_channel::unbounded();
     fs.notify_kernel(tx);
@@ -437,38 +413,17 @@ fn main() -> ExitCode {
     if daemon_child {
         outlive_starter();
     }
-    let ring = cfg.io_uring.then(|| prepare_ring(&fs, &cfg)).flatten();
-    let ring_granted = Arc::new(AtomicBool::new(false));
-    let mut rfs_fuse = RfsFuse::new(fs.clone(), cfg.clone());
-    if ring.is_some() {
-        rfs_fuse = rfs_fuse.with_ring(ring_granted.clone());
-    }
-    let session = match fuser::Session::new(rfs_fuse, &mountpoint, &fuse_cfg) {
+    let session = match fuser::spawn_mount(
+        RfsFuse::new(fs.clone(), cfg.clone()),
+        &mountpoint,
+        &fuse_cfg,
+    ) {
         Ok(s) => s,
         Err(e) => {
             eprintln!(
                 "fs-client: mounting on {}: {e} (does it exist? is fuse3 installed?)",
                 args.mountpoint.display()
             );
-            return ExitCode::FAILURE;
-        }
-    };
-    if let Some(ring) = ring.filter(|_| ring_granted.load(Ordering::Acquire)) {
-        // The kernel now holds every request until each queue has registered.
-        let dispatcher = session.raw_dispatcher(RfsFuse::new(fs.clone(), cfg.clone()));
-        let started = session
-            .as_fd()
-            .try_clone_to_owned()
-            .and_then(|dev| ring.start(&dev, dispatcher));
-        if let Err(e) = started {
-            eprintln!("fs-client: starting the FUSE rings: {e}");
-            return ExitCode::FAILURE; // dropping the session unmounts
-        }
-    }
-    let session = match session.spawn() {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("fs-client: starting the FUSE session: {e}");
             return ExitCode::FAILURE;
         }
     };

@@ -33,10 +33,6 @@ pub struct MountConfig {
     pub entry_timeout: Option<Duration>,
     /// FUSE dispatch threads.
     pub threads: usize,
-    /// FUSE over io_uring, where the kernel offers it.
-    pub io_uring: bool,
-    /// Ring entries (requests in hand) per CPU with io_uring.
-    pub uring_depth: usize,
     /// Which transport provider.
     pub transport: ProviderKind,
     /// verbs: the RDMA device (default: the first).
@@ -73,8 +69,6 @@ impl Default for MountConfig {
             attr_timeout: None,
             entry_timeout: None,
             threads: 4,
-            io_uring: false,
-            uring_depth: 8,
             transport: ProviderKind::Auto,
             device: None,
             gid_index: None,
@@ -200,20 +194,6 @@ pub const OPTIONS: &[MountOption] = &[
         value: Value::Takes("N"),
         help: "FUSE dispatch threads, 1 to 256",
         set: |c, v| number(v).map(|x| c.threads = x),
-    },
-    MountOption {
-        name: "io_uring",
-        value: Value::Switch,
-        help: "Take FUSE requests through io_uring, one ring per CPU (Linux 6.14+, with \
-               /sys/module/fuse/parameters/enable_uring set to 1; otherwise /dev/fuse, as \
-               without it)",
-        set: |c, v| on_off(v).map(|x| c.io_uring = x),
-    },
-    MountOption {
-        name: "uring_depth",
-        value: Value::Takes("N"),
-        help: "With io_uring: requests in hand per CPU, 1 to 64 (each holds a max_write buffer)",
-        set: |c, v| number(v).map(|x| c.uring_depth = x),
     },
     MountOption {
         name: "transport",
@@ -433,9 +413,6 @@ impl MountConfig {
         }
         if !(1..=256).contains(&self.threads) {
             return Err("-o threads must be 1..=256".into());
-        }
-        if !(1..=64).contains(&self.uring_depth) {
-            return Err("-o uring_depth must be 1..=64".into());
         }
         if self.io_timeout < Duration::from_secs(1) {
             return Err("-o io_timeout must be at least 1 second".into());

@@ -49,7 +49,7 @@ pub use backend::{Backend, DataDone, WriteBack};
 pub use coherence::KernelInval;
 pub use data::{ReadDone, WriteDone};
 pub use error::{Error, Result};
-pub use stats::{stats_json, RingStats, STATS_INO, STATS_NAME};
+pub use stats::{stats_json, STATS_INO, STATS_NAME};
 
 use behind::WriteBehind;
 use chunks::ChunkCache;

@@ -2,7 +2,6 @@
 //! and the rdmabox counters, `name value` per line.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
 
 use std::fmt::Write as _;
 
@@ -65,17 +64,6 @@ pub(crate) struct ClientStats {
     pub(crate) retries: AtomicU64,
     /// Bytes copy_file_range moved between chunks (never through FUSE).
     pub(crate) bytes_copied: AtomicU64,
-    /// FUSE over io_uring's figures, kept by the rings.
-    pub(crate) ring: Arc<RingStats>,
-}
-
-/// FUSE over io_uring's figures.
-#[derive(Debug, Default)]
-pub struct RingStats {
-    /// Ring entries registered with the kernel (0: requests come through /dev/fuse).
-    pub entries: AtomicU64,
-    /// Requests that came through a ring.
-    pub requests: AtomicU64,
 }
 
 impl ClientStats {
@@ -85,11 +73,6 @@ impl ClientStats {
 }
 
 impl<B: Backend> Rfs<B> {
-    /// Where FUSE over io_uring keeps its figures.
-    pub fn ring_stats(&self) -> Arc<RingStats> {
-        self.stats.ring.clone()
-    }
-
     /// The stats file's attributes: its size is the current text's.
     pub fn stats_attr(&self) -> Attr {
         let t = Timestamp::now();
@@ -150,16 +133,6 @@ impl<B: Backend> Rfs<B> {
                 "bytes_copied",
                 "Bytes copy_file_range moved between chunks",
                 n(&s.bytes_copied),
-            ),
-            Metric::gauge(
-                "fuse_ring_entries",
-                "FUSE over io_uring entries registered (0: /dev/fuse)",
-                n(&s.ring.entries),
-            ),
-            Metric::counter(
-                "fuse_ring_requests",
-                "FUSE requests that came through io_uring",
-                n(&s.ring.requests),
             ),
             Metric::gauge("open_files", "Files open", self.open_file_count() as u64),
             Metric::gauge(
