@@ -476,7 +476,8 @@ fn main() -> ExitCode {
             };
         }
     };
-    // Writes answered before they landed are not dropped with the process.
+    // Writes answered before they landed are not dropped with the process, nor closes.
     fs.writes_landed();
+    fs.closes_sent();
     code
 }

@@ -129,10 +129,10 @@ struct Effects {
     freed: Vec<ChunkRef>,
     change: Change,
     grant: Option<Granting>,
-    /// Chunks whose grants to the session go: a file it closed its last handle of (or only
-    /// its last writable one: `writable_only`).
+    /// Chunks whose grants to the session go: files it closed its last handle of.
     closed: Vec<ChunkRef>,
-    writable_only: bool,
+    /// Chunks whose grants for writing go: files it closed its last writable handle of.
+    closed_for_writing: Vec<ChunkRef>,
     /// Data sessions the session attached before and no more, by node: all their grants go.
     detached: Vec<(u32, u64)>,
     /// Holders are waited for only briefly ([`REMAP_WAIT`]).
@@ -825,6 +825,47 @@ impl MetaService {
         }
     }
 
+    /// Closes one of the session's handles of `ino`, taken for `access` (EBADF: it holds
+    /// none such).
+    fn close_handle(
+        ns: &mut Namespace,
+        holders: &mut Holders,
+        open: &mut HashMap<Ino, Handles>,
+        session: SessionId,
+        ino: Ino,
+        access: u8,
+        fx: &mut Effects,
+    ) -> Result<(), Errno> {
+        let h = match open.get_mut(&ino) {
+            Some(h) if h.all > 0 && (access & MAY_WRITE == 0 || h.writable > 0) => h,
+            _ => return Err(Errno::EBADF),
+        };
+        let was_writable = h.writable > 0;
+        h.all -= 1;
+        h.writable -= (access & MAY_WRITE != 0) as u32;
+        // A client that closes a writable handle as read-only keeps no more writable handles
+        // than handles.
+        h.writable = h.writable.min(h.all);
+        // Its last handle, or its last writable one: the session's grants on the file go, or
+        // those for writing.
+        let last = h.all == 0;
+        if last || (was_writable && h.writable == 0) {
+            let all = ns.chunk_map(ino, 0, u64::MAX).unwrap_or_default();
+            let chunks = all.into_iter().flat_map(|(_, c)| c);
+            if last {
+                fx.closed.extend(chunks);
+            } else {
+                fx.closed_for_writing.extend(chunks);
+            }
+        }
+        if last {
+            open.remove(&ino);
+        }
+        holders.closed(session, ino);
+        Self::release(ns, ino, fx);
+        Ok(())
+    }
+
     /// One handle of `ino` closed: an unlinked file goes with its last handle, a closed file
     /// gives back the chunks allocated ahead past its size.
     fn release(ns: &mut Namespace, ino: Ino, effects: &mut Effects) {
@@ -896,12 +937,13 @@ impl MetaService {
             }
             let granting = effects.grant.take();
             let closed = std::mem::take(&mut effects.closed);
+            let closed_for_writing = std::mem::take(&mut effects.closed_for_writing);
             let detached = std::mem::take(&mut effects.detached);
-            let writable_only = effects.writable_only;
             self.settle(st, id, effects);
             // Calls of one session are applied one at a time (its lock is held), so its
             // grants and revocations reach each node in the order of its calls.
-            self.revoke(&session.data, &closed, writable_only);
+            self.revoke(&session.data, &closed_for_writing, true);
+            self.revoke(&session.data, &closed, false);
             for (node, old) in detached {
                 self.tell(node, RevokeSession { session: old }.into());
             }
@@ -1104,33 +1146,18 @@ impl MetaService {
                 }
                 answer(m, made(holders, session, ns, r, m.parent))
             }
-            Request::Release(m) => {
-                let r = match open.get_mut(&m.ino) {
-                    Some(h) if h.all > 0 && (m.access & MAY_WRITE == 0 || h.writable > 0) => {
-                        let was_writable = h.writable > 0;
-                        h.all -= 1;
-                        h.writable -= (m.access & MAY_WRITE != 0) as u32;
-                        // A client that closes a writable handle as read-only keeps no more
-                        // writable handles than handles.
-                        h.writable = h.writable.min(h.all);
-                        // Its last handle, or its last writable one: the session's grants on
-                        // the file go, or those for writing.
-                        let last = h.all == 0;
-                        if last || (was_writable && h.writable == 0) {
-                            let all = ns.chunk_map(m.ino, 0, u64::MAX).unwrap_or_default();
-                            fx.closed.extend(all.into_iter().flat_map(|(_, c)| c));
-                            fx.writable_only = !last;
-                        }
-                        if last {
-                            open.remove(&m.ino);
-                        }
-                        holders.closed(session, m.ino);
-                        Self::release(ns, m.ino, fx);
-                        Ok(())
+            Request::Release(m) => answer(
+                m,
+                Self::close_handle(ns, holders, open, session, m.ino, m.access, fx),
+            ),
+            Request::ReleaseMany(m) => {
+                let mut closed = 0;
+                for &(ino, access) in &m.handles {
+                    if Self::close_handle(ns, holders, open, session, ino, access, fx).is_ok() {
+                        closed += 1;
                     }
-                    _ => Err(Errno::EBADF),
-                };
-                answer(m, r)
+                }
+                answer(m, Ok(closed))
             }
             Request::ChunkMap(m) => {
                 // Only through a handle: the open is where permission was checked.

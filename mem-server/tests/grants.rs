@@ -8,7 +8,7 @@ use rdmabox::transport::{RemoteAddr, WcStatus};
 use rdmabox::IoError;
 use rfs_e2e::{client, MemServer};
 use rfs_proto::message::{
-    Allocate, AttachData, ChunkMap, Create, ListNodes, Open, Release, SetAttr,
+    Allocate, AttachData, ChunkMap, Create, ListNodes, Open, Release, ReleaseMany, SetAttr,
 };
 use rfs_proto::types::{AttrChanges, Caller, ChunkRef, Owner, MAY_READ, MAY_WRITE, ROOT};
 use rfs_proto::{Client, MetadataChannel};
@@ -330,4 +330,42 @@ fn naming_another_data_session_takes_back_what_the_old_one_was_granted() {
         read(&c, &map(&c, ino)[0], map(&c, ino)[0].rkey).unwrap()[0],
         1
     );
+}
+
+#[test]
+fn closes_sent_together_each_take_back_what_a_lone_close_would() {
+    let (meta, _data) = cluster();
+    let c = client(&meta);
+    // a: open for writing (its creation) and for reading; b: open for writing only.
+    let (a, _) = file(&c, "a", 1);
+    let (b, _) = file(&c, "b", 1);
+    open_for_reading(&c, a);
+    let a_chunk = map(&c, a)[0];
+    let b_chunk = map(&c, b)[0];
+    assert!(write(&c, &a_chunk, a_chunk.rkey, vec![1; 4096]).is_ok());
+    assert!(write(&c, &b_chunk, b_chunk.rkey, vec![2; 4096]).is_ok());
+    // One call: a's last writable handle (it stays open for reading), b's last handle, and
+    // a handle this client never had.
+    let closed = c
+        .call(ReleaseMany {
+            handles: vec![(a, RW), (b, RW), (b, MAY_READ)],
+        })
+        .unwrap();
+    assert_eq!(closed, 2, "the close of a handle not held is skipped");
+    refused_soon(
+        || write(&c, &a_chunk, a_chunk.rkey, vec![0; 4096]),
+        "a's writable handle is closed",
+    );
+    let readable = map(&c, a)[0];
+    assert_eq!(read(&c, &readable, readable.rkey).unwrap()[0], 1);
+    refused_soon(|| read(&c, &b_chunk, b_chunk.rkey), "b is closed");
+    // Each close counted once: a's reading handle is the last one.
+    assert_eq!(
+        c.call(ReleaseMany {
+            handles: vec![(a, MAY_READ), (a, MAY_READ)],
+        })
+        .unwrap(),
+        1
+    );
+    refused_soon(|| read(&c, &readable, readable.rkey), "a is closed");
 }

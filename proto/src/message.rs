@@ -191,6 +191,14 @@ wire_struct! {
     pub struct Reclaim { pub handles: Vec<(Ino, u8)> }
 }
 
+wire_struct! {
+    /// Closes several handles, each as a [`Release`] of (inode, access) would, in order: a
+    /// client sends its closes together, off the path of the close. Answers how many of them
+    /// were open (a close of a handle not held is skipped, as a lone one fails with EBADF).
+    #[derive(Clone, Debug, PartialEq)]
+    pub struct ReleaseMany { pub handles: Vec<(Ino, u8)> }
+}
+
 wire_enum! {
     /// A metadata request, as the service receives it.
     #[derive(Clone, Debug, PartialEq)]
@@ -218,6 +226,7 @@ wire_enum! {
         21 => AttachData,
         22 => DropReplicas,
         23 => Reclaim,
+        24 => ReleaseMany,
     }
 }
 
@@ -283,6 +292,7 @@ calls! {
     AttachData => (),
     DropReplicas => u32,
     Reclaim => u32,
+    ReleaseMany => u32,
 }
 
 /// The bytes of reply that a readdir page may fill, in messages of `max_msg` bytes: what is
@@ -536,6 +546,10 @@ mod tests {
                 handles: vec![(4, 1), (u64::MAX, 3)],
             }
             .into(),
+            ReleaseMany {
+                handles: vec![(4, 3), (5, 1)],
+            }
+            .into(),
         ]
     }
 
@@ -593,7 +607,7 @@ mod tests {
     #[test]
     fn every_request_round_trips_and_keeps_its_op() {
         let all = all_requests();
-        assert_eq!(all.len(), 23, "one of each");
+        assert_eq!(all.len(), 24, "one of each");
         for (i, r) in all.iter().enumerate() {
             assert_eq!(r.op() as usize, i + 1);
             assert_eq!(Request::decode(&r.encode()).unwrap(), *r);

@@ -126,6 +126,9 @@ impl<B: Backend> Rfs<B> {
         count: u64,
         allocate: bool,
     ) -> Result<(Vec<Option<Replicas>>, InFlight)> {
+        if allocate {
+            self.allocating(ino);
+        }
         for attempt in 0.. {
             let (refs, hold) = self
                 .chunks

@@ -29,6 +29,8 @@ struct State {
     memory: HashMap<(u32, u64), Vec<u8>>,
     next_addr: u64,
     calls: HashMap<RequestOp, usize>,
+    /// Handles given back, as (inode, access), in order.
+    released: Vec<(Ino, u8)>,
     failing_node: Option<u32>,
     /// The metadata connection reads as down (calls still get through).
     metadata_down: bool,
@@ -60,6 +62,10 @@ type BeforeCommit = Box<dyn FnOnce() + Send>;
 pub(crate) struct FakeCluster {
     state: Mutex<State>,
     before_commit: Mutex<Option<BeforeCommit>>,
+    /// Held by a test, it holds batches of closes back on their way, as a slow node would.
+    pub(crate) closes_gate: Mutex<()>,
+    /// Batches of closes that reached the gate.
+    pub(crate) closes_sent: std::sync::atomic::AtomicUsize,
 }
 
 /// One client's connection to the cluster.
@@ -79,6 +85,11 @@ impl FakeCluster {
     /// How many `op` calls reached the "metadata node".
     pub(crate) fn calls(&self, op: RequestOp) -> usize {
         *self.state.lock().unwrap().calls.get(&op).unwrap_or(&0)
+    }
+
+    /// The handles given back so far, as (inode, access).
+    pub(crate) fn released(&self) -> Vec<(Ino, u8)> {
+        self.state.lock().unwrap().released.clone()
     }
 
     /// Every call that reached the "metadata node".
@@ -234,7 +245,14 @@ impl FakeCluster {
             ),
             Request::GetAttr(m) => answer(m, attr(st, m.ino)),
             Request::Open(m) => answer(m, attr(st, m.ino)),
-            Request::Release(m) => answer(m, attr(st, m.ino).map(drop)),
+            Request::Release(m) => {
+                st.released.push((m.ino, m.access));
+                answer(m, attr(st, m.ino).map(drop))
+            }
+            Request::ReleaseMany(m) => {
+                st.released.extend(&m.handles);
+                answer(m, Ok(m.handles.len() as u32))
+            }
             Request::Commit(m) => {
                 let r = st.files.get_mut(&m.ino).ok_or(Errno::ENOENT).map(|a| {
                     a.size = a.size.max(m.size);
@@ -347,6 +365,10 @@ impl MetadataChannel for Fake {
     fn exchange(&self, request: &[u8]) -> io::Result<Vec<u8>> {
         let req =
             Request::decode(request).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        if matches!(req, Request::ReleaseMany(_)) {
+            (self.0.closes_sent).fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            drop(self.0.closes_gate.lock().unwrap());
+        }
         if matches!(req, Request::Commit(_)) {
             let meanwhile = self.0.before_commit.lock().unwrap().take();
             if let Some(meanwhile) = meanwhile {

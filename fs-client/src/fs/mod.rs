@@ -5,6 +5,7 @@
 //!
 //! - this module: metadata operations, passed through;
 //! - [`open`](self::open): close-to-open state (handles, local sizes, commits);
+//! - [`closes`](self::closes): handles given back together, off the path of the close;
 //! - [`chunks`](self::chunks): the chunk cache with allocate-ahead, recalls and leases;
 //! - [`coherence`](self::coherence): the metadata node's callbacks, and the kernel's caches;
 //! - [`data`](self::data): the data path (reads and writes split at chunk boundaries);
@@ -17,6 +18,7 @@
 mod backend;
 mod behind;
 mod chunks;
+mod closes;
 mod coherence;
 mod data;
 mod dirs;
@@ -53,6 +55,7 @@ pub use stats::{stats_json, STATS_INO, STATS_NAME};
 
 use behind::WriteBehind;
 use chunks::ChunkCache;
+use closes::Closes;
 use dirs::Dirs;
 use open::{OpenFile, PageVersion};
 use stats::ClientStats;
@@ -81,6 +84,8 @@ pub struct Rfs<B: Backend = Client> {
     behind: WriteBehind,
     /// What we know of the directories we change.
     dirs: Dirs,
+    /// Handles closed and not yet given back.
+    closes: Closes,
     stats: Arc<ClientStats>,
 }
 
@@ -123,6 +128,7 @@ impl<B: Backend> Rfs<B> {
             behind: WriteBehind::new(0),
             // A quarter: with the kernel's half lease, nothing older than a lease is served.
             dirs: Dirs::new(lease / 4),
+            closes: Closes::default(),
             stats,
         })
     }

@@ -3,6 +3,7 @@
 //! release; opening a file refetches its attributes and drops its cached chunk map.
 
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 
 use rfs_proto::message::{Commit, Create, Open, Release};
 use rfs_proto::types::{Attr, Caller, FileKind, Ino, Owner, Timestamp, MAY_WRITE};
@@ -26,6 +27,9 @@ pub(crate) struct OpenFile {
     /// them (a getattr it answered first), which must not take ours back.
     committing: u32,
     mtime: Option<Timestamp>,
+    /// We had chunks allocated while the file was open here: its closes may give back chunks
+    /// allocated ahead, which the holders of its map (we too) must hear of at the close.
+    allocated: bool,
 }
 
 impl OpenFile {
@@ -225,25 +229,34 @@ impl<B: Backend> Rfs<B> {
     }
 
     /// Closes handle `fh`: commits (reporting a failed write to a handle that may write),
-    /// then gives the handle back to the metadata node. The handle stays listed until its
-    /// writes landed: a metadata node that restarts meanwhile hears of it.
-    pub fn release(&self, fh: u64) -> Result<()> {
+    /// then gives the handle back to the metadata node, together with other closes (see
+    /// [`closes`](super::closes)). The handle stays listed until its writes landed: a metadata
+    /// node that restarts meanwhile hears of it.
+    pub fn release(self: &Arc<Self>, fh: u64) -> Result<()> {
         let Some(&(ino, access)) = self.handles.lock().unwrap().get(&fh) else {
             return Ok(()); // the stats file, or an unknown handle
         };
         let committed = self.commit_reporting(ino, access & MAY_WRITE != 0);
         self.handles.lock().unwrap().remove(&fh);
-        {
+        let allocated = {
             let mut open = self.open.lock().unwrap();
-            if let Some(f) = open.get_mut(&ino) {
-                f.handles -= 1;
-                if f.handles == 0 && !f.ahead() {
-                    open.remove(&ino);
+            let (allocated, done) = match open.get_mut(&ino) {
+                Some(f) => {
+                    f.handles -= 1;
+                    (f.allocated, f.handles == 0 && !f.ahead())
                 }
+                None => (false, false),
+            };
+            if done {
+                open.remove(&ino);
             }
+            allocated
+        };
+        if allocated {
+            return committed.and(self.call(Release { ino, access }));
         }
-        let released = self.call(Release { ino, access });
-        committed.and(released)
+        self.close_later(ino, access);
+        committed
     }
 
     /// Our uncommitted writes make a file look larger to us than to the server.
@@ -272,6 +285,13 @@ impl<B: Backend> Rfs<B> {
             f.committed = size;
         }
         self.chunks.forget(ino, size.div_ceil(self.chunk_size));
+    }
+
+    /// Chunks of `ino` are being allocated for us (a write, fallocate).
+    pub(crate) fn allocating(&self, ino: Ino) {
+        if let Some(f) = self.open.lock().unwrap().get_mut(&ino) {
+            f.allocated = true;
+        }
     }
 
     /// A write of `len` bytes ending at `end` is in remote memory.

@@ -64,6 +64,8 @@ pub(crate) struct ClientStats {
     pub(crate) retries: AtomicU64,
     /// Bytes copy_file_range moved between chunks (never through FUSE).
     pub(crate) bytes_copied: AtomicU64,
+    /// Handles closed and given back to the metadata node (sent together: see `closes`).
+    pub(crate) handles_closed: AtomicU64,
 }
 
 impl ClientStats {
@@ -133,6 +135,11 @@ impl<B: Backend> Rfs<B> {
                 "bytes_copied",
                 "Bytes copy_file_range moved between chunks",
                 n(&s.bytes_copied),
+            ),
+            Metric::counter(
+                "handles_closed",
+                "Handles closed and given back to the metadata node",
+                n(&s.handles_closed),
             ),
             Metric::gauge("open_files", "Files open", self.open_file_count() as u64),
             Metric::gauge(

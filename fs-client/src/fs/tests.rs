@@ -70,6 +70,7 @@ fn writes_and_reads_split_at_chunk_boundaries_round_trip() {
     assert_eq!(&all[1000..], &data[..]);
     assert_eq!(read(&fs, ino, 1 << 30, 10).unwrap(), Vec::<u8>::new());
     fs.release(fh).unwrap();
+    fs.closes_sent();
     let ops = format!("metadata_ops {}\n", cluster.total_calls());
     assert!(fs.stats_text().contains(&ops), "every call counted: {ops}");
 }
@@ -739,4 +740,91 @@ fn kept_directories_answer_without_calls_only_while_connected() {
         "asked, while disconnected"
     );
     assert_eq!(cluster.calls(RequestOp::Lookup), 1);
+}
+
+/// A close returns before its handle is given back, and the closes made meanwhile go back
+/// together, in order, in one call.
+#[test]
+fn closes_go_back_together_off_the_path_of_the_close() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    let files: Vec<_> = (0..20)
+        .map(|i| {
+            let ino = create(&fs, &format!("f{i}"));
+            (ino, fs.open(ino, MAY_READ, &ROOT_CALLER).unwrap().0)
+        })
+        .collect();
+    // The first close goes alone and is held up on its way; the rest wait for it.
+    let gate = cluster.closes_gate.lock().unwrap();
+    fs.release(files[0].1).unwrap();
+    let start = std::time::Instant::now();
+    while cluster
+        .closes_sent
+        .load(std::sync::atomic::Ordering::SeqCst)
+        == 0
+    {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(10),
+            "no close sent"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    for &(_, fh) in &files[1..] {
+        fs.release(fh).unwrap();
+    }
+    assert!(
+        cluster.released().is_empty(),
+        "closes returned before any went back"
+    );
+    drop(gate);
+    fs.closes_sent();
+    let want: Vec<_> = files.iter().map(|&(ino, _)| (ino, MAY_READ)).collect();
+    assert_eq!(cluster.released(), want);
+    assert_eq!(
+        cluster.calls(RequestOp::ReleaseMany),
+        2,
+        "the 19 went together"
+    );
+    assert_eq!(cluster.calls(RequestOp::Release), 0);
+
+    // Alone, a close still goes back soon, with no flush.
+    let ino = create(&fs, "late");
+    let (fh, _) = fs.open(ino, MAY_READ, &ROOT_CALLER).unwrap();
+    fs.release(fh).unwrap();
+    let start = std::time::Instant::now();
+    while cluster.released().len() < 21 {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(10),
+            "close never sent"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// A file we had chunks allocated for while it was open here is closed at once: its close may
+/// give back chunks allocated ahead, which we and the other holders of its map must hear of
+/// before the next open.
+#[test]
+fn a_file_written_here_is_closed_at_once_and_alone() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    let (read_only, written) = (create(&fs, "r"), create(&fs, "w"));
+    let (r, _) = fs.open(read_only, MAY_READ, &ROOT_CALLER).unwrap();
+    let (w, _) = fs.open(written, RW, &ROOT_CALLER).unwrap();
+    write(&fs, written, 0, &[1; 100]).unwrap();
+    let gate = cluster.closes_gate.lock().unwrap();
+    fs.release(r).unwrap();
+    fs.release(w).unwrap();
+    assert_eq!(
+        cluster.released(),
+        vec![(written, RW)],
+        "before the close returned"
+    );
+    assert_eq!(cluster.calls(RequestOp::Release), 1);
+    drop(gate);
+    fs.closes_sent();
+    assert_eq!(
+        cluster.released(),
+        vec![(written, RW), (read_only, MAY_READ)]
+    );
 }
