@@ -1,26 +1,29 @@
-//! Closes sent together. A handle's release goes to the metadata node within [`LINGER`], in
+//! Closes sent together. A handle's release goes to the metadata node about [`LINGER`] later, in
 //! one call (`ReleaseMany`) with the other closes of that time, from a thread of its own: the
 //! kernel does not wait for a release, and a program that creates many files then costs one
 //! metadata call per file instead of two. What the node must hear before a close returns (the
 //! file's size and mtime, with its writes landed) is still committed by the close itself.
 //!
-//! Only closes that change nothing but the node's count of handles wait here: a file we had
-//! chunks allocated for while it was open here is closed at once, alone, as its close may give
-//! back chunks allocated ahead past its size, which the holders of its map (we too) must hear
-//! of then (else our page cache is dropped at the next open, and others see the old map).
+//! A file we had chunks allocated for while it was open here is closed before the close
+//! returns, together with the closes waiting (which may be of the same file), as its last
+//! close may give back chunks allocated ahead past its size, which the holders of its map (we
+//! too) must hear of then (else our page cache is dropped at the next open, and others see the
+//! old map late).
 //!
-//! A close waiting here is no longer among the handles a restarted metadata node is told of,
-//! and the node skips a close of a handle it does not know, as it fails a lone one.
+//! A close is listed with the open handles until the node answered it: a metadata node that
+//! restarts meanwhile takes it again with them, and the close, resent to it, closes that one
+//! and not another handle of the same file.
 
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-use rfs_proto::message::ReleaseMany;
+use crossbeam_channel::{Receiver, Sender};
+use rfs_proto::message::{Release, ReleaseMany};
 use rfs_proto::types::Ino;
 use rfs_proto::wire::MAX_LIST;
 
 use super::backend::Backend;
+use super::error::Result;
 use super::stats::ClientStats;
 use super::Rfs;
 
@@ -34,45 +37,81 @@ enum Close {
     Flush(Sender<()>),
 }
 
-/// The closes not sent yet, and the thread that sends them (started with the first close).
+/// The closes not answered yet, and the thread that sends them (started with the first close).
 #[derive(Default)]
 pub(crate) struct Closes {
-    queue: OnceLock<Sender<Close>>,
-    /// Serializes starting the thread.
-    starting: Mutex<()>,
+    /// None: the thread could not start, and closes go one by one.
+    queue: OnceLock<Option<Sender<Close>>>,
+    /// Handles closed here and not yet given back, as (inode, access): a metadata node that
+    /// restarts meanwhile is told of them with the open ones, so that the close, resent to
+    /// it, closes them and not another handle of the same file.
+    unanswered: Mutex<Vec<(Ino, u8)>>,
+}
+
+impl Closes {
+    /// Handles closed and not given back yet.
+    pub(crate) fn unanswered(&self) -> Vec<(Ino, u8)> {
+        self.unanswered.lock().unwrap().clone()
+    }
+
+    fn answered(&self, handles: &[(Ino, u8)]) {
+        let mut waiting = self.unanswered.lock().unwrap();
+        for h in handles {
+            if let Some(i) = waiting.iter().position(|w| w == h) {
+                waiting.swap_remove(i);
+            }
+        }
+    }
 }
 
 impl<B: Backend> Rfs<B> {
-    /// Gives a handle of `ino` taken for `access` back to the metadata node, soon.
-    pub(crate) fn close_later(self: &Arc<Self>, ino: Ino, access: u8) {
-        let _ = self.closes_queue().send(Close::Handle(ino, access));
+    /// Gives a handle of `ino` taken for `access` back to the metadata node: soon, together
+    /// with other closes, or (`now`) before returning, with every close made before it.
+    pub(crate) fn close_handle(self: &Arc<Self>, ino: Ino, access: u8, now: bool) -> Result<()> {
+        self.closes.unanswered.lock().unwrap().push((ino, access));
+        let Some(queue) = self.closes_queue() else {
+            let released = self.call(Release { ino, access });
+            self.closes.answered(&[(ino, access)]);
+            if released.is_ok() {
+                ClientStats::add(&self.stats.handles_closed, 1);
+            }
+            return released;
+        };
+        let _ = queue.send(Close::Handle(ino, access));
+        if now {
+            self.closes_sent();
+        }
+        Ok(())
     }
 
     /// Sends every close made so far and waits for the answer (at unmount, and for tests).
     pub fn closes_sent(self: &Arc<Self>) {
         let (tx, rx) = crossbeam_channel::bounded(1);
-        if self.closes_queue().send(Close::Flush(tx)).is_ok() {
-            let _ = rx.recv();
+        if let Some(queue) = self.closes_queue() {
+            if queue.send(Close::Flush(tx)).is_ok() {
+                let _ = rx.recv();
+            }
         }
     }
 
-    fn closes_queue(self: &Arc<Self>) -> &Sender<Close> {
-        if let Some(q) = self.closes.queue.get() {
-            return q;
-        }
-        let _one = self.closes.starting.lock().unwrap();
-        self.closes.queue.get_or_init(|| {
-            let (tx, rx) = crossbeam_channel::unbounded();
-            let fs = Arc::downgrade(self);
-            let spawned = std::thread::Builder::new()
-                .name("rfs-closes".into())
-                .spawn(move || send_closes(fs, rx));
-            if let Err(e) = spawned {
-                // Closes then pile up unsent: the node takes them back when the session ends.
-                log::error!("cannot start the thread that sends closes: {e}");
-            }
-            tx
-        })
+    fn closes_queue(self: &Arc<Self>) -> Option<&Sender<Close>> {
+        self.closes
+            .queue
+            .get_or_init(|| {
+                let (tx, rx) = crossbeam_channel::unbounded();
+                let fs = Arc::downgrade(self);
+                let spawned = std::thread::Builder::new()
+                    .name("rfs-closes".into())
+                    .spawn(move || send_closes(fs, rx));
+                match spawned {
+                    Ok(_) => Some(tx),
+                    Err(e) => {
+                        log::warn!("no thread to send closes together ({e}): one call each");
+                        None
+                    }
+                }
+            })
+            .as_ref()
     }
 }
 
@@ -91,32 +130,39 @@ fn send_closes<B: Backend>(fs: Weak<Rfs<B>>, queue: Receiver<Close>) {
             if batch.len() == MAX_LIST as usize || !flushed.is_empty() {
                 break;
             }
-            next = match queue.recv_deadline(until) {
-                Ok(close) => Some(close),
-                Err(RecvTimeoutError::Timeout) => None,
-                Err(RecvTimeoutError::Disconnected) => None,
-            };
+            next = queue.recv_deadline(until).ok();
         }
         let Some(fs) = fs.upgrade() else { return };
         if !batch.is_empty() {
-            let handles = std::mem::take(&mut batch);
-            let n = handles.len();
-            match fs.call(ReleaseMany { handles }) {
-                // Fewer: handles of a metadata node that restarted since.
-                Ok(closed) if (closed as usize) < n => {
-                    log::debug!(
-                        "{} of {n} closes were of unknown handles",
-                        n - closed as usize
-                    )
-                }
-                Ok(_) => {}
-                // The session's handles go with it.
-                Err(e) => log::debug!("{n} closes not sent: {e}"),
-            }
-            ClientStats::add(&fs.stats.handles_closed, n as u64);
+            give_back(&fs, &batch);
+            batch.clear();
         }
         for done in flushed.drain(..) {
             let _ = done.send(());
         }
     }
+}
+
+/// One call for a batch of closes. A call already rides out reconnections within its
+/// deadline, so a batch that fails is left to the end of the session, which releases every
+/// handle it holds (and a node that restarted took them again: see [`Closes`]).
+fn give_back<B: Backend>(fs: &Rfs<B>, batch: &[(Ino, u8)]) {
+    let n = batch.len();
+    match fs.call(ReleaseMany {
+        handles: batch.to_vec(),
+    }) {
+        Ok(closed) => {
+            if (closed as usize) < n {
+                log::debug!(
+                    "{} of {n} closes were of handles the node did not hold",
+                    n - closed as usize
+                );
+            }
+            ClientStats::add(&fs.stats.handles_closed, n as u64);
+        }
+        Err(e) => log::warn!(
+            "{n} closes not given back ({e}): the node keeps them until this session ends"
+        ),
+    }
+    fs.closes.answered(batch);
 }

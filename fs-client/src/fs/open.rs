@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use rfs_proto::message::{Commit, Create, Open, Release};
+use rfs_proto::message::{Commit, Create, Open};
 use rfs_proto::types::{Attr, Caller, FileKind, Ino, Owner, Timestamp, MAY_WRITE};
 
 use super::backend::Backend;
@@ -153,9 +153,11 @@ impl<B: Backend> Rfs<B> {
         (fh, self.with_local_size(attr))
     }
 
-    /// Every handle open, as (inode, access).
+    /// Every handle open, as (inode, access), with those closed and not yet given back.
     pub(crate) fn open_handles(&self) -> Vec<(Ino, u8)> {
-        self.handles.lock().unwrap().values().copied().collect()
+        let mut all: Vec<_> = self.handles.lock().unwrap().values().copied().collect();
+        all.extend(self.closes.unanswered());
+        all
     }
 
     /// Whether this client holds a handle of `ino` open for writing.
@@ -252,11 +254,10 @@ impl<B: Backend> Rfs<B> {
             }
             allocated
         };
-        if allocated {
-            return committed.and(self.call(Release { ino, access }));
-        }
-        self.close_later(ino, access);
-        committed
+        // A file we had chunks allocated for goes back at once, and after the closes of it
+        // made before: its last close may give back chunks allocated ahead.
+        let released = self.close_handle(ino, access, allocated);
+        committed.and(released)
     }
 
     /// Our uncommitted writes make a file look larger to us than to the server.
