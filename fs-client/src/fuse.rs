@@ -1,7 +1,7 @@
 //! The FUSE adapter: translates fuser calls into [`Rfs`] operations and their results into
 //! replies; nothing else. Every failed operation goes through [`fuse_error!`], which logs it
 //! once (faults as warnings, plain answers such as ENOENT at debug level) and replies with its
-//! errno; extended attributes, which rfs does not have, answer ENOTSUP directly. Reads and
+//! errno; extended attributes, which rfs does not have, answer ENOSYS directly. Reads and
 //! writes answer from the completion path; everything else answers in place.
 
 use std::ffi::OsStr;
@@ -526,12 +526,17 @@ impl Filesystem for RfsFuse {
         _size: u32,
         reply: fuser::ReplyXattr,
     ) {
-        // No extended attributes: saying so once lets the kernel stop asking.
-        reply.error(fuser::Errno::ENOTSUP);
+        // No extended attributes. ENOSYS, not ENOTSUP: only ENOSYS makes the kernel stop
+        // asking (applications then get EOPNOTSUPP from the kernel itself). It asks for
+        // security.capability before every write, so any other answer costs a round trip
+        // through this daemon per write.
+        self.fs.xattr_asked();
+        reply.error(fuser::Errno::ENOSYS);
     }
 
     fn listxattr(&self, _req: &Request, _ino: INodeNo, _size: u32, reply: fuser::ReplyXattr) {
-        reply.error(fuser::Errno::ENOTSUP);
+        self.fs.xattr_asked();
+        reply.error(fuser::Errno::ENOSYS);
     }
 
     fn setxattr(
@@ -544,11 +549,13 @@ impl Filesystem for RfsFuse {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        reply.error(fuser::Errno::ENOTSUP);
+        self.fs.xattr_asked();
+        reply.error(fuser::Errno::ENOSYS);
     }
 
     fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(fuser::Errno::ENOTSUP);
+        self.fs.xattr_asked();
+        reply.error(fuser::Errno::ENOSYS);
     }
 
     fn fallocate(

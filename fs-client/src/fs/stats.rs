@@ -66,6 +66,9 @@ pub(crate) struct ClientStats {
     pub(crate) bytes_copied: AtomicU64,
     /// Handles closed and given back to the metadata node (sent together: see `closes`).
     pub(crate) handles_closed: AtomicU64,
+    /// Extended attribute requests from the kernel (none are kept; it stops asking at the
+    /// first answer).
+    pub(crate) xattr_requests: AtomicU64,
 }
 
 impl ClientStats {
@@ -75,6 +78,11 @@ impl ClientStats {
 }
 
 impl<B: Backend> Rfs<B> {
+    /// Counts an extended attribute request from the kernel.
+    pub fn xattr_asked(&self) {
+        ClientStats::add(&self.stats.xattr_requests, 1);
+    }
+
     /// The stats file's attributes: its size is the current text's.
     pub fn stats_attr(&self) -> Attr {
         let t = Timestamp::now();
@@ -140,6 +148,11 @@ impl<B: Backend> Rfs<B> {
                 "handles_closed",
                 "Handles closed and given back to the metadata node",
                 n(&s.handles_closed),
+            ),
+            Metric::counter(
+                "xattr_requests",
+                "Extended attribute requests from the kernel",
+                n(&s.xattr_requests),
             ),
             Metric::gauge("open_files", "Files open", self.open_file_count() as u64),
             Metric::gauge(
