@@ -164,7 +164,7 @@ pub const OPTIONS: &[MountOption] = &[
     MountOption {
         name: "write_behind",
         value: Value::Takes("SIZE|off"),
-        help: "Answer a write once its transfers are posted, with up to SIZE in flight per \
+        help: "Answer a write once its bytes are copied and its chunks mapped, with up to SIZE in flight per \
                mount (default 32M); flush, fsync and close wait for them and report a failure. \
                O_SYNC, O_DSYNC and O_DIRECT writes are answered once they landed",
         set: |c, v| {

@@ -1,7 +1,8 @@
 //! Write-behind: what is in flight of each file's writes. A write may be answered once its
-//! bytes are staged in its transfer's own buffer and its transfers are posted, rather than
-//! once they are in remote memory, so that the kernel hands over the next write while this
-//! one travels, and the merge queues see adjacent writes together. Flush, fsync and release
+//! bytes are copied into its transfer's own buffer and its chunks are mapped, before its
+//! transfers are posted, rather than once they are in remote memory, so that the kernel hands
+//! over the next write while this one is posted and travels, and the merge queues see
+//! adjacent writes together. Flush, fsync and release
 //! wait for a file's writes and report the first that failed (as NFS does); until then, a
 //! new write to that file fails at once with it.
 //!

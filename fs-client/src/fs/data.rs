@@ -502,8 +502,10 @@ impl<B: Backend> Rfs<B> {
 
     /// Like [`Self::write`], but with write-behind on (see [`behind`](super::behind)), and
     /// unless `sync` (O_SYNC, O_DSYNC, O_DIRECT), `done` gets the byte count once the bytes
-    /// are staged and their transfers posted: a failure after that is reported by the next
-    /// flush or fsync of the file, and fails its next write.
+    /// are copied and their chunks mapped (allocated where new), before their transfers are
+    /// posted: the writer copies its next bytes while this thread posts these. A failure
+    /// after that is reported by the next flush or fsync of the file, and fails its next
+    /// write.
     pub fn write_behind(
         self: &Arc<Self>,
         ino: Ino,
@@ -516,7 +518,7 @@ impl<B: Backend> Rfs<B> {
         self.write_answering(ino, offset, data, early, done)
     }
 
-    /// A write, answered once posted (`early`) or once landed.
+    /// A write, answered once mapped (`early`) or once landed.
     fn write_answering(
         self: &Arc<Self>,
         ino: Ino,
@@ -537,12 +539,12 @@ impl<B: Backend> Rfs<B> {
             return done(Err(e));
         }
         ClientStats::add(&self.stats.writes, 1);
-        let pieces = segments(offset, data.len(), self.chunk_size)
+        let pieces: Vec<_> = segments(offset, data.len(), self.chunk_size)
             .into_iter()
             .map(|s| (s, data[s.at..s.at + s.len].to_vec()))
             .collect();
         // Answered by whichever comes first: the end of the transfers (always, without
-        // write-behind; with it, when they fail before they are posted), or their posting.
+        // write-behind; with it, when mapping their chunks fails), or their mapping.
         let answer = Arc::new(Mutex::new(Some(done)));
         let finish: FinishWrite<B> = {
             let answer = answer.clone();
@@ -558,7 +560,10 @@ impl<B: Backend> Rfs<B> {
                 done(r.map(|()| len))
             })
         };
-        self.write_pieces(ino, pieces, Attempt::first(self.retry_window()), finish);
+        let mapped = match self.map_pieces(ino, &pieces) {
+            Ok(mapped) => mapped,
+            Err(e) => return finish(self, Err(e)),
+        };
         if early {
             let unanswered = answer.lock().unwrap().take();
             if let Some(done) = unanswered {
@@ -566,6 +571,8 @@ impl<B: Backend> Rfs<B> {
                 done(Ok(len));
             }
         }
+        let attempt = Attempt::first(self.retry_window());
+        self.post_pieces(ino, pieces, mapped, attempt, finish);
     }
 
     /// One try of the pieces of a write (see [`Self::write`]); those refused for a stale
@@ -577,16 +584,34 @@ impl<B: Backend> Rfs<B> {
         attempt: Attempt,
         finish: FinishWrite<B>,
     ) {
+        match self.map_pieces(ino, &pieces) {
+            Ok(mapped) => self.post_pieces(ino, pieces, mapped, attempt, finish),
+            Err(e) => finish(self, Err(e)),
+        }
+    }
+
+    /// The references of the chunks `pieces` write to (allocated where new), held.
+    fn map_pieces(&self, ino: Ino, pieces: &[(Segment, Vec<u8>)]) -> Result<Mapped> {
         // Pieces sent again come in the order their transfers failed.
         let first = pieces.iter().map(|(s, _)| s.index).min().expect("a piece");
         let last = pieces.iter().map(|(s, _)| s.index).max().expect("a piece");
-        let (refs, hold) = match self.refs(ino, first, last - first + 1, true) {
-            Ok(r) => r,
-            Err(e) => {
-                Self::piece_failed(&self.stats);
-                return finish(self, Err(e));
-            }
-        };
+        let (refs, hold) = self
+            .refs(ino, first, last - first + 1, true)
+            .inspect_err(|_| Self::piece_failed(&self.stats))?;
+        Ok(Mapped { first, refs, hold })
+    }
+
+    /// Posts the transfers of `pieces` to the chunks `mapped` holds; `finish` answers once
+    /// every piece is done.
+    fn post_pieces(
+        self: &Arc<Self>,
+        ino: Ino,
+        pieces: Vec<(Segment, Vec<u8>)>,
+        mapped: Mapped,
+        attempt: Attempt,
+        finish: FinishWrite<B>,
+    ) {
+        let Mapped { first, refs, hold } = mapped;
         let job = Arc::new(WriteJob {
             state: Mutex::new(WriteState {
                 left: pieces.len(),
@@ -706,6 +731,14 @@ impl<B: Backend> Rfs<B> {
 /// session yet: it restarted, or the node is coming back): worth another try.
 fn not_granted(c: &ChunkRef) -> Error {
     Error::stale(c.node, "the chunk was not granted to this client")
+}
+
+/// The chunks a write's pieces go to, from the first piece's chunk on, and the hold on their
+/// references (see [`Rfs::refs`]).
+struct Mapped {
+    first: u64,
+    refs: Vec<Option<Replicas>>,
+    hold: InFlight,
 }
 
 /// Answers a write (see [`Rfs::write_pieces`]).

@@ -42,6 +42,8 @@ struct State {
     refuse_every_key: bool,
     /// While set, writes wait here (not yet in "remote memory") until let go.
     held_writes: Option<Vec<HeldWrite>>,
+    /// Allocations are refused with ENOSPC, as by a metadata node out of free chunks.
+    pool_full: bool,
 }
 
 /// A write the fake holds back, as a slow network would.
@@ -100,6 +102,11 @@ impl FakeCluster {
     /// Has the metadata connection read as down (or up again).
     pub(crate) fn metadata_down(&self, down: bool) {
         self.state.lock().unwrap().metadata_down = down;
+    }
+
+    /// Has allocations refused with ENOSPC (or granted again).
+    pub(crate) fn pool_full(&self, full: bool) {
+        self.state.lock().unwrap().pool_full = full;
     }
 
     /// Makes every transfer to `node` fail (None: none).
@@ -273,6 +280,7 @@ impl FakeCluster {
                 answer(m, r)
             }
             Request::ChunkMap(m) => answer(m, Ok(map(st, m.ino, m.first, m.count))),
+            Request::Allocate(m) if st.pool_full => answer(m, Err(Errno::ENOSPC)),
             Request::Allocate(m) => {
                 let (copies, nodes) = match st.replicas {
                     0 => (1, NODES as u64),

@@ -573,6 +573,47 @@ fn write_behind_answers_before_the_bytes_land_and_flush_waits_for_them() {
 }
 
 #[test]
+fn write_behind_answers_once_mapped_before_its_transfers_go_and_a_mapping_failure_on_the_write() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    fs.set_write_behind(1 << 20);
+    let ino = create(&fs, "f");
+    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+    cluster.hold_writes();
+    let data = pattern(2 * CHUNK as usize, 3);
+    let (tx, rx) = mpsc::channel();
+    let seen = cluster.clone();
+    fs.write_behind(
+        ino,
+        0,
+        &data,
+        false,
+        Box::new(move |r| tx.send((r, seen.writes_held())).unwrap()),
+    );
+    assert_eq!(
+        rx.recv().unwrap(),
+        (Ok(data.len() as u32), 0),
+        "answered before its transfers were posted (the writer's next bytes overlap them)"
+    );
+    assert_eq!(cluster.writes_held(), 2, "and posted right after");
+    // A chunk that cannot be allocated fails the write itself, not a later flush.
+    cluster.pool_full(true);
+    let far = 100_000 * CHUNK;
+    assert_eq!(
+        write_behind(&fs, ino, far, b"x", false)
+            .recv()
+            .unwrap()
+            .map_err(|e| e.errno()),
+        Err(Errno::ENOSPC)
+    );
+    cluster.pool_full(false);
+    cluster.let_writes_go();
+    fs.commit(ino).unwrap();
+    assert_eq!(read(&fs, ino, 0, data.len()).unwrap(), data);
+    fs.release(fh).unwrap();
+}
+
+#[test]
 fn a_write_behind_that_fails_is_reported_by_flush_once_and_fails_the_next_write() {
     let cluster: Arc<FakeCluster> = Arc::default();
     let fs = client(&cluster);
