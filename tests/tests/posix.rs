@@ -304,7 +304,10 @@ fn writes_do_not_ask_for_extended_attributes_each_time() {
         f.write_all_at(b"x", i).unwrap();
     }
     let asked = m.stat("xattr_requests") - before;
-    assert!(asked <= 1, "{asked} extended attribute requests for 100 writes");
+    assert!(
+        asked <= 1,
+        "{asked} extended attribute requests for 100 writes"
+    );
 
     // Applications still hear that there are none.
     let last_errno = || std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
@@ -322,7 +325,13 @@ fn writes_do_not_ask_for_extended_attributes_each_time() {
     assert_eq!((r, last_errno()), (-1, libc::EOPNOTSUPP));
     // SAFETY: as above; setxattr only reads the value.
     let r = unsafe {
-        libc::setxattr(path.as_ptr(), c"user.x".as_ptr(), value.as_ptr().cast(), 1, 0)
+        libc::setxattr(
+            path.as_ptr(),
+            c"user.x".as_ptr(),
+            value.as_ptr().cast(),
+            1,
+            0,
+        )
     };
     assert_eq!((r, last_errno()), (-1, libc::EOPNOTSUPP));
     // SAFETY: a NUL-terminated path and a buffer of the length given.
