@@ -106,6 +106,11 @@ impl FrameReader {
         Ok(())
     }
 
+    /// The bytes read off the socket and not yet consumed.
+    pub(crate) fn buffered(&self) -> &[u8] {
+        &self.buf[self.start..self.end]
+    }
+
     /// The next header's bytes, or None on a clean end of stream at a frame boundary.
     pub(crate) fn read_header<const N: usize>(&mut self) -> io::Result<Option<[u8; N]>> {
         if self.start == self.end {
