@@ -469,7 +469,7 @@ impl Filesystem for RfsFuse {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        // Data is in remote memory once a write is answered; fsync commits size and mtime.
+        // Waits for the writes still in flight (write-behind), then commits size and mtime.
         empty("fsync", self.fs.commit(ino.0), reply);
     }
 

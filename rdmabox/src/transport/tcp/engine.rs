@@ -28,8 +28,10 @@ use crate::transport::types::{Access, Completion, WcOpcode, WcStatus};
 /// queue), so an honest peer never fills it.
 const RESPONSE_QUEUE: usize = 8192;
 
-/// At most this many responses are held back to go out together.
+/// At most this many responses, and this many bytes of READ data, are held back to go out
+/// together: the first of them should not wait for many large copies.
 const MAX_HELD: usize = 64;
+const MAX_HELD_BYTES: usize = 256 << 10;
 
 /// WRITE payloads are read off the socket into a buffer of at most this many bytes, then
 /// copied into the region while it is still registered: a peer that drips a payload cannot
@@ -81,8 +83,10 @@ struct Engine {
     responses: Sender<Response>,
     reader: FrameReader,
     staging: Vec<u8>,
-    /// Responses held back while more requests wait in the buffer, oldest first.
+    /// Responses held back while more requests wait in the buffer, oldest first, and the
+    /// bytes of READ data among them.
     held: Vec<Response>,
+    held_bytes: usize,
 }
 
 impl Engine {
@@ -94,6 +98,7 @@ impl Engine {
             reader,
             staging: Vec::new(),
             held: Vec::new(),
+            held_bytes: 0,
         }
     }
 
@@ -122,17 +127,32 @@ impl Engine {
         self.responses.send(r).map_err(|_| Stop::Disconnected)
     }
 
-    /// Answers a request: held back while the next request is already here and quick to
-    /// serve, then sent with the others straight onto the socket when that cannot block (one
-    /// thread hop fewer), otherwise through the writer thread. A NAK goes after every
-    /// response held.
+    /// Answers a request: held back for [`Self::send_held_unless_more_come`] (after this
+    /// step), which sends the held responses together. A NAK goes after every response held.
     fn respond(&mut self, r: Response) -> Result<(), Stop> {
-        if matches!(r, Response::Flush | Response::Nak(..)) {
-            self.hand_held_to_writer()?;
-            return self.enqueue(r);
+        match r {
+            Response::Flush | Response::Nak(..) => {
+                self.hand_held_to_writer()?;
+                self.enqueue(r)
+            }
+            Response::ReadData { ref data, .. } => {
+                self.held_bytes += data.len();
+                self.held.push(r);
+                Ok(())
+            }
+            Response::Ack(_) => {
+                self.held.push(r);
+                Ok(())
+            }
         }
-        self.held.push(r);
-        if self.held.len() < MAX_HELD && self.next_frame_is_quick() {
+    }
+
+    /// Sends the held responses, unless the next frame is already here and quick to serve
+    /// and they are few: then they go with its response. Run after every step, so nothing
+    /// stays held while the engine waits on the socket or on anything else.
+    fn send_held_unless_more_come(&mut self) -> Result<(), Stop> {
+        let few = self.held.len() < MAX_HELD && self.held_bytes < MAX_HELD_BYTES;
+        if self.held.is_empty() || (few && self.next_frame_is_quick()) {
             return Ok(());
         }
         self.send_held()
@@ -156,6 +176,7 @@ impl Engine {
         // all until after the call.
         let sent = unsafe { self.qp.try_transmit_now(&iovs) };
         drop(frames);
+        self.held_bytes = 0;
         match sent {
             Ok(Some(partial)) => {
                 self.held.clear();
@@ -171,6 +192,7 @@ impl Engine {
 
     /// Queues the held responses for the writer thread, in order.
     fn hand_held_to_writer(&mut self) -> Result<(), Stop> {
+        self.held_bytes = 0;
         for r in std::mem::take(&mut self.held) {
             self.enqueue(r)?;
         }
@@ -200,6 +222,7 @@ impl Engine {
                 Kind::Nak => self.on_nak(&h),
                 Kind::ReadResponse => self.on_read_response(&h),
             };
+            let step = step.and_then(|()| self.send_held_unless_more_come());
             // Also after a failed step: what was completed before the failure is answered.
             self.qp.send_cq.run_inline();
             self.qp.recv_cq.run_inline();
@@ -613,6 +636,40 @@ mod tests {
             1,
             "socket writes for 16 responses"
         );
+    }
+
+    /// A READ request followed by an ACK (the peer acknowledging our own WRITE) in one
+    /// segment: the READ's response, held while the ACK was served, goes out once nothing
+    /// quick follows, not when some later request comes.
+    #[test]
+    fn a_response_held_for_an_ack_behind_it_is_not_kept_waiting() {
+        use crate::transport::{RemoteAddr, SendOp, SendWr, Sge};
+        let ctx = Context::open(&TransportConfig::with_provider(ProviderKind::Tcp)).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let region = pd.alloc_region(4096, Access::ALL).unwrap();
+        let (mut s, qp) = raw_peer(&ctx, &pd);
+        let sge = [Sge::new(&region, 0, 64).unwrap()];
+        let target = RemoteAddr { addr: 0, rkey: 1 };
+        qp.post_send(&[SendWr::new(7, SendOp::Write(target), &sge)])
+            .unwrap();
+        let mut raw = [0u8; HEADER_LEN];
+        s.read_exact(&mut raw).unwrap();
+        let write = Header::decode(&raw).unwrap();
+        assert_eq!(write.kind, Kind::Write);
+        s.read_exact(&mut [0u8; 64]).unwrap();
+
+        let mut read = Header::new(Kind::ReadRequest, 0);
+        read.remote_addr = region.addr();
+        read.rkey = region.rkey();
+        read.len = 16;
+        let mut frames = read.encode().to_vec();
+        frames.extend_from_slice(&Header::new(Kind::Ack, write.psn).encode());
+        s.write_all(&frames).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        s.read_exact(&mut raw)
+            .expect("the READ response, with nothing more sent");
+        let h = Header::decode(&raw).unwrap();
+        assert_eq!((h.kind, h.psn, h.len), (Kind::ReadResponse, 0, 16));
     }
 
     /// A peer that starts a WRITE through a grant, stalls mid-payload while the grant is
