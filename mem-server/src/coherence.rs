@@ -55,11 +55,21 @@ pub(crate) struct Change {
     /// Inodes whose attributes changed, and whether their contents did.
     pub(crate) inodes: Vec<(Ino, bool)>,
     /// Files whose chunks from an index on are no longer theirs.
-    pub(crate) recalls: Vec<(Ino, u64)>,
+    pub(crate) recalls: Vec<Recall>,
     /// Names that no longer lead where they did.
     pub(crate) entries: Vec<(Ino, Name)>,
     /// Files whose chunk maps changed without a size cut (replicas dropped or added).
     pub(crate) remaps: Vec<Ino>,
+}
+
+/// A file's chunks from index `from` on are no longer its own.
+pub(crate) struct Recall {
+    pub(crate) ino: Ino,
+    pub(crate) from: u64,
+    /// Its contents changed with them (a size cut, or the file is gone); not when only chunks
+    /// past its size went back (a trim of those allocated ahead, at its last close), which
+    /// leaves every cached byte of it as it was.
+    pub(crate) cut: bool,
 }
 
 impl Change {
@@ -186,7 +196,7 @@ impl Holders {
                     });
                 }
             }
-            for &(ino, from) in &change.recalls {
+            for &Recall { ino, from, cut } in &change.recalls {
                 let gone = attr(ino).is_none();
                 let holds = if from == 0 || gone {
                     c.maps.remove(&ino)
@@ -197,14 +207,17 @@ impl Holders {
                     continue;
                 }
                 match told.get(&ino) {
-                    Some(&i) => cb.inodes[i].chunks_from = Some(from),
+                    Some(&i) => {
+                        cb.inodes[i].chunks_from = Some(from);
+                        cb.inodes[i].data |= cut;
+                    }
                     None => {
                         told.insert(ino, cb.inodes.len());
                         cb.inodes.push(Invalidation {
                             ino,
                             chunks_from: Some(from),
                             attr: attr(ino),
-                            data: true,
+                            data: cut,
                             remapped: false,
                         });
                     }

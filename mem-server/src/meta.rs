@@ -27,7 +27,7 @@ use rfs_proto::Errno;
 
 use crate::access::{check_access_bits, check_open, check_setattr, Policy};
 use crate::alloc::Allocator;
-use crate::coherence::{Callbacks, Change, Countdown, Holders, SessionId};
+use crate::coherence::{Callbacks, Change, Countdown, Holders, Recall, SessionId};
 use crate::grants::Grants;
 use crate::journal::{Durable, Guard, Journal, Journaled};
 use crate::link::{Asked, Link};
@@ -178,10 +178,20 @@ fn by_node<'a>(refs: impl IntoIterator<Item = &'a ChunkRef>) -> HashMap<u32, Vec
 }
 
 impl Effects {
-    /// Records chunks freed from `ino` (from chunk index `from` on).
+    /// Records chunks freed from `ino` (from chunk index `from` on), with its contents.
     fn freed(&mut self, ino: Ino, from: u64, chunks: Vec<ChunkRef>) {
+        self.give_back(ino, from, chunks, true);
+    }
+
+    /// Records chunks past `ino`'s size given back (from chunk index `from` on): its
+    /// contents stay as they were.
+    fn trimmed(&mut self, ino: Ino, from: u64, chunks: Vec<ChunkRef>) {
+        self.give_back(ino, from, chunks, false);
+    }
+
+    fn give_back(&mut self, ino: Ino, from: u64, chunks: Vec<ChunkRef>, cut: bool) {
         if !chunks.is_empty() {
-            self.change.recalls.push((ino, from));
+            self.change.recalls.push(Recall { ino, from, cut });
             self.freed.extend(chunks);
         }
     }
@@ -874,7 +884,7 @@ impl MetaService {
             effects.change.inodes.push((ino, true));
             effects.freed(ino, 0, reaped);
         } else if let Some((from, trimmed)) = ns.trim(ino) {
-            effects.freed(ino, from, trimmed);
+            effects.trimmed(ino, from, trimmed);
         }
     }
 
@@ -1026,7 +1036,11 @@ impl MetaService {
                         if let Some(size) = m.changes.size {
                             // Every size cut is told, freed chunks or not: holders cut their sizes.
                             let from = size.div_ceil(chunk_size);
-                            fx.change.recalls.push((m.ino, from));
+                            fx.change.recalls.push(Recall {
+                                ino: m.ino,
+                                from,
+                                cut: true,
+                            });
                             fx.freed.extend(freed);
                         }
                         a

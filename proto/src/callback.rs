@@ -18,7 +18,9 @@ wire_struct! {
         pub ino: Ino,
         /// The file's chunks from this index on are no longer its own (truncated, trimmed or
         /// freed): drop their references and finish the transfers through them first. Set
-        /// with every size cut, so holders also cut the sizes they keep.
+        /// with every size cut, with `data`, so holders also cut the sizes they keep; without
+        /// `data`, only chunks past the size went back (allocated ahead, trimmed at the last
+        /// close) and nothing of the file changed.
         pub chunks_from: Option<u64>,
         /// The attributes now; None: the inode is gone.
         pub attr: Option<Attr>,

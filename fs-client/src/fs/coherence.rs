@@ -84,7 +84,8 @@ impl<B: Backend> Rfs<B> {
                 self.chunks.recall(inv.ino, from, self.lease);
             }
             if let Some(a) = &inv.attr {
-                self.changed_elsewhere(a, inv.chunks_from.is_some());
+                // Chunks recalled without the contents (a trim past the size) cut nothing.
+                self.changed_elsewhere(a, inv.chunks_from.is_some() && inv.data);
             }
             if inv.data {
                 self.pages_changed(inv.ino);

@@ -614,6 +614,35 @@ fn write_behind_answers_once_mapped_before_its_transfers_go_and_a_mapping_failur
 }
 
 #[test]
+fn chunks_recalled_past_the_size_cut_nothing_and_a_size_cut_cuts_our_size() {
+    use rfs_proto::callback::{Callback, Invalidation};
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    let ino = create(&fs, "f");
+    let (fh, committed) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+    let data = pattern(3 * CHUNK as usize, 4);
+    write(&fs, ino, 0, &data).unwrap();
+    assert_eq!(cluster.size(ino), 0, "nothing committed yet");
+    let recall = |data| Callback {
+        inodes: vec![Invalidation {
+            ino,
+            chunks_from: Some(5),
+            attr: Some(committed),
+            data,
+            remapped: false,
+        }],
+        entries: Vec::new(),
+    };
+    // Chunks past the size given back (a trim at another mount's last close): our writes stay.
+    fs.on_callback(recall(false));
+    assert_eq!(fs.getattr(ino).unwrap().size, data.len() as u64);
+    // A truncate elsewhere holds for our size too.
+    fs.on_callback(recall(true));
+    assert_eq!(fs.getattr(ino).unwrap().size, 0);
+    fs.release(fh).unwrap();
+}
+
+#[test]
 fn a_write_behind_that_fails_is_reported_by_flush_once_and_fails_the_next_write() {
     let cluster: Arc<FakeCluster> = Arc::default();
     let fs = client(&cluster);
