@@ -346,14 +346,27 @@ impl Mount {
 
     /// [`Mount::unmount`], waiting up to `limit` for fs-client to finish the calls it has
     /// under way (each bounded by its deadline).
+    ///
+    /// A mount still busy (a close of a file is still flushing: the kernel holds the file
+    /// until then) is unmounted again, as a user would, until `limit`.
     pub fn unmount_within(&mut self, limit: Duration) -> bool {
-        let ok = Command::new("fusermount3")
-            .arg("-u")
-            .arg(&self.dir)
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
         let start = Instant::now();
+        let ok = loop {
+            let out = Command::new("fusermount3")
+                .arg("-u")
+                .arg(&self.dir)
+                .output()
+                .expect("fusermount3 runs");
+            if out.status.success() {
+                break true;
+            }
+            let why = String::from_utf8_lossy(&out.stderr);
+            if !why.contains("busy") || start.elapsed() >= limit {
+                eprintln!("fusermount3 -u {}: {why}", self.dir.display());
+                break false;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
         while start.elapsed() < limit {
             if let Ok(Some(status)) = self.child.try_wait() {
                 return ok && status.success();

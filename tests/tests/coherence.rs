@@ -581,16 +581,6 @@ fn a_dead_metadata_node_fails_calls_with_eio_within_the_deadline_and_nothing_han
     );
 }
 
-/// Blocks free in the pool, as statfs says through `m`.
-fn free_blocks(m: &Mount) -> u64 {
-    use std::os::unix::ffi::OsStrExt;
-    let path = std::ffi::CString::new(m.dir.as_os_str().as_bytes()).unwrap();
-    // SAFETY: a NUL-terminated path and a statvfs to fill.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    assert_eq!(unsafe { libc::statvfs(path.as_ptr(), &mut st) }, 0);
-    st.f_bfree
-}
-
 /// The chunks a writer allocated ahead go back at the file's last close, which may be another
 /// mount's read-only one: nothing of the file changes with them, so a mount's cached pages of
 /// it stay (they were dropped, found as a flaky reread test: the writer's close raced its own
@@ -605,14 +595,14 @@ fn chunks_given_back_at_another_mounts_last_close_keep_cached_pages() {
     let data = pattern(4 * MIB, 5);
     fs::write(a.path("f"), &data).unwrap();
     assert!(fs::read(a.path("f")).unwrap() == data);
-    let free = free_blocks(&a);
+    let free = free_mib(&a.dir);
     let closed = b.stat("handles_closed");
     drop(held);
     within(Duration::from_secs(10), "b's close given back", || {
         b.stat("handles_closed") > closed
     });
     assert!(
-        free_blocks(&a) > free,
+        free_mib(&a.dir) > free,
         "the chunks allocated ahead went back at b's close"
     );
     let reads = a.stat("reads");
