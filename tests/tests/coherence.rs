@@ -505,12 +505,20 @@ fn a_killed_clients_handles_are_released_after_its_grace_period() {
     f.write_all_at(&vec![1u8; 3 * MIB], 0).unwrap();
     assert!(free(&a) < 16);
     b.kill();
+    // Everything past the size the node has comes back. That size is 0 unless a test running
+    // beside this one forked while `f` was open: its child's exec closed its copy of the
+    // descriptor, and that close flushed (committed) what b had written by then.
+    let kept = || {
+        let size = fs::metadata(a.path("open-when-killed")).unwrap().len();
+        size.div_ceil(MIB as u64)
+    };
     let start = Instant::now();
     let mut now_free = free(&a);
-    while now_free != 16 {
+    while now_free != 16 - kept() {
         assert!(
             start.elapsed() < Duration::from_secs(15),
-            "space back after the grace: {now_free} MiB of 16 free"
+            "space back after the grace: {now_free} MiB of 16 free, {} MiB kept",
+            kept()
         );
         std::thread::sleep(Duration::from_millis(20));
         now_free = free(&a);
@@ -520,7 +528,7 @@ fn a_killed_clients_handles_are_released_after_its_grace_period() {
         back >= Duration::from_millis(1500),
         "released before the grace: {back:?}"
     );
-    fs::write(a.path("after"), vec![2u8; 14 * MIB]).unwrap();
+    fs::write(a.path("after"), vec![2u8; 12 * MIB]).unwrap();
 }
 
 #[test]
