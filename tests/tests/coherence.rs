@@ -161,8 +161,9 @@ fn default_mounts_stat_from_cache_and_see_another_mounts_change_at_once() {
 /// A call that changes a directory answers the directory's attributes after it, which the
 /// kernel asks for next, and a mount knows every name in a directory it made until another
 /// changes it: a create costs the create and at most its release (closes go back together;
-/// no lookup of the new name, no getattr of the directory), an unlink one call. Another mount's change to the directory is
-/// seen at once all the same, its names included, and so is a rename's.
+/// no lookup of the new name, no getattr of the directory), an unlink one call. Another
+/// mount's change to the directory is seen at once all the same, its names included, and so
+/// is a rename's.
 #[test]
 fn creates_and_unlinks_keep_their_directorys_attributes_and_other_changes_still_show() {
     let server = MemServer::meta("32M", "1M");

@@ -83,10 +83,8 @@ struct Engine {
     responses: Sender<Response>,
     reader: FrameReader,
     staging: Vec<u8>,
-    /// Responses held back while more requests wait in the buffer, oldest first, and the
-    /// bytes of READ data among them.
+    /// Responses held back while more requests wait in the buffer, oldest first.
     held: Vec<Response>,
-    held_bytes: usize,
 }
 
 impl Engine {
@@ -98,7 +96,6 @@ impl Engine {
             reader,
             staging: Vec::new(),
             held: Vec::new(),
-            held_bytes: 0,
         }
     }
 
@@ -130,29 +127,24 @@ impl Engine {
     /// Answers a request: held back for [`Self::send_held_unless_more_come`] (after this
     /// step), which sends the held responses together. A NAK goes after every response held.
     fn respond(&mut self, r: Response) -> Result<(), Stop> {
-        match r {
-            Response::Flush | Response::Nak(..) => {
-                self.hand_held_to_writer()?;
-                self.enqueue(r)
-            }
-            Response::ReadData { ref data, .. } => {
-                self.held_bytes += data.len();
-                self.held.push(r);
-                Ok(())
-            }
-            Response::Ack(_) => {
-                self.held.push(r);
-                Ok(())
-            }
+        if matches!(r, Response::Flush | Response::Nak(..)) {
+            self.hand_held_to_writer()?;
+            return self.enqueue(r);
         }
+        self.held.push(r);
+        Ok(())
     }
 
     /// Sends the held responses, unless the next frame is already here and quick to serve
     /// and they are few: then they go with its response. Run after every step, so nothing
     /// stays held while the engine waits on the socket or on anything else.
     fn send_held_unless_more_come(&mut self) -> Result<(), Stop> {
-        let few = self.held.len() < MAX_HELD && self.held_bytes < MAX_HELD_BYTES;
-        if self.held.is_empty() || (few && self.next_frame_is_quick()) {
+        if self.held.is_empty() {
+            return Ok(());
+        }
+        let held_bytes: usize = self.held.iter().map(read_data_len).sum();
+        let few = self.held.len() < MAX_HELD && held_bytes < MAX_HELD_BYTES;
+        if few && self.next_frame_is_quick() {
             return Ok(());
         }
         self.send_held()
@@ -176,7 +168,6 @@ impl Engine {
         // all until after the call.
         let sent = unsafe { self.qp.try_transmit_now(&iovs) };
         drop(frames);
-        self.held_bytes = 0;
         match sent {
             Ok(Some(partial)) => {
                 self.held.clear();
@@ -192,7 +183,6 @@ impl Engine {
 
     /// Queues the held responses for the writer thread, in order.
     fn hand_held_to_writer(&mut self) -> Result<(), Stop> {
-        self.held_bytes = 0;
         for r in std::mem::take(&mut self.held) {
             self.enqueue(r)?;
         }
@@ -473,6 +463,14 @@ fn frame_header(r: &Response) -> Option<Header> {
             Some(h)
         }
         Response::Flush => None,
+    }
+}
+
+/// The bytes of READ data a response carries.
+fn read_data_len(r: &Response) -> usize {
+    match r {
+        Response::ReadData { data, .. } => data.len(),
+        _ => 0,
     }
 }
 
