@@ -9,6 +9,9 @@
 //! Responses to requests that arrived together go out together: while the next frame read off
 //! the socket is already buffered and quick to serve (a READ request or an ACK: no payload to
 //! wait for), the engine holds its responses and sends them in one write after the last.
+//!
+//! READ data goes onto the socket straight from the region, while the engine holds off its
+//! deregistration; only what the socket cannot take at once is copied out, for the writer.
 
 use std::io;
 use std::sync::atomic::Ordering;
@@ -46,6 +49,15 @@ enum Response {
     ReadData {
         psn: u32,
         data: Vec<u8>,
+    },
+    /// A READ to be answered from the region itself. Only the engine holds these, and reads
+    /// the region only while it holds its registration ([`Engine::send_held`]); the writer
+    /// thread gets a copy ([`Engine::enqueue`]).
+    ReadInRegion {
+        psn: u32,
+        mr: Arc<MrInner>,
+        offset: usize,
+        len: usize,
     },
     Nak(u32, NakReason),
 }
@@ -119,7 +131,24 @@ impl Engine {
         self.qp.close();
     }
 
+    /// Queues a response for the writer thread; a READ still in its region is copied out
+    /// first, or refused if the region was deregistered since its request arrived.
     fn enqueue(&self, r: Response) -> Result<(), Stop> {
+        let r = match r {
+            Response::ReadInRegion {
+                psn,
+                mr,
+                offset,
+                len,
+            } => match copy_out(&self.qp, &mr, offset, len) {
+                Some(data) => Response::ReadData { psn, data },
+                None => {
+                    self.enqueue(Response::Nak(psn, NakReason::RemoteAccess))?;
+                    return Err(Stop::Refused);
+                }
+            },
+            r => r,
+        };
         self.qp.responses_queued.fetch_add(1, Ordering::AcqRel);
         self.responses.send(r).map_err(|_| Stop::Disconnected)
     }
@@ -162,12 +191,25 @@ impl Engine {
     /// Sends the held responses in one write, or hands them to the writer thread when the
     /// socket is not ours now; runs of ACKs collapse into their last.
     fn send_held(&mut self) -> Result<(), Stop> {
+        let qp = self.qp.clone();
+        let registered = qp.pd.hold_registrations();
+        let gone = self.held.iter().any(|r| match r {
+            Response::ReadInRegion { mr, .. } => !registered.contains(mr),
+            _ => false,
+        });
+        if gone {
+            // The writer's path copies what it can and refuses the READ that lost its region.
+            drop(registered);
+            return self.hand_held_to_writer();
+        }
         let frames = frames(&self.held);
         let iovs = frame_iovecs(&frames);
-        // SAFETY: the headers live in `frames` and READ data in the held responses' buffers,
-        // all until after the call.
-        let sent = unsafe { self.qp.try_transmit_now(&iovs) };
+        // SAFETY: the headers live in `frames`, READ data in the held responses' buffers or in
+        // regions that `registered` keeps registered (so mapped), all until after the call;
+        // the socket takes what it sends during the call and try_transmit_now copies the rest.
+        let sent = unsafe { qp.try_transmit_now(&iovs) };
         drop(frames);
+        drop(registered);
         match sent {
             Ok(Some(partial)) => {
                 self.held.clear();
@@ -282,29 +324,19 @@ impl Engine {
         let Some(target) = self.check_remote(h, Access::REMOTE_READ) else {
             return Err(self.refuse(h.psn, NakReason::RemoteAccess));
         };
-        let data = match target {
-            None => Vec::new(),
-            Some((mr, offset)) => {
-                let len = h.len as usize;
-                // The copy runs only while `mr` is still registered.
-                let copied = self.qp.pd.while_registered(&mr, || {
-                    let mut data = Vec::with_capacity(len);
-                    // SAFETY: check_remote proved offset+len lies inside `mr`, whose memory
-                    // this Arc keeps mapped; `data` has room for len bytes, all written
-                    // before the length is set.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(mr.ptr().add(offset), data.as_mut_ptr(), len);
-                        data.set_len(len);
-                    }
-                    data
-                });
-                match copied {
-                    Some(data) => data,
-                    None => return Err(self.refuse(h.psn, NakReason::RemoteAccess)),
-                }
-            }
-        };
-        self.respond(Response::ReadData { psn: h.psn, data })
+        // Read when sent (check_remote proved offset+len lies inside `mr`).
+        self.respond(match target {
+            None => Response::ReadData {
+                psn: h.psn,
+                data: Vec::new(),
+            },
+            Some((mr, offset)) => Response::ReadInRegion {
+                psn: h.psn,
+                mr,
+                offset,
+                len: h.len as usize,
+            },
+        })
     }
 
     /// The next posted RECV, waiting up to the RNR window for one.
@@ -452,9 +484,9 @@ impl Engine {
 fn frame_header(r: &Response) -> Option<Header> {
     match r {
         Response::Ack(psn) => Some(Header::new(Kind::Ack, *psn)),
-        Response::ReadData { psn, data } => {
+        Response::ReadData { psn, .. } | Response::ReadInRegion { psn, .. } => {
             let mut h = Header::new(Kind::ReadResponse, *psn);
-            h.len = data.len() as u32;
+            h.len = read_data_len(r) as u32;
             Some(h)
         }
         Response::Nak(psn, why) => {
@@ -470,6 +502,7 @@ fn frame_header(r: &Response) -> Option<Header> {
 fn read_data_len(r: &Response) -> usize {
     match r {
         Response::ReadData { data, .. } => data.len(),
+        Response::ReadInRegion { len, .. } => *len,
         _ => 0,
     }
 }
@@ -487,18 +520,39 @@ fn frames(batch: &[Response]) -> Vec<(&Response, [u8; HEADER_LEN])> {
         .collect()
 }
 
-/// The iovecs that send `frames`: each header, then its READ data.
+/// The iovecs that send `frames`: each header, then its READ data (in a region for a READ
+/// still there: only the engine, holding the region's registration, may send those).
 fn frame_iovecs(frames: &[(&Response, [u8; HEADER_LEN])]) -> Vec<libc::iovec> {
     let mut iovs = Vec::with_capacity(frames.len() * 2);
     for (r, h) in frames {
         iovs.push(iovec(h.as_ptr(), HEADER_LEN));
-        if let Response::ReadData { data, .. } = r {
-            if !data.is_empty() {
-                iovs.push(iovec(data.as_ptr(), data.len()));
+        match r {
+            Response::ReadData { data, .. } if !data.is_empty() => {
+                iovs.push(iovec(data.as_ptr(), data.len()))
             }
+            Response::ReadInRegion {
+                mr, offset, len, ..
+            } => iovs.push(iovec(mr.ptr().wrapping_add(*offset), *len)),
+            _ => {}
         }
     }
     iovs
+}
+
+/// A copy of `len` bytes at `offset` of `mr`, taken while it is registered; None if it is
+/// not (any more).
+fn copy_out(qp: &QpShared, mr: &Arc<MrInner>, offset: usize, len: usize) -> Option<Vec<u8>> {
+    qp.pd.while_registered(mr, || {
+        let mut data = Vec::with_capacity(len);
+        // SAFETY: the READ's request was checked to lie inside `mr` (check_remote), whose
+        // memory this Arc keeps mapped; `data` has room for len bytes, all written before the
+        // length is set.
+        unsafe {
+            std::ptr::copy_nonoverlapping(mr.ptr().add(offset), data.as_mut_ptr(), len);
+            data.set_len(len);
+        }
+        data
+    })
 }
 
 /// A socket error while moving payload ends the connection.
@@ -668,6 +722,67 @@ mod tests {
             .expect("the READ response, with nothing more sent");
         let h = Header::decode(&raw).unwrap();
         assert_eq!((h.kind, h.psn, h.len), (Kind::ReadResponse, 0, 16));
+    }
+
+    /// A peer that asks for far more READ data than the socket holds and does not read it:
+    /// taking the grant back must not wait for that peer, and no byte written to the memory
+    /// after it was taken back may reach the peer. Every READ is answered with the bytes the
+    /// grant had, until one that came after it was taken back is refused.
+    #[test]
+    fn reads_a_peer_does_not_take_neither_hold_up_a_deregistration_nor_see_past_it() {
+        let ctx = Context::open(&TransportConfig::with_provider(ProviderKind::Tcp)).unwrap();
+        let pool_pd = ctx.alloc_pd().unwrap();
+        let pool = pool_pd.alloc_region(1 << 16, Access::ALL).unwrap();
+        let pattern: Vec<u8> = (0..LEN).map(|i| (i % 249) as u8 + 1).collect();
+        pool.write_at(0, &pattern).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let grant = pd.register_within(&pool, 0, LEN, Access::ALL).unwrap();
+        let (mut s, _qp) = raw_peer(&ctx, &pd);
+        const READS: u32 = 1024;
+        const LEN: usize = 1 << 16; // 64 MiB of answers, far more than loopback buffers hold
+        let mut requests = Vec::new();
+        for psn in 0..READS {
+            let mut h = Header::new(Kind::ReadRequest, psn);
+            h.remote_addr = grant.addr();
+            h.rkey = grant.rkey();
+            h.len = LEN as u32;
+            requests.extend_from_slice(&h.encode());
+        }
+        s.write_all(&requests[..requests.len() / 2]).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            drop(grant);
+            let _ = tx.send(());
+        });
+        rx.recv_timeout(Duration::from_secs(5))
+            .expect("the grant is taken back while the peer reads nothing");
+        pool.write_at(0, &[0xee; LEN]).unwrap();
+        s.write_all(&requests[requests.len() / 2..]).unwrap();
+
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut data = vec![0u8; LEN];
+        for psn in 0..READS {
+            let mut raw = [0u8; HEADER_LEN];
+            s.read_exact(&mut raw).unwrap();
+            let h = Header::decode(&raw).unwrap();
+            if h.kind == Kind::Nak {
+                assert_eq!((h.psn, h.imm), (psn, NakReason::RemoteAccess as u32));
+                assert!(psn >= READS / 2, "READ {psn} came before the grant went");
+                return;
+            }
+            assert_eq!(
+                (h.kind, h.psn, h.len),
+                (Kind::ReadResponse, psn, LEN as u32)
+            );
+            s.read_exact(&mut data).unwrap();
+            assert!(
+                data == pattern,
+                "READ {psn} saw memory written after deregistration"
+            );
+        }
+        panic!("no READ was refused");
     }
 
     /// A peer that starts a WRITE through a grant, stalls mid-payload while the grant is

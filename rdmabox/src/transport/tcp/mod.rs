@@ -20,7 +20,7 @@ pub mod wire;
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock, Weak};
+use std::sync::{Arc, RwLock, RwLockReadGuard, Weak};
 use std::time::Duration;
 
 pub use cq::Cq;
@@ -149,11 +149,26 @@ impl PdShared {
         mr: &Arc<MrInner>,
         f: impl FnOnce() -> R,
     ) -> Option<R> {
-        let regions = self.regions.read().unwrap();
-        let ours = regions
+        self.hold_registrations().contains(mr).then(f)
+    }
+
+    /// Holds off every deregistration in this domain while the guard lives, for an engine
+    /// that touches several regions at once. Hold it only across calls that cannot block: a
+    /// deregistration waits for it.
+    pub(crate) fn hold_registrations(&self) -> Registrations<'_> {
+        Registrations(self.regions.read().unwrap())
+    }
+}
+
+/// The rkey table, held so that no region leaves it (see [`PdShared::hold_registrations`]).
+pub(crate) struct Registrations<'a>(RwLockReadGuard<'a, HashMap<u32, Weak<MrInner>>>);
+
+impl Registrations<'_> {
+    /// Whether `mr` itself (not a later region under its rkey) is registered.
+    pub(crate) fn contains(&self, mr: &Arc<MrInner>) -> bool {
+        self.0
             .get(&mr.rkey)
-            .is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(mr)));
-        ours.then(f)
+            .is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(mr)))
     }
 }
 
