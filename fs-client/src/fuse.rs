@@ -410,7 +410,7 @@ impl Filesystem for RfsFuse {
             ino.0,
             offset,
             size as usize,
-            Box::new(move |r: Result<Vec<u8>, Error>| reply!("read", r, reply, |d| reply.data(&d))),
+            Box::new(move |r: Result<&[u8], Error>| reply!("read", r, reply, |d| reply.data(d))),
         );
     }
 

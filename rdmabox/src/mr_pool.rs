@@ -90,6 +90,22 @@ impl Slot {
     }
 }
 
+impl Slot {
+    /// `len` bytes at `offset` of the slot, borrowed. Panics outside the slot.
+    ///
+    /// # Safety
+    /// Nothing may write these bytes while the borrow lives: no transfer posted with this
+    /// slot may be under way.
+    pub(crate) unsafe fn bytes(&self, offset: usize, len: usize) -> &[u8] {
+        assert!(offset + len <= self.pool.slot_size);
+        // SAFETY: inside the pool region (asserted), whose memory lives as long as the pool,
+        // which this slot keeps; the caller promises that nothing writes it meanwhile.
+        unsafe {
+            std::slice::from_raw_parts(self.pool.region.inner.ptr().add(self.base() + offset), len)
+        }
+    }
+}
+
 impl Drop for Slot {
     fn drop(&mut self) {
         self.pool.free.lock().unwrap().push(self.index);

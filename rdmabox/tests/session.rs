@@ -216,6 +216,46 @@ fn large_requests_register_their_own_buffer() {
     assert_eq!(c.premr_copies, 0);
 }
 
+/// Reads whose callback borrows the bytes where they landed: staged ones (merged or not)
+/// without a buffer or a copy of the caller's, dynMR ones from their own buffer, and an
+/// out-of-bounds one fails alone.
+#[test]
+fn borrowing_reads_see_the_bytes_where_they_landed() {
+    let (lender, session) = setup(8 << 20, SessionConfig::default());
+    let data = pattern(4 << 20, 3);
+    lender.mem.write_at(0, &data).unwrap();
+    let read = |off: u64, len: usize| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        session.read_borrowing(
+            at(&lender, off),
+            len,
+            Box::new(move |r| drop(tx.send(r.map(<[u8]>::to_vec)))),
+        );
+        rx
+    };
+    // Adjacent 4 KiB reads in flight together merge, each member lent its own bytes.
+    let staged: Vec<_> = (0..256u64).map(|i| (i, read(i * 4096, 4096))).collect();
+    for (i, rx) in staged {
+        let at = i as usize * 4096;
+        let got = rx.recv().unwrap().unwrap();
+        assert!(got == data[at..at + 4096], "block {i}");
+    }
+    let c = session.counters();
+    assert_eq!(c.premr_copies, 0, "reads are never copied into a slot");
+    assert!(c.work_requests < 256, "merged: {c:?}");
+    let odd = read(12_345, 100_000).recv().unwrap().unwrap();
+    assert!(odd == data[12_345..112_345]);
+    let large = read(4096, 3 << 20).recv().unwrap().unwrap();
+    assert!(large == data[4096..4096 + (3 << 20)]);
+    assert_eq!(session.counters().dynmr_registrations, 1);
+    assert!(read(0, 0).recv().unwrap().unwrap().is_empty());
+    assert!(matches!(
+        read((8 << 20) - 10, 11).recv().unwrap(),
+        Err(IoError::OutOfBounds { .. })
+    ));
+    assert_eq!(session.counters().inflight_bytes, 0);
+}
+
 #[test]
 fn the_window_bounds_bytes_in_flight() {
     let cfg = SessionConfig {

@@ -13,8 +13,8 @@ use rfs_proto::{Client, Errno, MetadataChannel};
 
 use super::error::Error;
 
-/// Receives a read's result: the filled buffer.
-pub type DataDone = Box<dyn FnOnce(Result<Vec<u8>, Error>) + Send>;
+/// Receives a read's result: its bytes, lent where they landed for the call.
+pub type DataDone = Box<dyn FnOnce(Result<&[u8], Error>) + Send>;
 /// Receives a write's result, and its buffer either way (to send again after a failure).
 pub type WriteBack = Box<dyn FnOnce(Result<(), Error>, Vec<u8>) + Send>;
 
@@ -26,8 +26,8 @@ pub trait Backend: MetadataChannel + Send + Sync + 'static {
     fn is_down(&self, node: u32) -> bool;
     /// Connects the data session to `node` (may ask the metadata node where it is).
     fn connect(&self, node: u32) -> Result<(), Error>;
-    /// Reads `buf.len()` bytes at `offset` of `chunk`.
-    fn read(&self, chunk: &ChunkRef, offset: u64, buf: Vec<u8>, done: DataDone);
+    /// Reads `len` bytes at `offset` of `chunk`.
+    fn read(&self, chunk: &ChunkRef, offset: u64, len: usize, done: DataDone);
     /// Writes `data` at `offset` of `chunk`.
     fn write(&self, chunk: &ChunkRef, offset: u64, data: Vec<u8>, done: WriteBack);
     /// The transport, in words, for the stats file.
@@ -69,12 +69,12 @@ impl Backend for Client {
         self.data(node).map(drop).map_err(Error::from)
     }
 
-    fn read(&self, chunk: &ChunkRef, offset: u64, buf: Vec<u8>, done: DataDone) {
+    fn read(&self, chunk: &ChunkRef, offset: u64, len: usize, done: DataDone) {
         let node = chunk.node;
         match session_of(self, chunk) {
-            Ok(d) => d.session.read(
+            Ok(d) => d.session.read_borrowing(
                 chunk_addr(chunk, offset),
-                buf,
+                len,
                 Box::new(move |r| done(r.map_err(|e| Error::data(node, &e)))),
             ),
             Err(e) => done(Err(e)),

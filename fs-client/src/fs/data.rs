@@ -24,7 +24,7 @@ use super::stats::{ClientStats, STATS_INO};
 use super::Rfs;
 
 /// Receives the bytes of a read (short at end of file).
-pub type ReadDone = Box<dyn FnOnce(Result<Vec<u8>>) + Send>;
+pub type ReadDone = Box<dyn FnOnce(Result<&[u8]>) + Send>;
 /// Receives the byte count of a write.
 pub type WriteDone = Box<dyn FnOnce(Result<u32>) + Send>;
 
@@ -215,7 +215,7 @@ impl<B: Backend> Rfs<B> {
             if c.rkey == 0 {
                 return done(Err(not_granted(&c)));
             }
-            return self.backend.read(&c, offset, vec![0; len], done);
+            return self.backend.read(&c, offset, len, done);
         }
         let turn = self.next_replica.fetch_add(1, Ordering::Relaxed) % replicas.len();
         replicas.rotate_left(turn);
@@ -252,8 +252,8 @@ impl<B: Backend> Rfs<B> {
         self.backend.read(
             &c,
             offset,
-            vec![0; len],
-            Box::new(move |r| match r {
+            len,
+            Box::new(move |r: Result<&[u8]>| match r {
                 Ok(data) => done(Ok(data)),
                 Err(e) => {
                     if k + 1 < replicas.len() {
@@ -377,7 +377,7 @@ impl<B: Backend> Rfs<B> {
     /// Reads up to `len` bytes at `offset`; `done` gets them (short at end of file).
     pub fn read(self: &Arc<Self>, ino: Ino, offset: u64, len: usize, done: ReadDone) {
         if ino == STATS_INO {
-            return done(Ok(self.stats_read(offset, len)));
+            return done(Ok(&self.stats_read(offset, len)));
         }
         // A read sees every write answered before it.
         self.behind.settle(ino, offset, offset + len as u64);
@@ -387,7 +387,7 @@ impl<B: Backend> Rfs<B> {
         };
         let len = (size.saturating_sub(offset)).min(len as u64) as usize;
         if len == 0 {
-            return done(Ok(Vec::new()));
+            return done(Ok(&[]));
         }
         ClientStats::add(&self.stats.reads, 1);
         ClientStats::add(&self.stats.bytes_read, len as u64);
@@ -411,7 +411,7 @@ impl<B: Backend> Rfs<B> {
         // Answers once the references are let go: a stale one sends the read again.
         let answer = {
             let (fs, from) = (self.clone(), segs[0].index);
-            move |r: Result<Vec<u8>>| {
+            move |r: Result<&[u8]>| {
                 drop(hold);
                 match r {
                     Err(e) if e.is_stale() => {
@@ -432,7 +432,7 @@ impl<B: Backend> Rfs<B> {
         // One segment in one chunk (the common case): hand the transfer's buffer straight back.
         if let [s] = segs.as_slice() {
             let Some(replicas) = refs.into_iter().next().flatten() else {
-                return answer(Ok(vec![0; len])); // a hole
+                return answer(Ok(&vec![0; len])); // a hole
             };
             return self.read_replicas(replicas, s.offset_in_chunk, len, Box::new(answer));
         }
@@ -441,7 +441,10 @@ impl<B: Backend> Rfs<B> {
             let buf = buf.clone();
             Pieces::new(
                 segs.len(),
-                Box::new(move |r| answer(r.map(|()| std::mem::take(&mut *buf.lock().unwrap())))),
+                Box::new(move |r| {
+                    let whole = std::mem::take(&mut *buf.lock().unwrap());
+                    answer(r.map(|()| &whole[..]))
+                }),
             )
         };
         for (s, r) in segs.iter().zip(refs) {
@@ -454,9 +457,9 @@ impl<B: Backend> Rfs<B> {
                 replicas,
                 s.offset_in_chunk,
                 s.len,
-                Box::new(move |r| {
+                Box::new(move |r: Result<&[u8]>| {
                     match r {
-                        Ok(data) => buf.lock().unwrap()[at..at + data.len()].copy_from_slice(&data),
+                        Ok(data) => buf.lock().unwrap()[at..at + data.len()].copy_from_slice(data),
                         Err(e) => job.fail(e),
                     }
                     job.part_done();
@@ -887,7 +890,12 @@ mod tests {
         rx.recv().unwrap().unwrap();
         fs.wrote(ino, data.len() as u64, data.len() as u32);
         let (tx, rx) = std::sync::mpsc::channel();
-        fs.read(ino, 0, data.len(), Box::new(move |r| tx.send(r).unwrap()));
+        fs.read(
+            ino,
+            0,
+            data.len(),
+            Box::new(move |r: Result<&[u8]>| tx.send(r.map(<[u8]>::to_vec)).unwrap()),
+        );
         assert!(rx.recv().unwrap().unwrap() == data);
     }
 

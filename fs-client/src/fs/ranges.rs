@@ -132,7 +132,12 @@ impl<B: Backend> Rfs<B> {
     /// A read, waited for.
     fn read_now(self: &Arc<Self>, ino: Ino, offset: u64, len: usize) -> Result<Vec<u8>> {
         let (tx, rx) = sync_channel(1);
-        self.read(ino, offset, len, Box::new(move |r| drop(tx.send(r))));
+        self.read(
+            ino,
+            offset,
+            len,
+            Box::new(move |r: Result<&[u8]>| drop(tx.send(r.map(<[u8]>::to_vec)))),
+        );
         rx.recv()
             .unwrap_or_else(|_| Err(Error::new(Errno::EIO, "a read got no answer")))
     }

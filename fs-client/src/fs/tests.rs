@@ -44,7 +44,12 @@ fn write(fs: &Arc<Rfs<Fake>>, ino: Ino, offset: u64, data: &[u8]) -> Result<u32>
 
 fn read(fs: &Arc<Rfs<Fake>>, ino: Ino, offset: u64, len: usize) -> Result<Vec<u8>> {
     let (tx, rx) = mpsc::channel();
-    fs.read(ino, offset, len, Box::new(move |r| tx.send(r).unwrap()));
+    fs.read(
+        ino,
+        offset,
+        len,
+        Box::new(move |r: Result<&[u8]>| tx.send(r.map(<[u8]>::to_vec)).unwrap()),
+    );
     rx.recv().unwrap()
 }
 

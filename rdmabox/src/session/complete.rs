@@ -1,5 +1,5 @@
 //! Completion: one poller thread per queue pair reaps its CQ, answers each work request's member
-//! requests (copying staged reads out of their pool slot), and then drains both merge queues,
+//! requests (copying staged reads out of their pool slot, or lending it for the callback), and then drains both merge queues,
 //! since a completion frees exactly what a stalled drainer was waiting for (window room, a pool
 //! slot, a send-queue entry).
 //!
@@ -17,7 +17,7 @@ use crate::counters::Counters;
 use crate::poller::{self, PollTarget};
 use crate::transport::{Completion, WcStatus};
 
-use super::request::{Buffer, Dir, InflightWr, Staging};
+use super::request::{Buffer, Dir, Done, InflightWr, Staging};
 use super::{Inner, IoError, Link};
 
 /// Completions taken per poll on a transport thread (see [`Inner::complete_inline`]).
@@ -198,19 +198,26 @@ impl Inner {
             Dir::Write => Counters::add(&c.bytes_written, w.bytes),
         }
         for (r, staging) in w.members {
-            let data = match (r.buf, staging) {
-                (Buffer::Plain(mut v), Staging::Pool(off)) => {
-                    if w.dir == Dir::Read {
-                        w.slot
-                            .as_ref()
-                            .expect("staged members have a slot")
-                            .read_at(off, &mut v);
+            match (r.buf, staging) {
+                (Buffer::Plain(mut v), Staging::Pool(off)) if w.dir == Dir::Read => {
+                    let slot = w.slot.as_ref().expect("staged members have a slot");
+                    match r.done {
+                        Done::Borrowing(done) => {
+                            // SAFETY: the slot belongs to this work request alone until `w`
+                            // drops, and transports write a slot only for work requests posted
+                            // with it: this one's transfer is over, so nothing writes these
+                            // bytes during the call.
+                            done(Ok(unsafe { slot.bytes(off, r.len) }))
+                        }
+                        done => {
+                            slot.read_at(off, &mut v);
+                            done.ok(v)
+                        }
                     }
-                    v
                 }
-                (buf, _) => buf.into_vec(),
-            };
-            r.done.ok(data);
+                // A write's buffer, or a dynMR read's, which it landed in.
+                (buf, _) => r.done.ok(buf.into_vec()),
+            }
         }
     }
 }

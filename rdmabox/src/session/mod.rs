@@ -138,6 +138,9 @@ pub type Callback = Box<dyn FnOnce(Result<Vec<u8>, IoError>) + Send>;
 /// beside every write.
 pub type KeepingCallback = Box<dyn FnOnce(Result<Vec<u8>, (IoError, Vec<u8>)>) + Send>;
 
+/// Receives a read's bytes where they landed, for as long as the call lasts.
+pub type BorrowingCallback = Box<dyn FnOnce(Result<&[u8], IoError>) + Send>;
+
 /// One queue pair with its CQ and the work requests it has in flight, keyed by wr_id.
 struct Link {
     qp: QueuePair,
@@ -291,20 +294,37 @@ impl Session {
 
     /// Reads `buf.len()` bytes at `remote` into `buf`; `done` gets the filled buffer.
     pub fn read(&self, remote: RemoteAddr, buf: Vec<u8>, done: Callback) {
+        let len = buf.len();
         self.inner
-            .submit(Dir::Read, remote, buf, Done::Result(done));
+            .submit(Dir::Read, remote, len, buf, Done::Result(done));
+    }
+
+    /// Reads `len` bytes at `remote`; `done` borrows them where they landed: a staging slot
+    /// below the dynMR threshold, so that a caller who only passes them on (a FUSE reply)
+    /// makes no buffer of its own, neither zeroed nor copied into.
+    pub fn read_borrowing(&self, remote: RemoteAddr, len: usize, done: BorrowingCallback) {
+        // Only a dynMR read needs a buffer: it lands there.
+        let buf = if self.inner.is_dynamic_len(len) {
+            vec![0; len]
+        } else {
+            Vec::new()
+        };
+        self.inner
+            .submit(Dir::Read, remote, len, buf, Done::Borrowing(done));
     }
 
     /// Writes `data` at `remote`; `done` gets the buffer back.
     pub fn write(&self, remote: RemoteAddr, data: Vec<u8>, done: Callback) {
+        let len = data.len();
         self.inner
-            .submit(Dir::Write, remote, data, Done::Result(done));
+            .submit(Dir::Write, remote, len, data, Done::Result(done));
     }
 
     /// [`Session::write`], whose `done` gets the buffer back on failure too.
     pub fn write_keeping(&self, remote: RemoteAddr, data: Vec<u8>, done: KeepingCallback) {
+        let len = data.len();
         self.inner
-            .submit(Dir::Write, remote, data, Done::Keeping(done));
+            .submit(Dir::Write, remote, len, data, Done::Keeping(done));
     }
 
     /// [`Session::read`], with a handle to wait on instead of a callback.

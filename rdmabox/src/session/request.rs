@@ -8,7 +8,7 @@ use std::time::Instant;
 use crate::mr_pool::Slot;
 use crate::transport::{MemoryRegion, RemoteAddr};
 
-use super::{Callback, IoError, KeepingCallback};
+use super::{BorrowingCallback, Callback, IoError, KeepingCallback};
 
 /// The direction of a request; indexes the session's two merge queues.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,6 +44,8 @@ pub(super) enum Done {
     Result(Callback),
     /// The buffer on success and on failure.
     Keeping(KeepingCallback),
+    /// A read's bytes, borrowed where they landed (the request has no buffer when staged).
+    Borrowing(BorrowingCallback),
 }
 
 impl Done {
@@ -51,6 +53,7 @@ impl Done {
         match self {
             Done::Result(done) => done(Ok(buf)),
             Done::Keeping(done) => done(Ok(buf)),
+            Done::Borrowing(done) => done(Ok(&buf)),
         }
     }
 
@@ -58,11 +61,13 @@ impl Done {
         match self {
             Done::Result(done) => done(Err(e)),
             Done::Keeping(done) => done(Err((e, buf))),
+            Done::Borrowing(done) => done(Err(e)),
         }
     }
 }
 
-/// One read or write as submitted: where, how much, the buffer and who gets the result.
+/// One read or write as submitted: where, how much, the buffer (as long as `len`, or empty for
+/// a staged [`Done::Borrowing`] read) and who gets the result.
 pub(super) struct Request {
     pub(super) remote: RemoteAddr,
     pub(super) len: usize,

@@ -28,9 +28,15 @@ struct Unposted(Vec<usize>);
 
 impl Inner {
     /// Checks a request, queues it and drains its queue.
-    pub(super) fn submit(&self, dir: Dir, remote: RemoteAddr, buf: Vec<u8>, done: Done) {
+    pub(super) fn submit(
+        &self,
+        dir: Dir,
+        remote: RemoteAddr,
+        len: usize,
+        buf: Vec<u8>,
+        done: Done,
+    ) {
         Counters::add(&self.counters.requests, 1);
-        let len = buf.len();
         if self.closed.load(Ordering::Acquire) {
             Counters::add(&self.counters.requests_failed, 1);
             return done.fail(IoError::Closed, buf);
@@ -71,9 +77,12 @@ impl Inner {
 
     /// Whether the request goes out from its own registered buffer rather than a pool slot.
     fn is_dynamic(&self, r: &Request) -> bool {
-        matches!(r.buf, Buffer::Registered(_))
-            || r.len >= self.cfg.dyn_threshold
-            || r.len > self.cfg.slot_size
+        matches!(r.buf, Buffer::Registered(_)) || self.is_dynamic_len(r.len)
+    }
+
+    /// Whether a request of `len` bytes goes out from its own registered buffer.
+    pub(super) fn is_dynamic_len(&self, len: usize) -> bool {
+        len >= self.cfg.dyn_threshold || len > self.cfg.slot_size
     }
 
     /// A link with room for `n` more work requests: an idle one whose poller spins (where

@@ -206,7 +206,9 @@ impl MemoryRegion {
     pub fn write_at(&self, offset: usize, src: &[u8]) -> io::Result<()> {
         self.check(offset, src.len())?;
         // SAFETY: bounds checked above; the region's memory lives as long as `self.inner`;
-        // `src` cannot overlap it because no reference into region memory is ever created.
+        // `src` cannot overlap it: the only references into region memory are a staging
+        // slot's bytes lent to a read's callback (mr_pool), which no caller can write back
+        // into a region (writes are submitted as vectors of their own).
         unsafe {
             std::ptr::copy_nonoverlapping(src.as_ptr(), self.inner.ptr().add(offset), src.len())
         };
