@@ -690,6 +690,47 @@ mod tests {
         );
     }
 
+    /// The hold is bounded: 200 READs that arrive together go out in batches of at most
+    /// MAX_HELD responses (or MAX_HELD_BYTES of data), still in order and whole.
+    #[test]
+    fn held_responses_go_out_once_there_are_enough_of_them() {
+        let ctx = Context::open(&TransportConfig::with_provider(ProviderKind::Tcp)).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let region = pd.alloc_region(1 << 20, Access::ALL).unwrap();
+        let pattern: Vec<u8> = (0..1 << 20).map(|i| (i * 13 % 253) as u8).collect();
+        region.write_at(0, &pattern).unwrap();
+        let (mut s, qp) = raw_peer(&ctx, &pd);
+        let writes = || qp.wire_writes().expect("tcp").1;
+        for (count, len, fewest) in [(200u32, 64u32, 4), (16, 64 << 10, 4)] {
+            let mut requests = Vec::new();
+            for psn in 0..count {
+                let mut h = Header::new(Kind::ReadRequest, psn);
+                h.remote_addr = region.addr() + (psn as u64 * 4099) % (1 << 19);
+                h.rkey = region.rkey();
+                h.len = len;
+                requests.extend_from_slice(&h.encode());
+            }
+            let before = writes();
+            s.write_all(&requests).unwrap();
+            let mut data = vec![0u8; len as usize];
+            for psn in 0..count {
+                let mut raw = [0u8; HEADER_LEN];
+                s.read_exact(&mut raw).unwrap();
+                let h = Header::decode(&raw).unwrap();
+                assert_eq!((h.kind, h.psn, h.len), (Kind::ReadResponse, psn, len));
+                s.read_exact(&mut data).unwrap();
+                let at = (psn as usize * 4099) % (1 << 19);
+                assert!(data[..] == pattern[at..at + len as usize], "response {psn}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+            let sent = writes() - before;
+            assert!(
+                sent >= fewest,
+                "{count} READs of {len} bytes went out in {sent} socket writes"
+            );
+        }
+    }
+
     /// A READ request followed by an ACK (the peer acknowledging our own WRITE) in one
     /// segment: the READ's response, held while the ACK was served, goes out once nothing
     /// quick follows, not when some later request comes.
