@@ -155,6 +155,69 @@ impl FrameReader {
         Ok(())
     }
 
+    /// Moves up to `len` bytes into `dst` without waiting: what is buffered, else what the
+    /// socket has (a short payload fills the buffer first, taking the frames behind it along).
+    /// Ok(0): nothing has arrived yet ([`Self::wait_readable`]).
+    ///
+    /// # Safety
+    /// `dst` must be valid for `len` bytes of writes for the duration of the call.
+    pub(crate) unsafe fn read_now_into(&mut self, dst: *mut u8, len: usize) -> io::Result<usize> {
+        if self.start == self.end && len < DIRECT_READ_MIN {
+            self.start = 0;
+            self.end = 0;
+            let (dst, free) = (self.buf.as_mut_ptr(), self.buf.len());
+            self.end = self.recv_now(dst, free)?;
+        }
+        let buffered = self.end - self.start;
+        if buffered > 0 {
+            let n = buffered.min(len);
+            // SAFETY: source is within the buffer; destination within the caller's range.
+            unsafe { std::ptr::copy_nonoverlapping(self.buf[self.start..].as_ptr(), dst, n) };
+            self.start += n;
+            return Ok(n);
+        }
+        self.recv_now(dst, len)
+    }
+
+    /// What the socket has, up to `len` bytes into `dst`, without waiting (Ok(0): nothing).
+    fn recv_now(&self, dst: *mut u8, len: usize) -> io::Result<usize> {
+        loop {
+            // SAFETY: callers pass memory valid for `len` bytes of writes.
+            let n = unsafe { libc::recv(self.fd, dst.cast(), len, libc::MSG_DONTWAIT) };
+            if n > 0 {
+                return Ok(n as usize);
+            }
+            if n == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted => continue,
+                io::ErrorKind::WouldBlock => return Ok(0),
+                _ => return Err(e),
+            }
+        }
+    }
+
+    /// Waits until the socket has bytes (or its end, or an error) to read.
+    pub(crate) fn wait_readable(&self) -> io::Result<()> {
+        let mut fds = libc::pollfd {
+            fd: self.fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        loop {
+            // SAFETY: one pollfd, ours, for the duration of the call.
+            if unsafe { libc::poll(&mut fds, 1, -1) } >= 0 {
+                return Ok(());
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+
     /// Reads and drops `len` bytes.
     pub(crate) fn discard(&mut self, mut len: usize) -> io::Result<()> {
         while len > 0 {
