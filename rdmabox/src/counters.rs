@@ -128,7 +128,8 @@ counters! {
     bytes_read: sum,
     /// Payload bytes of completed writes.
     bytes_written: sum,
-    /// Requests copied through a pre-registered buffer.
+    /// Requests copied through a pre-registered buffer (writes into it, reads out of it; a
+    /// read that borrows its bytes there is not copied).
     premr_copies: sum,
     /// Requests whose own buffer was registered.
     dynmr_registrations: sum,

@@ -241,7 +241,7 @@ fn borrowing_reads_see_the_bytes_where_they_landed() {
         assert!(got == data[at..at + 4096], "block {i}");
     }
     let c = session.counters();
-    assert_eq!(c.premr_copies, 0, "reads are never copied into a slot");
+    assert_eq!(c.premr_copies, 0, "borrowed, not copied out of their slot");
     assert!(c.work_requests < 256, "merged: {c:?}");
     let odd = read(12_345, 100_000).recv().unwrap().unwrap();
     assert!(odd == data[12_345..112_345]);
@@ -254,6 +254,14 @@ fn borrowing_reads_see_the_bytes_where_they_landed() {
         Err(IoError::OutOfBounds { .. })
     ));
     assert_eq!(session.counters().inflight_bytes, 0);
+    // A read into a buffer of the caller's is copied there.
+    let before = session.counters().premr_copies;
+    let copied = session
+        .read_pending(at(&lender, 0), vec![0; 4096])
+        .wait()
+        .unwrap();
+    assert!(copied == data[..4096]);
+    assert_eq!(session.counters().premr_copies, before + 1);
 }
 
 #[test]

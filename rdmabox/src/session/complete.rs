@@ -1,7 +1,7 @@
 //! Completion: one poller thread per queue pair reaps its CQ, answers each work request's member
-//! requests (copying staged reads out of their pool slot, or lending it for the callback), and then drains both merge queues,
-//! since a completion frees exactly what a stalled drainer was waiting for (window room, a pool
-//! slot, a send-queue entry).
+//! requests (copying staged reads out of their pool slot, or lending it to the callback), and
+//! then drains both merge queues, since a completion frees exactly what a stalled drainer was
+//! waiting for (window room, a pool slot, a send-queue entry).
 //!
 //! With event polling, a poller sleeps after each completion, and waking it costs more than
 //! the work it wakes for. Where the transport has a thread of its own that produced the
@@ -211,6 +211,7 @@ impl Inner {
                         }
                         done => {
                             slot.read_at(off, &mut v);
+                            Counters::add(&c.premr_copies, 1);
                             done.ok(v)
                         }
                     }

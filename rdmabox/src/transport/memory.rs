@@ -4,7 +4,10 @@
 //! Registered memory is shared with the network the way an `mmap(MAP_SHARED)` mapping is shared
 //! with other processes: a peer may write it at any moment. So this module never hands out `&[u8]`
 //! or `&mut [u8]` over it; data moves in and out by copies through raw pointers (`read_at`,
-//! `write_at`), and providers DMA (or `readv`/`writev`) to raw addresses.
+//! `write_at`), and providers DMA (or `readv`/`writev`) to raw addresses. The one exception is
+//! the session's staging pool (`mr_pool`): registered for local access only, so no peer can
+//! write it, and private to the session, which lends a slot's bytes to a read's callback only
+//! once the transfer into it is over.
 
 use std::io;
 use std::sync::Arc;
@@ -118,7 +121,8 @@ pub(crate) struct MrInner {
 }
 
 // SAFETY: MrInner owns (or, for `register_raw`, was promised) memory that outlives it, and all
-// access to that memory goes through raw-pointer copies; nothing in it is tied to a thread.
+// access to that memory goes through raw-pointer copies (or a staging slot's bytes lent while
+// nothing can write them: see the module comment); nothing in it is tied to a thread.
 unsafe impl Send for MrInner {}
 // SAFETY: see Send; shared access is by raw-pointer copies, as with shared memory.
 unsafe impl Sync for MrInner {}

@@ -11,7 +11,10 @@
 //! wait for), the engine holds its responses and sends them in one write after the last.
 //!
 //! READ data goes onto the socket straight from the region, while the engine holds off its
-//! deregistration; only what the socket cannot take at once is copied out, for the writer.
+//! deregistration; only what the socket cannot take at once is copied out, for the writer. So
+//! a held READ is read when its response goes, after the completions of our own requests run
+//! meanwhile on this thread (as a NIC may read a region any time before it responds); never
+//! after a WRITE, SEND or NAK that arrived behind it, which are not quick.
 
 use std::io;
 use std::sync::atomic::Ordering;
@@ -769,7 +772,9 @@ mod tests {
     /// A peer that asks for far more READ data than the socket holds and does not read it:
     /// taking the grant back must not wait for that peer, and no byte written to the memory
     /// after it was taken back may reach the peer. Every READ is answered with the bytes the
-    /// grant had, until one that came after it was taken back is refused.
+    /// grant had, until one the engine came to after it was taken back is refused (the half
+    /// sent after it, at the latest; the engine is given time to answer the first half, which
+    /// then waits on the socket, but how many it answered does not matter).
     #[test]
     fn reads_a_peer_does_not_take_neither_hold_up_a_deregistration_nor_see_past_it() {
         let ctx = Context::open(&TransportConfig::with_provider(ProviderKind::Tcp)).unwrap();
@@ -811,7 +816,6 @@ mod tests {
             let h = Header::decode(&raw).unwrap();
             if h.kind == Kind::Nak {
                 assert_eq!((h.psn, h.imm), (psn, NakReason::RemoteAccess as u32));
-                assert!(psn >= READS / 2, "READ {psn} came before the grant went");
                 return;
             }
             assert_eq!(
