@@ -75,18 +75,51 @@ pub fn client(node: &MemServer) -> rfs_proto::Client {
     rfs_proto::Client::connect(&node.addr.to_string(), client_config()).expect("client connects")
 }
 
-/// Where a child's log goes: nowhere, or with `RFS_E2E_LOG_DIR=DIR` (and `RUST_LOG`) to a file
-/// of its own there, for a test being debugged.
-fn log_sink(program: &str) -> Stdio {
-    static NEXT_LOG: AtomicUsize = AtomicUsize::new(0);
-    let Some(dir) = std::env::var_os("RFS_E2E_LOG_DIR") else {
-        return Stdio::null();
-    };
-    let n = NEXT_LOG.fetch_add(1, Ordering::Relaxed);
-    let path = PathBuf::from(dir).join(format!("{program}-{}-{n}.log", std::process::id()));
-    match std::fs::File::create(&path) {
-        Ok(f) => f.into(),
-        Err(e) => panic!("log file {}: {e}", path.display()),
+/// A child's log (its stderr). With `RFS_E2E_LOG_DIR=DIR` (and `RUST_LOG`), a file of its own
+/// there, kept, for a test being debugged. Otherwise a temporary file, printed if the test
+/// fails (the warnings, errors and panics in it are what explains a rare failure) and removed.
+struct ChildLog {
+    path: PathBuf,
+    keep: bool,
+}
+
+/// How much of a failed test's child log is printed: its end.
+const LOG_LINES_SHOWN: usize = 80;
+
+impl ChildLog {
+    /// A fresh log for `program`, and the stderr that writes it.
+    fn new(program: &str) -> (ChildLog, Stdio) {
+        static NEXT_LOG: AtomicUsize = AtomicUsize::new(0);
+        let n = NEXT_LOG.fetch_add(1, Ordering::Relaxed);
+        let name = format!("{program}-{}-{n}.log", std::process::id());
+        let (path, keep) = match std::env::var_os("RFS_E2E_LOG_DIR") {
+            Some(dir) => (PathBuf::from(dir).join(name), true),
+            None => (std::env::temp_dir().join(format!("rfs-e2e-{name}")), false),
+        };
+        match std::fs::File::create(&path) {
+            Ok(f) => (ChildLog { path, keep }, f.into()),
+            Err(e) => panic!("log file {}: {e}", path.display()),
+        }
+    }
+}
+
+impl Drop for ChildLog {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let text = std::fs::read_to_string(&self.path).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            if !lines.is_empty() {
+                let shown = &lines[lines.len().saturating_sub(LOG_LINES_SHOWN)..];
+                eprintln!(
+                    "--- the end of {} ---\n{}\n---",
+                    self.path.display(),
+                    shown.join("\n")
+                );
+            }
+        }
+        if !self.keep {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
@@ -111,6 +144,8 @@ pub struct MemServer {
     args: Vec<String>,
     /// A restartable node's successor, waiting to become it (see [`Standby`]).
     standby: Option<Standby>,
+    /// Its logs, one per life (restarts), oldest first.
+    logs: Vec<ChildLog>,
 }
 
 /// A shell that execs mem-server once told to, started while the node it replaces is up.
@@ -121,10 +156,12 @@ pub struct MemServer {
 /// would become. Started ahead (with that node up), the shell has those files already closed.
 struct Standby {
     shell: Child,
+    _log: ChildLog,
 }
 
 impl Standby {
     fn spawn(listen: &str, args: &[String]) -> Standby {
+        let (log, stderr) = ChildLog::new("mem-server");
         let shell = Command::new("sh")
             .args(["-c", "read -r _ && exec \"$0\" \"$@\""])
             .arg(bin("mem-server"))
@@ -132,18 +169,18 @@ impl Standby {
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(log_sink("mem-server"))
+            .stderr(stderr)
             .spawn()
             .expect("start a standby shell");
-        Standby { shell }
+        Standby { shell, _log: log }
     }
 
-    /// The mem-server the shell becomes now.
-    fn become_node(mut self) -> Child {
+    /// The mem-server the shell becomes now, and its log.
+    fn become_node(mut self) -> (Child, ChildLog) {
         use std::io::Write;
         let mut go = self.shell.stdin.take().expect("piped");
         go.write_all(b"go\n").expect("the standby shell waits");
-        self.shell
+        (self.shell, self._log)
     }
 }
 
@@ -175,25 +212,29 @@ impl MemServer {
         self.kill();
         std::thread::sleep(pause);
         let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
-        let mut node = MemServer::ready(standby.become_node(), &args);
+        let (child, log) = standby.become_node();
+        let mut node = MemServer::ready(child, log, &args);
         node.standby = Some(Standby::spawn(&self.addr.to_string(), &self.args));
+        // The node's earlier lives' logs go with it, printed first if the test fails.
+        node.logs.splice(..0, std::mem::take(&mut self.logs));
         *self = node;
     }
 
     /// A node listening on `listen` (HOST:PORT).
     pub fn start_on(listen: &str, args: &[&str]) -> MemServer {
+        let (log, stderr) = ChildLog::new("mem-server");
         let child = Command::new(bin("mem-server"))
             .args(["--listen", listen, "--transport", &transport()])
             .args(args)
             .stdout(Stdio::piped())
-            .stderr(log_sink("mem-server"))
+            .stderr(stderr)
             .spawn()
             .expect("start mem-server");
-        MemServer::ready(child, args)
+        MemServer::ready(child, log, args)
     }
 
-    /// The node `child` is, once its banner says where it listens.
-    fn ready(mut child: Child, args: &[&str]) -> MemServer {
+    /// The node `child` (logging to `log`) is, once its banner says where it listens.
+    fn ready(mut child: Child, log: ChildLog, args: &[&str]) -> MemServer {
         let mut line = String::new();
         BufReader::new(child.stdout.take().expect("piped"))
             .read_line(&mut line)
@@ -208,6 +249,7 @@ impl MemServer {
             addr,
             args: args.iter().map(|a| a.to_string()).collect(),
             standby: None,
+            logs: vec![log],
         }
     }
 
@@ -258,6 +300,7 @@ pub fn is_mounted(dir: &Path) -> bool {
 pub struct Mount {
     child: Child,
     pub dir: PathBuf,
+    _log: ChildLog,
 }
 
 impl Mount {
@@ -267,15 +310,20 @@ impl Mount {
         std::fs::create_dir_all(&dir).expect("mount point");
         let mut o = vec![format!("transport={}", transport())];
         o.extend(opts.iter().map(|s| s.to_string()));
+        let (log, stderr) = ChildLog::new("fs-client");
         let child = Command::new(bin("fs-client"))
             .arg(server.addr.to_string())
             .arg(&dir)
             .args(["-o", &o.join(",")])
             .stdout(Stdio::null())
-            .stderr(log_sink("fs-client"))
+            .stderr(stderr)
             .spawn()
             .expect("start fs-client");
-        let mut m = Mount { child, dir };
+        let mut m = Mount {
+            child,
+            dir,
+            _log: log,
+        };
         let start = Instant::now();
         while !is_mounted(&m.dir) {
             if let Ok(Some(status)) = m.child.try_wait() {
