@@ -5,7 +5,9 @@
 //!
 //! The drainer may stop early (admission window full, staging pool empty, send queues full).
 //! Whoever frees that resource calls [`MergeQueue::drain_with`] again, and a drainer re-checks
-//! after giving up the role, so a request is never stranded.
+//! after giving up the role, so a request is never stranded. A pass that could do nothing ends
+//! the drainer's turn, unless something was freed meanwhile: it must not spin on a queue that
+//! only a completion can unblock (it may be the very thread that would reap it).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -52,15 +54,22 @@ impl<T> MergeQueue<T> {
 
     /// Runs `drain` unless another thread is already draining. After giving up the drainer
     /// role, checks `can_progress` once more and drains again if it says so: a request queued,
-    /// or a resource freed, while the role was held is picked up by someone.
-    pub fn drain_with(&self, mut drain: impl FnMut(&Self), can_progress: impl Fn(&Self) -> bool) {
+    /// or a resource freed, while the role was held is picked up by someone. `drain` returns
+    /// false when its pass was stuck (it took requests and moved none) and nothing was freed
+    /// meanwhile: then the drainer stops (what it waits for is in flight, and its completion
+    /// drains again).
+    pub fn drain_with(
+        &self,
+        mut drain: impl FnMut(&Self) -> bool,
+        can_progress: impl Fn(&Self) -> bool,
+    ) {
         loop {
             if self.draining.swap(true, Ordering::AcqRel) {
                 return;
             }
-            drain(self);
+            let moved = drain(self);
             self.draining.store(false, Ordering::Release);
-            if !can_progress(self) {
+            if !moved || !can_progress(self) {
                 return;
             }
         }
@@ -97,6 +106,7 @@ mod tests {
                                 let batch: Vec<_> = q.pending().drain(..).collect();
                                 drained.lock().unwrap().extend(batch);
                                 active.fetch_sub(1, Ordering::SeqCst);
+                                true
                             },
                             |q| !q.is_empty(),
                         );
@@ -116,6 +126,31 @@ mod tests {
         // Batching happened: fewer drains than requests is typical but not guaranteed, so only
         // check that the count is sane.
         assert!(drains.load(Ordering::Relaxed) <= 8000);
+    }
+
+    /// A pass that moved nothing ends the drainer's turn even though the queue is not empty:
+    /// the drainer may be the thread whose next completion would unblock it.
+    #[test]
+    fn a_stuck_pass_ends_the_turn() {
+        let q = MergeQueue::default();
+        q.push(1);
+        let passes = AtomicUsize::new(0);
+        let stuck = |_: &MergeQueue<i32>| {
+            passes.fetch_add(1, Ordering::Relaxed);
+            false
+        };
+        q.drain_with(stuck, |q| !q.is_empty());
+        assert_eq!(passes.load(Ordering::Relaxed), 1);
+        // A pass that moves something goes on while more can move.
+        let moving = |q: &MergeQueue<i32>| {
+            passes.fetch_add(1, Ordering::Relaxed);
+            q.pending().pop_front();
+            true
+        };
+        q.push(2);
+        q.drain_with(moving, |q| !q.is_empty());
+        assert!(q.is_empty());
+        assert_eq!(passes.load(Ordering::Relaxed), 3);
     }
 
     #[test]

@@ -264,6 +264,71 @@ fn borrowing_reads_see_the_bytes_where_they_landed() {
     assert_eq!(session.counters().premr_copies, before + 1);
 }
 
+/// Large requests (dynMR) planned into a chain behind staged ones that found the pool empty
+/// are put back in the queue, already registered: when they go out later, they carry their own
+/// bytes, not a staging slot's leftovers. And a large request at the head of the queue, with a
+/// staged one at a lower address behind it (the planner's first), does not keep the drainer
+/// (the poller that would free a slot) spinning.
+#[test]
+fn large_requests_put_back_by_a_dry_pool_keep_their_bytes() {
+    let cfg = SessionConfig {
+        qps: 1,
+        pool_slots: 1,
+        slot_size: 64 << 10,
+        dyn_threshold: 64 << 10,
+        window: WindowConfig::Off,
+        ..SessionConfig::default()
+    };
+    // A drainer spinning on a queue only a completion can unblock never gets there.
+    const LIMIT: Duration = Duration::from_secs(20);
+    let (lender, session) = setup(16 << 20, cfg);
+    let mut model = vec![0u8; 16 << 20];
+    let mut datas = Vec::new();
+    for i in 0..48u64 {
+        // Apart, so that nothing merges: staged and large work requests alternate in a chain.
+        let off = i * (256 << 10);
+        let data = pattern(if i % 2 == 0 { 4096 } else { 128 << 10 }, i + 1);
+        model[off as usize..off as usize + data.len()].copy_from_slice(&data);
+        datas.push((off, data));
+    }
+    // Submitted at once: they queue behind the first, and drain in batches.
+    let writes: Vec<_> = datas
+        .into_iter()
+        .map(|(off, data)| session.write_pending(at(&lender, off), data))
+        .collect();
+    for w in writes {
+        w.wait_timeout(LIMIT).unwrap();
+    }
+    let c = session.counters();
+    assert!(c.pool_stalls > 0, "the pool ran dry: {c:?}");
+    assert!(
+        lender.mem.to_vec() == model,
+        "every write landed with its own bytes"
+    );
+    let mut reads = Vec::new();
+    for i in (1..48u64).step_by(2) {
+        let off = i * (256 << 10);
+        reads.push((
+            i,
+            session.read_pending(at(&lender, off), vec![0; 128 << 10]),
+        ));
+        reads.push((
+            i - 1,
+            session.read_pending(at(&lender, off - (256 << 10)), vec![0; 4096]),
+        ));
+    }
+    for (i, r) in reads {
+        let got = r.wait_timeout(LIMIT).unwrap();
+        let off = (i * (256 << 10)) as usize;
+        assert!(got == model[off..off + got.len()], "read {i}");
+        assert_eq!(
+            got.len(),
+            if i % 2 == 0 { 4096 } else { 128 << 10 },
+            "read {i}"
+        );
+    }
+}
+
 #[test]
 fn the_window_bounds_bytes_in_flight() {
     let cfg = SessionConfig {

@@ -150,6 +150,9 @@ impl Inner {
                 None => log::error!("completion for unknown work request {}", c.wr_id),
             }
         }
+        // Their slots, window room and send-queue entries are free now: a drainer that found
+        // none keeps going (see `drain`).
+        self.freed.fetch_add(1, Ordering::AcqRel);
         self.drain(Dir::Read);
         self.drain(Dir::Write);
         n

@@ -13,7 +13,7 @@ mod request;
 mod submit;
 
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -163,6 +163,8 @@ struct Inner {
     counters: Counters,
     remote: Vec<RemoteRegion>,
     closed: AtomicBool,
+    /// Counts polls that finished work requests (so freed what they held), for drainers.
+    freed: AtomicU64,
     /// Why the session was broken on purpose (deadline, abort): what flushed requests report.
     cause: OnceLock<IoError>,
     stopping: AtomicBool,
@@ -243,6 +245,7 @@ impl Session {
             counters: Counters::default(),
             remote,
             closed: AtomicBool::new(false),
+            freed: AtomicU64::new(0),
             cause: OnceLock::new(),
             stopping: AtomicBool::new(false),
             cfg,

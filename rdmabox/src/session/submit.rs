@@ -70,9 +70,18 @@ impl Inner {
         self.drain(dir);
     }
 
-    /// Posts what `dir`'s queue holds, unless another thread is already at it.
+    /// Posts what `dir`'s queue holds, unless another thread is already at it. A pass that
+    /// could post nothing ends the turn unless a completion freed something meanwhile: the
+    /// head of the queue may be postable while the planner's first group (in address order)
+    /// waits for a staging slot, and the drainer may be the poller that would free one.
     pub(super) fn drain(&self, dir: Dir) {
-        self.queues[dir as usize].drain_with(|q| self.drain_pass(dir, q), |q| self.can_progress(q));
+        self.queues[dir as usize].drain_with(
+            |q| {
+                let freed = self.freed.load(Ordering::Acquire);
+                self.drain_pass(dir, q) || self.freed.load(Ordering::Acquire) != freed
+            },
+            |q| self.can_progress(q),
+        );
     }
 
     /// Whether the request goes out from its own registered buffer rather than a pool slot.
@@ -121,24 +130,29 @@ impl Inner {
     }
 
     /// One drain pass: admit, register, plan, post; requeue what could not be posted.
-    fn drain_pass(&self, dir: Dir, q: &MergeQueue<Request>) {
+    /// False if it took requests and could neither post nor answer any of them (`can_progress`
+    /// judges the other cases: an empty queue, a full window).
+    fn drain_pass(&self, dir: Dir, q: &MergeQueue<Request>) -> bool {
         if self.closed.load(Ordering::Acquire) {
             let all: Vec<_> = q.pending().drain(..).collect();
             for r in all {
                 self.fail(r, IoError::Closed);
             }
-            return;
+            return true;
         }
         let batch = self.admit_batch(q);
-        if batch.is_empty() {
-            return;
+        let taken = batch.len();
+        if taken == 0 {
+            return true;
         }
         let mut ready = self.register_dynamic(batch);
         let stalled = self.post_batch(dir, &mut ready);
+        let moved = stalled.len() < taken;
         if !stalled.is_empty() {
             // Back to the head of the queue in submission order, where they may still merge.
             self.requeue_stalled(q, stalled, &mut ready);
         }
+        moved
     }
 
     /// Takes requests from the head of the queue while the window admits them (and at most
@@ -173,7 +187,9 @@ impl Inner {
     fn register_dynamic(&self, batch: Vec<Request>) -> Vec<Option<Request>> {
         let mut ready: Vec<Option<Request>> = Vec::with_capacity(batch.len());
         for mut r in batch {
-            if self.is_dynamic(&r) {
+            // A request put back by an earlier pass may be registered already: it keeps its
+            // buffer (taking it out to look would drop it, and send a slot's leftovers).
+            if self.is_dynamic(&r) && matches!(r.buf, Buffer::Plain(_)) {
                 if let Buffer::Plain(v) = std::mem::replace(&mut r.buf, Buffer::Plain(Vec::new())) {
                     match self.pd.register_vec(v, Access::LOCAL_WRITE) {
                         Ok(mr) => {
