@@ -55,21 +55,29 @@ impl<T> MergeQueue<T> {
     /// Runs `drain` unless another thread is already draining. After giving up the drainer
     /// role, checks `can_progress` once more and drains again if it says so: a request queued,
     /// or a resource freed, while the role was held is picked up by someone. `drain` returns
-    /// false when its pass was stuck (it took requests and moved none) and nothing was freed
-    /// meanwhile: then the drainer stops (what it waits for is in flight, and its completion
-    /// drains again).
+    /// false when its pass was stuck (it took requests and moved none): then the drainer stops
+    /// unless `freed` (a count that whoever frees a resource bumps, and then drains) moved
+    /// between the pass's start and the role's release; what it waits for is in flight, and
+    /// its completion drains again.
     pub fn drain_with(
         &self,
         mut drain: impl FnMut(&Self) -> bool,
         can_progress: impl Fn(&Self) -> bool,
+        freed: impl Fn() -> u64,
     ) {
         loop {
-            if self.draining.swap(true, Ordering::AcqRel) {
+            // SeqCst here and for `freed`: a freer bumps the count and then tries the role; a
+            // drainer releases the role and then reads the count. One of them sees the other.
+            if self.draining.swap(true, Ordering::SeqCst) {
                 return;
             }
+            let before = freed();
             let moved = drain(self);
-            self.draining.store(false, Ordering::Release);
-            if !moved || !can_progress(self) {
+            self.draining.store(false, Ordering::SeqCst);
+            if !moved && freed() == before {
+                return;
+            }
+            if !can_progress(self) {
                 return;
             }
         }
@@ -109,6 +117,7 @@ mod tests {
                                 true
                             },
                             |q| !q.is_empty(),
+                            || 0,
                         );
                     }
                 })
@@ -139,8 +148,22 @@ mod tests {
             passes.fetch_add(1, Ordering::Relaxed);
             false
         };
-        q.drain_with(stuck, |q| !q.is_empty());
-        assert_eq!(passes.load(Ordering::Relaxed), 1);
+        q.drain_with(stuck, |q| !q.is_empty(), || 0);
+        // Unless something was freed during the pass: then it looks again.
+        let freed = AtomicUsize::new(0);
+        let second = AtomicUsize::new(0);
+        let stuck_while_freed = |_: &MergeQueue<i32>| {
+            if second.fetch_add(1, Ordering::Relaxed) == 0 {
+                freed.fetch_add(1, Ordering::Relaxed);
+            }
+            false
+        };
+        q.drain_with(
+            stuck_while_freed,
+            |q| !q.is_empty(),
+            || freed.load(Ordering::Relaxed) as u64,
+        );
+        assert_eq!(second.load(Ordering::Relaxed), 2);
         // A pass that moves something goes on while more can move.
         let moving = |q: &MergeQueue<i32>| {
             passes.fetch_add(1, Ordering::Relaxed);
@@ -148,7 +171,7 @@ mod tests {
             true
         };
         q.push(2);
-        q.drain_with(moving, |q| !q.is_empty());
+        q.drain_with(moving, |q| !q.is_empty(), || 0);
         assert!(q.is_empty());
         assert_eq!(passes.load(Ordering::Relaxed), 3);
     }

@@ -152,7 +152,7 @@ impl Inner {
         }
         // Their slots, window room and send-queue entries are free now: a drainer that found
         // none keeps going (see `drain`).
-        self.freed.fetch_add(1, Ordering::AcqRel);
+        self.freed.fetch_add(1, Ordering::SeqCst);
         self.drain(Dir::Read);
         self.drain(Dir::Write);
         n

@@ -76,11 +76,9 @@ impl Inner {
     /// waits for a staging slot, and the drainer may be the poller that would free one.
     pub(super) fn drain(&self, dir: Dir) {
         self.queues[dir as usize].drain_with(
-            |q| {
-                let freed = self.freed.load(Ordering::Acquire);
-                self.drain_pass(dir, q) || self.freed.load(Ordering::Acquire) != freed
-            },
+            |q| self.drain_pass(dir, q),
             |q| self.can_progress(q),
+            || self.freed.load(Ordering::SeqCst),
         );
     }
 
