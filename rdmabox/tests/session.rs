@@ -506,21 +506,60 @@ fn a_dead_peer_fails_everything(cfg: SessionConfig) {
 
 #[test]
 fn dropping_a_session_answers_every_request() {
-    let (lender, session) = setup(8 << 20, SessionConfig::default());
-    let done = Arc::new(AtomicUsize::new(0));
-    for i in 0..500u64 {
-        let d = done.clone();
-        session.write(
-            at(&lender, (i % 64) * 65536),
-            vec![2; 65536],
-            Box::new(move |_| {
-                d.fetch_add(1, Ordering::Relaxed);
-            }),
+    // In every polling mode: with event polling, the transport threads answer requests too.
+    for (round, polling) in [PollMode::default(), PollMode::Event, PollMode::EventBatch]
+        .into_iter()
+        .cycle()
+        .take(60)
+        .enumerate()
+    {
+        let cfg = SessionConfig {
+            polling,
+            qps: 3,
+            chain: false,
+            pool_slots: 1,
+            slot_size: 64 << 10,
+            dyn_threshold: 4096,
+            window: WindowConfig::Static(1 << 20),
+            caps: QpCaps {
+                max_send_wr: 16,
+                ..QpCaps::default()
+            },
+            ..SessionConfig::default()
+        };
+        let (lender, session) = setup(8 << 20, cfg);
+        let (session, lender) = (Arc::new(session), Arc::new(lender));
+        let done = Arc::new(AtomicUsize::new(0));
+        let submitters: Vec<_> = (0..3u64)
+            .map(|t| {
+                let (s, l, done) = (session.clone(), lender.clone(), done.clone());
+                std::thread::spawn(move || {
+                    for i in 0..100u64 {
+                        let d = done.clone();
+                        let size = if i % 3 == 0 { 65536 } else { 2048 };
+                        s.write(
+                            at(&l, (t * 100 + i) * 65536 % (8 << 20)),
+                            vec![2; size],
+                            Box::new(move |_| {
+                                d.fetch_add(1, Ordering::Relaxed);
+                            }),
+                        );
+                    }
+                })
+            })
+            .collect();
+        for s in submitters {
+            s.join().unwrap();
+        }
+        let session = Arc::try_unwrap(session).unwrap_or_else(|_| panic!("one owner"));
+        drop(session);
+        assert_eq!(
+            done.load(Ordering::Relaxed),
+            300,
+            "round {round}, {polling:?}: answered when the session was dropped"
         );
+        drop(lender);
     }
-    drop(session);
-    assert_eq!(done.load(Ordering::Relaxed), 500);
-    drop(lender);
 }
 
 #[test]

@@ -111,7 +111,13 @@ impl Inner {
             let session = Arc::downgrade(self);
             link.cq.complete_inline(Arc::new(move || {
                 if let Some(inner) = session.upgrade() {
-                    inner.poll_inline(li);
+                    // Counted, so that dropping the session waits for it; once stopping, the
+                    // pollers finish what is left.
+                    inner.inline_running.fetch_add(1, Ordering::SeqCst);
+                    if !inner.stopping.load(Ordering::SeqCst) {
+                        inner.poll_inline(li);
+                    }
+                    inner.inline_running.fetch_sub(1, Ordering::SeqCst);
                 }
             }));
         }

@@ -165,6 +165,8 @@ struct Inner {
     closed: AtomicBool,
     /// Counts polls that finished work requests (so freed what they held), for drainers.
     freed: AtomicU64,
+    /// Transport threads finishing completions inline right now.
+    inline_running: AtomicUsize,
     /// Why the session was broken on purpose (deadline, abort): what flushed requests report.
     cause: OnceLock<IoError>,
     stopping: AtomicBool,
@@ -246,6 +248,7 @@ impl Session {
             remote,
             closed: AtomicBool::new(false),
             freed: AtomicU64::new(0),
+            inline_running: AtomicUsize::new(0),
             cause: OnceLock::new(),
             stopping: AtomicBool::new(false),
             cfg,
@@ -351,13 +354,24 @@ impl Drop for Session {
         inner.closed.store(true, Ordering::Release);
         inner.drain(Dir::Read);
         inner.drain(Dir::Write);
-        inner.stopping.store(true, Ordering::Release);
+        inner.stopping.store(true, Ordering::SeqCst);
         for l in &inner.links {
             l.qp.set_error();
+        }
+        // A transport thread inside an inline completion takes requests out of the in-flight
+        // tables and answers them: the pollers would see nothing left and end while it does.
+        let start = std::time::Instant::now();
+        while inner.inline_running.load(Ordering::SeqCst) > 0
+            && start.elapsed() < std::time::Duration::from_secs(5)
+        {
+            std::thread::sleep(std::time::Duration::from_millis(1));
         }
         for p in self.pollers.drain(..) {
             let _ = p.join();
         }
+        // What a drainer that was busy when the session closed left queued.
+        inner.drain(Dir::Read);
+        inner.drain(Dir::Write);
         // Anything a provider failed to flush in time still gets its answer.
         for l in &inner.links {
             let left: Vec<_> = l.inflight.lock().unwrap().drain().collect();

@@ -617,12 +617,15 @@ impl Drop for Qp {
         self.shared.enter_error();
         self.shared.close();
         let me = std::thread::current().id();
+        // An inline consumer on the engine thread may hold the last reference to the session
+        // that owns this QP. Then neither thread is joined: the writer ends once the engine
+        // (which holds its channel) has, and the engine ends by itself, the socket being shut.
+        if self.threads.iter().any(|t| t.thread().id() == me) {
+            self.threads.clear();
+            return;
+        }
         for t in self.threads.drain(..) {
-            // An inline consumer on the engine thread may hold the last reference to the
-            // session that owns this QP; the engine ends by itself once the socket is shut.
-            if t.thread().id() != me {
-                let _ = t.join();
-            }
+            let _ = t.join();
         }
     }
 }
