@@ -185,11 +185,10 @@ impl Inner {
     fn register_dynamic(&self, batch: Vec<Request>) -> Vec<Option<Request>> {
         let mut ready: Vec<Option<Request>> = Vec::with_capacity(batch.len());
         for mut r in batch {
-            // A request put back by an earlier pass may be registered already: it keeps its
-            // buffer (taking it out to look would drop it, and send a slot's leftovers).
-            if self.is_dynamic(&r) && matches!(r.buf, Buffer::Plain(_)) {
-                if let Buffer::Plain(v) = std::mem::replace(&mut r.buf, Buffer::Plain(Vec::new())) {
-                    match self.pd.register_vec(v, Access::LOCAL_WRITE) {
+            // Only a plain buffer: one put back by an earlier pass is registered already.
+            if let Buffer::Plain(v) = &mut r.buf {
+                if self.is_dynamic_len(r.len) {
+                    match self.pd.register_vec(std::mem::take(v), Access::LOCAL_WRITE) {
                         Ok(mr) => {
                             Counters::add(&self.counters.dynmr_registrations, 1);
                             r.buf = Buffer::Registered(Arc::new(mr));

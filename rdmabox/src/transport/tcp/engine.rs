@@ -187,8 +187,7 @@ impl Engine {
     /// Sends the held responses in one write, or hands them to the writer thread when the
     /// socket is not ours now; runs of ACKs collapse into their last.
     fn send_held(&mut self) -> Result<(), Stop> {
-        let qp = self.qp.clone();
-        let registered = qp.pd.hold_registrations();
+        let registered = self.qp.pd.hold_registrations();
         let gone = self.held.iter().any(|r| match r {
             Response::ReadInRegion { mr, .. } => !registered.contains(mr),
             _ => false,
@@ -203,7 +202,7 @@ impl Engine {
         // SAFETY: the headers live in `frames`, READ data in the held responses' buffers or in
         // regions that `registered` keeps registered (so mapped), all until after the call;
         // the socket takes what it sends during the call and try_transmit_now copies the rest.
-        let sent = unsafe { qp.try_transmit_now(&iovs) };
+        let sent = unsafe { self.qp.try_transmit_now(&iovs) };
         drop(frames);
         drop(registered);
         match sent {
@@ -288,8 +287,7 @@ impl Engine {
             let len = h.len as usize;
             let mut done = 0;
             while done < len {
-                let qp = self.qp.clone();
-                let registered = qp.pd.hold_registrations();
+                let registered = self.qp.pd.hold_registrations();
                 if !registered.contains(&mr) {
                     drop(registered);
                     // Deregistered under way: the rest of the payload goes nowhere.
@@ -651,6 +649,15 @@ mod tests {
         (s, accepting.join().unwrap().unwrap())
     }
 
+    /// A READ request frame for `len` bytes at `addr` of the region `rkey` names.
+    fn read_request(psn: u32, addr: u64, rkey: u32, len: u32) -> [u8; HEADER_LEN] {
+        let mut h = Header::new(Kind::ReadRequest, psn);
+        h.remote_addr = addr;
+        h.rkey = rkey;
+        h.len = len;
+        h.encode()
+    }
+
     /// READ requests that arrive together are answered together, in order: one socket write
     /// for 16 responses instead of 16.
     #[test]
@@ -663,11 +670,8 @@ mod tests {
         let (mut s, qp) = raw_peer(&ctx, &pd);
         let mut requests = Vec::new();
         for psn in 0..16u32 {
-            let mut h = Header::new(Kind::ReadRequest, psn);
-            h.remote_addr = region.addr() + psn as u64 * 1000;
-            h.rkey = region.rkey();
-            h.len = 256;
-            requests.extend_from_slice(&h.encode());
+            let at = region.addr() + psn as u64 * 1000;
+            requests.extend_from_slice(&read_request(psn, at, region.rkey(), 256));
         }
         let writes = || qp.wire_writes().expect("tcp").1;
         let writes_before = writes();
@@ -708,11 +712,8 @@ mod tests {
         for (count, len, fewest) in [(200u32, 64u32, 4), (16, 64 << 10, 4)] {
             let mut requests = Vec::new();
             for psn in 0..count {
-                let mut h = Header::new(Kind::ReadRequest, psn);
-                h.remote_addr = region.addr() + (psn as u64 * 4099) % (1 << 19);
-                h.rkey = region.rkey();
-                h.len = len;
-                requests.extend_from_slice(&h.encode());
+                let at = region.addr() + (psn as u64 * 4099) % (1 << 19);
+                requests.extend_from_slice(&read_request(psn, at, region.rkey(), len));
             }
             let before = writes();
             s.write_all(&requests).unwrap();
@@ -755,11 +756,7 @@ mod tests {
         assert_eq!(write.kind, Kind::Write);
         s.read_exact(&mut [0u8; 64]).unwrap();
 
-        let mut read = Header::new(Kind::ReadRequest, 0);
-        read.remote_addr = region.addr();
-        read.rkey = region.rkey();
-        read.len = 16;
-        let mut frames = read.encode().to_vec();
+        let mut frames = read_request(0, region.addr(), region.rkey(), 16).to_vec();
         frames.extend_from_slice(&Header::new(Kind::Ack, write.psn).encode());
         s.write_all(&frames).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
@@ -789,11 +786,7 @@ mod tests {
         const LEN: usize = 1 << 16; // 64 MiB of answers, far more than loopback buffers hold
         let mut requests = Vec::new();
         for psn in 0..READS {
-            let mut h = Header::new(Kind::ReadRequest, psn);
-            h.remote_addr = grant.addr();
-            h.rkey = grant.rkey();
-            h.len = LEN as u32;
-            requests.extend_from_slice(&h.encode());
+            requests.extend_from_slice(&read_request(psn, grant.addr(), grant.rkey(), LEN as u32));
         }
         s.write_all(&requests[..requests.len() / 2]).unwrap();
         std::thread::sleep(Duration::from_millis(300));

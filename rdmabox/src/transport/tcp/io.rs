@@ -77,10 +77,11 @@ impl FrameReader {
         }
     }
 
-    fn raw_read(&self, dst: *mut u8, len: usize) -> io::Result<usize> {
+    /// `recv` with `flags`, again when interrupted; Ok(0) at the end of the stream.
+    fn raw_read(&self, dst: *mut u8, len: usize, flags: libc::c_int) -> io::Result<usize> {
         loop {
             // SAFETY: callers pass memory valid for `len` bytes of writes.
-            let n = unsafe { libc::read(self.fd, dst.cast(), len) };
+            let n = unsafe { libc::recv(self.fd, dst.cast(), len, flags) };
             if n >= 0 {
                 return Ok(n as usize);
             }
@@ -98,7 +99,7 @@ impl FrameReader {
         }
         let free = self.buf.len() - self.end;
         let dst = self.buf[self.end..].as_mut_ptr();
-        let n = self.raw_read(dst, free)?;
+        let n = self.raw_read(dst, free, 0)?;
         if n == 0 {
             return Err(io::ErrorKind::UnexpectedEof.into());
         }
@@ -143,7 +144,7 @@ impl FrameReader {
                 done += n;
             } else if len - done >= DIRECT_READ_MIN {
                 // SAFETY: the remaining destination range is valid per the caller's promise.
-                let n = self.raw_read(unsafe { dst.add(done) }, len - done)?;
+                let n = self.raw_read(unsafe { dst.add(done) }, len - done, 0)?;
                 if n == 0 {
                     return Err(io::ErrorKind::UnexpectedEof.into());
                 }
@@ -181,21 +182,10 @@ impl FrameReader {
 
     /// What the socket has, up to `len` bytes into `dst`, without waiting (Ok(0): nothing).
     fn recv_now(&self, dst: *mut u8, len: usize) -> io::Result<usize> {
-        loop {
-            // SAFETY: callers pass memory valid for `len` bytes of writes.
-            let n = unsafe { libc::recv(self.fd, dst.cast(), len, libc::MSG_DONTWAIT) };
-            if n > 0 {
-                return Ok(n as usize);
-            }
-            if n == 0 {
-                return Err(io::ErrorKind::UnexpectedEof.into());
-            }
-            let e = io::Error::last_os_error();
-            match e.kind() {
-                io::ErrorKind::Interrupted => continue,
-                io::ErrorKind::WouldBlock => return Ok(0),
-                _ => return Err(e),
-            }
+        match self.raw_read(dst, len, libc::MSG_DONTWAIT) {
+            Ok(0) => Err(io::ErrorKind::UnexpectedEof.into()),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(0),
+            r => r,
         }
     }
 
