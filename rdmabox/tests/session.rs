@@ -264,6 +264,76 @@ fn borrowing_reads_see_the_bytes_where_they_landed() {
     assert_eq!(session.counters().premr_copies, before + 1);
 }
 
+/// A gathered read lands its pieces side by side in one staging slot and lends them as one run
+/// of bytes, whatever their sizes and wherever they are in remote memory (apart, adjacent, in
+/// either order, one above the dynMR threshold); with the pool dry, or larger than a slot, it
+/// is copied together instead, with the same bytes. A piece out of bounds fails the whole, once.
+#[test]
+fn gathered_reads_come_together_in_one_slot() {
+    let cfg = SessionConfig {
+        pool_slots: 2,
+        slot_size: 1 << 20,
+        ..SessionConfig::default()
+    };
+    let (lender, session) = setup(8 << 20, cfg);
+    let data = pattern(8 << 20, 5);
+    lender.mem.write_at(0, &data).unwrap();
+    let gather = |pieces: &[(u64, usize)]| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let remote: Vec<_> = pieces.iter().map(|&(o, n)| (at(&lender, o), n)).collect();
+        session.read_gathered(
+            &remote,
+            Box::new(move |r| drop(tx.send(r.map(<[u8]>::to_vec)))),
+        );
+        rx
+    };
+    let want = |pieces: &[(u64, usize)]| -> Vec<u8> {
+        pieces
+            .iter()
+            .flat_map(|&(o, n)| data[o as usize..o as usize + n].iter().copied())
+            .collect()
+    };
+    let shapes: [&[(u64, usize)]; 5] = [
+        // A 1 MiB FUSE read across a chunk boundary: the chunks apart in remote memory.
+        &[(5 << 20, 256 << 10), (1 << 20, 768 << 10)],
+        // Adjacent, and in reverse order.
+        &[(4096, 4096), (8192, 100)],
+        &[(3 << 20, 10), (0, 9_999), (7 << 20, 1)],
+        // One piece above the dynMR threshold, still in the slot.
+        &[(2 << 20, 1000 << 10), (6 << 20, 24 << 10)],
+        &[(0, 0), (4 << 20, 4096)],
+    ];
+    for pieces in shapes {
+        let got = gather(pieces).recv().unwrap().unwrap();
+        assert!(got == want(pieces), "{pieces:?}");
+    }
+    let c = session.counters();
+    assert_eq!(c.premr_copies, 0, "landed in the slot, not copied: {c:?}");
+    assert_eq!(c.dynmr_registrations, 0, "{c:?}");
+    assert_eq!(c.inflight_bytes, 0);
+    // Many at once, more than the pool has slots: those that find none are copied together.
+    let many: Vec<(u64, usize)> = vec![(7 << 20, 300 << 10), (1 << 20, 200 << 10)];
+    let rxs: Vec<_> = (0..16).map(|_| gather(&many)).collect();
+    for rx in rxs {
+        assert!(rx.recv().unwrap().unwrap() == want(&many));
+    }
+    // Larger than a slot: copied together.
+    let big: &[(u64, usize)] = &[(0, 1 << 20), (3 << 20, 5)];
+    let before = session.counters().premr_copies;
+    assert!(gather(big).recv().unwrap().unwrap() == want(big));
+    assert!(session.counters().premr_copies > before);
+    // A piece out of bounds fails the whole.
+    let bad = gather(&[(0, 4096), ((8 << 20) - 10, 11)]).recv().unwrap();
+    assert!(matches!(bad, Err(IoError::OutOfBounds { .. })), "{bad:?}");
+    assert_eq!(session.counters().inflight_bytes, 0);
+    // The slots went back: a staged read still finds one.
+    let got = session
+        .read_pending(at(&lender, 4096), vec![0; 4096])
+        .wait()
+        .unwrap();
+    assert!(got == data[4096..8192]);
+}
+
 /// Large requests (dynMR) planned into a chain behind staged ones that found the pool empty
 /// are put back in the queue, already registered: when they go out later, they carry their own
 /// bytes, not a staging slot's leftovers. And a large request at the head of the queue, with a

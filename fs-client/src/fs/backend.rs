@@ -28,6 +28,9 @@ pub trait Backend: MetadataChannel + Send + Sync + 'static {
     fn connect(&self, node: u32) -> Result<(), Error>;
     /// Reads `len` bytes at `offset` of `chunk`.
     fn read(&self, chunk: &ChunkRef, offset: u64, len: usize, done: DataDone);
+    /// Reads the pieces (chunk, offset in it, length), all on one node, side by side: `done`
+    /// gets them as one run of bytes.
+    fn read_gathered(&self, pieces: &[(ChunkRef, u64, usize)], done: DataDone);
     /// Writes `data` at `offset` of `chunk`.
     fn write(&self, chunk: &ChunkRef, offset: u64, data: Vec<u8>, done: WriteBack);
     /// The transport, in words, for the stats file.
@@ -77,6 +80,26 @@ impl Backend for Client {
                 len,
                 Box::new(move |r| done(r.map_err(|e| Error::data(node, &e)))),
             ),
+            Err(e) => done(Err(e)),
+        }
+    }
+
+    fn read_gathered(&self, pieces: &[(ChunkRef, u64, usize)], done: DataDone) {
+        let Some((first, ..)) = pieces.first() else {
+            return done(Ok(&[]));
+        };
+        let node = first.node;
+        match session_of(self, first) {
+            Ok(d) => {
+                let remote: Vec<_> = pieces
+                    .iter()
+                    .map(|(c, offset, len)| (chunk_addr(c, *offset), *len))
+                    .collect();
+                d.session.read_gathered(
+                    &remote,
+                    Box::new(move |r| done(r.map_err(|e| Error::data(node, &e)))),
+                )
+            }
             Err(e) => done(Err(e)),
         }
     }

@@ -436,6 +436,16 @@ impl<B: Backend> Rfs<B> {
             };
             return self.read_replicas(replicas, s.offset_in_chunk, len, Box::new(answer));
         }
+        // Pieces on one node, one copy each (the common case: a read crossing a chunk
+        // boundary): gathered where they land, and answered from there.
+        if let Some(chunks) = single_copies_on_one_node(&refs) {
+            let pieces: Vec<_> = segs
+                .iter()
+                .zip(chunks)
+                .map(|(s, c)| (c, s.offset_in_chunk, s.len))
+                .collect();
+            return self.backend.read_gathered(&pieces, Box::new(answer));
+        }
         let buf = Arc::new(Mutex::new(vec![0u8; len]));
         let job = {
             let buf = buf.clone();
@@ -732,6 +742,20 @@ impl<B: Backend> Rfs<B> {
 
 /// The error of a replica our session was not granted (the metadata node does not know the
 /// session yet: it restarted, or the node is coming back): worth another try.
+/// The one copy of each chunk, if every chunk has exactly one, granted, and all are on one node
+/// (holes and replicated files: None).
+fn single_copies_on_one_node(refs: &[Option<Replicas>]) -> Option<Vec<ChunkRef>> {
+    let chunks: Vec<ChunkRef> = refs
+        .iter()
+        .map(|r| match r.as_deref() {
+            Some(&[c]) if c.rkey != 0 => Some(c),
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    let node = chunks.first()?.node;
+    chunks.iter().all(|c| c.node == node).then_some(chunks)
+}
+
 fn not_granted(c: &ChunkRef) -> Error {
     Error::stale(c.node, "the chunk was not granted to this client")
 }

@@ -44,6 +44,10 @@ struct State {
     held_writes: Option<Vec<HeldWrite>>,
     /// Allocations are refused with ENOSPC, as by a metadata node out of free chunks.
     pool_full: bool,
+    /// Reads of several chunks gathered into one run of bytes.
+    gathered_reads: usize,
+    /// Every chunk on node 0 (else they take turns between the nodes).
+    one_node: bool,
 }
 
 /// A write the fake holds back, as a slow network would.
@@ -87,6 +91,11 @@ impl FakeCluster {
     /// How many `op` calls reached the "metadata node".
     pub(crate) fn calls(&self, op: RequestOp) -> usize {
         *self.state.lock().unwrap().calls.get(&op).unwrap_or(&0)
+    }
+
+    /// Reads of several chunks that were gathered into one run of bytes.
+    pub(crate) fn gathered_reads(&self) -> usize {
+        self.state.lock().unwrap().gathered_reads
     }
 
     /// The handles given back so far, as (inode, access).
@@ -175,6 +184,13 @@ impl FakeCluster {
     pub(crate) fn with_replicas(n: usize) -> Arc<FakeCluster> {
         let c = FakeCluster::default();
         c.state.lock().unwrap().replicas = n;
+        Arc::new(c)
+    }
+
+    /// A cluster whose only data node is node 0.
+    pub(crate) fn on_one_node() -> Arc<FakeCluster> {
+        let c = FakeCluster::default();
+        c.state.lock().unwrap().one_node = true;
         Arc::new(c)
     }
 
@@ -283,6 +299,7 @@ impl FakeCluster {
             Request::Allocate(m) if st.pool_full => answer(m, Err(Errno::ENOSPC)),
             Request::Allocate(m) => {
                 let (copies, nodes) = match st.replicas {
+                    0 if st.one_node => (1, 1),
                     0 => (1, NODES as u64),
                     n => (n, n as u64 + 1),
                 };
@@ -405,6 +422,18 @@ impl Backend for Fake {
             Ok(data) => done(Ok(&data)),
             Err(e) => done(Err(e)),
         }
+    }
+
+    fn read_gathered(&self, pieces: &[(ChunkRef, u64, usize)], done: DataDone) {
+        self.0.state.lock().unwrap().gathered_reads += 1;
+        let mut whole = Vec::new();
+        for (chunk, offset, len) in pieces {
+            match self.0.transfer(chunk, *offset, vec![0; *len], false) {
+                Ok(data) => whole.extend_from_slice(&data),
+                Err(e) => return done(Err(e)),
+            }
+        }
+        done(Ok(&whole))
     }
 
     fn write(&self, chunk: &ChunkRef, offset: u64, data: Vec<u8>, done: WriteBack) {

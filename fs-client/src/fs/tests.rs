@@ -80,6 +80,50 @@ fn writes_and_reads_split_at_chunk_boundaries_round_trip() {
     assert!(fs.stats_text().contains(&ops), "every call counted: {ops}");
 }
 
+/// A read of chunks on one node, one copy each, is gathered into one run of bytes (rdmabox lands
+/// it in one staging slot); holes, chunks on several nodes and replicated chunks are read piece
+/// by piece. The bytes are the same either way.
+#[test]
+fn reads_across_chunks_of_one_node_are_gathered() {
+    let read_whole = |cluster: &Arc<FakeCluster>| {
+        let fs = client(cluster);
+        let ino = create(&fs, "f");
+        let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+        let data = pattern(3 * CHUNK as usize, 3);
+        write(&fs, ino, 0, &data).unwrap();
+        let before = cluster.gathered_reads();
+        let from = CHUNK / 2;
+        let got = read(&fs, ino, from, 2 * CHUNK as usize).unwrap();
+        assert!(got == data[from as usize..from as usize + 2 * CHUNK as usize]);
+        fs.release(fh).unwrap();
+        cluster.gathered_reads() - before
+    };
+    assert_eq!(
+        read_whole(&FakeCluster::on_one_node()),
+        1,
+        "one node: gathered"
+    );
+    assert_eq!(
+        read_whole(&Arc::default()),
+        0,
+        "chunks on two nodes: piece by piece"
+    );
+    assert_eq!(read_whole(&FakeCluster::with_replicas(2)), 0, "replicated");
+    // A hole among the chunks: piece by piece, zeros where nothing was written.
+    let cluster = FakeCluster::on_one_node();
+    let fs = client(&cluster);
+    let ino = create(&fs, "sparse");
+    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+    write(&fs, ino, 5 * CHUNK, b"tail").unwrap();
+    let before = cluster.gathered_reads();
+    let got = read(&fs, ino, 4 * CHUNK - 4, (CHUNK + 8) as usize).unwrap();
+    assert_eq!(got.len(), (CHUNK + 8) as usize);
+    assert!(got[..got.len() - 4].iter().all(|&b| b == 0));
+    assert_eq!(&got[got.len() - 4..], b"tail");
+    assert_eq!(cluster.gathered_reads(), before, "a hole: piece by piece");
+    fs.release(fh).unwrap();
+}
+
 #[test]
 fn holes_read_as_zeros_without_allocating() {
     let cluster: Arc<FakeCluster> = Arc::default();

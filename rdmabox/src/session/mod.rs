@@ -6,9 +6,11 @@
 //! This module is the API and the state it shares; the work is split by direction of travel:
 //! - `request`: the request model (a request, its buffer, a work request in flight);
 //! - `submit`: admission, draining, staging and posting;
-//! - `complete`: the poller threads and answering completed requests.
+//! - `complete`: the poller threads and answering completed requests;
+//! - `gather`: reads of several ranges that come together in one slot.
 
 mod complete;
+mod gather;
 mod request;
 mod submit;
 
@@ -30,7 +32,8 @@ use crate::transport::{
 };
 use crate::window::{AdmissionPolicy, WindowConfig};
 
-use request::{Dir, Done, InflightWr, Request};
+use gather::{Gather, Store};
+use request::{Buffer, Dir, Done, InflightWr, Request};
 
 /// The tunables of a session; the defaults are the paper's (measured on ConnectX-3).
 #[derive(Clone, Debug)]
@@ -301,8 +304,13 @@ impl Session {
     /// Reads `buf.len()` bytes at `remote` into `buf`; `done` gets the filled buffer.
     pub fn read(&self, remote: RemoteAddr, buf: Vec<u8>, done: Callback) {
         let len = buf.len();
-        self.inner
-            .submit(Dir::Read, remote, len, buf, Done::Result(done));
+        self.inner.submit(
+            Dir::Read,
+            remote,
+            len,
+            Buffer::Plain(buf),
+            Done::Result(done),
+        );
     }
 
     /// Reads `len` bytes at `remote`; `done` borrows them where they landed: a staging slot
@@ -315,22 +323,86 @@ impl Session {
         } else {
             Vec::new()
         };
-        self.inner
-            .submit(Dir::Read, remote, len, buf, Done::Borrowing(done));
+        self.inner.submit(
+            Dir::Read,
+            remote,
+            len,
+            Buffer::Plain(buf),
+            Done::Borrowing(done),
+        );
+    }
+
+    /// Reads the remote ranges `pieces` side by side; `done` borrows their bytes as one run,
+    /// or gets the first failure. They land in one staging slot where they fit in one and one
+    /// is free (the way a FUSE read crossing a chunk boundary is answered without a buffer of
+    /// its own); otherwise each piece is copied into a buffer of the gather's own.
+    pub fn read_gathered(&self, pieces: &[(RemoteAddr, usize)], done: BorrowingCallback) {
+        if let [(remote, len)] = pieces {
+            return self.read_borrowing(*remote, *len, done);
+        }
+        let len: usize = pieces.iter().map(|p| p.1).sum();
+        let slot = (len <= self.inner.pool.slot_size())
+            .then(|| self.inner.pool.try_get())
+            .flatten();
+        let store = match slot {
+            Some(slot) => Store::Slot(slot),
+            None => {
+                Counters::add(&self.inner.counters.premr_copies, pieces.len() as u64);
+                Store::Copied(Mutex::new(vec![0; len]))
+            }
+        };
+        let gather = Arc::new(Gather::new(store, len, pieces.len(), done));
+        let mut at = 0;
+        for &(remote, n) in pieces {
+            match gather.pool_offset(at) {
+                Some(pool_offset) => self.inner.submit(
+                    Dir::Read,
+                    remote,
+                    n,
+                    Buffer::Gathered { pool_offset },
+                    Done::Gathered(gather.clone()),
+                ),
+                None => {
+                    let g = gather.clone();
+                    self.read_borrowing(
+                        remote,
+                        n,
+                        Box::new(move |r| match r {
+                            Ok(bytes) => {
+                                g.copy_in(at, bytes);
+                                g.piece_done(None)
+                            }
+                            Err(e) => g.piece_done(Some(e)),
+                        }),
+                    )
+                }
+            }
+            at += n;
+        }
     }
 
     /// Writes `data` at `remote`; `done` gets the buffer back.
     pub fn write(&self, remote: RemoteAddr, data: Vec<u8>, done: Callback) {
         let len = data.len();
-        self.inner
-            .submit(Dir::Write, remote, len, data, Done::Result(done));
+        self.inner.submit(
+            Dir::Write,
+            remote,
+            len,
+            Buffer::Plain(data),
+            Done::Result(done),
+        );
     }
 
     /// [`Session::write`], whose `done` gets the buffer back on failure too.
     pub fn write_keeping(&self, remote: RemoteAddr, data: Vec<u8>, done: KeepingCallback) {
         let len = data.len();
-        self.inner
-            .submit(Dir::Write, remote, len, data, Done::Keeping(done));
+        self.inner.submit(
+            Dir::Write,
+            remote,
+            len,
+            Buffer::Plain(data),
+            Done::Keeping(done),
+        );
     }
 
     /// [`Session::read`], with a handle to wait on instead of a callback.

@@ -8,6 +8,7 @@ use std::time::Instant;
 use crate::mr_pool::Slot;
 use crate::transport::{MemoryRegion, RemoteAddr};
 
+use super::gather::Gather;
 use super::{BorrowingCallback, Callback, IoError, KeepingCallback};
 
 /// The direction of a request; indexes the session's two merge queues.
@@ -17,11 +18,13 @@ pub(super) enum Dir {
     Write = 1,
 }
 
-/// The caller's buffer: as handed in (to be staged through the preMR pool), or registered for
-/// the transfer itself (dynMR).
+/// The caller's buffer: as handed in (to be staged through the preMR pool), registered for
+/// the transfer itself (dynMR), or a piece of a gathered read's slot, at this offset of the
+/// pool region.
 pub(super) enum Buffer {
     Plain(Vec<u8>),
     Registered(Arc<MemoryRegion>),
+    Gathered { pool_offset: usize },
 }
 
 impl Buffer {
@@ -34,6 +37,7 @@ impl Buffer {
                 // The poster still holds its clone for an instant: copy rather than wait.
                 Err(mr) => mr.to_vec(),
             },
+            Buffer::Gathered { .. } => Vec::new(),
         }
     }
 }
@@ -46,6 +50,8 @@ pub(super) enum Done {
     Keeping(KeepingCallback),
     /// A read's bytes, borrowed where they landed (the request has no buffer when staged).
     Borrowing(BorrowingCallback),
+    /// A piece of a gathered read, which answers once all its pieces are over.
+    Gathered(Arc<Gather>),
 }
 
 impl Done {
@@ -54,6 +60,7 @@ impl Done {
             Done::Result(done) => done(Ok(buf)),
             Done::Keeping(done) => done(Ok(buf)),
             Done::Borrowing(done) => done(Ok(&buf)),
+            Done::Gathered(g) => g.piece_done(None),
         }
     }
 
@@ -62,6 +69,7 @@ impl Done {
             Done::Result(done) => done(Err(e)),
             Done::Keeping(done) => done(Err((e, buf))),
             Done::Borrowing(done) => done(Err(e)),
+            Done::Gathered(g) => g.piece_done(Some(e)),
         }
     }
 }

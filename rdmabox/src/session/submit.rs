@@ -28,21 +28,14 @@ struct Unposted(Vec<usize>);
 
 impl Inner {
     /// Checks a request, queues it and drains its queue.
-    pub(super) fn submit(
-        &self,
-        dir: Dir,
-        remote: RemoteAddr,
-        len: usize,
-        buf: Vec<u8>,
-        done: Done,
-    ) {
+    pub(super) fn submit(&self, dir: Dir, remote: RemoteAddr, len: usize, buf: Buffer, done: Done) {
         Counters::add(&self.counters.requests, 1);
         if self.closed.load(Ordering::Acquire) {
             Counters::add(&self.counters.requests_failed, 1);
-            return done.fail(IoError::Closed, buf);
+            return done.fail(IoError::Closed, buf.into_vec());
         }
         if len == 0 {
-            return done.ok(buf);
+            return done.ok(buf.into_vec());
         }
         // Only the range: keys are the peer's to check (one region may be reached by many
         // keys, each granting part of it).
@@ -59,12 +52,12 @@ impl Inner {
                 addr: remote.addr,
                 len,
             };
-            return done.fail(e, buf);
+            return done.fail(e, buf.into_vec());
         }
         self.queues[dir as usize].push(Request {
             remote,
             len,
-            buf: Buffer::Plain(buf),
+            buf,
             done,
         });
         self.drain(dir);
@@ -82,9 +75,10 @@ impl Inner {
         );
     }
 
-    /// Whether the request goes out from its own registered buffer rather than a pool slot.
+    /// Whether the request goes out from memory of its own (a registered buffer, or its
+    /// gathered read's slot) rather than a pool slot of its work request.
     fn is_dynamic(&self, r: &Request) -> bool {
-        matches!(r.buf, Buffer::Registered(_)) || self.is_dynamic_len(r.len)
+        !matches!(r.buf, Buffer::Plain(_)) || self.is_dynamic_len(r.len)
     }
 
     /// Whether a request of `len` bytes goes out from its own registered buffer.
@@ -218,7 +212,7 @@ impl Inner {
                     rkey: r.remote.rkey,
                     addr: r.remote.addr,
                     len: r.len,
-                    dynamic: matches!(r.buf, Buffer::Registered(_)),
+                    dynamic: !matches!(r.buf, Buffer::Plain(_)),
                 }
             })
             .collect();
@@ -323,7 +317,7 @@ impl Inner {
             bytes += r.len as u64;
             cost += charge(r.len);
             let staging = match &r.buf {
-                Buffer::Registered(_) => Staging::Dynamic,
+                Buffer::Registered(_) | Buffer::Gathered { .. } => Staging::Dynamic,
                 Buffer::Plain(data) => {
                     let slot = slot.as_ref().expect("staged groups have a slot");
                     if dir == Dir::Write {
@@ -471,6 +465,10 @@ fn sge_sources(w: &InflightWr) -> Vec<SgeSource> {
                 });
             }
             (Staging::Dynamic, Buffer::Registered(mr)) => out.push(SgeSource::Own(mr.clone())),
+            (Staging::Dynamic, Buffer::Gathered { pool_offset }) => out.push(SgeSource::Pool {
+                slot_offset: *pool_offset,
+                len: r.len,
+            }),
             (Staging::Dynamic, Buffer::Plain(_)) => unreachable!("dynamic members are registered"),
         }
     }
