@@ -43,7 +43,16 @@ impl MrPool {
 
     /// Takes a free slot, or `None` when all are in use: the caller backs off, never waits.
     pub fn try_get(self: &Arc<Self>) -> Option<Slot> {
-        let index = self.free.lock().unwrap().pop()?;
+        self.try_get_sparing(0)
+    }
+
+    /// Takes a free slot if more than `spare` are free (`None` otherwise).
+    pub fn try_get_sparing(self: &Arc<Self>, spare: usize) -> Option<Slot> {
+        let mut free = self.free.lock().unwrap();
+        if free.len() <= spare {
+            return None;
+        }
+        let index = free.pop()?;
         Some(Slot {
             pool: self.clone(),
             index,
@@ -134,5 +143,17 @@ mod tests {
         drop(a);
         assert_eq!(pool.available(), 1);
         assert!(pool.try_get().is_some());
+    }
+
+    #[test]
+    fn a_taker_that_spares_slots_leaves_them() {
+        let ctx = Context::open(&TransportConfig::with_provider(ProviderKind::Tcp)).unwrap();
+        let pool = MrPool::new(&ctx.alloc_pd().unwrap(), 3, 4096).unwrap();
+        let a = pool.try_get_sparing(1).unwrap();
+        let b = pool.try_get_sparing(1).unwrap();
+        assert!(pool.try_get_sparing(1).is_none(), "the last one is spared");
+        let c = pool.try_get().expect("for one that spares none");
+        drop((a, b, c));
+        assert_eq!(pool.available(), 3);
     }
 }

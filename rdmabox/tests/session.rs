@@ -311,7 +311,7 @@ fn gathered_reads_come_together_in_one_slot() {
     assert_eq!(c.premr_copies, 0, "landed in the slot, not copied: {c:?}");
     assert_eq!(c.dynmr_registrations, 0, "{c:?}");
     assert_eq!(c.inflight_bytes, 0);
-    // Many at once, more than the pool has slots: those that find none are copied together.
+    // Many at once, more than the pool lends gathers: those that find none are copied together.
     let many: Vec<(u64, usize)> = vec![(7 << 20, 300 << 10), (1 << 20, 200 << 10)];
     let rxs: Vec<_> = (0..16).map(|_| gather(&many)).collect();
     for rx in rxs {
@@ -329,9 +329,96 @@ fn gathered_reads_come_together_in_one_slot() {
     // The slots went back: a staged read still finds one.
     let got = session
         .read_pending(at(&lender, 4096), vec![0; 4096])
-        .wait()
+        .wait_timeout(Duration::from_secs(20))
         .unwrap();
     assert!(got == data[4096..8192]);
+    // A pool of one slot is left to staged requests: gathers are copied together.
+    let (lender, session) = setup(
+        8 << 20,
+        SessionConfig {
+            pool_slots: 1,
+            ..SessionConfig::default()
+        },
+    );
+    lender.mem.write_at(0, &data).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let pieces = [(at(&lender, 5 << 20), 5000), (at(&lender, 1 << 20), 3000)];
+    session.read_gathered(
+        &pieces,
+        Box::new(move |r| drop(tx.send(r.map(<[u8]>::to_vec)))),
+    );
+    let got = rx.recv_timeout(Duration::from_secs(20)).unwrap().unwrap();
+    assert!(
+        got[..5000] == data[5 << 20..(5 << 20) + 5000]
+            && got[5000..] == data[1 << 20..(1 << 20) + 3000]
+    );
+    assert_eq!(
+        session.counters().premr_copies,
+        2,
+        "both pieces copied together"
+    );
+}
+
+/// Gathers hold their slot while their pieces wait in the queue, maybe behind a staged request
+/// that needs one. Several threads mixing gathered and staged reads through a small pool and a
+/// small window all get their answers (a gather that took the last slot could leave a staged
+/// request at the head of the queue, with nothing in flight to free one: a hang).
+#[test]
+fn gathers_and_staged_reads_share_a_small_pool_without_hanging() {
+    let cfg = SessionConfig {
+        qps: 1,
+        pool_slots: 2,
+        slot_size: 256 << 10,
+        window: WindowConfig::Static(64 << 10),
+        ..SessionConfig::default()
+    };
+    let (lender, session) = setup(8 << 20, cfg);
+    let data = Arc::new(pattern(8 << 20, 9));
+    lender.mem.write_at(0, &data).unwrap();
+    let (lender, session) = (Arc::new(lender), Arc::new(session));
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let (lender, session, data) = (lender.clone(), session.clone(), data.clone());
+            std::thread::spawn(move || {
+                for i in 0..1000u64 {
+                    let a = (t * 1_000_003 + i * 7_919) % (7 << 20);
+                    let b = (t * 3_000_017 + i * 104_729) % (7 << 20);
+                    let (tx, rx) = std::sync::mpsc::channel();
+                    if (i + t) % 2 == 0 {
+                        let pieces = [(at(&lender, a), 40_000), (at(&lender, b), 30_000)];
+                        session.read_gathered(
+                            &pieces,
+                            Box::new(move |r| drop(tx.send(r.map(<[u8]>::to_vec)))),
+                        );
+                        let got = rx.recv_timeout(Duration::from_secs(20)).expect("answered");
+                        let got = got.unwrap();
+                        let (a, b) = (a as usize, b as usize);
+                        assert!(
+                            got[..40_000] == data[a..a + 40_000],
+                            "thread {t} gather {i}"
+                        );
+                        assert!(
+                            got[40_000..] == data[b..b + 30_000],
+                            "thread {t} gather {i}"
+                        );
+                    } else {
+                        let got = session
+                            .read_pending(at(&lender, a), vec![0; 50_000])
+                            .wait_timeout(Duration::from_secs(20))
+                            .expect("answered");
+                        assert!(
+                            got == data[a as usize..a as usize + 50_000],
+                            "thread {t} read {i}"
+                        );
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(session.counters().inflight_bytes, 0);
 }
 
 /// Large requests (dynMR) planned into a chain behind staged ones that found the pool empty

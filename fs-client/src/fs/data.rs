@@ -740,8 +740,6 @@ impl<B: Backend> Rfs<B> {
     }
 }
 
-/// The error of a replica our session was not granted (the metadata node does not know the
-/// session yet: it restarted, or the node is coming back): worth another try.
 /// The one copy of each chunk, if every chunk has exactly one, granted, and all are on one node
 /// (holes and replicated files: None).
 fn single_copies_on_one_node(refs: &[Option<Replicas>]) -> Option<Vec<ChunkRef>> {
@@ -756,6 +754,8 @@ fn single_copies_on_one_node(refs: &[Option<Replicas>]) -> Option<Vec<ChunkRef>>
     chunks.iter().all(|c| c.node == node).then_some(chunks)
 }
 
+/// The error of a replica our session was not granted (the metadata node does not know the
+/// session yet: it restarted, or the node is coming back): worth another try.
 fn not_granted(c: &ChunkRef) -> Error {
     Error::stale(c.node, "the chunk was not granted to this client")
 }

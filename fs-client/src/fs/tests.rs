@@ -359,8 +359,13 @@ fn reads_fail_over_between_replicas_and_writes_drop_the_ones_they_miss() {
 
 #[test]
 fn transfers_a_node_refused_for_a_stale_key_go_again_with_a_fresh_map() {
-    for replicas in [0, 2] {
-        let cluster = FakeCluster::with_replicas(replicas);
+    // One node: reads across chunks are gathered, and sent again whole.
+    let clusters = [
+        ("two nodes", FakeCluster::with_replicas(0)),
+        ("2 replicas", FakeCluster::with_replicas(2)),
+        ("one node", FakeCluster::on_one_node()),
+    ];
+    for (replicas, cluster) in clusters {
         let fs = client(&cluster);
         let ino = create(&fs, "f");
         let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
@@ -384,6 +389,7 @@ fn transfers_a_node_refused_for_a_stale_key_go_again_with_a_fresh_map() {
             stats.contains("replicas_dropped 0\n"),
             "a refused key is no missed replica: {stats}"
         );
+        assert_eq!(cluster.gathered_reads() > 0, replicas == "one node");
         fs.release(fh).unwrap();
     }
 }

@@ -59,11 +59,15 @@ impl Gather {
         }
     }
 
-    /// A piece is over: landed (`None`) or failed. The last one answers, with the first
-    /// failure or the whole run of bytes.
+    /// A piece is over: landed (`None`) or failed. The last one answers, with the whole run
+    /// of bytes or the failure that says most: the first, unless it only says that the
+    /// session is closed and a later one says why.
     pub(super) fn piece_done(&self, failure: Option<IoError>) {
         if let Some(e) = failure {
-            self.failure.lock().unwrap().get_or_insert(e);
+            let mut first = self.failure.lock().unwrap();
+            if first.as_ref().is_none_or(|f| *f == IoError::Closed) {
+                *first = Some(e);
+            }
         }
         if self.left.fetch_sub(1, Ordering::AcqRel) != 1 {
             return;
@@ -80,5 +84,52 @@ impl Gather {
             Store::Slot(slot) => done(Ok(unsafe { slot.bytes(0, self.len) })),
             Store::Copied(buf) => done(Ok(&buf.lock().unwrap())),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A gather of two pieces into a buffer of its own, and what its callback was given.
+    fn gather() -> (Gather, mpsc::Receiver<Result<Vec<u8>, IoError>>) {
+        let (tx, rx) = mpsc::channel();
+        let store = Store::Copied(Mutex::new(vec![0; 4]));
+        let done: BorrowingCallback = Box::new(move |r| drop(tx.send(r.map(<[u8]>::to_vec))));
+        (Gather::new(store, 4, 2, done), rx)
+    }
+
+    #[test]
+    fn the_last_piece_answers_once_with_every_piece_in_its_place() {
+        let (g, rx) = gather();
+        g.copy_in(2, b"cd");
+        g.piece_done(None);
+        assert!(rx.try_recv().is_err(), "one piece still under way");
+        g.copy_in(0, b"ab");
+        g.piece_done(None);
+        assert_eq!(rx.try_recv().unwrap().unwrap(), b"abcd");
+    }
+
+    #[test]
+    fn a_failure_that_says_why_wins_over_a_closed_session() {
+        let (g, rx) = gather();
+        g.piece_done(Some(IoError::Closed));
+        g.piece_done(Some(IoError::TimedOut(Duration::from_secs(5))));
+        assert_eq!(
+            rx.try_recv().unwrap(),
+            Err(IoError::TimedOut(Duration::from_secs(5)))
+        );
+        let (g, rx) = gather();
+        let refused = IoError::OutOfBounds { addr: 1, len: 2 };
+        g.piece_done(Some(refused.clone()));
+        g.piece_done(Some(IoError::Closed));
+        assert_eq!(
+            rx.try_recv().unwrap(),
+            Err(refused),
+            "the first that says why"
+        );
     }
 }

@@ -337,12 +337,17 @@ impl Session {
     /// is free (the way a FUSE read crossing a chunk boundary is answered without a buffer of
     /// its own); otherwise each piece is copied into a buffer of the gather's own.
     pub fn read_gathered(&self, pieces: &[(RemoteAddr, usize)], done: BorrowingCallback) {
-        if let [(remote, len)] = pieces {
-            return self.read_borrowing(*remote, *len, done);
+        match pieces {
+            [] => return done(Ok(&[])),
+            [(remote, len)] => return self.read_borrowing(*remote, *len, done),
+            _ => {}
         }
         let len: usize = pieces.iter().map(|p| p.1).sum();
+        // A gather holds its slot while its pieces wait in the queue, maybe behind a staged
+        // request that needs one: gathers leave one slot to the rest, which then always find
+        // one free when nothing is in flight.
         let slot = (len <= self.inner.pool.slot_size())
-            .then(|| self.inner.pool.try_get())
+            .then(|| self.inner.pool.try_get_sparing(1))
             .flatten();
         let store = match slot {
             Some(slot) => Store::Slot(slot),
@@ -378,6 +383,14 @@ impl Session {
                 }
             }
             at += n;
+        }
+        // If every piece was answered already (inline, or failed at submission), the slot goes
+        // back here, outside any completion: a request waiting for a slot must hear of it.
+        if let Some(last) = Arc::into_inner(gather) {
+            drop(last);
+            self.inner.freed.fetch_add(1, Ordering::SeqCst);
+            self.inner.drain(Dir::Read);
+            self.inner.drain(Dir::Write);
         }
     }
 
