@@ -217,8 +217,8 @@ fn large_requests_register_their_own_buffer() {
 }
 
 /// Reads whose callback borrows the bytes where they landed: staged ones (merged or not)
-/// without a buffer or a copy of the caller's, dynMR ones from their own buffer, and an
-/// out-of-bounds one fails alone.
+/// without a buffer or a copy of the caller's, large ones from a slot where they fit in one
+/// and from their own buffer (dynMR) otherwise, and an out-of-bounds one fails alone.
 #[test]
 fn borrowing_reads_see_the_bytes_where_they_landed() {
     let (lender, session) = setup(8 << 20, SessionConfig::default());
@@ -247,6 +247,10 @@ fn borrowing_reads_see_the_bytes_where_they_landed() {
     assert!(odd == data[12_345..112_345]);
     let large = read(4096, 3 << 20).recv().unwrap().unwrap();
     assert!(large == data[4096..4096 + (3 << 20)]);
+    assert_eq!(session.counters().dynmr_registrations, 1);
+    // Above the dynMR threshold but within a slot: lent from a slot, nothing registered.
+    let fits = read(8192, 1000 << 10).recv().unwrap().unwrap();
+    assert!(fits == data[8192..8192 + (1000 << 10)]);
     assert_eq!(session.counters().dynmr_registrations, 1);
     assert!(read(0, 0).recv().unwrap().unwrap().is_empty());
     assert!(matches!(

@@ -44,14 +44,6 @@ impl Gather {
         }
     }
 
-    /// Where the piece at `at` lands in the pool region (a slot store only).
-    pub(super) fn pool_offset(&self, at: usize) -> Option<usize> {
-        match &self.store {
-            Store::Slot(slot) => Some(slot.offset() + at),
-            Store::Copied(_) => None,
-        }
-    }
-
     /// Copies a piece's bytes to its place (a copied store only).
     pub(super) fn copy_in(&self, at: usize, bytes: &[u8]) {
         if let Store::Copied(buf) = &self.store {

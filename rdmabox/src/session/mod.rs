@@ -25,7 +25,7 @@ use slab::Slab;
 use crate::batching::PlanConfig;
 use crate::counters::{Counters, Snapshot};
 use crate::merge_queue::MergeQueue;
-use crate::mr_pool::MrPool;
+use crate::mr_pool::{MrPool, Slot};
 use crate::poller::PollMode;
 use crate::transport::{
     CompletionQueue, ProtectionDomain, QpCaps, QueuePair, RemoteAddr, RemoteRegion, WcStatus,
@@ -313,21 +313,20 @@ impl Session {
         );
     }
 
-    /// Reads `len` bytes at `remote`; `done` borrows them where they landed: a staging slot
-    /// below the dynMR threshold, so that a caller who only passes them on (a FUSE reply)
-    /// makes no buffer of its own, neither zeroed nor copied into.
+    /// Reads `len` bytes at `remote`; `done` borrows them where they landed: a staging slot,
+    /// so that a caller who only passes them on (a FUSE reply) makes no buffer of its own,
+    /// neither zeroed nor copied into. Above the dynMR threshold too, while the pool has a slot
+    /// to spare: a read lent where it landed is copied nowhere either way, and a slot needs no
+    /// buffer allocated and registered. Without one it lands in a registered buffer (dynMR).
     pub fn read_borrowing(&self, remote: RemoteAddr, len: usize, done: BorrowingCallback) {
-        // Only a dynMR read needs a buffer: it lands there.
-        let buf = if self.inner.is_dynamic_len(len) {
-            vec![0; len]
-        } else {
-            Vec::new()
-        };
+        if self.inner.is_dynamic_len(len) {
+            return self.read_gathered(&[(remote, len)], done);
+        }
         self.inner.submit(
             Dir::Read,
             remote,
             len,
-            Buffer::Plain(buf),
+            Buffer::Plain(Vec::new()),
             Done::Borrowing(done),
         );
     }
@@ -339,7 +338,9 @@ impl Session {
     pub fn read_gathered(&self, pieces: &[(RemoteAddr, usize)], done: BorrowingCallback) {
         match pieces {
             [] => return done(Ok(&[])),
-            [(remote, len)] => return self.read_borrowing(*remote, *len, done),
+            [(remote, len)] if !self.inner.is_dynamic_len(*len) => {
+                return self.read_borrowing(*remote, *len, done)
+            }
             _ => {}
         }
         let len: usize = pieces.iter().map(|p| p.1).sum();
@@ -349,39 +350,39 @@ impl Session {
         let slot = (len <= self.inner.pool.slot_size())
             .then(|| self.inner.pool.try_get_sparing(1))
             .flatten();
-        let store = match slot {
-            Some(slot) => Store::Slot(slot),
-            None => {
-                Counters::add(&self.inner.counters.premr_copies, pieces.len() as u64);
-                Store::Copied(Mutex::new(vec![0; len]))
-            }
-        };
-        let gather = Arc::new(Gather::new(store, len, pieces.len(), done));
+        match (slot, pieces) {
+            (Some(slot), _) => self.gather_in_slot(slot, pieces, len, done),
+            (None, &[(remote, len)]) => self.inner.submit(
+                Dir::Read,
+                remote,
+                len,
+                Buffer::Plain(vec![0; len]),
+                Done::Borrowing(done),
+            ),
+            (None, _) => self.gather_copied(pieces, len, done),
+        }
+    }
+
+    /// Lands each piece at its place in `slot`; the last one lends the slot to `done`.
+    fn gather_in_slot(
+        &self,
+        slot: Slot,
+        pieces: &[(RemoteAddr, usize)],
+        len: usize,
+        done: BorrowingCallback,
+    ) {
+        let base = slot.offset();
+        let gather = Arc::new(Gather::new(Store::Slot(slot), len, pieces.len(), done));
         let mut at = 0;
         for &(remote, n) in pieces {
-            match gather.pool_offset(at) {
-                Some(pool_offset) => self.inner.submit(
-                    Dir::Read,
-                    remote,
-                    n,
-                    Buffer::Gathered { pool_offset },
-                    Done::Gathered(gather.clone()),
-                ),
-                None => {
-                    let g = gather.clone();
-                    self.read_borrowing(
-                        remote,
-                        n,
-                        Box::new(move |r| match r {
-                            Ok(bytes) => {
-                                g.copy_in(at, bytes);
-                                g.piece_done(None)
-                            }
-                            Err(e) => g.piece_done(Some(e)),
-                        }),
-                    )
-                }
-            }
+            let pool_offset = base + at;
+            self.inner.submit(
+                Dir::Read,
+                remote,
+                n,
+                Buffer::Gathered { pool_offset },
+                Done::Gathered(gather.clone()),
+            );
             at += n;
         }
         // If every piece was answered already (inline, or failed at submission), the slot goes
@@ -391,6 +392,29 @@ impl Session {
             self.inner.freed.fetch_add(1, Ordering::SeqCst);
             self.inner.drain(Dir::Read);
             self.inner.drain(Dir::Write);
+        }
+    }
+
+    /// Reads each piece on its own and copies it to its place in a buffer of the gather's.
+    fn gather_copied(&self, pieces: &[(RemoteAddr, usize)], len: usize, done: BorrowingCallback) {
+        Counters::add(&self.inner.counters.premr_copies, pieces.len() as u64);
+        let store = Store::Copied(Mutex::new(vec![0; len]));
+        let gather = Arc::new(Gather::new(store, len, pieces.len(), done));
+        let mut at = 0;
+        for &(remote, n) in pieces {
+            let g = gather.clone();
+            self.read_borrowing(
+                remote,
+                n,
+                Box::new(move |r| match r {
+                    Ok(bytes) => {
+                        g.copy_in(at, bytes);
+                        g.piece_done(None)
+                    }
+                    Err(e) => g.piece_done(Some(e)),
+                }),
+            );
+            at += n;
         }
     }
 
