@@ -274,7 +274,7 @@ pub const OPTIONS: &[MountOption] = &[
     MountOption {
         name: "dyn_threshold",
         value: Value::Takes("SIZE|never"),
-        help: "Requests at least this large register their own buffer (dynMR); never: always copy",
+        help: "Requests at least this large register their own buffer (dynMR), but for reads that fit in a staging slot; never: always copy",
         set: |c, v| {
             c.session.dyn_threshold = match v {
                 "never" => usize::MAX,

@@ -49,7 +49,9 @@ pub struct SessionConfig {
     /// Bytes one merged work request may carry.
     pub max_merge_bytes: usize,
     /// Requests at least this large register their own buffer (dynMR) instead of being copied
-    /// into a pre-registered one (preMR). `usize::MAX`: always copy (up to `slot_size`).
+    /// into a pre-registered one (preMR). `usize::MAX`: always copy (up to `slot_size`). Reads
+    /// lent where they land ([`Session::read_borrowing`]) take a slot while one fits them and
+    /// the pool has one to spare: they are copied nowhere either way.
     pub dyn_threshold: usize,
     /// Size of one pre-registered staging buffer; larger requests always use dynMR.
     pub slot_size: usize,
