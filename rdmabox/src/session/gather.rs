@@ -1,7 +1,9 @@
 //! Gathered reads: several remote ranges read side by side into one staging slot and lent to
 //! one callback as one run of bytes. A FUSE read that crosses a chunk boundary is two ranges,
 //! in two chunks that are rarely next to each other in the node's memory; gathered, its reply
-//! is written from the slot, and the caller zeroes and copies into no buffer of its own.
+//! is written from the slot, and the caller zeroes and copies into no buffer of its own. A
+//! lone read above the dynMR threshold goes the same way (a gather of one), so that it needs
+//! no buffer allocated and registered for it.
 //!
 //! Each range is a request of its own (work requests are per remote range), whose bytes land
 //! at its place in the gather's slot; the last one to finish answers for all.
