@@ -476,8 +476,10 @@ fn main() -> ExitCode {
             };
         }
     };
-    // Writes answered before they landed are not dropped with the process, nor closes.
+    // Writes answered before they landed are not dropped with the process, nor commits that
+    // a fault held back, nor closes.
     fs.writes_landed();
+    fs.commits_owed_sent();
     fs.closes_sent();
     code
 }

@@ -250,3 +250,58 @@ fn data_nodes_a_restarted_node_does_not_know_wipe_their_pools() {
         "bytes of the lost namespace's file read through a new one"
     );
 }
+
+/// A close while the metadata node is stopped past the call's deadline reports EIO (as NFS
+/// does), and loses nothing: the bytes are on a data node, and the file's size reaches the
+/// metadata node once it runs again, so another mount reads the whole file. Before, the close
+/// gave its handle back regardless, and the node refused every later commit through no handle:
+/// the file stayed empty for everybody else.
+#[test]
+fn a_close_that_missed_a_stopped_metadata_node_commits_once_it_runs_again() {
+    let meta = MemServer::start(&["--memory", "0", "--chunk-size", "1M", "--lease", "1"]);
+    let _data = MemServer::data(&meta, "16M", "1M");
+    let a = Mount::new(&meta, &["io_timeout=1"]);
+    let bytes = content(7, 3 << 20);
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(a.path("f"))
+        .unwrap();
+    f.write_all_at(&bytes, 0).unwrap();
+
+    rfs_e2e::stop(meta.pid());
+    let start = Instant::now();
+    let closed = {
+        use std::os::fd::IntoRawFd;
+        let fd = f.into_raw_fd();
+        // SAFETY: `fd` was just taken from the File, which no longer owns it.
+        match unsafe { libc::close(fd) } {
+            0 => Ok(()),
+            _ => Err(std::io::Error::last_os_error()),
+        }
+    };
+    let took = start.elapsed();
+    // The kernel's release goes after the close; it fails too, later, on its own.
+    std::thread::sleep(Duration::from_secs(3));
+    rfs_e2e::resume(meta.pid());
+    let e = closed.expect_err("the commit cannot reach a stopped node");
+    assert_eq!(rfs_e2e::errno(&e), libc::EIO, "{e}");
+    assert!(took < Duration::from_secs(10), "close took {took:?}");
+
+    let b = Mount::new(&meta, &["attr_timeout=0", "entry_timeout=0"]);
+    let start = Instant::now();
+    let size = || fs::metadata(b.path("f")).unwrap().len();
+    while size() < bytes.len() as u64 {
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "the size never reached the metadata node: {} of {}",
+            size(),
+            bytes.len()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(fs::read(b.path("f")).unwrap() == bytes);
+    assert_eq!(a.stat("commits_owed"), 0);
+    assert!(a.stat("commits_resent") >= 1);
+}

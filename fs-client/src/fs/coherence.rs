@@ -54,6 +54,7 @@ impl<B: Backend> Rfs<B> {
                     fs.chunks.forget_all();
                     fs.dirs.forget_all();
                     fs.pages_unknown();
+                    fs.retry_owed_now();
                 }
             }
         }));

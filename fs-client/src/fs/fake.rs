@@ -34,6 +34,10 @@ struct State {
     failing_node: Option<u32>,
     /// The metadata connection reads as down (calls still get through).
     metadata_down: bool,
+    /// Calls fail as over a lost connection, reaching nothing.
+    unreachable: bool,
+    /// Handles held, by inode: a commit needs one, as on the metadata node.
+    held: HashMap<Ino, u32>,
     /// Times every key was taken back: maps hand out key `revocations + 1`, and a transfer
     /// with an older one is refused, as a data node refuses keys it took back (when the
     /// metadata node restarted).
@@ -57,6 +61,13 @@ impl State {
     /// The key maps hand out now.
     fn key(&self) -> u32 {
         self.revocations + 1
+    }
+
+    /// A handle of `ino` given back.
+    fn let_go(&mut self, ino: Ino) {
+        if let Some(n) = self.held.get_mut(&ino) {
+            *n = n.saturating_sub(1);
+        }
     }
 }
 
@@ -111,6 +122,11 @@ impl FakeCluster {
     /// Has the metadata connection read as down (or up again).
     pub(crate) fn metadata_down(&self, down: bool) {
         self.state.lock().unwrap().metadata_down = down;
+    }
+
+    /// Has every call fail as over a lost connection (or get through again).
+    pub(crate) fn unreachable(&self, unreachable: bool) {
+        self.state.lock().unwrap().unreachable = unreachable;
     }
 
     /// Has allocations refused with ENOSPC (or granted again).
@@ -204,6 +220,11 @@ impl FakeCluster {
         self.state.lock().unwrap().files[&ino].size
     }
 
+    /// Removes `ino` as another client's unlink would: calls about it answer ENOENT.
+    pub(crate) fn forget_file(&self, ino: Ino) {
+        self.state.lock().unwrap().files.remove(&ino);
+    }
+
     /// Chunks allocated to `ino`.
     pub(crate) fn chunk_count(&self, ino: Ino) -> usize {
         let st = self.state.lock().unwrap();
@@ -262,19 +283,33 @@ impl FakeCluster {
             ),
             // The fake keeps no names.
             Request::Lookup(m) => answer(m, Err(Errno::ENOENT)),
-            Request::Create(m) => answer(
-                m,
-                Ok(made(m.parent, make(st, FileKind::RegularFile, m.owner, 0))),
-            ),
+            Request::Create(m) => {
+                let made = made(m.parent, make(st, FileKind::RegularFile, m.owner, 0));
+                *st.held.entry(made.attr.ino).or_default() += 1;
+                answer(m, Ok(made))
+            }
             Request::GetAttr(m) => answer(m, attr(st, m.ino)),
-            Request::Open(m) => answer(m, attr(st, m.ino)),
+            Request::Open(m) => {
+                let a = attr(st, m.ino);
+                if a.is_ok() {
+                    *st.held.entry(m.ino).or_default() += 1;
+                }
+                answer(m, a)
+            }
             Request::Release(m) => {
                 st.released.push((m.ino, m.access));
+                st.let_go(m.ino);
                 answer(m, attr(st, m.ino).map(drop))
             }
             Request::ReleaseMany(m) => {
                 st.released.extend(&m.handles);
+                for &(ino, _) in &m.handles {
+                    st.let_go(ino);
+                }
                 answer(m, Ok(m.handles.len() as u32))
+            }
+            Request::Commit(m) if st.held.get(&m.ino).copied().unwrap_or(0) == 0 => {
+                answer(m, Err(Errno::EBADF))
             }
             Request::Commit(m) => {
                 let r = st.files.get_mut(&m.ino).ok_or(Errno::ENOENT).map(|a| {
@@ -388,6 +423,12 @@ fn map(st: &State, ino: Ino, first: u64, count: u32) -> Vec<(u64, Replicas)> {
 
 impl MetadataChannel for Fake {
     fn exchange(&self, request: &[u8]) -> io::Result<Vec<u8>> {
+        if self.0.state.lock().unwrap().unreachable {
+            return Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "metadata node unreachable",
+            ));
+        }
         let req =
             Request::decode(request).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         if matches!(req, Request::ReleaseMany(_)) {

@@ -6,6 +6,7 @@
 //! - this module: metadata operations, passed through;
 //! - [`open`](self::open): close-to-open state (handles, local sizes, commits);
 //! - [`closes`](self::closes): handles given back together, off the path of the close;
+//! - [`owed`](self::owed): commits that a fault kept from the metadata node, made again;
 //! - [`chunks`](self::chunks): the chunk cache with allocate-ahead, recalls and leases;
 //! - [`coherence`](self::coherence): the metadata node's callbacks, and the kernel's caches;
 //! - [`data`](self::data): the data path (reads and writes split at chunk boundaries);
@@ -26,6 +27,7 @@ mod error;
 #[cfg(test)]
 mod fake;
 mod open;
+mod owed;
 mod ranges;
 mod stats;
 #[cfg(test)]
@@ -58,6 +60,7 @@ use chunks::ChunkCache;
 use closes::Closes;
 use dirs::Dirs;
 use open::{OpenFile, PageVersion};
+use owed::Owed;
 use stats::ClientStats;
 
 /// The file system, over a backend (the real [`Client`] by default).
@@ -86,6 +89,8 @@ pub struct Rfs<B: Backend = Client> {
     dirs: Dirs,
     /// Handles closed and not yet given back.
     closes: Closes,
+    /// Handles closed whose commit has not reached the metadata node yet.
+    owed: Owed,
     stats: Arc<ClientStats>,
 }
 
@@ -129,6 +134,7 @@ impl<B: Backend> Rfs<B> {
             // A quarter: with the kernel's half lease, nothing older than a lease is served.
             dirs: Dirs::new(lease / 4),
             closes: Closes::default(),
+            owed: Owed::default(),
             stats,
         })
     }

@@ -155,7 +155,11 @@ impl<B: Backend> Rfs<B> {
 
     /// Every handle open, as (inode, access), with those closed and not yet given back.
     pub(crate) fn open_handles(&self) -> Vec<(Ino, u8)> {
-        let mut all: Vec<_> = self.handles.lock().unwrap().values().copied().collect();
+        let handles = self.handles.lock().unwrap();
+        let mut all: Vec<_> = handles.values().copied().collect();
+        // Under the handles' lock: a release moves its handle from there to the owed ones.
+        all.extend(self.owed.handles());
+        drop(handles);
         all.extend(self.closes.unanswered());
         all
     }
@@ -198,7 +202,7 @@ impl<B: Backend> Rfs<B> {
     /// Commits our size and mtime of `ino`, if we changed them: the size only up to where
     /// bytes still in flight start (another writer's, answered after the drain), so that no
     /// other client sees a size before its bytes; the rest stays for the next commit.
-    fn commit_size(&self, ino: Ino) -> Result<()> {
+    pub(crate) fn commit_size(&self, ino: Ino) -> Result<()> {
         let (size, mtime) = {
             let mut open = self.open.lock().unwrap();
             match open.get_mut(&ino) {
@@ -233,27 +237,35 @@ impl<B: Backend> Rfs<B> {
     /// Closes handle `fh`: commits (reporting a failed write to a handle that may write),
     /// then gives the handle back to the metadata node, together with other closes (see
     /// [`closes`](super::closes)). The handle stays listed until its writes landed: a metadata
-    /// node that restarts meanwhile hears of it.
+    /// node that restarts meanwhile hears of it. A commit that a fault kept from the node is
+    /// owed: the handle is kept until it goes through (see [`owed`](super::owed)).
     pub fn release(self: &Arc<Self>, fh: u64) -> Result<()> {
         let Some(&(ino, access)) = self.handles.lock().unwrap().get(&fh) else {
             return Ok(()); // the stats file, or an unknown handle
         };
         let committed = self.commit_reporting(ino, access & MAY_WRITE != 0);
-        self.handles.lock().unwrap().remove(&fh);
-        let allocated = {
+        let fault = committed.as_ref().is_err_and(|e| e.is_fault());
+        let mut handles = self.handles.lock().unwrap();
+        handles.remove(&fh);
+        let (allocated, owed) = {
             let mut open = self.open.lock().unwrap();
-            let (allocated, done) = match open.get_mut(&ino) {
+            let (allocated, ahead, last) = match open.get_mut(&ino) {
                 Some(f) => {
                     f.handles -= 1;
-                    (f.allocated, f.handles == 0 && !f.ahead())
+                    (f.allocated, f.ahead(), f.handles == 0)
                 }
-                None => (false, false),
+                None => (false, false, false),
             };
-            if done {
+            if last && !ahead {
                 open.remove(&ino);
             }
-            allocated
+            (allocated, fault && ahead)
         };
+        if owed {
+            self.owe_commit(ino, access, allocated);
+            return committed;
+        }
+        drop(handles);
         // A file we had chunks allocated for goes back at once, and after the closes of it
         // made before: its last close may give back chunks allocated ahead.
         let released = self.close_handle(ino, access, allocated);

@@ -66,6 +66,8 @@ pub(crate) struct ClientStats {
     pub(crate) bytes_copied: AtomicU64,
     /// Handles closed and given back to the metadata node (sent together: see `closes`).
     pub(crate) handles_closed: AtomicU64,
+    /// Commits made again after a fault kept them from the metadata node (see `owed`).
+    pub(crate) commits_resent: AtomicU64,
     /// Extended attribute requests from the kernel (none are kept; it stops asking at the
     /// first answer).
     pub(crate) xattr_requests: AtomicU64,
@@ -148,6 +150,16 @@ impl<B: Backend> Rfs<B> {
                 "handles_closed",
                 "Handles closed and given back to the metadata node",
                 n(&s.handles_closed),
+            ),
+            Metric::counter(
+                "commits_resent",
+                "Commits made again after a fault kept them from the metadata node",
+                n(&s.commits_resent),
+            ),
+            Metric::gauge(
+                "commits_owed",
+                "Closed files whose size the metadata node has not taken yet",
+                self.owed.len() as u64,
             ),
             Metric::counter(
                 "xattr_requests",
