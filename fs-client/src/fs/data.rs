@@ -436,16 +436,40 @@ impl<B: Backend> Rfs<B> {
             };
             return self.read_replicas(replicas, s.offset_in_chunk, len, Box::new(answer));
         }
-        // Pieces on one node, one copy each (the common case: a read crossing a chunk
-        // boundary): gathered where they land, and answered from there.
-        if let Some(chunks) = single_copies_on_one_node(&refs) {
+        // Pieces that all have a copy on one node (the common case: a read crossing a chunk
+        // boundary): gathered where they land, and answered from there. Should that node fail
+        // to answer, a replicated file's pieces are read again each from its other copies.
+        if let Some(chunks) = self.copies_on_one_node(&refs) {
             let pieces: Vec<_> = segs
                 .iter()
                 .zip(chunks)
                 .map(|(s, c)| (c, s.offset_in_chunk, s.len))
                 .collect();
-            return self.backend.read_gathered(&pieces, Box::new(answer));
+            let replicated = refs.iter().flatten().any(|r| r.len() > 1);
+            let fs = self.clone();
+            return self.backend.read_gathered(
+                &pieces,
+                Box::new(move |r: Result<&[u8]>| match r {
+                    Err(e) if replicated && !e.is_stale() => {
+                        log::warn!("{e}: reading the other replicas");
+                        ClientStats::add(&fs.stats.failovers, 1);
+                        fs.read_pieces(&segs, refs, len, Box::new(answer))
+                    }
+                    r => answer(r),
+                }),
+            );
         }
+        self.read_pieces(&segs, refs, len, Box::new(answer));
+    }
+
+    /// A read of several chunks, each piece from its own replicas, put together in a buffer.
+    fn read_pieces(
+        self: &Arc<Self>,
+        segs: &[Segment],
+        refs: Vec<Option<Replicas>>,
+        len: usize,
+        answer: DataDone,
+    ) {
         let buf = Arc::new(Mutex::new(vec![0u8; len]));
         let job = {
             let buf = buf.clone();
@@ -476,6 +500,29 @@ impl<B: Backend> Rfs<B> {
                 }),
             );
         }
+    }
+
+    /// The node to gather a read of several chunks from, as the copy of each chunk there: one
+    /// that holds a granted copy of every chunk (none for a hole). Where several do, they
+    /// take turns, as replicas do for single reads, and a node that failed moments ago is
+    /// not chosen.
+    fn copies_on_one_node(&self, refs: &[Option<Replicas>]) -> Option<Vec<ChunkRef>> {
+        let candidates: Vec<u32> = refs
+            .first()?
+            .as_ref()?
+            .iter()
+            .filter(|c| c.rkey != 0)
+            .map(|c| c.node)
+            .collect();
+        let choice = candidates.len() > 1;
+        let turn = match choice {
+            true => self.next_replica.fetch_add(1, Ordering::Relaxed),
+            false => 0,
+        };
+        (0..candidates.len())
+            .map(|k| candidates[(turn + k) % candidates.len()])
+            .filter(|&node| !(choice && self.backend.is_down(node)))
+            .find_map(|node| copies_on(refs, node))
     }
 
     /// After a transfer of `ino` failed for a `stale` reference: once the attempt's pause is
@@ -740,18 +787,16 @@ impl<B: Backend> Rfs<B> {
     }
 }
 
-/// The one copy of each chunk, if every chunk has exactly one, granted, and all are on one node
-/// (holes and replicated files: None).
-fn single_copies_on_one_node(refs: &[Option<Replicas>]) -> Option<Vec<ChunkRef>> {
-    let chunks: Vec<ChunkRef> = refs
-        .iter()
-        .map(|r| match r.as_deref() {
-            Some(&[c]) if c.rkey != 0 => Some(c),
-            _ => None,
+/// The granted copy on `node` of every chunk, if each has one there (a hole has none).
+fn copies_on(refs: &[Option<Replicas>], node: u32) -> Option<Vec<ChunkRef>> {
+    refs.iter()
+        .map(|r| {
+            r.as_ref()?
+                .iter()
+                .find(|c| c.node == node && c.rkey != 0)
+                .copied()
         })
-        .collect::<Option<_>>()?;
-    let node = chunks.first()?.node;
-    chunks.iter().all(|c| c.node == node).then_some(chunks)
+        .collect()
 }
 
 /// The error of a replica our session was not granted (the metadata node does not know the

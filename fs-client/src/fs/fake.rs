@@ -52,6 +52,8 @@ struct State {
     gathered_reads: usize,
     /// Every chunk on node 0 (else they take turns between the nodes).
     one_node: bool,
+    /// Every chunk on both nodes.
+    mirrored: bool,
 }
 
 /// A write the fake holds back, as a slow network would.
@@ -203,6 +205,13 @@ impl FakeCluster {
         Arc::new(c)
     }
 
+    /// A cluster of two data nodes that each hold a copy of every chunk.
+    pub(crate) fn mirrored() -> Arc<FakeCluster> {
+        let c = FakeCluster::default();
+        c.state.lock().unwrap().mirrored = true;
+        Arc::new(c)
+    }
+
     /// A cluster whose only data node is node 0.
     pub(crate) fn on_one_node() -> Arc<FakeCluster> {
         let c = FakeCluster::default();
@@ -334,6 +343,7 @@ impl FakeCluster {
             Request::Allocate(m) if st.pool_full => answer(m, Err(Errno::ENOSPC)),
             Request::Allocate(m) => {
                 let (copies, nodes) = match st.replicas {
+                    _ if st.mirrored => (2, 2),
                     0 if st.one_node => (1, 1),
                     0 => (1, NODES as u64),
                     n => (n, n as u64 + 1),

@@ -301,6 +301,40 @@ fn the_stats_file_reads_and_refuses_writes() {
     assert_eq!(e.errno(), Errno::EACCES);
 }
 
+/// A replicated file whose chunks all have a copy on one node is gathered from there too,
+/// the nodes that hold them all taking turns. When the chosen node fails to answer, each piece
+/// is read again from its other copies, and the read is answered whole.
+#[test]
+fn replicated_reads_are_gathered_from_a_node_with_every_chunk_and_fail_over_piece_by_piece() {
+    let cluster = FakeCluster::mirrored();
+    let fs = client(&cluster);
+    let ino = create(&fs, "f");
+    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+    let data = pattern(3 * CHUNK as usize, 5);
+    write(&fs, ino, 0, &data).unwrap();
+    for i in 0..3 {
+        assert_eq!(cluster.replicas(ino, i).len(), 2, "chunk {i}");
+    }
+    let (from, len) = (CHUNK as usize / 2, 2 * CHUNK as usize);
+    let before = cluster.gathered_reads();
+    for _ in 0..4 {
+        assert!(read(&fs, ino, from as u64, len).unwrap() == data[from..from + len]);
+    }
+    assert_eq!(cluster.gathered_reads() - before, 4, "every read gathered");
+
+    cluster.fail_node(Some(1));
+    for _ in 0..4 {
+        assert!(read(&fs, ino, from as u64, len).unwrap() == data[from..from + len]);
+    }
+    let stats = fs.stats_text();
+    assert!(stats.contains("io_errors 0\n"), "{stats}");
+    assert!(
+        !stats.contains("failovers 0\n"),
+        "node 1 was chosen: {stats}"
+    );
+    fs.release(fh).unwrap();
+}
+
 #[test]
 fn reads_fail_over_between_replicas_and_writes_drop_the_ones_they_miss() {
     let cluster = FakeCluster::with_replicas(2);
