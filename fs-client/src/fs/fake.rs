@@ -36,6 +36,8 @@ struct State {
     metadata_down: bool,
     /// Calls fail as over a lost connection, reaching nothing.
     unreachable: bool,
+    /// Commits are answered EIO, unapplied, as by a node they reached too late.
+    commits_late: bool,
     /// Handles held, by inode: a commit needs one, as on the metadata node.
     held: HashMap<Ino, u32>,
     /// Times every key was taken back: maps hand out key `revocations + 1`, and a transfer
@@ -129,6 +131,17 @@ impl FakeCluster {
     /// Has every call fail as over a lost connection (or get through again).
     pub(crate) fn unreachable(&self, unreachable: bool) {
         self.state.lock().unwrap().unreachable = unreachable;
+    }
+
+    /// Has commits answered EIO and not applied, as a node answers calls that reach it too
+    /// late (or has them applied again).
+    pub(crate) fn commits_late(&self, late: bool) {
+        self.state.lock().unwrap().commits_late = late;
+    }
+
+    /// Cuts `ino` to `size`, as another client's truncate would, without callbacks.
+    pub(crate) fn cut(&self, ino: Ino, size: u64) {
+        self.state.lock().unwrap().files.get_mut(&ino).unwrap().size = size;
     }
 
     /// Has allocations refused with ENOSPC (or granted again).
@@ -317,6 +330,7 @@ impl FakeCluster {
                 }
                 answer(m, Ok(m.handles.len() as u32))
             }
+            Request::Commit(m) if st.commits_late => answer(m, Err(Errno::EIO)),
             Request::Commit(m) if st.held.get(&m.ino).copied().unwrap_or(0) == 0 => {
                 answer(m, Err(Errno::EBADF))
             }

@@ -10,6 +10,7 @@ use rfs_proto::types::{Attr, Caller, FileKind, Ino, Owner, Timestamp, MAY_WRITE}
 
 use super::backend::Backend;
 use super::error::Result;
+use super::owed::worth_retrying;
 use super::stats::{ClientStats, STATS_INO};
 use super::Rfs;
 
@@ -33,6 +34,14 @@ pub(crate) struct OpenFile {
 }
 
 impl OpenFile {
+    pub(crate) fn is_dirty(&self) -> bool {
+        self.dirty
+    }
+
+    pub(crate) fn committed(&self) -> u64 {
+        self.committed
+    }
+
     /// Whether our size may be ahead of the metadata node's.
     fn ahead(&self) -> bool {
         self.dirty || self.committing > 0
@@ -244,7 +253,7 @@ impl<B: Backend> Rfs<B> {
             return Ok(()); // the stats file, or an unknown handle
         };
         let committed = self.commit_reporting(ino, access & MAY_WRITE != 0);
-        let fault = committed.as_ref().is_err_and(|e| e.is_fault());
+        let fault = committed.as_ref().is_err_and(worth_retrying);
         let mut handles = self.handles.lock().unwrap();
         handles.remove(&fh);
         let (allocated, owed) = {
@@ -270,6 +279,20 @@ impl<B: Backend> Rfs<B> {
         // made before: its last close may give back chunks allocated ahead.
         let released = self.close_handle(ino, access, allocated);
         committed.and(released)
+    }
+
+    /// Our size and mtime of `ino` will not be committed (the file is gone, or was cut
+    /// elsewhere to `cut`): the node's hold.
+    pub(crate) fn uncommitted_dropped(&self, ino: Ino, cut: Option<u64>) {
+        let mut open = self.open.lock().unwrap();
+        if let Some(f) = open.get_mut(&ino) {
+            f.dirty = false;
+            f.committed = cut.unwrap_or(f.committed);
+            f.size = f.committed;
+            if f.handles == 0 && !f.ahead() {
+                open.remove(&ino);
+            }
+        }
     }
 
     /// Our uncommitted writes make a file look larger to us than to the server.

@@ -6,16 +6,20 @@
 //! that restarts takes it again), and the commit is made again from a thread of its own: at
 //! once when the metadata connection comes back, else after a pause doubling from
 //! [`FIRST_PAUSE`] to [`LAST_PAUSE`]. Once it goes through, the handle goes back. A commit the
-//! node answers with an error of the file system's (the file is gone) is not made again. At
-//! unmount each is tried once more, and what still fails is logged.
+//! node answers with an error of the file system's (the file is gone) is not made again, nor
+//! one over a cut made elsewhere meanwhile. At unmount each is tried once more, and what still
+//! fails is logged.
 
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use rfs_proto::message::GetAttr;
 use rfs_proto::types::Ino;
+use rfs_proto::Errno;
 
 use super::backend::Backend;
+use super::error::{Error, Result};
 use super::stats::ClientStats;
 use super::Rfs;
 
@@ -117,27 +121,60 @@ impl<B: Backend> Rfs<B> {
     }
 
     /// Commits each owed file and gives its handle back; returns how many are still owed.
+    /// A round ends at the first commit that must wait: the others wait for the same node.
     fn commit_owed(self: &Arc<Self>) -> usize {
         let _round = self.owed.round.lock().unwrap();
         let owed = self.owed.closes.lock().unwrap().clone();
         for c in owed {
-            match self.commit_size(c.ino) {
-                Ok(()) => ClientStats::add(&self.stats.commits_resent, 1),
-                Err(e) if e.is_fault() => continue,
-                Err(e) => log::warn!("inode {}: commit not taken ({e}); given up", c.ino),
-            }
-            {
-                let mut owed = self.owed.closes.lock().unwrap();
-                if let Some(i) = owed.iter().position(|o| *o == c) {
-                    owed.remove(i);
+            match self.commit_owed_file(c.ino) {
+                Ok(true) => ClientStats::add(&self.stats.commits_resent, 1),
+                Ok(false) => {}
+                Err(e) if worth_retrying(&e) => break,
+                Err(e) => {
+                    log::warn!("inode {}: commit not taken ({e}); given up", c.ino);
+                    self.uncommitted_dropped(c.ino, None);
                 }
             }
+            // Listed as a close before it is no longer owed: a node that restarts meanwhile
+            // takes the handle again (at worst twice, never not at all).
             if let Err(e) = self.close_handle(c.ino, c.access, c.allocated) {
                 log::warn!("inode {}: handle not given back ({e})", c.ino);
+            }
+            let mut owed = self.owed.closes.lock().unwrap();
+            if let Some(i) = owed.iter().position(|o| *o == c) {
+                owed.remove(i);
             }
         }
         self.owed.len()
     }
+
+    /// Makes the commit owed of `ino`, if it still is: whether one was sent. Callbacks missed
+    /// while the connection was down may have said that another client cut the file short
+    /// (commits only grow a file, so a size below what the node had is a cut): the cut holds,
+    /// as it would have over our uncommitted writes, and nothing is committed over it.
+    fn commit_owed_file(&self, ino: Ino) -> Result<bool> {
+        let known = match self.open.lock().unwrap().get(&ino) {
+            Some(f) if f.is_dirty() => f.committed(),
+            _ => return Ok(false),
+        };
+        let node = self.call(GetAttr { ino })?;
+        if node.size < known {
+            log::warn!(
+                "inode {ino}: cut to {} bytes elsewhere while its commit was owed; the cut holds",
+                node.size
+            );
+            self.uncommitted_dropped(ino, Some(node.size));
+            return Ok(false);
+        }
+        self.commit_size(ino).map(|()| true)
+    }
+}
+
+/// Whether a commit that failed may go through when made again: a fault (the node unreachable
+/// or silent), or EIO from the node itself, its answer to a call that reached it too late to
+/// be applied (or that it could not make durable).
+pub(crate) fn worth_retrying(e: &Error) -> bool {
+    e.is_fault() || e.errno() == Errno::EIO
 }
 
 /// Retries owed commits until none is owed, pausing longer after each round that left some,

@@ -1078,3 +1078,54 @@ fn owed_commits_are_retried_on_a_timer_and_given_up_for_a_file_that_is_gone() {
     assert_eq!(released, vec![(kept, RW), (gone, RW)]);
     assert!(fs.stats_text().contains("commits_resent 1\n"));
 }
+
+/// The node answers EIO itself to a commit that reached it too late to be applied (it stayed
+/// stopped while the call waited): that commit is owed too, not lost.
+#[test]
+fn a_commit_the_node_answered_too_late_to_apply_is_owed_too() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    let ino = create(&fs, "f");
+    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+    write(&fs, ino, 0, &pattern(3000, 4)).unwrap();
+    cluster.commits_late(true);
+    assert_eq!(fs.release(fh).unwrap_err().errno(), Errno::EIO);
+    assert!(fs.open_handles().contains(&(ino, RW)));
+    cluster.commits_late(false);
+    fs.retry_owed_now();
+    let t = std::time::Instant::now();
+    while !fs.stats_text().contains("commits_owed 0\n") {
+        assert!(t.elapsed().as_secs() < 10, "not made again");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(cluster.size(ino), 3000);
+}
+
+/// Another client cut the file short while our commit was owed, and the callback saying so
+/// was lost with the connection: the cut holds, and the owed commit does not grow the file
+/// back over it.
+#[test]
+fn an_owed_commit_does_not_undo_a_cut_made_elsewhere_meanwhile() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    let ino = create(&fs, "f");
+    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+    write(&fs, ino, 0, &pattern(5000, 4)).unwrap();
+    fs.commit(ino).unwrap();
+    write(&fs, ino, 5000, &pattern(4000, 5)).unwrap();
+    cluster.unreachable(true);
+    assert!(fs.release(fh).is_err());
+    cluster.cut(ino, 100);
+    cluster.unreachable(false);
+    fs.retry_owed_now();
+    let t = std::time::Instant::now();
+    while !fs.stats_text().contains("commits_owed 0\n") {
+        assert!(t.elapsed().as_secs() < 10, "not retried");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    fs.closes_sent();
+    assert_eq!(cluster.size(ino), 100, "the cut holds");
+    assert_eq!(fs.getattr(ino).unwrap().size, 100);
+    assert!(fs.stats_text().contains("commits_resent 0\n"));
+    assert_eq!(cluster.released(), vec![(ino, RW)]);
+}
