@@ -97,8 +97,10 @@ fn a_restarted_metadata_node_comes_back_with_everything_it_answered() {
         "--state-dir",
         &dir_arg,
     ]);
-    let _first = MemServer::data(&meta, "96M", "1M");
-    let _second = MemServer::data(&meta, "96M", "1M");
+    // Room for every file the creator makes: each takes a chunk, and a quick machine makes
+    // 150 before the restart is over (192 MiB ran out once, failing a create with ENOSPC).
+    let _first = MemServer::data(&meta, "320M", "1M");
+    let _second = MemServer::data(&meta, "320M", "1M");
     let m = Mount::new(&meta, &["io_timeout=2"]);
     let other = Mount::new(&meta, &["io_timeout=2"]);
     fs::create_dir(m.path("d")).unwrap();
@@ -282,8 +284,9 @@ fn a_close_that_missed_a_stopped_metadata_node_commits_once_it_runs_again() {
         }
     };
     let took = start.elapsed();
-    // The kernel's release goes after the close; it fails too, later, on its own.
-    std::thread::sleep(Duration::from_secs(3));
+    // The kernel's release goes after the close; its commit fails too, later, on its own
+    // (2 s after it starts): the node resumes well after that.
+    std::thread::sleep(Duration::from_secs(4));
     rfs_e2e::resume(meta.pid());
     let e = closed.expect_err("the commit cannot reach a stopped node");
     assert_eq!(rfs_e2e::errno(&e), libc::EIO, "{e}");

@@ -49,9 +49,23 @@ pub(crate) struct Closes {
 }
 
 impl Closes {
-    /// Handles closed and not given back yet.
-    pub(crate) fn unanswered(&self) -> Vec<(Ino, u8)> {
-        self.unanswered.lock().unwrap().clone()
+    /// `f` of the handles closed and not given back yet, with their list held.
+    pub(crate) fn with_unanswered<R>(&self, f: impl FnOnce(&[(Ino, u8)]) -> R) -> R {
+        f(&self.unanswered.lock().unwrap())
+    }
+
+    /// Runs `take`, which takes a handle out of another list (and says whether it did), with
+    /// the closes' list held, so that nobody sees the handle in neither list or in both; then
+    /// lists it here as a close, if it was taken.
+    pub(crate) fn listed(&self, take: impl FnOnce() -> Option<(Ino, u8)>) -> bool {
+        let mut waiting = self.unanswered.lock().unwrap();
+        match take() {
+            Some(h) => {
+                waiting.push(h);
+                true
+            }
+            None => false,
+        }
     }
 
     fn answered(&self, handles: &[(Ino, u8)]) {
@@ -65,10 +79,15 @@ impl Closes {
 }
 
 impl<B: Backend> Rfs<B> {
-    /// Gives a handle of `ino` taken for `access` back to the metadata node: soon, together
-    /// with other closes, or (`now`) before returning, with every close made before it.
-    pub(crate) fn close_handle(self: &Arc<Self>, ino: Ino, access: u8, now: bool) -> Result<()> {
-        self.closes.unanswered.lock().unwrap().push((ino, access));
+    /// Gives a handle of `ino` taken for `access`, already listed as a close (see
+    /// [`Closes::listed`]), back to the metadata node: soon, together with other closes, or
+    /// (`now`) before returning, with every close made before it.
+    pub(crate) fn close_listed_handle(
+        self: &Arc<Self>,
+        ino: Ino,
+        access: u8,
+        now: bool,
+    ) -> Result<()> {
         let Some(queue) = self.closes_queue() else {
             let released = self.call(Release { ino, access });
             self.closes.answered(&[(ino, access)]);

@@ -118,7 +118,7 @@ impl<B: Backend> Rfs<B> {
         }
     }
 
-    fn kernel(&self, inval: KernelInval) {
+    pub(crate) fn kernel(&self, inval: KernelInval) {
         if let Some(k) = self.kernel.get() {
             let _ = k.send(inval);
         }

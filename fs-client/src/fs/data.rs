@@ -437,8 +437,9 @@ impl<B: Backend> Rfs<B> {
             return self.read_replicas(replicas, s.offset_in_chunk, len, Box::new(answer));
         }
         // Pieces that all have a copy on one node (the common case: a read crossing a chunk
-        // boundary): gathered where they land, and answered from there. Should that node fail
-        // to answer, a replicated file's pieces are read again each from its other copies.
+        // boundary): gathered where they land, and answered from there. Should that fail, a
+        // replicated file's pieces are read again each from its own copies (which report a
+        // stale reference themselves, if every copy of a piece had one).
         if let Some(chunks) = self.copies_on_one_node(&refs) {
             let pieces: Vec<_> = segs
                 .iter()
@@ -450,7 +451,7 @@ impl<B: Backend> Rfs<B> {
             return self.backend.read_gathered(
                 &pieces,
                 Box::new(move |r: Result<&[u8]>| match r {
-                    Err(e) if replicated && !e.is_stale() => {
+                    Err(e) if replicated => {
                         log::warn!("{e}: reading the other replicas");
                         ClientStats::add(&fs.stats.failovers, 1);
                         fs.read_pieces(&segs, refs, len, Box::new(answer))
@@ -504,8 +505,8 @@ impl<B: Backend> Rfs<B> {
 
     /// The node to gather a read of several chunks from, as the copy of each chunk there: one
     /// that holds a granted copy of every chunk (none for a hole). Where several do, they
-    /// take turns, as replicas do for single reads, and a node that failed moments ago is
-    /// not chosen.
+    /// take turns, as replicas do for single reads, among those we have a session with that
+    /// did not fail moments ago (a read does not dial a node while another copy will do).
     fn copies_on_one_node(&self, refs: &[Option<Replicas>]) -> Option<Vec<ChunkRef>> {
         let candidates: Vec<u32> = refs
             .first()?
@@ -521,7 +522,9 @@ impl<B: Backend> Rfs<B> {
         };
         (0..candidates.len())
             .map(|k| candidates[(turn + k) % candidates.len()])
-            .filter(|&node| !(choice && self.backend.is_down(node)))
+            .filter(|&node| {
+                !choice || (self.backend.is_connected(node) && !self.backend.is_down(node))
+            })
             .find_map(|node| copies_on(refs, node))
     }
 

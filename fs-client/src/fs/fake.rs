@@ -32,6 +32,9 @@ struct State {
     /// Handles given back, as (inode, access), in order.
     released: Vec<(Ino, u8)>,
     failing_node: Option<u32>,
+    /// Our session with this node is gone: transfers to it fail as over a closed session
+    /// (a stale reference), and, if noticed, it reads as not connected.
+    lost_session: Option<(u32, bool)>,
     /// The metadata connection reads as down (calls still get through).
     metadata_down: bool,
     /// Calls fail as over a lost connection, reaching nothing.
@@ -152,6 +155,11 @@ impl FakeCluster {
     /// Makes every transfer to `node` fail (None: none).
     pub(crate) fn fail_node(&self, node: Option<u32>) {
         self.state.lock().unwrap().failing_node = node;
+    }
+
+    /// Has our session with `node` be gone (None: none), `noticed` or not yet.
+    pub(crate) fn lose_session(&self, lost: Option<(u32, bool)>) {
+        self.state.lock().unwrap().lost_session = lost;
     }
 
     /// Takes back every key handed out, as data nodes do when their metadata node restarts.
@@ -415,6 +423,9 @@ impl FakeCluster {
         if st.failing_node == Some(chunk.node) {
             return Err(Error::new(Errno::EIO, "injected failure"));
         }
+        if st.lost_session.is_some_and(|(node, _)| node == chunk.node) {
+            return Err(Error::data(chunk.node, &rdmabox::IoError::Closed));
+        }
         if chunk.rkey != st.key() || st.refuse_every_key {
             let refused = rdmabox::IoError::Transport(WcStatus::RemoteAccessError);
             return Err(Error::data(chunk.node, &refused));
@@ -470,8 +481,8 @@ impl MetadataChannel for Fake {
 }
 
 impl Backend for Fake {
-    fn is_connected(&self, _node: u32) -> bool {
-        true
+    fn is_connected(&self, node: u32) -> bool {
+        self.0.state.lock().unwrap().lost_session != Some((node, true))
     }
 
     fn is_down(&self, _node: u32) -> bool {

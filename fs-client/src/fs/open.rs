@@ -9,6 +9,7 @@ use rfs_proto::message::{Commit, Create, Open};
 use rfs_proto::types::{Attr, Caller, FileKind, Ino, Owner, Timestamp, MAY_WRITE};
 
 use super::backend::Backend;
+use super::coherence::KernelInval;
 use super::error::Result;
 use super::owed::worth_retrying;
 use super::stats::{ClientStats, STATS_INO};
@@ -36,10 +37,6 @@ pub(crate) struct OpenFile {
 impl OpenFile {
     pub(crate) fn is_dirty(&self) -> bool {
         self.dirty
-    }
-
-    pub(crate) fn committed(&self) -> u64 {
-        self.committed
     }
 
     /// Whether our size may be ahead of the metadata node's.
@@ -164,13 +161,15 @@ impl<B: Backend> Rfs<B> {
 
     /// Every handle open, as (inode, access), with those closed and not yet given back.
     pub(crate) fn open_handles(&self) -> Vec<(Ino, u8)> {
+        // Every list held at once: a handle moves from one to the next (open, owed, closing)
+        // under the locks of both, so it is listed exactly once.
         let handles = self.handles.lock().unwrap();
-        let mut all: Vec<_> = handles.values().copied().collect();
-        // Under the handles' lock: a release moves its handle from there to the owed ones.
-        all.extend(self.owed.handles());
-        drop(handles);
-        all.extend(self.closes.unanswered());
-        all
+        self.closes.with_unanswered(|closing| {
+            let mut all: Vec<_> = handles.values().copied().collect();
+            all.extend(self.owed.handles());
+            all.extend_from_slice(closing);
+            all
+        })
     }
 
     /// Whether this client holds a handle of `ino` open for writing.
@@ -252,47 +251,58 @@ impl<B: Backend> Rfs<B> {
         let Some(&(ino, access)) = self.handles.lock().unwrap().get(&fh) else {
             return Ok(()); // the stats file, or an unknown handle
         };
-        let committed = self.commit_reporting(ino, access & MAY_WRITE != 0);
-        let fault = committed.as_ref().is_err_and(worth_retrying);
+        let landed = self.behind.drain(ino, access & MAY_WRITE != 0);
+        let commit = self.commit_size(ino);
+        let fault = commit.as_ref().is_err_and(worth_retrying);
+        let committed = landed.and(commit);
         let mut handles = self.handles.lock().unwrap();
         handles.remove(&fh);
-        let (allocated, owed) = {
+        let (allocated, known, owed) = {
             let mut open = self.open.lock().unwrap();
-            let (allocated, ahead, last) = match open.get_mut(&ino) {
+            let (allocated, known, ahead, last) = match open.get_mut(&ino) {
                 Some(f) => {
                     f.handles -= 1;
-                    (f.allocated, f.ahead(), f.handles == 0)
+                    (f.allocated, f.committed, f.ahead(), f.handles == 0)
                 }
-                None => (false, false, false),
+                None => (false, 0, false, false),
             };
             if last && !ahead {
                 open.remove(&ino);
             }
-            (allocated, fault && ahead)
+            (allocated, known, fault && ahead)
         };
         if owed {
-            self.owe_commit(ino, access, allocated);
+            self.owe_commit(ino, access, allocated, known);
             return committed;
         }
+        // From open to closing under both lists' locks (see `open_handles`).
+        self.closes.listed(|| Some((ino, access)));
         drop(handles);
         // A file we had chunks allocated for goes back at once, and after the closes of it
         // made before: its last close may give back chunks allocated ahead.
-        let released = self.close_handle(ino, access, allocated);
+        let released = self.close_listed_handle(ino, access, allocated);
         committed.and(released)
     }
 
-    /// Our size and mtime of `ino` will not be committed (the file is gone, or was cut
-    /// elsewhere to `cut`): the node's hold.
+    /// Our size and mtime of `ino` will not be committed: the file is gone, or (`cut`) was cut
+    /// elsewhere to that size. The node's size holds, and the kernel drops what it cached of
+    /// ours; but while the file is open here, writes made since are kept for its next commit.
     pub(crate) fn uncommitted_dropped(&self, ino: Ino, cut: Option<u64>) {
-        let mut open = self.open.lock().unwrap();
-        if let Some(f) = open.get_mut(&ino) {
-            f.dirty = false;
+        {
+            let mut open = self.open.lock().unwrap();
+            let Some(f) = open.get_mut(&ino) else { return };
             f.committed = cut.unwrap_or(f.committed);
+            if f.handles > 0 {
+                return;
+            }
+            f.dirty = false;
             f.size = f.committed;
-            if f.handles == 0 && !f.ahead() {
+            if !f.ahead() {
                 open.remove(&ino);
             }
         }
+        self.pages_changed(ino);
+        self.kernel(KernelInval::Inode { ino, data: true });
     }
 
     /// Our uncommitted writes make a file look larger to us than to the server.

@@ -35,6 +35,9 @@ struct OwedClose {
     access: u8,
     /// Chunks were allocated for the file while it was open here (see `closes`).
     allocated: bool,
+    /// The size the node had, as far as we knew at the close: a smaller one later can only be
+    /// a cut made elsewhere (commits only grow a file).
+    known: u64,
 }
 
 /// What wakes the retrying thread.
@@ -76,11 +79,12 @@ impl Owed {
 impl<B: Backend> Rfs<B> {
     /// Keeps a closed handle of `ino` until the commit that failed goes through. Called with
     /// the handles' lock held, so that the handle is listed either open or owed throughout.
-    pub(crate) fn owe_commit(self: &Arc<Self>, ino: Ino, access: u8, allocated: bool) {
+    pub(crate) fn owe_commit(self: &Arc<Self>, ino: Ino, access: u8, allocated: bool, known: u64) {
         self.owed.closes.lock().unwrap().push(OwedClose {
             ino,
             access,
             allocated,
+            known,
         });
         log::warn!("inode {ino}: its size will be committed once the metadata node answers");
         self.owed.wake.get_or_init(|| {
@@ -126,7 +130,7 @@ impl<B: Backend> Rfs<B> {
         let _round = self.owed.round.lock().unwrap();
         let owed = self.owed.closes.lock().unwrap().clone();
         for c in owed {
-            match self.commit_owed_file(c.ino) {
+            match self.commit_owed_file(c.ino, c.known) {
                 Ok(true) => ClientStats::add(&self.stats.commits_resent, 1),
                 Ok(false) => {}
                 Err(e) if worth_retrying(&e) => break,
@@ -135,14 +139,19 @@ impl<B: Backend> Rfs<B> {
                     self.uncommitted_dropped(c.ino, None);
                 }
             }
-            // Listed as a close before it is no longer owed: a node that restarts meanwhile
-            // takes the handle again (at worst twice, never not at all).
-            if let Err(e) = self.close_handle(c.ino, c.access, c.allocated) {
-                log::warn!("inode {}: handle not given back ({e})", c.ino);
+            // From owed to closing at once: a node that restarts meanwhile is told of the
+            // handle exactly once.
+            let listed = self.closes.listed(|| {
+                let mut owed = self.owed.closes.lock().unwrap();
+                let at = owed.iter().position(|o| *o == c)?;
+                owed.remove(at);
+                Some((c.ino, c.access))
+            });
+            if !listed {
+                continue;
             }
-            let mut owed = self.owed.closes.lock().unwrap();
-            if let Some(i) = owed.iter().position(|o| *o == c) {
-                owed.remove(i);
+            if let Err(e) = self.close_listed_handle(c.ino, c.access, c.allocated) {
+                log::warn!("inode {}: handle not given back ({e})", c.ino);
             }
         }
         self.owed.len()
@@ -150,13 +159,18 @@ impl<B: Backend> Rfs<B> {
 
     /// Makes the commit owed of `ino`, if it still is: whether one was sent. Callbacks missed
     /// while the connection was down may have said that another client cut the file short
-    /// (commits only grow a file, so a size below what the node had is a cut): the cut holds,
-    /// as it would have over our uncommitted writes, and nothing is committed over it.
-    fn commit_owed_file(&self, ino: Ino) -> Result<bool> {
-        let known = match self.open.lock().unwrap().get(&ino) {
-            Some(f) if f.is_dirty() => f.committed(),
-            _ => return Ok(false),
-        };
+    /// (below `known`, the node's size at the close): the cut holds, as it would have over
+    /// our uncommitted writes, and nothing is committed over it.
+    fn commit_owed_file(&self, ino: Ino, known: u64) -> Result<bool> {
+        if !self
+            .open
+            .lock()
+            .unwrap()
+            .get(&ino)
+            .is_some_and(|f| f.is_dirty())
+        {
+            return Ok(false);
+        }
         let node = self.call(GetAttr { ino })?;
         if node.size < known {
             log::warn!(

@@ -335,6 +335,43 @@ fn replicated_reads_are_gathered_from_a_node_with_every_chunk_and_fail_over_piec
     fs.release(fh).unwrap();
 }
 
+/// A node whose session with us is gone answers a gather with a stale reference: the pieces
+/// are read from their other copies at once (not the whole read again after a pause, with a
+/// fresh map that lists the same node), and once the loss is known, that node is not chosen.
+#[test]
+fn a_replicated_gather_from_a_node_whose_session_is_gone_reads_the_other_copies() {
+    let cluster = FakeCluster::mirrored();
+    let fs = client(&cluster);
+    let ino = create(&fs, "f");
+    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+    let data = pattern(3 * CHUNK as usize, 6);
+    write(&fs, ino, 0, &data).unwrap();
+    let (from, len) = (CHUNK as usize / 2, 2 * CHUNK as usize);
+    for noticed in [false, true] {
+        cluster.lose_session(Some((1, noticed)));
+        let before = cluster.gathered_reads();
+        for _ in 0..4 {
+            assert!(read(&fs, ino, from as u64, len).unwrap() == data[from..from + len]);
+        }
+        let stats = fs.stats_text();
+        assert!(stats.contains("retries 0\n"), "{stats}");
+        assert!(stats.contains("io_errors 0\n"), "{stats}");
+        if noticed {
+            assert_eq!(cluster.gathered_reads() - before, 4, "all from node 0");
+        }
+    }
+    let failovers = |fs: &Rfs<Fake>| {
+        let stats = fs.stats_text();
+        let line = stats.lines().find(|l| l.starts_with("failovers ")).unwrap();
+        line[10..].parse::<u64>().unwrap()
+    };
+    let seen = failovers(&fs);
+    assert!(seen > 0, "node 1 was chosen while its loss was not known");
+    read(&fs, ino, from as u64, len).unwrap();
+    assert_eq!(failovers(&fs), seen, "not chosen once known");
+    fs.release(fh).unwrap();
+}
+
 #[test]
 fn reads_fail_over_between_replicas_and_writes_drop_the_ones_they_miss() {
     let cluster = FakeCluster::with_replicas(2);
@@ -1117,6 +1154,8 @@ fn an_owed_commit_does_not_undo_a_cut_made_elsewhere_meanwhile() {
     assert!(fs.release(fh).is_err());
     cluster.cut(ino, 100);
     cluster.unreachable(false);
+    // A getattr answered after the reconnection, before the retry: it must not hide the cut.
+    assert_eq!(fs.getattr(ino).unwrap().size, 9000, "ours, still ahead");
     fs.retry_owed_now();
     let t = std::time::Instant::now();
     while !fs.stats_text().contains("commits_owed 0\n") {
