@@ -54,9 +54,9 @@ impl Closes {
         f(&self.unanswered.lock().unwrap())
     }
 
-    /// Runs `take`, which takes a handle out of another list (and says whether it did), with
+    /// Runs `take`, which takes a handle out of another list (None: it was not there), with
     /// the closes' list held, so that nobody sees the handle in neither list or in both; then
-    /// lists it here as a close, if it was taken.
+    /// lists it here as a close, if it was taken, and says whether it was.
     pub(crate) fn listed(&self, take: impl FnOnce() -> Option<(Ino, u8)>) -> bool {
         let mut waiting = self.unanswered.lock().unwrap();
         match take() {
