@@ -1168,3 +1168,38 @@ fn an_owed_commit_does_not_undo_a_cut_made_elsewhere_meanwhile() {
     assert!(fs.stats_text().contains("commits_resent 0\n"));
     assert_eq!(cluster.released(), vec![(ino, RW)]);
 }
+
+/// A cut found by an owed commit's retry drops nothing that another handle still open here
+/// wrote: those writes wait for that handle's commit.
+#[test]
+fn a_cut_found_by_an_owed_commit_keeps_what_a_handle_still_open_wrote() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    let ino = create(&fs, "f");
+    let (a, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+    let (b, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+    write(&fs, ino, 0, &pattern(5000, 4)).unwrap();
+    fs.commit(ino).unwrap();
+    write(&fs, ino, 5000, &pattern(1000, 4)).unwrap();
+    cluster.unreachable(true);
+    assert!(fs.release(a).is_err());
+    cluster.cut(ino, 100);
+    cluster.unreachable(false);
+    write(&fs, ino, 100, &pattern(900, 5)).unwrap();
+    fs.retry_owed_now();
+    let t = std::time::Instant::now();
+    while !fs.stats_text().contains("commits_owed 0\n") {
+        assert!(t.elapsed().as_secs() < 10, "not retried");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(
+        cluster.size(ino),
+        100,
+        "the retry committed nothing over the cut"
+    );
+    fs.release(b).unwrap();
+    assert!(
+        cluster.size(ino) >= 1000,
+        "b's write was committed at its close"
+    );
+}
