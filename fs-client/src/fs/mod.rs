@@ -36,7 +36,7 @@ mod tests;
 use std::collections::HashMap;
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicU64, AtomicUsize};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
 use rfs_proto::message::{
@@ -73,6 +73,8 @@ pub struct Rfs<B: Backend = Client> {
     /// Where invalidations of the kernel's caches go (set once mounted).
     kernel: OnceLock<crossbeam_channel::Sender<KernelInval>>,
     open: Mutex<HashMap<Ino, OpenFile>>,
+    /// Signalled when a commit is answered (see [`OpenFile`]'s `committing`).
+    commit_answered: Condvar,
     /// The version (size, mtime, ctime) each file had when the kernel last cached its pages
     /// here; kept until a callback or a lost connection says the pages may be stale.
     page_versions: Mutex<HashMap<Ino, PageVersion>>,
@@ -125,6 +127,7 @@ impl<B: Backend> Rfs<B> {
             lease,
             kernel: OnceLock::new(),
             open: Mutex::new(HashMap::new()),
+            commit_answered: Condvar::new(),
             page_versions: Mutex::new(HashMap::new()),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
@@ -275,6 +278,9 @@ impl<B: Backend> Rfs<B> {
         if let Some(new) = changes.size {
             // A failed write is left for the writer's flush or fsync to hear of.
             self.commit_reporting(ino, false)?;
+            // A commit made before, on another thread (an owed one's retry), must not land
+            // after the cut and grow the file back over it.
+            self.commits_answered(ino);
             let old = self.getattr(ino)?.size;
             if new < old {
                 self.zero_tail(ino, new, old)?;

@@ -231,6 +231,7 @@ impl<B: Backend> Rfs<B> {
         // Kept while committing: `release` leaves a file that is ahead of the node.
         if let Some(f) = open.get_mut(&ino) {
             f.committing -= 1;
+            self.commit_answered.notify_all();
             match committed {
                 Ok(_) => f.committed = f.committed.max(size),
                 Err(_) => f.dirty = true,
@@ -240,6 +241,14 @@ impl<B: Backend> Rfs<B> {
             }
         }
         committed.map(drop)
+    }
+
+    /// Waits until no commit of `ino` is on its way (each ends within its call's deadline).
+    pub(crate) fn commits_answered(&self, ino: Ino) {
+        let mut open = self.open.lock().unwrap();
+        while open.get(&ino).is_some_and(|f| f.committing > 0) {
+            open = self.commit_answered.wait(open).unwrap();
+        }
     }
 
     /// Closes handle `fh`: commits (reporting a failed write to a handle that may write),

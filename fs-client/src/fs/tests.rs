@@ -1203,3 +1203,55 @@ fn a_cut_found_by_an_owed_commit_keeps_what_a_handle_still_open_wrote() {
         "b's write was committed at its close"
     );
 }
+
+/// Waits until no commit is owed.
+fn owed_commits_made(fs: &Arc<Rfs<Fake>>) {
+    let t = std::time::Instant::now();
+    while !fs.stats_text().contains("commits_owed 0\n") {
+        assert!(t.elapsed().as_secs() < 10, "not retried");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// An application that truncates the file (after its close said EIO) while the owed commit's
+/// retry is on its way: the truncate waits for that commit, so the commit cannot land after
+/// the cut and grow the file back over it.
+#[test]
+fn a_truncate_waits_for_an_owed_commit_on_its_way() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    let ino = create(&fs, "f");
+    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+    write(&fs, ino, 0, &pattern(9000, 4)).unwrap();
+    cluster.unreachable(true);
+    assert!(fs.release(fh).is_err());
+    let truncating = Arc::new(Mutex::new(None));
+    {
+        let (fs, truncating) = (fs.clone(), truncating.clone());
+        cluster.before_next_commit(Box::new(move || {
+            let t = std::thread::spawn(move || {
+                let cut = AttrChanges {
+                    size: Some(0),
+                    ..AttrChanges::default()
+                };
+                fs.setattr(ino, cut, &ROOT_CALLER).map(|a| a.size)
+            });
+            *truncating.lock().unwrap() = Some(t);
+            // The truncate's SetAttr would reach the node first without the wait.
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }));
+    }
+    cluster.unreachable(false);
+    fs.retry_owed_now();
+    owed_commits_made(&fs);
+    let t = std::time::Instant::now();
+    let truncate = loop {
+        if let Some(t) = truncating.lock().unwrap().take() {
+            break t;
+        }
+        assert!(t.elapsed().as_secs() < 10, "no commit was retried");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    assert_eq!(truncate.join().unwrap().unwrap(), 0);
+    assert_eq!(cluster.size(ino), 0, "the truncate came after the commit");
+}
