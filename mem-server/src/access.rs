@@ -142,6 +142,7 @@ mod tests {
             atime: t,
             mtime: t,
             ctime: t,
+            cuts: 0,
         }
     }
 

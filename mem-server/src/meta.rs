@@ -1223,7 +1223,7 @@ impl MetaService {
                 // Through any handle: close(2) of a read-only descriptor flushes what the
                 // client's writers left uncommitted, and may come after their release.
                 let r = match open.get(&m.ino) {
-                    Some(_) => ns.commit(m.ino, m.size, m.mtime),
+                    Some(_) => ns.commit(m.ino, m.size, m.mtime, m.cuts),
                     None => Err(Errno::EBADF),
                 };
                 r.is_ok().then(|| fx.change.inodes.push((m.ino, true)));

@@ -77,6 +77,7 @@ impl Namespace {
                 atime: t,
                 mtime: t,
                 ctime: t,
+                cuts: 0,
             },
             data: Data::Dir {
                 entries: BTreeMap::new(),
@@ -227,6 +228,7 @@ impl Namespace {
             atime: t,
             mtime: t,
             ctime: t,
+            cuts: 0,
         };
         self.inodes.insert(
             ino,
@@ -565,6 +567,7 @@ impl Namespace {
                     cut = Some(keep);
                     i.attr.size = size;
                     i.attr.mtime = t;
+                    i.attr.cuts += 1;
                 }
                 Data::Dir { .. } => return Err(Errno::EISDIR),
                 _ => return Err(Errno::EINVAL),
@@ -628,15 +631,31 @@ impl Namespace {
         if freed.is_empty() {
             return None;
         }
+        // A commit past the size now would reach into chunks given back.
+        i.attr.cuts += 1;
+        if self.log.is_some() {
+            self.touched.insert(ino);
+        }
         self.note(|| Record::Cut { ino, from: keep });
         Some((keep, freed))
     }
 
     /// Records a client's writes: the size grows to `size` (never shrinks: that is truncate).
-    pub fn commit(&mut self, ino: Ino, size: u64, mtime: Option<Timestamp>) -> Result<Attr, Errno> {
+    /// ESTALE if the file was cut since the client last heard (`cuts` is the count of cuts it
+    /// made its size with): its size would grow the file back over the cut.
+    pub fn commit(
+        &mut self,
+        ino: Ino,
+        size: u64,
+        mtime: Option<Timestamp>,
+        cuts: u64,
+    ) -> Result<Attr, Errno> {
         let i = self.get_mut(ino)?;
         if i.attr.kind != FileKind::RegularFile {
             return Err(Errno::EINVAL);
+        }
+        if cuts != i.attr.cuts {
+            return Err(Errno::ESTALE);
         }
         if size > i.attr.size {
             i.attr.size = size;
@@ -953,7 +972,12 @@ mod tests {
         assert_eq!(attr.size, (1 << 20) + 1);
         assert_eq!(freed, chunk(2));
         assert_eq!(n.missing_chunks(f, 0, 3).unwrap(), vec![2]);
-        n.commit(f, 10, None).unwrap();
+        assert_eq!(
+            n.commit(f, 10, None, 0),
+            Err(Errno::ESTALE),
+            "made before the cut"
+        );
+        n.commit(f, 10, None, 1).unwrap();
         assert_eq!(
             n.getattr(f).unwrap().size,
             (1 << 20) + 1,
@@ -968,10 +992,15 @@ mod tests {
         let ahead: Vec<_> = (0..16).map(|i| (i, chunk(i))).collect();
         n.add_chunks(f, &ahead).unwrap();
         n.open(f).unwrap();
-        n.commit(f, (1 << 20) + 512 * 1024, None).unwrap();
+        n.commit(f, (1 << 20) + 512 * 1024, None, 0).unwrap();
         assert_eq!(n.trim(f), None, "open: a writer may not have committed yet");
         n.release(f);
         let (from, freed) = n.trim(f).unwrap();
+        assert_eq!(
+            n.getattr(f).unwrap().cuts,
+            1,
+            "counted: chunks past the size went"
+        );
         assert_eq!(from, 2);
         assert_eq!(freed.len(), 14);
         assert_eq!(n.chunk_map(f, 0, 16).unwrap().len(), 2);

@@ -48,6 +48,31 @@ pub enum Record {
     Fresh { node: u32, upto: u64 },
 }
 
+/// Tags of the records with attributes. Those written before attributes counted cuts (protocol
+/// 10) are still read, as files never cut.
+const CREATED_BEFORE_CUTS: u8 = 2;
+const ATTR_BEFORE_CUTS: u8 = 3;
+const CREATED: u8 = 12;
+const ATTR: u8 = 13;
+
+/// Attributes as journaled before they counted cuts: every field but `cuts`, in order.
+fn attr_before_cuts(r: &mut Reader<'_>) -> Result<Attr, DecodeError> {
+    Ok(Attr {
+        ino: Wire::get(r)?,
+        kind: Wire::get(r)?,
+        perm: Wire::get(r)?,
+        nlink: Wire::get(r)?,
+        uid: Wire::get(r)?,
+        gid: Wire::get(r)?,
+        rdev: Wire::get(r)?,
+        size: Wire::get(r)?,
+        atime: Wire::get(r)?,
+        mtime: Wire::get(r)?,
+        ctime: Wire::get(r)?,
+        cuts: 0,
+    })
+}
+
 /// Bytes counted by a u32: journal records are this node's own, with no list limit.
 fn put_bytes(b: &[u8], w: &mut Writer) {
     (b.len() as u32).put(w);
@@ -72,13 +97,13 @@ impl Record {
                 parent,
                 target,
             } => {
-                2u8.put(w);
+                CREATED.put(w);
                 attr.put(w);
                 parent.put(w);
                 put_bytes(target, w);
             }
             Record::Attr(attr) => {
-                3u8.put(w);
+                ATTR.put(w);
                 attr.put(w);
             }
             Record::Entry { dir, name, ino } => {
@@ -143,12 +168,18 @@ impl Record {
             1 => Record::Format {
                 chunk_size: Wire::get(r)?,
             },
-            2 => Record::Created {
+            CREATED_BEFORE_CUTS => Record::Created {
+                attr: attr_before_cuts(r)?,
+                parent: Wire::get(r)?,
+                target: get_bytes(r)?,
+            },
+            ATTR_BEFORE_CUTS => Record::Attr(attr_before_cuts(r)?),
+            CREATED => Record::Created {
                 attr: Wire::get(r)?,
                 parent: Wire::get(r)?,
                 target: get_bytes(r)?,
             },
-            3 => Record::Attr(Wire::get(r)?),
+            ATTR => Record::Attr(Wire::get(r)?),
             4 => Record::Entry {
                 dir: Wire::get(r)?,
                 name: get_bytes(r)?,
@@ -214,7 +245,37 @@ mod tests {
             atime: t,
             mtime: t,
             ctime: t,
+            cuts: 6,
         }
+    }
+
+    #[test]
+    fn attributes_journaled_before_cuts_were_counted_read_as_never_cut() {
+        let mut a = attr();
+        let mut w = Writer::default();
+        ATTR_BEFORE_CUTS.put(&mut w);
+        a.put(&mut w);
+        let old = w.0.len() - 8; // the same fields, without the count at the end
+        let mut created = vec![CREATED_BEFORE_CUTS];
+        created.extend_from_slice(&w.0[1..old]);
+        let mut tail = Writer::default();
+        1u64.put(&mut tail);
+        put_bytes(b"t", &mut tail);
+        created.extend_from_slice(&tail.0);
+        let mut both = w.0[..old].to_vec();
+        both.extend_from_slice(&created);
+        a.cuts = 0;
+        assert_eq!(
+            Record::decode_all(&both).unwrap(),
+            vec![
+                Record::Attr(a),
+                Record::Created {
+                    attr: a,
+                    parent: 1,
+                    target: b"t".to_vec(),
+                }
+            ]
+        );
     }
 
     #[test]

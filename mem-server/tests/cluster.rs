@@ -11,11 +11,12 @@ use std::time::{Duration, Instant};
 use rfs_e2e::{client, client_config, secret, MemServer};
 use rfs_proto::data::chunk_addr;
 use rfs_proto::message::{
-    decode_reply, Allocate, Call, ChunkMap, Create, GetAttr, GetStatFs, ListNodes, Lookup, Mkdir,
-    Open, ReadDir, Release, Unlink,
+    decode_reply, Allocate, Call, ChunkMap, Commit, Create, GetAttr, GetStatFs, ListNodes, Lookup,
+    Mkdir, Open, ReadDir, Release, SetAttr, Unlink,
 };
 use rfs_proto::types::{
-    Attr, Caller, ChunkRef, NodeInfo, Owner, Replicas, StatFs, MAY_READ, MAY_WRITE, ROOT,
+    Attr, AttrChanges, Caller, ChunkRef, NodeInfo, Owner, Replicas, StatFs, MAY_READ, MAY_WRITE,
+    ROOT,
 };
 use rfs_proto::{Client, Errno, MetadataChannel};
 
@@ -463,4 +464,49 @@ fn a_call_that_reaches_the_node_after_its_deadline_is_not_applied() {
         Err(Errno::ENOENT),
         "applied behind the caller's back"
     );
+}
+
+fn commit(c: &Client, ino: u64, size: u64, cuts: u64) -> Result<Attr, Errno> {
+    c.call(Commit {
+        ino,
+        size,
+        mtime: None,
+        cuts,
+    })
+    .map_err(|e| e.errno())
+}
+
+/// Every truncate counts as a cut, and a commit made with an older count (its client missed
+/// the cut: a lost callback, or one it has not applied yet) is refused with ESTALE rather than
+/// grow the file back over the cut; with the count it learns, it commits.
+#[test]
+fn a_commit_made_before_a_cut_its_client_missed_is_refused() {
+    let meta = meta("8M");
+    let a = client(&meta);
+    let ino = create(&a, "f");
+    let first = commit(&a, ino, 5000, 0).unwrap();
+    assert_eq!((first.size, first.cuts), (5000, 0));
+    let b = client(&meta);
+    open(&b, ino);
+    let changes = AttrChanges {
+        size: Some(0),
+        ..AttrChanges::default()
+    };
+    let cut = b
+        .call(SetAttr {
+            ino,
+            changes,
+            caller: Caller::default(),
+        })
+        .unwrap();
+    assert_eq!(cut.cuts, 1);
+    assert_eq!(commit(&b, ino, 6000, 1).unwrap().size, 6000);
+    assert_eq!(commit(&a, ino, 9000, 0), Err(Errno::ESTALE));
+    let now = a.call(GetAttr { ino }).unwrap();
+    assert_eq!(
+        (now.size, now.cuts),
+        (6000, 1),
+        "the cut and what followed it hold"
+    );
+    assert_eq!(commit(&a, ino, 7000, now.cuts).unwrap().size, 7000);
 }

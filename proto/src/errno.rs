@@ -36,6 +36,7 @@ errnos!(
     ENOTSUP,
     EPERM,
     EPROTO,
+    ESTALE,
 );
 
 impl Errno {

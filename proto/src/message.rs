@@ -158,9 +158,17 @@ wire_struct! {
 }
 
 wire_struct! {
-    /// Records a client's writes: the size grows to `size`, the mtime is set.
+    /// Records a client's writes: the size grows to `size`, the mtime is set. `cuts` is the
+    /// file's count of cuts ([`Attr::cuts`]) the client's size was made with: a commit made
+    /// without hearing of a later cut would grow the file back over it, and is refused with
+    /// ESTALE.
     #[derive(Clone, Debug, PartialEq)]
-    pub struct Commit { pub ino: Ino, pub size: u64, pub mtime: Option<crate::types::Timestamp> }
+    pub struct Commit {
+        pub ino: Ino,
+        pub size: u64,
+        pub mtime: Option<crate::types::Timestamp>,
+        pub cuts: u64,
+    }
 }
 
 wire_struct! {
@@ -405,6 +413,7 @@ mod tests {
             atime: Timestamp { secs: 1, nsecs: 2 },
             mtime: Timestamp { secs: 3, nsecs: 4 },
             ctime: Timestamp { secs: -5, nsecs: 6 },
+            cuts: 7,
         }
     }
 
@@ -516,6 +525,7 @@ mod tests {
                 ino: 4,
                 size: 12345,
                 mtime: None,
+                cuts: 3,
             }
             .into(),
             GetStatFs {}.into(),

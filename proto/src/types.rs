@@ -178,6 +178,10 @@ wire_struct! {
         pub mtime: Timestamp,
         /// Last attribute change.
         pub ctime: Timestamp,
+        /// How many times the file was cut (truncated, or given back chunks past its size):
+        /// only grows. Clients commit sizes with the count they had heard of, so that one that
+        /// missed a cut's callback cannot grow the file back over it.
+        pub cuts: u64,
     }
 }
 
@@ -308,7 +312,7 @@ wire_struct! {
 }
 
 /// Bytes an [`Attr`] takes on the wire.
-const ATTR_WIRE_LEN: usize = 8 + 1 + 2 + 4 + 4 + 4 + 4 + 8 + 3 * 12;
+const ATTR_WIRE_LEN: usize = 8 + 1 + 2 + 4 + 4 + 4 + 4 + 8 + 3 * 12 + 8;
 
 impl DirEntry {
     /// Bytes this entry takes in a readdir reply, so that a page can be cut to fit a message.
@@ -338,6 +342,7 @@ mod tests {
                 atime: Timestamp::default(),
                 mtime: Timestamp::default(),
                 ctime: Timestamp::default(),
+                cuts: 0,
             },
         };
         let mut w = Writer::default();

@@ -16,7 +16,8 @@ use crate::errno::Errno;
 /// remapped (replicas moved) rather than cut. 8: a joining node names its pool (a restarted
 /// metadata node knows it again), Reclaim, the metadata node's own pool marked in node lists.
 /// 9: calls that change a directory answer its attributes after the change. 10: ReleaseMany.
-pub const VERSION: u8 = 10;
+/// 11: attributes count a file's cuts, and a commit says the count its size was made with.
+pub const VERSION: u8 = 11;
 /// Bounds what one list (readdir page, chunk map, node list) may carry: a message is at most
 /// 64 KiB.
 pub const MAX_LIST: u32 = 256;

@@ -85,8 +85,7 @@ impl<B: Backend> Rfs<B> {
                 self.chunks.recall(inv.ino, from, self.lease);
             }
             if let Some(a) = &inv.attr {
-                // Chunks recalled without the contents (a trim past the size) cut nothing.
-                self.changed_elsewhere(a, inv.chunks_from.is_some() && inv.data);
+                self.changed_elsewhere(a);
             }
             if inv.data {
                 self.pages_changed(inv.ino);
@@ -111,10 +110,13 @@ impl<B: Backend> Rfs<B> {
     }
 
     /// Another client changed `a`'s file: a size cut (truncate) holds for our size too, even
-    /// over our uncommitted writes (they were before it); a commit can only grow it.
-    fn changed_elsewhere(&self, a: &Attr, cut: bool) {
+    /// over our uncommitted writes (they were before it), and the count of cuts says whether
+    /// there was one we had not heard of; a commit can only grow it.
+    fn changed_elsewhere(&self, a: &Attr) {
         if let Some(f) = self.open.lock().unwrap().get_mut(&a.ino) {
-            f.follow(a.size, cut);
+            if !f.learn(a) {
+                f.follow(a.size, false);
+            }
         }
     }
 

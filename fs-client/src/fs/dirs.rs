@@ -262,6 +262,7 @@ mod tests {
             atime: Timestamp::default(),
             mtime: Timestamp::default(),
             ctime: Timestamp::default(),
+            cuts: 0,
         }
     }
 

@@ -144,7 +144,17 @@ impl FakeCluster {
 
     /// Cuts `ino` to `size`, as another client's truncate would, without callbacks.
     pub(crate) fn cut(&self, ino: Ino, size: u64) {
-        self.state.lock().unwrap().files.get_mut(&ino).unwrap().size = size;
+        let mut st = self.state.lock().unwrap();
+        let a = st.files.get_mut(&ino).unwrap();
+        a.size = size;
+        a.cuts += 1;
+    }
+
+    /// Grows `ino` to `size`, as another client's writes and close would.
+    pub(crate) fn grow(&self, ino: Ino, size: u64) {
+        let mut st = self.state.lock().unwrap();
+        let a = st.files.get_mut(&ino).unwrap();
+        a.size = a.size.max(size);
     }
 
     /// Has allocations refused with ENOSPC (or granted again).
@@ -276,6 +286,7 @@ impl FakeCluster {
                 atime: Timestamp::default(),
                 mtime: Timestamp::default(),
                 ctime: Timestamp::default(),
+                cuts: 0,
             };
             st.files.insert(ino, a);
             a
@@ -343,10 +354,13 @@ impl FakeCluster {
                 answer(m, Err(Errno::EBADF))
             }
             Request::Commit(m) => {
-                let r = st.files.get_mut(&m.ino).ok_or(Errno::ENOENT).map(|a| {
+                let r = st.files.get_mut(&m.ino).ok_or(Errno::ENOENT).and_then(|a| {
+                    if m.cuts != a.cuts {
+                        return Err(Errno::ESTALE); // made before a cut it had not heard of
+                    }
                     a.size = a.size.max(m.size);
                     a.mtime = m.mtime.unwrap_or(a.mtime);
-                    *a
+                    Ok(*a)
                 });
                 answer(m, r)
             }
@@ -356,7 +370,10 @@ impl FakeCluster {
                     st.chunks.retain(|&(i, idx), _| i != m.ino || idx < keep);
                 }
                 let r = st.files.get_mut(&m.ino).ok_or(Errno::ENOENT).map(|a| {
-                    a.size = m.changes.size.unwrap_or(a.size);
+                    if let Some(size) = m.changes.size {
+                        a.size = size;
+                        a.cuts += 1;
+                    }
                     *a
                 });
                 answer(m, r)

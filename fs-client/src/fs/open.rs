@@ -5,8 +5,9 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use rfs_proto::message::{Commit, Create, Open};
+use rfs_proto::message::{Commit, Create, GetAttr, Open};
 use rfs_proto::types::{Attr, Caller, FileKind, Ino, Owner, Timestamp, MAY_WRITE};
+use rfs_proto::Errno;
 
 use super::backend::Backend;
 use super::coherence::KernelInval;
@@ -32,6 +33,9 @@ pub(crate) struct OpenFile {
     /// We had chunks allocated while the file was open here: its closes may give back chunks
     /// allocated ahead, which the holders of its map (we too) must hear of at the close.
     allocated: bool,
+    /// The file's count of cuts as far as we heard ([`Attr::cuts`]): our commits carry it, and
+    /// the node refuses one made before a cut we had not heard of.
+    cuts: u64,
 }
 
 impl OpenFile {
@@ -42,6 +46,19 @@ impl OpenFile {
     /// Whether our size may be ahead of the metadata node's.
     fn ahead(&self) -> bool {
         self.dirty || self.committing > 0
+    }
+
+    /// Learns what the node says of the file: a cut we had not heard of (its callback lost
+    /// with a connection, or not here yet) holds over our uncommitted writes, made before we
+    /// heard of it. Counts only grow: an answer overtaken by a later one tells nothing new.
+    /// Whether it told of a cut.
+    pub(crate) fn learn(&mut self, a: &Attr) -> bool {
+        if a.cuts <= self.cuts {
+            return false;
+        }
+        self.cuts = a.cuts;
+        self.follow(a.size, true);
+        true
     }
 
     /// Follows the size another client set: a cut (truncate) holds even over our uncommitted
@@ -151,6 +168,7 @@ impl<B: Backend> Rfs<B> {
         let mut open = self.open.lock().unwrap();
         let f = open.entry(ino).or_default();
         f.handles += 1;
+        f.learn(&attr);
         f.committed = attr.size;
         if !f.dirty {
             f.size = attr.size;
@@ -210,8 +228,12 @@ impl<B: Backend> Rfs<B> {
     /// Commits our size and mtime of `ino`, if we changed them: the size only up to where
     /// bytes still in flight start (another writer's, answered after the drain), so that no
     /// other client sees a size before its bytes; the rest stays for the next commit.
+    ///
+    /// A commit the node refuses for a cut made elsewhere that we had not heard of (ESTALE)
+    /// commits nothing: we learn the cut, which holds over our writes so far as the callback
+    /// would have had it, and that is no failure of the close.
     pub(crate) fn commit_size(&self, ino: Ino) -> Result<()> {
-        let (size, mtime) = {
+        let (size, mtime, cuts) = {
             let mut open = self.open.lock().unwrap();
             match open.get_mut(&ino) {
                 Some(f) if f.dirty => {
@@ -221,12 +243,23 @@ impl<B: Backend> Rfs<B> {
                         .map_or(f.size, |from| from.min(f.size));
                     f.dirty = landed < f.size;
                     f.committing += 1;
-                    (landed, f.mtime)
+                    (landed, f.mtime, f.cuts)
                 }
                 _ => return Ok(()),
             }
         };
-        let committed = self.call(Commit { ino, size, mtime });
+        let committed = self.call(Commit {
+            ino,
+            size,
+            mtime,
+            cuts,
+        });
+        if committed
+            .as_ref()
+            .is_err_and(|e| e.errno() == Errno::ESTALE)
+        {
+            return self.cut_unheard(ino, size);
+        }
         let mut open = self.open.lock().unwrap();
         // Kept while committing: `release` leaves a file that is ahead of the node.
         if let Some(f) = open.get_mut(&ino) {
@@ -241,6 +274,38 @@ impl<B: Backend> Rfs<B> {
             }
         }
         committed.map(drop)
+    }
+
+    /// After a commit of `size` bytes the node refused (see [`Self::commit_size`]): asks the
+    /// node for the file and learns the cut, while the commit still counts as on its way (so
+    /// that nothing else takes our size as the node's meanwhile).
+    fn cut_unheard(&self, ino: Ino, size: u64) -> Result<()> {
+        let now = self.call(GetAttr { ino });
+        {
+            let mut open = self.open.lock().unwrap();
+            if let Some(f) = open.get_mut(&ino) {
+                f.committing -= 1;
+                self.commit_answered.notify_all();
+                let learned = now.as_ref().is_ok_and(|a| f.learn(a));
+                if !learned {
+                    // Unasked, or not told of a cut after all: our writes so far are not
+                    // committed over it either way; the kernel's next getattr says the size.
+                    f.dirty = false;
+                    f.size = f.committed;
+                }
+                if f.handles == 0 && !f.ahead() {
+                    open.remove(&ino);
+                }
+            }
+        }
+        log::warn!(
+            "inode {ino}: cut by another client before our writes up to {size} bytes were \
+             committed: the cut holds"
+        );
+        ClientStats::add(&self.stats.commits_over_cuts, 1);
+        self.pages_changed(ino);
+        self.kernel(KernelInval::Inode { ino, data: true });
+        Ok(())
     }
 
     /// Waits until no commit of `ino` is on its way (each ends within its call's deadline).
@@ -266,22 +331,22 @@ impl<B: Backend> Rfs<B> {
         let committed = landed.and(commit);
         let mut handles = self.handles.lock().unwrap();
         handles.remove(&fh);
-        let (allocated, known, owed) = {
+        let (allocated, owed) = {
             let mut open = self.open.lock().unwrap();
-            let (allocated, known, ahead, last) = match open.get_mut(&ino) {
+            let (allocated, ahead, last) = match open.get_mut(&ino) {
                 Some(f) => {
                     f.handles -= 1;
-                    (f.allocated, f.committed, f.ahead(), f.handles == 0)
+                    (f.allocated, f.ahead(), f.handles == 0)
                 }
-                None => (false, 0, false, false),
+                None => (false, false, false),
             };
             if last && !ahead {
                 open.remove(&ino);
             }
-            (allocated, known, fault && ahead)
+            (allocated, fault && ahead)
         };
         if owed {
-            self.owe_commit(ino, access, allocated, known);
+            self.owe_commit(ino, access, allocated);
             return committed;
         }
         // From open to closing under both lists' locks (see `open_handles`).
@@ -293,14 +358,13 @@ impl<B: Backend> Rfs<B> {
         committed.and(released)
     }
 
-    /// Our size and mtime of `ino` will not be committed: the file is gone, or (`cut`) was cut
-    /// elsewhere to that size. The node's size holds, and the kernel drops what it cached of
-    /// ours; but while the file is open here, writes made since are kept for its next commit.
-    pub(crate) fn uncommitted_dropped(&self, ino: Ino, cut: Option<u64>) {
+    /// Our size and mtime of `ino` will not be committed: the file is gone. The node's size
+    /// holds, and the kernel drops what it cached of ours; but while the file is open here,
+    /// writes made since are kept for its next commit.
+    pub(crate) fn uncommitted_dropped(&self, ino: Ino) {
         {
             let mut open = self.open.lock().unwrap();
             let Some(f) = open.get_mut(&ino) else { return };
-            f.committed = cut.unwrap_or(f.committed);
             if f.handles > 0 {
                 return;
             }
@@ -317,6 +381,7 @@ impl<B: Backend> Rfs<B> {
     /// Our uncommitted writes make a file look larger to us than to the server.
     pub(crate) fn with_local_size(&self, mut a: Attr) -> Attr {
         if let Some(f) = self.open.lock().unwrap().get_mut(&a.ino) {
+            f.learn(&a);
             if f.committing == 0 {
                 f.committed = a.size;
             }

@@ -6,15 +6,15 @@
 //! that restarts takes it again), and the commit is made again from a thread of its own: at
 //! once when the metadata connection comes back, else after a pause doubling from
 //! [`FIRST_PAUSE`] to [`LAST_PAUSE`]. Once it goes through, the handle goes back. A commit the
-//! node answers with an error of the file system's (the file is gone) is not made again, nor
-//! one over a cut made elsewhere meanwhile. At unmount each is tried once more, and what still
-//! fails is logged.
+//! node answers with an error of the file system's (the file is gone) is not made again. One
+//! made over a cut made elsewhere meanwhile, whose callback was lost with the connection, the
+//! node refuses, and the cut holds (see `Rfs::commit_size`). At unmount each is tried once
+//! more, and what still fails is logged.
 
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-use rfs_proto::message::GetAttr;
 use rfs_proto::types::Ino;
 use rfs_proto::Errno;
 
@@ -35,9 +35,6 @@ struct OwedClose {
     access: u8,
     /// Chunks were allocated for the file while it was open here (see `closes`).
     allocated: bool,
-    /// The size the node had, as far as we knew at the close: a smaller one later can only be
-    /// a cut made elsewhere (commits only grow a file).
-    known: u64,
 }
 
 /// What wakes the retrying thread.
@@ -79,12 +76,11 @@ impl Owed {
 impl<B: Backend> Rfs<B> {
     /// Keeps a closed handle of `ino` until the commit that failed goes through. Called with
     /// the handles' lock held, so that the handle is listed either open or owed throughout.
-    pub(crate) fn owe_commit(self: &Arc<Self>, ino: Ino, access: u8, allocated: bool, known: u64) {
+    pub(crate) fn owe_commit(self: &Arc<Self>, ino: Ino, access: u8, allocated: bool) {
         self.owed.closes.lock().unwrap().push(OwedClose {
             ino,
             access,
             allocated,
-            known,
         });
         log::warn!("inode {ino}: its size will be committed once the metadata node answers");
         self.owed.wake.get_or_init(|| {
@@ -130,13 +126,13 @@ impl<B: Backend> Rfs<B> {
         let _round = self.owed.round.lock().unwrap();
         let owed = self.owed.closes.lock().unwrap().clone();
         for c in owed {
-            match self.commit_owed_file(c.ino, c.known) {
+            match self.commit_owed_file(c.ino) {
                 Ok(true) => ClientStats::add(&self.stats.commits_resent, 1),
                 Ok(false) => {}
                 Err(e) if worth_retrying(&e) => break,
                 Err(e) => {
                     log::warn!("inode {}: commit not taken ({e}); given up", c.ino);
-                    self.uncommitted_dropped(c.ino, None);
+                    self.uncommitted_dropped(c.ino);
                 }
             }
             // From owed to closing at once: a node that restarts meanwhile is told of the
@@ -157,11 +153,8 @@ impl<B: Backend> Rfs<B> {
         self.owed.len()
     }
 
-    /// Makes the commit owed of `ino`, if it still is: whether one was sent. Callbacks missed
-    /// while the connection was down may have said that another client cut the file short
-    /// (below `known`, the node's size at the close): the cut holds, as it would have over
-    /// our uncommitted writes, and nothing is committed over it.
-    fn commit_owed_file(&self, ino: Ino, known: u64) -> Result<bool> {
+    /// Makes the commit owed of `ino`, if it still is: whether one was sent.
+    fn commit_owed_file(&self, ino: Ino) -> Result<bool> {
         if !self
             .open
             .lock()
@@ -169,15 +162,6 @@ impl<B: Backend> Rfs<B> {
             .get(&ino)
             .is_some_and(|f| f.is_dirty())
         {
-            return Ok(false);
-        }
-        let node = self.call(GetAttr { ino })?;
-        if node.size < known {
-            log::warn!(
-                "inode {ino}: cut to {} bytes elsewhere while its commit was owed; the cut holds",
-                node.size
-            );
-            self.uncommitted_dropped(ino, Some(node.size));
             return Ok(false);
         }
         self.commit_size(ino).map(|()| true)

@@ -68,6 +68,8 @@ pub(crate) struct ClientStats {
     pub(crate) handles_closed: AtomicU64,
     /// Commits made again after a fault kept them from the metadata node (see `owed`).
     pub(crate) commits_resent: AtomicU64,
+    /// Commits the metadata node refused for a cut made elsewhere that we had not heard of.
+    pub(crate) commits_over_cuts: AtomicU64,
     /// Extended attribute requests from the kernel (none are kept; it stops asking at the
     /// first answer).
     pub(crate) xattr_requests: AtomicU64,
@@ -100,6 +102,7 @@ impl<B: Backend> Rfs<B> {
             atime: t,
             mtime: t,
             ctime: t,
+            cuts: 0,
         }
     }
 
@@ -155,6 +158,11 @@ impl<B: Backend> Rfs<B> {
                 "commits_resent",
                 "Commits made again after a fault kept them from the metadata node",
                 n(&s.commits_resent),
+            ),
+            Metric::counter(
+                "commits_over_cuts",
+                "Commits refused for a cut made elsewhere that this mount had not heard of",
+                n(&s.commits_over_cuts),
             ),
             Metric::gauge(
                 "commits_owed",

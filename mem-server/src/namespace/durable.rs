@@ -265,7 +265,7 @@ mod tests {
         step(&mut ns, &mut journal);
         ns.symlink(ROOT, "s", "d/f", 0, 0).unwrap();
         ns.link(f, ROOT, "hard").unwrap();
-        ns.commit(f, 20000, None).unwrap();
+        ns.commit(f, 20000, None, 0).unwrap();
         step(&mut ns, &mut journal);
         let e = ns.mkdir(ROOT, "e", OWNER).unwrap().ino;
         ns.rename(ROOT, "d", e, "d2", 0).unwrap();
