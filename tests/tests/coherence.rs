@@ -654,3 +654,37 @@ fn cached_pages_outlive_a_close_until_another_mount_changes_the_file() {
     );
     assert!(a.stat("reads") > reads);
 }
+
+/// A mount whose metadata connection was down while another mount cut a file it had written
+/// and not yet closed (the callback could not reach it), and wrote the file again, larger than
+/// what the first mount had committed: the first mount's close, once connected again, does
+/// not grow the file back to its own size over the cut (with zeros where the other mount's
+/// bytes end). Its writes before it heard of the cut are ordered before the cut.
+#[test]
+fn a_close_after_a_missed_cut_does_not_grow_the_file_back_over_it() {
+    let server = MemServer::meta("64M", "64K");
+    let a = Mount::new(&server, &[]);
+    let b = Mount::new(&server, &[]);
+    let mut f = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(a.path("T"))
+        .unwrap();
+    f.write_all(&pattern(5000, 1)).unwrap();
+    f.sync_all().unwrap();
+    // Not committed: the file stays open.
+    f.write_all(&pattern(200_000, 2)).unwrap();
+    // SAFETY: a signal to our own child process: it severs its metadata connection.
+    unsafe { libc::kill(a.pid() as i32, libc::SIGUSR1) };
+    std::thread::sleep(Duration::from_millis(300));
+    let again = pattern(100_000, 3);
+    fs::write(b.path("T"), &again).unwrap(); // O_TRUNC, then writes: a cut and a rewrite
+    drop(f); // a's close: reconnects and commits
+    let got = fs::read(b.path("T")).unwrap();
+    assert_eq!(got.len(), again.len(), "b's file, at b's size");
+    assert!(got == again, "b's bytes");
+    assert!(fs::read(a.path("T")).unwrap() == again, "a sees the same");
+    let stats = fs::read_to_string(a.path(".rfs-stats")).unwrap();
+    assert!(stats.contains("commits_over_cuts 1"), "{stats}");
+}
