@@ -137,6 +137,10 @@ struct Effects {
     detached: Vec<(u32, u64)>,
     /// Holders are waited for only briefly ([`REMAP_WAIT`]).
     quick: bool,
+    /// Closed files keep their chunks past their size: after a restart, until clients took
+    /// their handles again, a file closed here may be open at a client that wrote past the
+    /// size it committed, into chunks allocated ahead.
+    keep_past_size: bool,
 }
 
 /// A chunk map to hand out once its chunks are granted to the caller's data sessions.
@@ -381,6 +385,12 @@ impl MetaService {
     /// restart, while some are not back yet).
     fn awaiting_nodes(&self, alloc: &Allocator) -> bool {
         self.nodes_until.is_some_and(|t| Instant::now() < t) && !alloc.replayed().is_empty()
+    }
+
+    /// Whether clients may still take their handles again after a restart.
+    fn reclaiming(&self) -> bool {
+        self.reclaim_until
+            .is_some_and(|until| Instant::now() < until)
     }
 
     /// After a restart: data nodes not back in time count as gone (their chunks are copied
@@ -823,7 +833,10 @@ impl MetaService {
         let session = session.lock().unwrap();
         let mut st = self.state.lock();
         st.holders.remove(session.id);
-        let mut effects = Effects::default();
+        let mut effects = Effects {
+            keep_past_size: self.reclaiming(),
+            ..Effects::default()
+        };
         for (&ino, h) in &session.open {
             for _ in 0..h.all {
                 Self::release(&mut st.ns, ino, &mut effects);
@@ -877,12 +890,14 @@ impl MetaService {
     }
 
     /// One handle of `ino` closed: an unlinked file goes with its last handle, a closed file
-    /// gives back the chunks allocated ahead past its size.
+    /// gives back the chunks allocated ahead past its size (see [`Effects::keep_past_size`]).
     fn release(ns: &mut Namespace, ino: Ino, effects: &mut Effects) {
         let reaped = ns.release(ino);
         if !reaped.is_empty() {
             effects.change.inodes.push((ino, true));
             effects.freed(ino, 0, reaped);
+        } else if effects.keep_past_size {
+            // Given back at the file's next last close.
         } else if let Some((from, trimmed)) = ns.trim(ino) {
             effects.trimmed(ino, from, trimmed);
         }
@@ -933,7 +948,10 @@ impl MetaService {
         let give_up = Instant::now() + ZEROING_WAIT;
         let mut reply = loop {
             let mut st = self.state.lock();
-            let mut effects = Effects::default();
+            let mut effects = Effects {
+                keep_past_size: self.reclaiming(),
+                ..Effects::default()
+            };
             let reply = self.apply(&mut st, &mut session, &req, &mut effects);
             // Space is also coming while data nodes known from the journal come back.
             let short = matches!(req, Request::Allocate(_))
@@ -1288,8 +1306,8 @@ impl MetaService {
                 answer(m, r)
             }
             Request::Reclaim(m) => {
-                let r = match self.reclaim_until {
-                    Some(until) if Instant::now() < until => {
+                let r = match self.reclaiming() {
+                    true => {
                         let mut taken = 0;
                         for &(ino, access) in &m.handles {
                             let file = ns
@@ -1304,7 +1322,7 @@ impl MetaService {
                         Ok(taken)
                     }
                     // Handles are taken with a permission check outside the grace period.
-                    _ => Err(Errno::EPERM),
+                    false => Err(Errno::EPERM),
                 };
                 answer(m, r)
             }

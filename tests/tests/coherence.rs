@@ -676,7 +676,7 @@ fn a_close_after_a_missed_cut_does_not_grow_the_file_back_over_it() {
     // Not committed: the file stays open.
     f.write_all(&pattern(200_000, 2)).unwrap();
     // SAFETY: a signal to our own child process: it severs its metadata connection.
-    unsafe { libc::kill(a.pid() as i32, libc::SIGUSR1) };
+    unsafe { libc::kill(a.pid(), libc::SIGUSR1) };
     std::thread::sleep(Duration::from_millis(300));
     let again = pattern(100_000, 3);
     fs::write(b.path("T"), &again).unwrap(); // O_TRUNC, then writes: a cut and a rewrite

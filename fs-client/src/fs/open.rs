@@ -11,7 +11,7 @@ use rfs_proto::Errno;
 
 use super::backend::Backend;
 use super::coherence::KernelInval;
-use super::error::Result;
+use super::error::{Error, Result};
 use super::owed::worth_retrying;
 use super::stats::{ClientStats, STATS_INO};
 use super::Rfs;
@@ -233,6 +233,12 @@ impl<B: Backend> Rfs<B> {
     /// commits nothing: we learn the cut, which holds over our writes so far as the callback
     /// would have had it, and that is no failure of the close.
     pub(crate) fn commit_size(&self, ino: Ino) -> Result<()> {
+        self.commit_size_trying(ino, true)
+    }
+
+    /// [`Self::commit_size`]; `may_retry`: once more if the refusal was for a cut we had heard
+    /// of meanwhile.
+    fn commit_size_trying(&self, ino: Ino, may_retry: bool) -> Result<()> {
         let (size, mtime, cuts) = {
             let mut open = self.open.lock().unwrap();
             match open.get_mut(&ino) {
@@ -258,46 +264,76 @@ impl<B: Backend> Rfs<B> {
             .as_ref()
             .is_err_and(|e| e.errno() == Errno::ESTALE)
         {
-            return self.cut_unheard(ino, size);
+            return self.cut_unheard(ino, size, cuts, may_retry);
         }
+        self.committed(ino, |f| match committed {
+            Ok(_) => f.committed = f.committed.max(size),
+            Err(_) => f.dirty = true,
+        });
+        committed.map(drop)
+    }
+
+    /// A commit of `ino` is answered: `then` updates what we know of the file.
+    fn committed(&self, ino: Ino, then: impl FnOnce(&mut OpenFile)) {
         let mut open = self.open.lock().unwrap();
         // Kept while committing: `release` leaves a file that is ahead of the node.
         if let Some(f) = open.get_mut(&ino) {
             f.committing -= 1;
             self.commit_answered.notify_all();
-            match committed {
-                Ok(_) => f.committed = f.committed.max(size),
-                Err(_) => f.dirty = true,
-            }
+            then(f);
             if f.handles == 0 && !f.ahead() {
                 open.remove(&ino); // released meanwhile
             }
         }
-        committed.map(drop)
     }
 
-    /// After a commit of `size` bytes the node refused (see [`Self::commit_size`]): asks the
-    /// node for the file and learns the cut, while the commit still counts as on its way (so
-    /// that nothing else takes our size as the node's meanwhile).
-    fn cut_unheard(&self, ino: Ino, size: u64) -> Result<()> {
-        let now = self.call(GetAttr { ino });
-        {
+    /// The node refused our commit of `size` bytes, made with `cuts`, for a cut we had not
+    /// heard of then. If we heard of it meanwhile (a callback), what is dirty now was written
+    /// after it, and is committed again. Else we ask the node, and learn the cut now: our
+    /// writes so far are ordered before it. The commit counts as on its way until then, so that
+    /// nothing takes our size for the node's meanwhile.
+    fn cut_unheard(&self, ino: Ino, size: u64, cuts: u64, may_retry: bool) -> Result<()> {
+        let heard_since = |fs: &Self| {
+            let open = fs.open.lock().unwrap();
+            open.get(&ino).is_some_and(|f| f.cuts > cuts)
+        };
+        let mut again = heard_since(self);
+        if !again {
+            let now = match self.call(GetAttr { ino }) {
+                Ok(a) => a,
+                Err(e) => {
+                    // Not known to be cut: the commit stays to be made (owed, at a close).
+                    self.committed(ino, |f| f.dirty = true);
+                    return Err(e);
+                }
+            };
             let mut open = self.open.lock().unwrap();
             if let Some(f) = open.get_mut(&ino) {
-                f.committing -= 1;
-                self.commit_answered.notify_all();
-                let learned = now.as_ref().is_ok_and(|a| f.learn(a));
-                if !learned {
-                    // Unasked, or not told of a cut after all: our writes so far are not
-                    // committed over it either way; the kernel's next getattr says the size.
+                if now.cuts > f.cuts {
+                    f.cuts = now.cuts;
+                    f.follow(now.size, true);
                     f.dirty = false;
-                    f.size = f.committed;
-                }
-                if f.handles == 0 && !f.ahead() {
-                    open.remove(&ino);
+                } else {
+                    // Heard of meanwhile; or the node counts fewer cuts than we were told of
+                    // (it lost one in a crash before making it durable): its count holds.
+                    // Asked after the refusal, with no truncate of ours between (it waits for
+                    // this commit), the answer is the node's count now.
+                    f.cuts = now.cuts;
+                    again = true;
                 }
             }
         }
+        if again {
+            self.committed(ino, |f| f.dirty = true);
+            if !may_retry {
+                return Err(Error::new(
+                    Errno::EIO,
+                    format!("inode {ino}: the metadata node refused a commit twice (ESTALE)"),
+                ));
+            }
+            return self.commit_size_trying(ino, false);
+        }
+        self.committed(ino, |_| {});
         log::warn!(
             "inode {ino}: cut by another client before our writes up to {size} bytes were \
              committed: the cut holds"

@@ -1325,3 +1325,85 @@ fn a_truncate_waits_for_an_owed_commit_on_its_way() {
     assert_eq!(truncate.join().unwrap().unwrap(), 0);
     assert_eq!(cluster.size(ino), 0, "the truncate came after the commit");
 }
+
+/// A callback telling `fs` that `attr`'s file changed, its contents and chunks from 0 too.
+fn told_of_cut(fs: &Arc<Rfs<Fake>>, attr: Attr) {
+    use rfs_proto::callback::{Callback, Invalidation};
+    fs.on_callback(Callback {
+        inodes: vec![Invalidation {
+            ino: attr.ino,
+            chunks_from: Some(0),
+            attr: Some(attr),
+            data: true,
+            remapped: false,
+        }],
+        entries: Vec::new(),
+    });
+}
+
+/// A commit made before a cut whose callback we applied before the refusal came back: what we
+/// wrote after hearing of the cut is committed again, not dropped.
+#[test]
+fn writes_made_after_hearing_of_a_cut_survive_the_refusal_of_a_commit_made_before_it() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    let ino = create(&fs, "f");
+    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+    write(&fs, ino, 0, &pattern(9000, 1)).unwrap();
+    {
+        let (fs, cluster) = (fs.clone(), cluster.clone());
+        cluster.clone().before_next_commit(Box::new(move || {
+            cluster.cut(ino, 0);
+            told_of_cut(&fs, fs.getattr(ino).unwrap());
+            write(&fs, ino, 0, &pattern(3000, 2)).unwrap();
+        }));
+    }
+    fs.commit(ino).unwrap();
+    assert_eq!(cluster.size(ino), 3000, "the write after the cut");
+    fs.release(fh).unwrap();
+    assert_eq!(read(&fs, ino, 0, 3000).unwrap(), pattern(3000, 2));
+}
+
+/// A node that counts fewer cuts than we were told of (it lost one in a crash before making it
+/// durable) has the last word: the commit is made again with its count, not dropped.
+#[test]
+fn a_node_that_counts_fewer_cuts_than_we_heard_of_has_the_last_word() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    let ino = create(&fs, "f");
+    let (fh, attr) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+    told_of_cut(
+        &fs,
+        Attr {
+            cuts: attr.cuts + 1,
+            ..attr
+        },
+    );
+    write(&fs, ino, 0, &pattern(4000, 1)).unwrap();
+    fs.release(fh).unwrap();
+    assert_eq!(cluster.size(ino), 4000);
+}
+
+/// A refused commit whose file the node cannot be asked about stays to be made: the close
+/// reports the fault and owes the commit, which the retry makes once the node answers.
+#[test]
+fn a_refused_commit_that_cannot_learn_the_cut_stays_owed() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    let ino = create(&fs, "f");
+    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+    write(&fs, ino, 0, &pattern(9000, 1)).unwrap();
+    {
+        let c = cluster.clone();
+        cluster.before_next_commit(Box::new(move || {
+            c.cut(ino, 10);
+            c.unreachable(true); // after this call: the getattr that follows fails
+        }));
+    }
+    assert!(fs.release(fh).is_err());
+    assert!(fs.stats_text().contains("commits_owed 1\n"));
+    cluster.unreachable(false);
+    fs.retry_owed_now();
+    owed_commits_made(&fs);
+    assert_eq!(cluster.size(ino), 10, "the cut holds");
+}
