@@ -1151,15 +1151,7 @@ fn a_commit_the_node_answered_too_late_to_apply_is_owed_too() {
 /// grew), and so would the node's refusal of the commit.
 #[test]
 fn an_owed_commit_does_not_undo_a_cut_made_elsewhere_meanwhile() {
-    let cluster: Arc<FakeCluster> = Arc::default();
-    let fs = client(&cluster);
-    let ino = create(&fs, "f");
-    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
-    write(&fs, ino, 0, &pattern(5000, 4)).unwrap();
-    fs.commit(ino).unwrap();
-    write(&fs, ino, 5000, &pattern(4000, 5)).unwrap();
-    cluster.unreachable(true);
-    assert!(fs.release(fh).is_err());
+    let (cluster, fs, ino) = owing_a_commit();
     cluster.cut(ino, 100);
     cluster.unreachable(false);
     assert_eq!(fs.getattr(ino).unwrap().size, 100, "told of the cut");
@@ -1196,15 +1188,7 @@ fn the_node_refuses_an_owed_commit_made_before_a_cut_it_missed() {
 /// cuts does, and the owed commit does not grow the file to our size.
 #[test]
 fn an_owed_commit_does_not_grow_a_file_cut_and_written_again_elsewhere() {
-    let cluster: Arc<FakeCluster> = Arc::default();
-    let fs = client(&cluster);
-    let ino = create(&fs, "f");
-    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
-    write(&fs, ino, 0, &pattern(5000, 4)).unwrap();
-    fs.commit(ino).unwrap();
-    write(&fs, ino, 5000, &pattern(4000, 5)).unwrap();
-    cluster.unreachable(true);
-    assert!(fs.release(fh).is_err());
+    let (cluster, fs, ino) = owing_a_commit();
     cluster.cut(ino, 0);
     cluster.grow(ino, 6000);
     cluster.unreachable(false);
@@ -1222,15 +1206,7 @@ fn an_owed_commit_does_not_grow_a_file_cut_and_written_again_elsewhere() {
 /// the retry: the open tells of the cut, and neither close commits over it.
 #[test]
 fn a_close_of_a_handle_opened_again_before_the_retry_does_not_undo_the_cut() {
-    let cluster: Arc<FakeCluster> = Arc::default();
-    let fs = client(&cluster);
-    let ino = create(&fs, "f");
-    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
-    write(&fs, ino, 0, &pattern(5000, 4)).unwrap();
-    fs.commit(ino).unwrap();
-    write(&fs, ino, 5000, &pattern(4000, 5)).unwrap();
-    cluster.unreachable(true);
-    assert!(fs.release(fh).is_err());
+    let (cluster, fs, ino) = owing_a_commit();
     cluster.cut(ino, 100);
     cluster.unreachable(false);
     let (again, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
@@ -1272,6 +1248,21 @@ fn after_a_cut_found_by_an_owed_commit_a_handle_still_open_commits_what_it_write
         1000,
         "b's write after the cut, and no more"
     );
+}
+
+/// A client whose close of a file (5,000 bytes committed, 9,000 written) could not reach the
+/// metadata node, which is unreachable still: the commit is owed.
+fn owing_a_commit() -> (Arc<FakeCluster>, Arc<Rfs<Fake>>, Ino) {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    let ino = create(&fs, "f");
+    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+    write(&fs, ino, 0, &pattern(5000, 4)).unwrap();
+    fs.commit(ino).unwrap();
+    write(&fs, ino, 5000, &pattern(4000, 5)).unwrap();
+    cluster.unreachable(true);
+    assert!(fs.release(fh).is_err());
+    (cluster, fs, ino)
 }
 
 /// Waits until no commit is owed.
