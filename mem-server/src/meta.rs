@@ -428,6 +428,13 @@ impl MetaService {
                     );
                     me.zeroer.kick();
                 }
+                // What files closed meanwhile kept past their size (see `keep_past_size`).
+                let mut st = me.state.lock();
+                let mut effects = Effects::default();
+                for (ino, from, chunks) in st.ns.trim_closed() {
+                    effects.trimmed(ino, from, chunks);
+                }
+                me.settle(st, None, effects);
             })?;
         Ok(())
     }
@@ -588,7 +595,7 @@ impl MetaService {
 
     /// Tells the caches what `effects` changed, waits (lock released) for their answers up to
     /// the lease, and only then hands the freed chunks to the zeroer.
-    fn settle(&self, mut st: Guard<'_, MetaState>, caller: SessionId, effects: Effects) {
+    fn settle(&self, mut st: Guard<'_, MetaState>, caller: Option<SessionId>, effects: Effects) {
         let Effects {
             freed,
             change,
@@ -606,7 +613,7 @@ impl MetaService {
             chunks: freed,
         };
         let MetaState { ns, holders, .. } = &mut *st;
-        let plan = holders.plan(Some(caller), &change, |ino| ns.getattr(ino).ok());
+        let plan = holders.plan(caller, &change, |ino| ns.getattr(ino).ok());
         drop(st);
         let answered = Countdown::new();
         for (callbacks, cb) in plan {
@@ -842,7 +849,7 @@ impl MetaService {
                 Self::release(&mut st.ns, ino, &mut effects);
             }
         }
-        self.settle(st, session.id, effects);
+        self.settle(st, Some(session.id), effects);
         for (&node, &data) in &session.data {
             self.tell(node, RevokeSession { session: data }.into());
         }
@@ -967,7 +974,7 @@ impl MetaService {
             let closed = std::mem::take(&mut effects.closed);
             let closed_for_writing = std::mem::take(&mut effects.closed_for_writing);
             let detached = std::mem::take(&mut effects.detached);
-            self.settle(st, id, effects);
+            self.settle(st, Some(id), effects);
             // Calls of one session are applied one at a time (its lock is held), so its
             // grants and revocations reach each node in the order of its calls.
             self.revoke(&session.data, &closed_for_writing, true);

@@ -640,6 +640,20 @@ impl Namespace {
         Some((keep, freed))
     }
 
+    /// [`Self::trim`] of every closed file: the first index given back and the chunks, by file.
+    pub fn trim_closed(&mut self) -> Vec<(Ino, u64, Vec<ChunkRef>)> {
+        let closed: Vec<Ino> = self
+            .inodes
+            .iter()
+            .filter(|(_, i)| i.open == 0 && matches!(i.data, Data::File { .. }))
+            .map(|(&ino, _)| ino)
+            .collect();
+        closed
+            .into_iter()
+            .filter_map(|ino| self.trim(ino).map(|(from, chunks)| (ino, from, chunks)))
+            .collect()
+    }
+
     /// Records a client's writes: the size grows to `size` (never shrinks: that is truncate).
     /// ESTALE if the file was cut since the client last heard (`cuts` is the count of cuts it
     /// made its size with): its size would grow the file back over the cut.
@@ -983,6 +997,20 @@ mod tests {
             (1 << 20) + 1,
             "commit never shrinks"
         );
+    }
+
+    #[test]
+    fn every_closed_file_gives_back_chunks_past_its_size_at_once() {
+        let mut n = ns();
+        let (open, closed) = (file(&mut n, ROOT, "a"), file(&mut n, ROOT, "b"));
+        for f in [open, closed] {
+            n.add_chunks(f, &[(0, chunk(0)), (1, chunk(1))]).unwrap();
+        }
+        n.open(open).unwrap();
+        let trimmed = n.trim_closed();
+        assert_eq!(trimmed.len(), 1, "{trimmed:?}");
+        assert_eq!((trimmed[0].0, trimmed[0].1), (closed, 0));
+        assert_eq!(n.chunk_map(open, 0, 2).unwrap().len(), 2);
     }
 
     #[test]

@@ -58,6 +58,8 @@ impl OpenFile {
         }
         self.cuts = a.cuts;
         self.follow(a.size, true);
+        self.dirty = false;
+        self.mtime = None;
         true
     }
 
@@ -233,27 +235,37 @@ impl<B: Backend> Rfs<B> {
     /// commits nothing: we learn the cut, which holds over our writes so far as the callback
     /// would have had it, and that is no failure of the close.
     pub(crate) fn commit_size(&self, ino: Ino) -> Result<()> {
-        self.commit_size_trying(ino, true)
-    }
-
-    /// [`Self::commit_size`]; `may_retry`: once more if the refusal was for a cut we had heard
-    /// of meanwhile.
-    fn commit_size_trying(&self, ino: Ino, may_retry: bool) -> Result<()> {
-        let (size, mtime, cuts) = {
+        let made = {
             let mut open = self.open.lock().unwrap();
             match open.get_mut(&ino) {
                 Some(f) if f.dirty => {
-                    let landed = self
-                        .behind
-                        .unlanded_from(ino, f.committed)
-                        .map_or(f.size, |from| from.min(f.size));
-                    f.dirty = landed < f.size;
                     f.committing += 1;
-                    (landed, f.mtime, f.cuts)
+                    self.commit_of(ino, f)
                 }
                 _ => return Ok(()),
             }
         };
+        self.send_commit(ino, made, true)
+    }
+
+    /// What to commit of `f` now, taken as sent: (size, mtime, count of cuts).
+    fn commit_of(&self, ino: Ino, f: &mut OpenFile) -> (u64, Option<Timestamp>, u64) {
+        let landed = self
+            .behind
+            .unlanded_from(ino, f.committed)
+            .map_or(f.size, |from| from.min(f.size));
+        f.dirty = landed < f.size;
+        (landed, f.mtime, f.cuts)
+    }
+
+    /// Sends a commit counted as on its way, and takes its answer; `may_retry`: once more if
+    /// it is refused for a cut we heard of meanwhile (see [`Self::cut_unheard`]).
+    fn send_commit(
+        &self,
+        ino: Ino,
+        (size, mtime, cuts): (u64, Option<Timestamp>, u64),
+        may_retry: bool,
+    ) -> Result<()> {
         let committed = self.call(Commit {
             ino,
             size,
@@ -288,17 +300,16 @@ impl<B: Backend> Rfs<B> {
     }
 
     /// The node refused our commit of `size` bytes, made with `cuts`, for a cut we had not
-    /// heard of then. If we heard of it meanwhile (a callback), what is dirty now was written
-    /// after it, and is committed again. Else we ask the node, and learn the cut now: our
-    /// writes so far are ordered before it. The commit counts as on its way until then, so that
-    /// nothing takes our size for the node's meanwhile.
+    /// heard of then. If we heard of it meanwhile (a callback), what was written since is
+    /// committed again. Else we ask the node, and learn the cut now: our writes so far are
+    /// ordered before it. The commit counts as on its way throughout, retry included, so that
+    /// a truncate of ours waits for it and nothing takes our size for the node's meanwhile.
     fn cut_unheard(&self, ino: Ino, size: u64, cuts: u64, may_retry: bool) -> Result<()> {
-        let heard_since = |fs: &Self| {
-            let open = fs.open.lock().unwrap();
+        let heard_since = {
+            let open = self.open.lock().unwrap();
             open.get(&ino).is_some_and(|f| f.cuts > cuts)
         };
-        let mut again = heard_since(self);
-        if !again {
+        if !heard_since {
             let now = match self.call(GetAttr { ino }) {
                 Ok(a) => a,
                 Err(e) => {
@@ -308,40 +319,53 @@ impl<B: Backend> Rfs<B> {
                 }
             };
             let mut open = self.open.lock().unwrap();
-            if let Some(f) = open.get_mut(&ino) {
-                if now.cuts > f.cuts {
-                    f.cuts = now.cuts;
-                    f.follow(now.size, true);
-                    f.dirty = false;
-                } else {
-                    // Heard of meanwhile; or the node counts fewer cuts than we were told of
-                    // (it lost one in a crash before making it durable): its count holds.
-                    // Asked after the refusal, with no truncate of ours between (it waits for
-                    // this commit), the answer is the node's count now.
-                    f.cuts = now.cuts;
-                    again = true;
+            let learned = open.get_mut(&ino).is_some_and(|f| {
+                if f.learn(&now) {
+                    return true;
                 }
+                // The node counts fewer cuts than we were told of (it lost one in a crash
+                // before making it durable): asked after the refusal, with no truncate of ours
+                // between (it waits for this commit), its count holds, and what was refused is
+                // committed again.
+                f.cuts = now.cuts;
+                f.dirty = true;
+                false
+            });
+            drop(open);
+            if learned {
+                self.committed(ino, |_| {});
+                log::warn!(
+                    "inode {ino}: cut by another client before our writes up to {size} bytes \
+                     were committed: the cut holds"
+                );
+                ClientStats::add(&self.stats.commits_over_cuts, 1);
+                self.pages_changed(ino);
+                self.kernel(KernelInval::Inode { ino, data: true });
+                return Ok(());
             }
         }
-        if again {
-            self.committed(ino, |f| f.dirty = true);
-            if !may_retry {
-                return Err(Error::new(
+        let retry = {
+            let mut open = self.open.lock().unwrap();
+            match open.get_mut(&ino) {
+                Some(f) if f.dirty && may_retry => Ok(self.commit_of(ino, f)),
+                Some(f) => Err(f.dirty),
+                None => Err(false),
+            }
+        };
+        match retry {
+            Ok(made) => self.send_commit(ino, made, false),
+            Err(false) => {
+                self.committed(ino, |_| {}); // nothing written since we heard of the cut
+                Ok(())
+            }
+            Err(true) => {
+                self.committed(ino, |_| {});
+                Err(Error::new(
                     Errno::EIO,
                     format!("inode {ino}: the metadata node refused a commit twice (ESTALE)"),
-                ));
+                ))
             }
-            return self.commit_size_trying(ino, false);
         }
-        self.committed(ino, |_| {});
-        log::warn!(
-            "inode {ino}: cut by another client before our writes up to {size} bytes were \
-             committed: the cut holds"
-        );
-        ClientStats::add(&self.stats.commits_over_cuts, 1);
-        self.pages_changed(ino);
-        self.kernel(KernelInval::Inode { ino, data: true });
-        Ok(())
     }
 
     /// Waits until no commit of `ino` is on its way (each ends within its call's deadline).
