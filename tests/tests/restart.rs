@@ -308,3 +308,57 @@ fn a_close_that_missed_a_stopped_metadata_node_commits_once_it_runs_again() {
     assert_eq!(a.stat("commits_owed"), 0);
     assert!(a.stat("commits_resent") >= 1);
 }
+
+/// A file written at one mount and not closed yet (nothing committed) when the metadata node
+/// restarts, then opened and closed at another mount before the first (stopped meanwhile) took
+/// its handle again:
+/// that close is the file's last as far as the restarted node knows, but it does not give back
+/// the chunks past the size (the first mount wrote into them), and the first mount's close then
+/// commits the whole file.
+#[test]
+fn a_close_in_a_restarts_grace_keeps_what_a_mount_not_back_yet_wrote_past_the_size() {
+    let dir = state_dir("grace-trim");
+    let dir_arg = dir.to_string_lossy().to_string();
+    let mut meta = MemServer::start_restartable(&[
+        "--memory",
+        "0",
+        "--chunk-size",
+        "1M",
+        "--lease",
+        "2",
+        "--state-dir",
+        &dir_arg,
+    ]);
+    let _data = MemServer::data(&meta, "32M", "1M");
+    let a = Mount::new(&meta, &["io_timeout=2"]);
+    let b = Mount::new(
+        &meta,
+        &["io_timeout=2", "attr_timeout=0", "entry_timeout=0"],
+    );
+    let bytes = content(9, 3 << 20);
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(a.path("f"))
+        .unwrap();
+    f.write_all_at(&bytes, 0).unwrap();
+    // a would reconnect and take its handle again at once: it is stopped until b's close.
+    rfs_e2e::stop(a.pid() as u32);
+    meta.restart();
+    drop(fs::File::open(b.path("f")).unwrap());
+    std::thread::sleep(Duration::from_millis(500)); // b's close reaches the node
+    rfs_e2e::resume(a.pid() as u32);
+    drop(f);
+    let start = Instant::now();
+    while fs::metadata(b.path("f")).unwrap().len() < bytes.len() as u64 {
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "a's size never reached the node: {} bytes",
+            fs::metadata(b.path("f")).unwrap().len()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(fs::read(b.path("f")).unwrap() == bytes, "a's bytes");
+    assert_eq!(a.stat("commits_over_cuts"), 0);
+}
