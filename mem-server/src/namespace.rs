@@ -631,7 +631,8 @@ impl Namespace {
         if freed.is_empty() {
             return None;
         }
-        // A commit past the size now would reach into chunks given back.
+        // A commit past the size now would reach into chunks given back. Journaled here, not
+        // through `get_mut`, which would journal the attributes at every last close.
         i.attr.cuts += 1;
         if self.log.is_some() {
             self.touched.insert(ino);

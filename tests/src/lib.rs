@@ -42,7 +42,7 @@ pub fn transport() -> String {
 }
 
 /// An empty directory for a metadata node's state, named for the test (`name`) and process.
-pub fn state_dir(name: &str) -> PathBuf {
+fn state_dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("rfs-state-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     d
@@ -146,6 +146,8 @@ pub struct MemServer {
     standby: Option<Standby>,
     /// Its logs, one per life (restarts), oldest first.
     logs: Vec<ChildLog>,
+    /// Its state directory, removed with it (see [`MemServer::durable_meta`]).
+    state: Option<PathBuf>,
 }
 
 /// A shell that execs mem-server once told to, started while the node it replaces is up.
@@ -189,6 +191,26 @@ impl MemServer {
         MemServer::start_on("127.0.0.1:0", args)
     }
 
+    /// The durable metadata node the README describes, restartable: it lends nothing, keeps
+    /// its state in a directory of its own (named for the test, `name`, and removed with the
+    /// node), and takes `extra` arguments; 1 MiB chunks.
+    pub fn durable_meta(name: &str, extra: &[&str]) -> MemServer {
+        let dir = state_dir(name);
+        let dir_arg = dir.to_string_lossy().to_string();
+        let mut args = vec![
+            "--memory",
+            "0",
+            "--chunk-size",
+            "1M",
+            "--state-dir",
+            &dir_arg,
+        ];
+        args.extend_from_slice(extra);
+        let mut node = MemServer::start_restartable(&args);
+        node.state = Some(dir);
+        node
+    }
+
     /// Like [`MemServer::start`], on a [`free_port`]: one a restart can take again.
     pub fn start_restartable(args: &[&str]) -> MemServer {
         let mut node = MemServer::start_on(&format!("127.0.0.1:{}", free_port()), args);
@@ -217,6 +239,7 @@ impl MemServer {
         node.standby = Some(Standby::spawn(&self.addr.to_string(), &self.args));
         // The node's earlier lives' logs go with it, printed first if the test fails.
         node.logs.splice(..0, std::mem::take(&mut self.logs));
+        node.state = self.state.take();
         *self = node;
     }
 
@@ -250,6 +273,7 @@ impl MemServer {
             args: args.iter().map(|a| a.to_string()).collect(),
             standby: None,
             logs: vec![log],
+            state: None,
         }
     }
 
@@ -281,6 +305,9 @@ impl Drop for MemServer {
             // Its stdin closes with it: the shell exits without exec.
             let _ = s.shell.kill();
             let _ = s.shell.wait();
+        }
+        if let Some(dir) = self.state.take() {
+            let _ = std::fs::remove_dir_all(dir);
         }
     }
 }

@@ -10,7 +10,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use rand_like::Lcg;
-use rfs_e2e::{state_dir, wait_until_whole, MemServer, Mount};
+use rfs_e2e::{wait_until_whole, MemServer, Mount};
 
 /// A tiny deterministic generator: the writer's model needs no crate.
 mod rand_like {
@@ -98,20 +98,9 @@ fn writer(m: &Mount, files: usize, len: usize, until: Instant) -> Vec<Vec<u8>> {
 
 #[test]
 fn fio_verify_and_a_second_writer_survive_a_killed_data_node_and_a_restarted_metadata_node() {
-    let dir = state_dir("chaos");
-    let dir_arg = dir.to_string_lossy().to_string();
     // The durable setup the README describes: a metadata node that lends nothing and keeps
     // its state on disk, and data nodes that outlive it.
-    let mut meta = MemServer::start_restartable(&[
-        "--memory",
-        "0",
-        "--chunk-size",
-        "1M",
-        "--replicas",
-        "2",
-        "--state-dir",
-        &dir_arg,
-    ]);
+    let mut meta = MemServer::durable_meta("chaos", &["--replicas", "2"]);
     let mut first = MemServer::data(&meta, "256M", "1M");
     let mut second = MemServer::data(&meta, "256M", "1M");
     let _third = MemServer::data(&meta, "256M", "1M");
@@ -176,6 +165,4 @@ fn fio_verify_and_a_second_writer_survive_a_killed_data_node_and_a_restarted_met
         );
     }
     drop((a, b));
-    drop(meta);
-    let _ = fs::remove_dir_all(&dir);
 }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rfs_e2e::{client, state_dir, MemServer, Mount};
+use rfs_e2e::{client, MemServer, Mount};
 use rfs_proto::message::GetStatFs;
 use rfs_proto::MetadataChannel;
 
@@ -87,16 +87,7 @@ fn overwriter(f: &fs::File, len: usize, stop: &AtomicBool) -> Vec<u8> {
 
 #[test]
 fn a_restarted_metadata_node_comes_back_with_everything_it_answered() {
-    let dir = state_dir("restart");
-    let dir_arg = dir.to_string_lossy().to_string();
-    let mut meta = MemServer::start_restartable(&[
-        "--memory",
-        "0",
-        "--chunk-size",
-        "1M",
-        "--state-dir",
-        &dir_arg,
-    ]);
+    let mut meta = MemServer::durable_meta("restart", &[]);
     // Room for every file the creator makes: each takes a chunk, and a quick machine makes
     // 150 before the restart is over (192 MiB ran out once, failing a create with ENOSPC).
     let _first = MemServer::data(&meta, "320M", "1M");
@@ -201,8 +192,6 @@ fn a_restarted_metadata_node_comes_back_with_everything_it_answered() {
     let (name, data) = created.made.last().unwrap();
     assert!(fs::read(other.path(name)).unwrap() == *data);
     drop((m, other));
-    drop(meta);
-    let _ = fs::remove_dir_all(&dir);
 }
 
 /// A metadata node started again without its state knows none of the pools: each data node
@@ -317,18 +306,7 @@ fn a_close_that_missed_a_stopped_metadata_node_commits_once_it_runs_again() {
 /// commits the whole file.
 #[test]
 fn a_close_in_a_restarts_grace_keeps_what_a_mount_not_back_yet_wrote_past_the_size() {
-    let dir = state_dir("grace-trim");
-    let dir_arg = dir.to_string_lossy().to_string();
-    let mut meta = MemServer::start_restartable(&[
-        "--memory",
-        "0",
-        "--chunk-size",
-        "1M",
-        "--lease",
-        "2",
-        "--state-dir",
-        &dir_arg,
-    ]);
+    let mut meta = MemServer::durable_meta("grace-trim", &["--lease", "2"]);
     let _data = MemServer::data(&meta, "32M", "1M");
     let a = Mount::new(&meta, &["io_timeout=2"]);
     let b = Mount::new(

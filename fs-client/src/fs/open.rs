@@ -300,72 +300,60 @@ impl<B: Backend> Rfs<B> {
     }
 
     /// The node refused our commit of `size` bytes, made with `cuts`, for a cut we had not
-    /// heard of then. If we heard of it meanwhile (a callback), what was written since is
-    /// committed again. Else we ask the node, and learn the cut now: our writes so far are
-    /// ordered before it. The commit counts as on its way throughout, retry included, so that
-    /// a truncate of ours waits for it and nothing takes our size for the node's meanwhile.
+    /// heard of then. We ask the node: if that is how we hear of the cut, our writes so far
+    /// are ordered before it. If we heard of it meanwhile (a callback), what was written since
+    /// is committed again; so is what was refused if the node counts fewer cuts than we heard
+    /// of (it lost one in a crash before making it durable: asked after the refusal, with no
+    /// truncate of ours between, its count holds). The commit counts as on its way throughout,
+    /// retry included, so that a truncate of ours waits for it and nothing takes our size for
+    /// the node's meanwhile.
     fn cut_unheard(&self, ino: Ino, size: u64, cuts: u64, may_retry: bool) -> Result<()> {
-        let heard_since = {
-            let open = self.open.lock().unwrap();
-            open.get(&ino).is_some_and(|f| f.cuts > cuts)
+        let now = match self.call(GetAttr { ino }) {
+            Ok(a) => a,
+            Err(e) => {
+                // Not known to be cut: the commit stays to be made (owed, at a close).
+                self.committed(ino, |f| f.dirty = true);
+                return Err(e);
+            }
         };
-        if !heard_since {
-            let now = match self.call(GetAttr { ino }) {
-                Ok(a) => a,
-                Err(e) => {
-                    // Not known to be cut: the commit stays to be made (owed, at a close).
-                    self.committed(ino, |f| f.dirty = true);
-                    return Err(e);
-                }
-            };
-            let mut open = self.open.lock().unwrap();
-            let learned = open.get_mut(&ino).is_some_and(|f| {
-                if f.learn(&now) {
-                    return true;
-                }
-                // The node counts fewer cuts than we were told of (it lost one in a crash
-                // before making it durable): asked after the refusal, with no truncate of ours
-                // between (it waits for this commit), its count holds, and what was refused is
-                // committed again.
-                f.cuts = now.cuts;
-                f.dirty = true;
-                false
-            });
+        let mut open = self.open.lock().unwrap();
+        // Kept while committing, so there; if not, there is nothing left to commit.
+        let Some(f) = open.get_mut(&ino) else {
             drop(open);
-            if learned {
-                self.committed(ino, |_| {});
-                log::warn!(
-                    "inode {ino}: cut by another client before our writes up to {size} bytes \
-                     were committed: the cut holds"
-                );
-                ClientStats::add(&self.stats.commits_over_cuts, 1);
-                self.pages_changed(ino);
-                self.kernel(KernelInval::Inode { ino, data: true });
-                return Ok(());
-            }
-        }
-        let retry = {
-            let mut open = self.open.lock().unwrap();
-            match open.get_mut(&ino) {
-                Some(f) if f.dirty && may_retry => Ok(self.commit_of(ino, f)),
-                Some(f) => Err(f.dirty),
-                None => Err(false),
-            }
+            self.committed(ino, |_| {});
+            return Ok(());
         };
-        match retry {
-            Ok(made) => self.send_commit(ino, made, false),
-            Err(false) => {
-                self.committed(ino, |_| {}); // nothing written since we heard of the cut
-                Ok(())
-            }
-            Err(true) => {
-                self.committed(ino, |_| {});
-                Err(Error::new(
+        if f.learn(&now) {
+            drop(open);
+            self.committed(ino, |_| {});
+            log::warn!(
+                "inode {ino}: cut by another client before our writes up to {size} bytes were \
+                 committed: the cut holds"
+            );
+            ClientStats::add(&self.stats.commits_over_cuts, 1);
+            self.pages_changed(ino);
+            self.kernel(KernelInval::Inode { ino, data: true });
+            return Ok(());
+        }
+        if f.cuts == cuts {
+            f.cuts = now.cuts;
+            f.dirty = true;
+        }
+        if !f.dirty || !may_retry {
+            let dirty = f.dirty;
+            drop(open);
+            self.committed(ino, |_| {});
+            return match dirty {
+                false => Ok(()), // nothing written since we heard of the cut
+                true => Err(Error::new(
                     Errno::EIO,
                     format!("inode {ino}: the metadata node refused a commit twice (ESTALE)"),
-                ))
-            }
+                )),
+            };
         }
+        let made = self.commit_of(ino, f);
+        drop(open);
+        self.send_commit(ino, made, false)
     }
 
     /// Waits until no commit of `ino` is on its way (each ends within its call's deadline).
