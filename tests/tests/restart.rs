@@ -19,6 +19,18 @@ fn content(seed: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// File `name` at `m`, with `bytes` written and left open: nothing committed yet.
+fn written_and_open(m: &Mount, name: &str, bytes: &[u8]) -> fs::File {
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(m.path(name))
+        .unwrap();
+    f.write_all_at(bytes, 0).unwrap();
+    f
+}
+
 /// What the creator did: files it was told were made (with their content), and those whose
 /// creation failed (made or not: the answer was lost with the node).
 struct Created {
@@ -253,13 +265,7 @@ fn a_close_that_missed_a_stopped_metadata_node_commits_once_it_runs_again() {
     let _data = MemServer::data(&meta, "16M", "1M");
     let a = Mount::new(&meta, &["io_timeout=1"]);
     let bytes = content(7, 3 << 20);
-    let f = fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(a.path("f"))
-        .unwrap();
-    f.write_all_at(&bytes, 0).unwrap();
+    let f = written_and_open(&a, "f", &bytes);
 
     rfs_e2e::stop(meta.pid());
     let start = Instant::now();
@@ -314,13 +320,7 @@ fn a_close_in_a_restarts_grace_keeps_what_a_mount_not_back_yet_wrote_past_the_si
         &["io_timeout=2", "attr_timeout=0", "entry_timeout=0"],
     );
     let bytes = content(9, 3 << 20);
-    let f = fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(a.path("f"))
-        .unwrap();
-    f.write_all_at(&bytes, 0).unwrap();
+    let f = written_and_open(&a, "f", &bytes);
     // a would reconnect and take its handle again at once: it is stopped until b's close.
     rfs_e2e::stop(a.pid() as u32);
     meta.restart();
