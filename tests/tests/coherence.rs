@@ -675,9 +675,18 @@ fn a_close_after_a_missed_cut_does_not_grow_the_file_back_over_it() {
     f.sync_all().unwrap();
     // Not committed: the file stays open.
     f.write_all(&pattern(200_000, 2)).unwrap();
+    // Read through a handle opened now: a path through a's root would revalidate the root's
+    // attributes (the create dropped them), and that call would reconnect.
+    let stats = fs::File::open(a.path(".rfs-stats")).unwrap();
     // SAFETY: a signal to our own child process: it severs its metadata connection.
     unsafe { libc::kill(a.pid(), libc::SIGUSR1) };
-    std::thread::sleep(Duration::from_millis(300));
+    // Waited for (the signal may be handled late on a busy machine); nothing of a's calls the
+    // node from then until its close, so the cut's callback cannot reach it.
+    within(Duration::from_secs(20), "a's connection severed", || {
+        let mut text = vec![0; 1 << 16];
+        let n = stats.read_at(&mut text, 0).unwrap();
+        String::from_utf8_lossy(&text[..n]).contains("\nmetadata_connected 0\n")
+    });
     let again = pattern(100_000, 3);
     fs::write(b.path("T"), &again).unwrap(); // O_TRUNC, then writes: a cut and a rewrite
     drop(f); // a's close: reconnects and commits

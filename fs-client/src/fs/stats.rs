@@ -174,6 +174,11 @@ impl<B: Backend> Rfs<B> {
                 "Extended attribute requests from the kernel",
                 n(&s.xattr_requests),
             ),
+            Metric::gauge(
+                "metadata_connected",
+                "1 while the metadata connection is up (a lost one is replaced at the next call)",
+                u64::from(self.backend.metadata_connected()),
+            ),
             Metric::gauge("open_files", "Files open", self.open_file_count() as u64),
             Metric::gauge(
                 "cached_chunks",
