@@ -58,10 +58,12 @@ impl PollMode {
         }
     }
 
-    /// Whether the poller sleeps after each batch of completions it finds, so that a
-    /// completion that comes while it sleeps is best handled where it was produced.
-    pub fn sleeps_after_work(self) -> bool {
-        matches!(self, PollMode::Event | PollMode::EventBatch)
+    /// Whether the poller ever sleeps (all but busy polling), so that a completion that comes
+    /// while it sleeps is best handled where it was produced: waking a sleeper costs more
+    /// than the work it wakes for. (An adaptive poller sleeps once its spin ran dry or gave
+    /// way to threads that wanted the core.)
+    pub fn sleeps(self) -> bool {
+        self != PollMode::Busy
     }
 
     fn max_retry(self) -> Option<u32> {

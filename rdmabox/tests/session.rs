@@ -802,7 +802,7 @@ fn every_polling_mode_completes_work() {
             .unwrap();
         assert_eq!(got, pattern(4096, 0), "{mode}");
         let c = session.counters();
-        if mode.sleeps_after_work() {
+        if mode.sleeps() {
             // The tcp engine finished what came while the poller slept.
             assert!(c.completed_inline > 0, "{mode}: {c:?}");
         } else if mode != PollMode::Busy {

@@ -258,7 +258,7 @@ impl Session {
             stopping: AtomicBool::new(false),
             cfg,
         });
-        if inner.cfg.polling.sleeps_after_work() {
+        if inner.cfg.polling.sleeps() {
             inner.complete_inline();
         }
         let pollers = (0..inner.links.len())
