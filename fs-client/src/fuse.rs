@@ -67,6 +67,24 @@ impl RfsFuse {
         }
     }
 
+    /// How the kernel uses its page cache for a handle opened with `flags`: it keeps what it
+    /// cached if `keep` (the file is unchanged since), and a handle that only writes goes
+    /// around the cache (unless the writeback cache is on). Its writes are then taken from
+    /// the application's buffer straight into the request we read, instead of being copied
+    /// into page cache pages first, pages that nobody reads: our write changes the file, so
+    /// the next open drops them anyway. (The kernel drops the cached pages a direct write
+    /// overlaps, so other handles here read what was written.)
+    fn page_cache_use(&self, flags: i32, keep: bool) -> FopenFlags {
+        let mut open = FopenFlags::empty();
+        if keep {
+            open |= FopenFlags::FOPEN_KEEP_CACHE;
+        }
+        if access(flags) == MAY_WRITE && !self.cfg.writeback_cache {
+            open |= FopenFlags::FOPEN_DIRECT_IO;
+        }
+        open
+    }
+
     fn attr(&self, a: &Attr) -> FileAttr {
         let t = |ts: Timestamp| {
             if ts.secs >= 0 {
@@ -384,14 +402,12 @@ impl Filesystem for RfsFuse {
             .open_keeping_cache(ino.0, access(flags.0), &caller(req));
         reply!("open", opened, reply, |(fh, _, keep)| {
             // The stats file changes size under the kernel's feet: no page cache for it.
-            let flags = if ino.0 == STATS_INO {
+            let open = if ino.0 == STATS_INO {
                 FopenFlags::FOPEN_DIRECT_IO
-            } else if keep {
-                FopenFlags::FOPEN_KEEP_CACHE
             } else {
-                FopenFlags::empty()
+                self.page_cache_use(flags.0, keep)
             };
-            reply.opened(FileHandle(fh), flags)
+            reply.opened(FileHandle(fh), open)
         });
     }
 
@@ -634,7 +650,7 @@ impl Filesystem for RfsFuse {
             &self.attr(&a),
             Generation(0),
             FileHandle(fh),
-            FopenFlags::empty(),
+            self.page_cache_use(flags, false),
         ));
     }
 }

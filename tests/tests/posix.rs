@@ -462,3 +462,79 @@ fn fallocate_and_copy_file_range_move_no_data_through_fuse() {
     assert_eq!(errno(&e), libc::EOPNOTSUPP);
     assert_eq!(m.stat("io_errors"), 0);
 }
+
+/// Bytes that differ from one `seed` to the next.
+fn bytes(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
+}
+
+/// A handle that only writes goes around the page cache (see fs-client's `page_cache_use`):
+/// readers on the same mount, by read or through a mapping made before the write, see what
+/// it wrote, at unaligned offsets too, and a read-write handle's cached pages as well.
+#[test]
+fn writes_through_a_write_only_handle_reach_the_mounts_cached_readers() {
+    use std::os::unix::fs::FileExt;
+    let server = MemServer::meta("64M", "1M");
+    let m = Mount::new(&server, &[]);
+    let p = m.path("f");
+    let mut expected = bytes(3 << 20, 1);
+    fs::write(&p, &expected).unwrap(); // a create that only writes
+                                       // Opened after the file changed: nothing of it is cached here now.
+    let reader = File::open(&p).unwrap();
+    // SAFETY: a fresh read-only shared mapping of the whole file, unmapped below; the file is
+    // not truncated while it is mapped.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            expected.len(),
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            std::os::fd::AsRawFd::as_raw_fd(&reader),
+            0,
+        )
+    };
+    assert_ne!(map, libc::MAP_FAILED);
+    let len = expected.len();
+    let cached_pages = || {
+        let mut resident = vec![0u8; len.div_ceil(4096)];
+        // SAFETY: `map` is a live mapping of `len` bytes, and `resident` has a byte per page.
+        assert_eq!(unsafe { libc::mincore(map, len, resident.as_mut_ptr()) }, 0);
+        resident.iter().filter(|&&r| r & 1 != 0).count()
+    };
+    let writer = OpenOptions::new().write(true).open(&p).unwrap();
+    let new = bytes(1 << 20, 5);
+    writer.write_all_at(&new, 1 << 20).unwrap();
+    expected[1 << 20..2 << 20].copy_from_slice(&new);
+    assert_eq!(cached_pages(), 0, "the write went around the page cache");
+    let mut back = vec![0; expected.len()];
+    reader.read_exact_at(&mut back, 0).unwrap();
+    assert!(back == expected, "read back");
+    assert!(cached_pages() > 0, "the read filled the cache");
+    let both = OpenOptions::new().read(true).write(true).open(&p).unwrap();
+    both.read_exact_at(&mut back, 0).unwrap();
+    // A copy each time: the kernel changes the mapped pages under us.
+    let mapped = || {
+        let mut copy = vec![0u8; len];
+        // SAFETY: the mapping is `copy.len()` readable bytes, alive until munmap below; no
+        // reference into it is kept.
+        unsafe { std::ptr::copy_nonoverlapping(map as *const u8, copy.as_mut_ptr(), copy.len()) };
+        copy
+    };
+    assert!(mapped() == expected, "mapped");
+    for (at, len, seed) in [(4096 + 100, 300_000, 2u8), (0, 7, 3), (2 << 20, 1 << 20, 4)] {
+        let new = bytes(len, seed);
+        writer.write_all_at(&new, at as u64).unwrap();
+        expected[at..at + len].copy_from_slice(&new);
+        reader.read_exact_at(&mut back, 0).unwrap();
+        assert!(back == expected, "read after a write at {at}");
+        both.read_exact_at(&mut back, 0).unwrap();
+        assert!(back == expected, "read-write handle after a write at {at}");
+        assert!(mapped() == expected, "mapping after a write at {at}");
+    }
+    // SAFETY: unmaps the mapping made above, not used after this.
+    assert_eq!(unsafe { libc::munmap(map, expected.len()) }, 0);
+    drop(writer);
+    assert!(fs::read(&p).unwrap() == expected, "after the close");
+}
