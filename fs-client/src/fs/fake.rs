@@ -81,11 +81,15 @@ impl State {
 /// Run before the next Commit reaches the "metadata node", outside its lock.
 type BeforeCommit = Box<dyn FnOnce() + Send>;
 
+/// Run once the "metadata node" answered the next call of an op, before the answer is back.
+type AfterAnswer = (RequestOp, Box<dyn FnOnce() + Send>);
+
 /// The shared "cluster".
 #[derive(Default)]
 pub(crate) struct FakeCluster {
     state: Mutex<State>,
     before_commit: Mutex<Option<BeforeCommit>>,
+    after_answer: Mutex<Option<AfterAnswer>>,
     /// Held by a test, it holds batches of closes back on their way, as a slow node would.
     pub(crate) closes_gate: Mutex<()>,
     /// Batches of closes that reached the gate.
@@ -104,6 +108,12 @@ impl FakeCluster {
     /// Has `meanwhile` run while the next commit is on its way, before the node applies it.
     pub(crate) fn before_next_commit(&self, meanwhile: BeforeCommit) {
         *self.before_commit.lock().unwrap() = Some(meanwhile);
+    }
+
+    /// Has `meanwhile` run once the next `op` call is answered, while the answer is on its
+    /// way back (as a reply overtaken by later calls would be).
+    pub(crate) fn after_next_answer(&self, op: RequestOp, meanwhile: Box<dyn FnOnce() + Send>) {
+        *self.after_answer.lock().unwrap() = Some((op, meanwhile));
     }
 
     /// How many `op` calls reached the "metadata node".
@@ -493,7 +503,22 @@ impl MetadataChannel for Fake {
                 meanwhile();
             }
         }
-        Ok(self.0.handle(req))
+        let op = req.op();
+        let answered = self.0.handle(req);
+        let meanwhile = {
+            let mut after = self.0.after_answer.lock().unwrap();
+            match after.take() {
+                Some((due, meanwhile)) if due == op => Some(meanwhile),
+                other => {
+                    *after = other;
+                    None
+                }
+            }
+        };
+        if let Some(meanwhile) = meanwhile {
+            meanwhile();
+        }
+        Ok(answered)
     }
 }
 

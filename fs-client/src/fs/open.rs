@@ -63,15 +63,18 @@ impl OpenFile {
         true
     }
 
-    /// Follows the size another client set: a cut (truncate) holds even over our uncommitted
-    /// writes (they came before it); otherwise the larger of the two.
+    /// Follows a size the node told of: a cut (truncate) holds even over our uncommitted
+    /// writes (they came before it). Otherwise the larger of the two: but for cuts, which its
+    /// count tells, the node's sizes only grow, so a smaller one is from an answer overtaken
+    /// by our commit (sent before it, back after it) and must not take ours back.
     pub(crate) fn follow(&mut self, size: u64, cut: bool) {
-        self.committed = size;
-        self.size = if cut || !self.ahead() {
-            size
+        if cut {
+            self.committed = size;
+            self.size = size;
         } else {
-            self.size.max(size)
-        };
+            self.committed = self.committed.max(size);
+            self.size = self.size.max(size);
+        }
     }
 }
 
@@ -170,10 +173,8 @@ impl<B: Backend> Rfs<B> {
         let mut open = self.open.lock().unwrap();
         let f = open.entry(ino).or_default();
         f.handles += 1;
-        f.learn(&attr);
-        f.committed = attr.size;
-        if !f.dirty {
-            f.size = attr.size;
+        if !f.learn(&attr) {
+            f.follow(attr.size, false);
         }
         drop(open);
         (fh, self.with_local_size(attr))
@@ -234,15 +235,25 @@ impl<B: Backend> Rfs<B> {
     /// A commit the node refuses for a cut made elsewhere that we had not heard of (ESTALE)
     /// commits nothing: we learn the cut, which holds over our writes so far as the callback
     /// would have had it, and that is no failure of the close.
+    ///
+    /// Nothing left to commit while another thread's commit is on its way (another process
+    /// closing a descriptor it inherited): that one carries our writes, so this waits for its
+    /// answer (and commits again if it failed), and a close returns only once the node has
+    /// the size.
     pub(crate) fn commit_size(&self, ino: Ino) -> Result<()> {
         let made = {
             let mut open = self.open.lock().unwrap();
-            match open.get_mut(&ino) {
-                Some(f) if f.dirty => {
-                    f.committing += 1;
-                    self.commit_of(ino, f)
+            loop {
+                match open.get_mut(&ino) {
+                    Some(f) if f.dirty => {
+                        f.committing += 1;
+                        break self.commit_of(ino, f);
+                    }
+                    Some(f) if f.committing > 0 => {
+                        open = self.commit_answered.wait(open).unwrap();
+                    }
+                    _ => return Ok(()),
                 }
-                _ => return Ok(()),
             }
         };
         self.send_commit(ino, made, true)
@@ -426,21 +437,19 @@ impl<B: Backend> Rfs<B> {
         self.kernel(KernelInval::Inode { ino, data: true });
     }
 
-    /// Our uncommitted writes make a file look larger to us than to the server.
+    /// The node's attributes of `a`'s file with our size: our uncommitted writes make it look
+    /// larger to us than to the node, and an answer the node gave before our commit does not
+    /// take the size back (see [`OpenFile::follow`]).
     pub(crate) fn with_local_size(&self, mut a: Attr) -> Attr {
         if let Some(f) = self.open.lock().unwrap().get_mut(&a.ino) {
-            f.learn(&a);
-            if f.committing == 0 {
-                f.committed = a.size;
+            if !f.learn(&a) {
+                f.follow(a.size, false);
             }
+            a.size = f.size;
             if f.ahead() {
-                f.size = f.size.max(a.size);
-                a.size = f.size;
                 if let Some(m) = f.mtime {
                     a.mtime = m;
                 }
-            } else {
-                f.size = a.size;
             }
         }
         a
