@@ -7,7 +7,7 @@
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
@@ -79,7 +79,10 @@ impl RfsFuse {
         if keep {
             open |= FopenFlags::FOPEN_KEEP_CACHE;
         }
-        if access(flags) == MAY_WRITE && !self.cfg.writeback_cache {
+        if access(flags) == MAY_WRITE
+            && !self.cfg.writeback_cache
+            && direct_writes_drop_cached_pages()
+        {
             open |= FopenFlags::FOPEN_DIRECT_IO;
         }
         open
@@ -215,6 +218,26 @@ fn caller(req: &Request) -> Caller {
 const FMODE_EXEC: i32 = 0x20;
 
 /// The access an open asks for, in MAY_* bits.
+/// Whether this kernel drops the cached pages that a direct write overlaps (Linux 6.6 and
+/// later; 6.1 does not, as a reviewer found in the Soft-RoCE VM): on an older one, other
+/// handles of the file here would go on reading what they cached before the write, so no
+/// handle goes around the page cache.
+fn direct_writes_drop_cached_pages() -> bool {
+    static DROPS: OnceLock<bool> = OnceLock::new();
+    *DROPS.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .ok()
+            .and_then(|r| kernel_version(&r))
+            .is_some_and(|v| v >= (6, 6))
+    })
+}
+
+/// (major, minor) of a kernel release such as "6.18.44-fc-v657".
+fn kernel_version(release: &str) -> Option<(u32, u32)> {
+    let mut numbers = release.trim().split(|c: char| !c.is_ascii_digit());
+    Some((numbers.next()?.parse().ok()?, numbers.next()?.parse().ok()?))
+}
+
 fn access(flags: i32) -> u8 {
     match flags & libc::O_ACCMODE {
         _ if flags & FMODE_EXEC != 0 => MAY_EXEC,
@@ -652,5 +675,20 @@ impl Filesystem for RfsFuse {
             FileHandle(fh),
             self.page_cache_use(flags, false),
         ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kernel_version;
+
+    #[test]
+    fn kernel_releases_give_their_version() {
+        assert_eq!(kernel_version("6.18.44-fc-v657\n"), Some((6, 18)));
+        assert_eq!(kernel_version("6.1.0-56-amd64"), Some((6, 1)));
+        assert_eq!(kernel_version("5.15"), Some((5, 15)));
+        assert!(kernel_version("6.6.0") >= Some((6, 6)));
+        assert_eq!(kernel_version("6"), None);
+        assert_eq!(kernel_version("linux"), None);
     }
 }

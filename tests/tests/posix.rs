@@ -507,7 +507,15 @@ fn writes_through_a_write_only_handle_reach_the_mounts_cached_readers() {
     let new = bytes(1 << 20, 5);
     writer.write_all_at(&new, 1 << 20).unwrap();
     expected[1 << 20..2 << 20].copy_from_slice(&new);
-    assert_eq!(cached_pages(), 0, "the write went around the page cache");
+    // Only where the kernel drops the pages a direct write overlaps (6.6 on; fs-client keeps
+    // the page cache on older kernels).
+    let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut version = release.split(|c: char| !c.is_ascii_digit());
+    let major: u32 = version.next().unwrap().parse().unwrap();
+    let minor: u32 = version.next().unwrap().parse().unwrap();
+    if (major, minor) >= (6, 6) {
+        assert_eq!(cached_pages(), 0, "the write went around the page cache");
+    }
     let mut back = vec![0; expected.len()];
     reader.read_exact_at(&mut back, 0).unwrap();
     assert!(back == expected, "read back");

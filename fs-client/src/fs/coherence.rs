@@ -114,9 +114,7 @@ impl<B: Backend> Rfs<B> {
     /// there was one we had not heard of; a commit can only grow it.
     fn changed_elsewhere(&self, a: &Attr) {
         if let Some(f) = self.open.lock().unwrap().get_mut(&a.ino) {
-            if !f.learn(a) {
-                f.follow(a.size, false);
-            }
+            f.answered(a);
         }
     }
 

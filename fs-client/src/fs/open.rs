@@ -63,6 +63,16 @@ impl OpenFile {
         true
     }
 
+    /// Takes what an answer of the node says of the file's size: a cut we had not heard of
+    /// holds ([`Self::learn`]); an answer from before a cut we did hear of (fewer cuts than
+    /// ours, overtaken by the cut) tells nothing; otherwise the size can only grow
+    /// ([`Self::follow`]).
+    pub(crate) fn answered(&mut self, a: &Attr) {
+        if !self.learn(a) && a.cuts == self.cuts {
+            self.follow(a.size, false);
+        }
+    }
+
     /// Follows a size the node told of: a cut (truncate) holds even over our uncommitted
     /// writes (they came before it). Otherwise the larger of the two: but for cuts, which its
     /// count tells, the node's sizes only grow, so a smaller one is from an answer overtaken
@@ -173,9 +183,7 @@ impl<B: Backend> Rfs<B> {
         let mut open = self.open.lock().unwrap();
         let f = open.entry(ino).or_default();
         f.handles += 1;
-        if !f.learn(&attr) {
-            f.follow(attr.size, false);
-        }
+        f.answered(&attr);
         drop(open);
         (fh, self.with_local_size(attr))
     }
@@ -442,15 +450,14 @@ impl<B: Backend> Rfs<B> {
     /// take the size back (see [`OpenFile::follow`]).
     pub(crate) fn with_local_size(&self, mut a: Attr) -> Attr {
         if let Some(f) = self.open.lock().unwrap().get_mut(&a.ino) {
-            if !f.learn(&a) {
-                f.follow(a.size, false);
-            }
-            a.size = f.size;
-            if f.ahead() {
+            f.answered(&a);
+            // Our mtime goes with our size: the answer's is older where its size is.
+            if f.ahead() || a.size < f.size {
                 if let Some(m) = f.mtime {
                     a.mtime = m;
                 }
             }
+            a.size = f.size;
         }
         a
     }

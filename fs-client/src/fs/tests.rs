@@ -1499,3 +1499,117 @@ fn answers_overtaken_by_a_commit_do_not_take_the_size_back() {
         fs.release(fh).unwrap();
     }
 }
+
+/// A getattr the node answered before our truncate, and whose answer comes back after it,
+/// does not undo the truncate: it carries fewer cuts than we heard of, so it tells nothing of
+/// the size (else our size would grow back, and the next commit would grow the node's file
+/// back over the cut). Found by a reviewer of the answers-only-grow rule.
+#[test]
+fn an_answer_from_before_our_truncate_does_not_undo_it() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    let ino = create(&fs, "f");
+    let fh = fs.open(ino, RW, &ROOT_CALLER).unwrap().0;
+    write(&fs, ino, 0, &pattern(1000, 1)).unwrap();
+    fs.flush(ino, fh).unwrap();
+    assert_eq!(cluster.size(ino), 1000);
+    {
+        let fs = fs.clone();
+        cluster.after_next_answer(
+            RequestOp::GetAttr,
+            Box::new(move || {
+                let cut = AttrChanges {
+                    size: Some(10),
+                    ..AttrChanges::default()
+                };
+                fs.setattr(ino, cut, &ROOT_CALLER).unwrap();
+            }),
+        );
+    }
+    fs.getattr(ino).unwrap(); // answered before the truncate, back after it
+    assert_eq!(cluster.size(ino), 10, "truncated meanwhile");
+    let later = fs.getattr(ino).unwrap().size;
+    let readable = read(&fs, ino, 0, 4000).unwrap().len();
+    // A one-byte write and a close: must not grow the file back over the truncate.
+    write(&fs, ino, 0, b"x").unwrap();
+    fs.release(fh).unwrap();
+    let node = cluster.size(ino);
+    assert_eq!(
+        (later, readable, node),
+        (10, 10, 10),
+        "(getattr after the truncate, bytes readable, node's size after a 1-byte write + close)"
+    );
+}
+
+/// The same with another client's truncate, told by callback while our getattr's answer (from
+/// before the truncate) is on its way back.
+#[test]
+fn an_answer_from_before_a_cut_told_by_callback_does_not_undo_it() {
+    use rfs_proto::callback::{Callback, Invalidation};
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    let ino = create(&fs, "f");
+    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+    write(&fs, ino, 0, &pattern(1000, 1)).unwrap();
+    fs.flush(ino, fh).unwrap();
+    {
+        let (fs, cluster2) = (fs.clone(), cluster.clone());
+        cluster.after_next_answer(
+            RequestOp::GetAttr,
+            Box::new(move || {
+                cluster2.cut(ino, 10);
+                let a = client(&cluster2).getattr(ino).unwrap();
+                fs.on_callback(Callback {
+                    inodes: vec![Invalidation {
+                        ino,
+                        chunks_from: Some(1),
+                        attr: Some(a),
+                        data: true,
+                        remapped: false,
+                    }],
+                    entries: Vec::new(),
+                });
+            }),
+        );
+    }
+    fs.getattr(ino).unwrap();
+    let later = fs.getattr(ino).unwrap().size;
+    write(&fs, ino, 0, b"x").unwrap();
+    fs.release(fh).unwrap();
+    assert_eq!(
+        (later, cluster.size(ino)),
+        (10, 10),
+        "(getattr after the cut, node's size after a 1-byte write + close)"
+    );
+}
+
+/// A getattr answered before a commit and back after it shows our mtime with our size, not
+/// the node's mtime from before the commit (a pair that never existed, and an mtime going
+/// back from what an earlier stat showed).
+#[test]
+fn an_answer_overtaken_by_a_commit_shows_our_mtime_with_our_size() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    let ino = create(&fs, "f");
+    let fh = fs.open(ino, RW, &ROOT_CALLER).unwrap().0;
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    write(&fs, ino, 0, &pattern(1000, 1)).unwrap();
+    let before = fs.getattr(ino).unwrap(); // ours: size 1000 and the write's mtime
+    {
+        let fs = fs.clone();
+        cluster.after_next_answer(
+            RequestOp::GetAttr,
+            Box::new(move || fs.flush(ino, fh).unwrap()),
+        );
+    }
+    let stale = fs.getattr(ino).unwrap();
+    let after = fs.getattr(ino).unwrap();
+    fs.release(fh).unwrap();
+    assert_eq!(stale.size, 1000);
+    assert_eq!(
+        (stale.mtime.secs, stale.mtime.nsecs),
+        (after.mtime.secs, after.mtime.nsecs),
+        "mtime of the overtaken answer (before: {:?})",
+        (before.mtime.secs, before.mtime.nsecs)
+    );
+}
