@@ -1405,11 +1405,7 @@ fn a_refused_commit_that_cannot_learn_the_cut_stays_owed() {
 /// under load, where the copy then stopped at the first megabyte of a 6 MiB source.
 #[test]
 fn an_open_answered_before_a_commit_does_not_take_the_size_back() {
-    let cluster: Arc<FakeCluster> = Arc::default();
-    let fs = client(&cluster);
-    let ino = create(&fs, "f");
-    let fh = fs.open(ino, RW, &ROOT_CALLER).unwrap().0;
-    write(&fs, ino, 0, &pattern(1000, 1)).unwrap();
+    let (cluster, fs, ino, fh) = written_not_committed();
     let seen = Arc::new(Mutex::new(None));
     {
         let (fs, seen) = (fs.clone(), seen.clone());
@@ -1432,11 +1428,7 @@ fn an_open_answered_before_a_commit_does_not_take_the_size_back() {
 /// close-to-open, for whoever opens the file next.
 #[test]
 fn a_flush_waits_for_a_commit_another_flush_has_on_its_way() {
-    let cluster: Arc<FakeCluster> = Arc::default();
-    let fs = client(&cluster);
-    let ino = create(&fs, "f");
-    let fh = fs.open(ino, RW, &ROOT_CALLER).unwrap().0;
-    write(&fs, ino, 0, &pattern(1000, 1)).unwrap();
+    let (cluster, fs, ino, fh) = written_not_committed();
     let second = Arc::new(Mutex::new(None));
     {
         let (fs, second, cluster2) = (fs.clone(), second.clone(), cluster.clone());
@@ -1473,11 +1465,7 @@ fn a_flush_waits_for_a_commit_another_flush_has_on_its_way() {
 #[test]
 fn answers_overtaken_by_a_commit_do_not_take_the_size_back() {
     for op in [RequestOp::GetAttr, RequestOp::Open] {
-        let cluster: Arc<FakeCluster> = Arc::default();
-        let fs = client(&cluster);
-        let ino = create(&fs, "f");
-        let fh = fs.open(ino, RW, &ROOT_CALLER).unwrap().0;
-        write(&fs, ino, 0, &pattern(1000, 1)).unwrap();
+        let (cluster, fs, ino, fh) = written_not_committed();
         {
             let fs = fs.clone();
             cluster.after_next_answer(op, Box::new(move || fs.flush(ino, fh).unwrap()));
@@ -1506,11 +1494,7 @@ fn answers_overtaken_by_a_commit_do_not_take_the_size_back() {
 /// back over the cut). Found by a reviewer of the answers-only-grow rule.
 #[test]
 fn an_answer_from_before_our_truncate_does_not_undo_it() {
-    let cluster: Arc<FakeCluster> = Arc::default();
-    let fs = client(&cluster);
-    let ino = create(&fs, "f");
-    let fh = fs.open(ino, RW, &ROOT_CALLER).unwrap().0;
-    write(&fs, ino, 0, &pattern(1000, 1)).unwrap();
+    let (cluster, fs, ino, fh) = written_not_committed();
     fs.flush(ino, fh).unwrap();
     assert_eq!(cluster.size(ino), 1000);
     {
@@ -1546,11 +1530,7 @@ fn an_answer_from_before_our_truncate_does_not_undo_it() {
 #[test]
 fn an_answer_from_before_a_cut_told_by_callback_does_not_undo_it() {
     use rfs_proto::callback::{Callback, Invalidation};
-    let cluster: Arc<FakeCluster> = Arc::default();
-    let fs = client(&cluster);
-    let ino = create(&fs, "f");
-    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
-    write(&fs, ino, 0, &pattern(1000, 1)).unwrap();
+    let (cluster, fs, ino, fh) = written_not_committed();
     fs.flush(ino, fh).unwrap();
     {
         let (fs, cluster2) = (fs.clone(), cluster.clone());
@@ -1612,4 +1592,15 @@ fn an_answer_overtaken_by_a_commit_shows_our_mtime_with_our_size() {
         "mtime of the overtaken answer (before: {:?})",
         (before.mtime.secs, before.mtime.nsecs)
     );
+}
+
+/// A fresh cluster and a client of it with file "f" open for reading and writing, and 1000
+/// bytes written and not committed: (cluster, client, inode, handle).
+fn written_not_committed() -> (Arc<FakeCluster>, Arc<Rfs<Fake>>, Ino, u64) {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    let ino = create(&fs, "f");
+    let fh = fs.open(ino, RW, &ROOT_CALLER).unwrap().0;
+    write(&fs, ino, 0, &pattern(1000, 1)).unwrap();
+    (cluster, fs, ino, fh)
 }
