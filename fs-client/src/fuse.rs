@@ -214,10 +214,6 @@ fn caller(req: &Request) -> Caller {
     }
 }
 
-/// The kernel's mark on the open(s) execve(2) makes (__FMODE_EXEC), which FUSE passes on.
-const FMODE_EXEC: i32 = 0x20;
-
-/// The access an open asks for, in MAY_* bits.
 /// Whether this kernel drops the cached pages that a direct write overlaps (Linux 6.6 and
 /// later; 6.1 does not, as a reviewer found in the Soft-RoCE VM): on an older one, other
 /// handles of the file here would go on reading what they cached before the write, so no
@@ -238,6 +234,10 @@ fn kernel_version(release: &str) -> Option<(u32, u32)> {
     Some((numbers.next()?.parse().ok()?, numbers.next()?.parse().ok()?))
 }
 
+/// The kernel's mark on the open(s) execve(2) makes (__FMODE_EXEC), which FUSE passes on.
+const FMODE_EXEC: i32 = 0x20;
+
+/// The access an open asks for, in MAY_* bits.
 fn access(flags: i32) -> u8 {
     match flags & libc::O_ACCMODE {
         _ if flags & FMODE_EXEC != 0 => MAY_EXEC,
