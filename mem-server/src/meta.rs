@@ -1251,8 +1251,11 @@ impl MetaService {
                     Some(_) => ns.commit(m.ino, m.size, m.mtime, m.cuts),
                     None => Err(Errno::EBADF),
                 };
-                r.is_ok().then(|| fx.change.inodes.push((m.ino, true)));
-                answer(m, told(holders, session, r, None))
+                if r.is_ok() {
+                    fx.change.inodes.push((m.ino, true));
+                    holders.saw(session, m.ino);
+                }
+                answer(m, r)
             }
             Request::GetStatFs(m) => {
                 // Space as files see it: each chunk takes a chunk on every replica's node.

@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use rfs_proto::message::Committed;
 use rfs_proto::types::{
     Attr, AttrChanges, ChunkRef, DirEntry, FileKind, Ino, Name, Owner, Replicas, Timestamp,
     NAME_MAX, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT,
@@ -657,14 +658,15 @@ impl Namespace {
 
     /// Records a client's writes: the size grows to `size` (never shrinks: that is truncate).
     /// ESTALE if the file was cut since the client last heard (`cuts` is the count of cuts it
-    /// made its size with): its size would grow the file back over the cut.
+    /// made its size with): its size would grow the file back over the cut. Answers the
+    /// attributes before and after.
     pub fn commit(
         &mut self,
         ino: Ino,
         size: u64,
         mtime: Option<Timestamp>,
         cuts: u64,
-    ) -> Result<Attr, Errno> {
+    ) -> Result<Committed, Errno> {
         let i = self.get_mut(ino)?;
         if i.attr.kind != FileKind::RegularFile {
             return Err(Errno::EINVAL);
@@ -672,6 +674,7 @@ impl Namespace {
         if cuts != i.attr.cuts {
             return Err(Errno::ESTALE);
         }
+        let before = i.attr;
         if size > i.attr.size {
             i.attr.size = size;
         }
@@ -679,7 +682,10 @@ impl Namespace {
             i.attr.mtime = m;
             i.attr.ctime = now();
         }
-        Ok(i.attr)
+        Ok(Committed {
+            before,
+            after: i.attr,
+        })
     }
 
     fn chunks(&self, ino: Ino) -> Result<&BTreeMap<u64, Replicas>, Errno> {
@@ -1012,6 +1018,24 @@ mod tests {
         assert_eq!(trimmed.len(), 1, "{trimmed:?}");
         assert_eq!((trimmed[0].0, trimmed[0].1), (closed, 0));
         assert_eq!(n.chunk_map(open, 0, 2).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn a_commit_answers_the_attributes_before_and_after_it() {
+        let mut n = ns();
+        let f = file(&mut n, ROOT, "a");
+        let first = n.getattr(f).unwrap();
+        let m = Timestamp { secs: 7, nsecs: 8 };
+        let c = n.commit(f, 4096, Some(m), 0).unwrap();
+        assert_eq!(c.before, first);
+        assert_eq!((c.after.size, c.after.mtime), (4096, m));
+        assert_eq!(n.getattr(f).unwrap(), c.after);
+        let again = n.commit(f, 10, None, 0).unwrap();
+        assert_eq!(
+            again.before, c.after,
+            "the one before is the last commit's after"
+        );
+        assert_eq!(again.after, c.after, "a commit never shrinks the file");
     }
 
     #[test]

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use rfs_e2e::{client, client_config, secret, MemServer};
 use rfs_proto::data::chunk_addr;
 use rfs_proto::message::{
-    decode_reply, Allocate, Call, ChunkMap, Commit, Create, GetAttr, GetStatFs, ListNodes, Lookup,
-    Mkdir, Open, ReadDir, Release, SetAttr, Unlink,
+    decode_reply, Allocate, Call, ChunkMap, Commit, Committed, Create, GetAttr, GetStatFs,
+    ListNodes, Lookup, Mkdir, Open, ReadDir, Release, SetAttr, Unlink,
 };
 use rfs_proto::types::{
     Attr, AttrChanges, Caller, ChunkRef, NodeInfo, Owner, Replicas, StatFs, MAY_READ, MAY_WRITE,
@@ -466,7 +466,7 @@ fn a_call_that_reaches_the_node_after_its_deadline_is_not_applied() {
     );
 }
 
-fn commit(c: &Client, ino: u64, size: u64, cuts: u64) -> Result<Attr, Errno> {
+fn commit(c: &Client, ino: u64, size: u64, cuts: u64) -> Result<Committed, Errno> {
     c.call(Commit {
         ino,
         size,
@@ -484,7 +484,7 @@ fn a_commit_made_before_a_cut_its_client_missed_is_refused() {
     let meta = meta("8M");
     let a = client(&meta);
     let ino = create(&a, "f");
-    let first = commit(&a, ino, 5000, 0).unwrap();
+    let first = commit(&a, ino, 5000, 0).unwrap().after;
     assert_eq!((first.size, first.cuts), (5000, 0));
     let b = client(&meta);
     open(&b, ino);
@@ -500,7 +500,12 @@ fn a_commit_made_before_a_cut_its_client_missed_is_refused() {
         })
         .unwrap();
     assert_eq!(cut.cuts, 1);
-    assert_eq!(commit(&b, ino, 6000, 1).unwrap().size, 6000);
+    let grown = commit(&b, ino, 6000, 1).unwrap();
+    assert_eq!(
+        grown.before, cut,
+        "the commit's before is what the cut left"
+    );
+    assert_eq!(grown.after.size, 6000);
     assert_eq!(commit(&a, ino, 9000, 0), Err(Errno::ESTALE));
     let now = a.call(GetAttr { ino }).unwrap();
     assert_eq!(
@@ -508,5 +513,7 @@ fn a_commit_made_before_a_cut_its_client_missed_is_refused() {
         (6000, 1),
         "the cut and what followed it hold"
     );
-    assert_eq!(commit(&a, ino, 7000, now.cuts).unwrap().size, 7000);
+    let last = commit(&a, ino, 7000, now.cuts).unwrap();
+    assert_eq!(last.before, now, "a's commit shows b's change before it");
+    assert_eq!(last.after.size, 7000);
 }

@@ -172,6 +172,14 @@ wire_struct! {
 }
 
 wire_struct! {
+    /// What a commit answers: the file's attributes just before and just after it (NFS's
+    /// weak cache consistency data). A client whose pages were of `before` knows that nobody
+    /// else changed the file in between, so they are of `after` once they hold its writes.
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    pub struct Committed { pub before: Attr, pub after: Attr }
+}
+
+wire_struct! {
     /// The file system's capacity.
     #[derive(Clone, Debug, PartialEq)]
     pub struct GetStatFs {}
@@ -293,7 +301,7 @@ calls! {
     Release => (),
     ChunkMap => Vec<(u64, Replicas)>,
     Allocate => Vec<(u64, Replicas)>,
-    Commit => Attr,
+    Commit => Committed,
     GetStatFs => StatFs,
     ListNodes => Vec<NodeInfo>,
     Create => Made,
@@ -611,6 +619,13 @@ mod tests {
                     meta: true,
                 }]),
             ),
+            encode_reply(
+                RequestOp::Commit as u8,
+                &Ok(Committed {
+                    before: attr(),
+                    after: Attr { size: 9, ..attr() },
+                }),
+            ),
         ]
     }
 
@@ -654,6 +669,8 @@ mod tests {
         assert_eq!(decode_reply::<ReadDir>(page).unwrap().unwrap().len(), 2);
         let nodes = &all_replies()[7];
         assert_eq!(decode_reply::<ListNodes>(nodes).unwrap().unwrap()[0].id, 0);
+        let committed = decode_reply::<Commit>(&all_replies()[8]).unwrap().unwrap();
+        assert_eq!((committed.before, committed.after.size), (attr(), 9));
     }
 
     #[test]

@@ -17,7 +17,8 @@ use crate::errno::Errno;
 /// metadata node knows it again), Reclaim, the metadata node's own pool marked in node lists.
 /// 9: calls that change a directory answer its attributes after the change. 10: ReleaseMany.
 /// 11: attributes count a file's cuts, and a commit says the count its size was made with.
-pub const VERSION: u8 = 11;
+/// 12: a commit answers the attributes before it as well as after.
+pub const VERSION: u8 = 12;
 /// Bounds what one list (readdir page, chunk map, node list) may carry: a message is at most
 /// 64 KiB.
 pub const MAX_LIST: u32 = 256;

@@ -655,6 +655,49 @@ fn cached_pages_outlive_a_close_until_another_mount_changes_the_file() {
     assert!(a.stat("reads") > reads);
 }
 
+/// The pages a mount's own writes went through are of the version its commit made (the
+/// commit's answer shows nobody changed the file before it): they outlive the close, so a
+/// reread after close and open comes from them, as IOzone's rewrite finds its pages in place.
+/// Another mount's write meanwhile still shows at the next open.
+#[test]
+fn pages_a_mount_wrote_outlive_its_close_until_another_mount_writes() {
+    let node = MemServer::meta("64M", "1M");
+    let (a, b) = (Mount::new(&node, &[]), Mount::new(&node, &[]));
+    let read_write = |path| {
+        OpenOptions::new()
+            .create(true)
+            .read(true)
+            .write(true)
+            .open(path)
+            .unwrap()
+    };
+    let mut expected = pattern(4 * MIB, 1);
+    read_write(a.path("f")).write_all(&expected).unwrap();
+    let reads = a.stat("reads");
+    assert!(fs::read(a.path("f")).unwrap() == expected);
+    assert_eq!(
+        a.stat("reads"),
+        reads,
+        "the pages a's writes went through were dropped at open"
+    );
+    // a rewrites a piece while b writes another and closes first.
+    let f = read_write(a.path("f"));
+    let ours = pattern(MIB, 2);
+    f.write_all_at(&ours, 0).unwrap();
+    let theirs = pattern(MIB, 3);
+    read_write(b.path("f"))
+        .write_all_at(&theirs, 2 * MIB as u64)
+        .unwrap();
+    drop(f);
+    expected[..MIB].copy_from_slice(&ours);
+    expected[2 * MIB..3 * MIB].copy_from_slice(&theirs);
+    assert!(
+        fs::read(a.path("f")).unwrap() == expected,
+        "stale pages served"
+    );
+    assert!(fs::read(b.path("f")).unwrap() == expected);
+}
+
 /// A mount whose metadata connection was down while another mount cut a file it had written
 /// and not yet closed (the callback could not reach it), and wrote the file again, larger than
 /// what the first mount had committed: the first mount's close, once connected again, does

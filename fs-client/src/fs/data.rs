@@ -19,6 +19,7 @@ use rfs_proto::Errno;
 
 use super::backend::{Backend, DataDone};
 use super::chunks::InFlight;
+use super::coherence::KernelInval;
 use super::error::{Error, Result};
 use super::stats::{ClientStats, STATS_INO};
 use super::Rfs;
@@ -612,6 +613,13 @@ impl<B: Backend> Rfs<B> {
         let finish: FinishWrite<B> = {
             let answer = answer.clone();
             Box::new(move |fs, r| {
+                if r.is_err() {
+                    // The kernel's pages may hold bytes the file does not (a buffered write
+                    // copies into them first): they go, before a flush waiting for this
+                    // write can return.
+                    fs.pages_changed(ino);
+                    fs.kernel(KernelInval::Inode { ino, data: true });
+                }
                 let unanswered = answer.lock().unwrap().take();
                 let Some(done) = unanswered else {
                     return fs.behind.landed(ino, offset, r.err());

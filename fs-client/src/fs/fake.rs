@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use rdmabox::transport::WcStatus;
 use rdmabox::Snapshot;
-use rfs_proto::message::{decode_reply, encode_reply, Call, Made, Request, RequestOp};
+use rfs_proto::message::{decode_reply, encode_reply, Call, Committed, Made, Request, RequestOp};
 use rfs_proto::types::{Attr, ChunkRef, FileKind, Ino, Owner, Replicas, StatFs, Timestamp, ROOT};
 use rfs_proto::{Errno, MetadataChannel};
 
@@ -368,9 +368,10 @@ impl FakeCluster {
                     if m.cuts != a.cuts {
                         return Err(Errno::ESTALE); // made before a cut it had not heard of
                     }
+                    let before = *a;
                     a.size = a.size.max(m.size);
                     a.mtime = m.mtime.unwrap_or(a.mtime);
-                    Ok(*a)
+                    Ok(Committed { before, after: *a })
                 });
                 answer(m, r)
             }

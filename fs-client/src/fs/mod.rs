@@ -75,8 +75,8 @@ pub struct Rfs<B: Backend = Client> {
     open: Mutex<HashMap<Ino, OpenFile>>,
     /// Signalled when a commit is answered (see [`OpenFile`]'s `committing`).
     commit_answered: Condvar,
-    /// The version (size, mtime, ctime) each file had when the kernel last cached its pages
-    /// here; kept until a callback or a lost connection says the pages may be stale.
+    /// The version (size, mtime, ctime) each file's pages cached here are of; kept until a
+    /// callback or a lost connection says they may be stale.
     page_versions: Mutex<HashMap<Ino, PageVersion>>,
     /// Open handles: the file and the access each was opened with.
     handles: Mutex<HashMap<u64, (Ino, u8)>>,

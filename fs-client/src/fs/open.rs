@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use rfs_proto::message::{Commit, Create, GetAttr, Open};
+use rfs_proto::message::{Commit, Committed, Create, GetAttr, Open};
 use rfs_proto::types::{Attr, Caller, FileKind, Ino, Owner, Timestamp, MAY_WRITE};
 use rfs_proto::Errno;
 
@@ -144,6 +144,20 @@ impl<B: Backend> Rfs<B> {
         self.page_versions.lock().unwrap().clear();
     }
 
+    /// Our commit of `ino` is answered. The kernel's pages of the file hold our writes (they
+    /// went through them, or the kernel dropped what a direct write overlapped), so if they
+    /// were of the version the file had just before the commit (nobody else changed it since
+    /// they were), they are of the version after: the next open keeps them, as a reopen of
+    /// an unchanged file does, and a rewrite finds its pages in place.
+    fn pages_committed(&self, ino: Ino, c: &Committed) {
+        let mut versions = self.page_versions.lock().unwrap();
+        if let Some(v) = versions.get_mut(&ino) {
+            if *v == PageVersion::of(&c.before) {
+                *v = PageVersion::of(&c.after);
+            }
+        }
+    }
+
     /// Opens a file for `access` (MAY_READ, MAY_WRITE) on behalf of `caller`: fresh
     /// attributes and chunk map (close-to-open), and a handle. The metadata node checks the
     /// file's mode, and gives chunk maps only while a handle is open.
@@ -169,6 +183,12 @@ impl<B: Backend> Rfs<B> {
         };
         let made = self.changing(parent, create)?;
         self.dirs.added(sent, made.dir, name);
+        // The kernel has no pages of a new file, so none of another version.
+        let new = PageVersion::of(&made.attr);
+        self.page_versions
+            .lock()
+            .unwrap()
+            .insert(made.attr.ino, new);
         Ok(self.opened(made.attr, access))
     }
 
@@ -291,6 +311,9 @@ impl<B: Backend> Rfs<B> {
             mtime,
             cuts,
         });
+        if let Ok(c) = &committed {
+            self.pages_committed(ino, c);
+        }
         if committed
             .as_ref()
             .is_err_and(|e| e.errno() == Errno::ESTALE)

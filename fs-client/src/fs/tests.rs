@@ -624,6 +624,50 @@ fn cached_pages_are_kept_across_opens_of_an_unchanged_file_only() {
     assert!(open(&a));
 }
 
+#[test]
+fn our_own_commit_keeps_the_pages_another_clients_commit_drops() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let (a, b) = (client(&cluster), client(&cluster));
+    let ino = create(&a, "f");
+    let open = |fs: &Arc<Rfs<Fake>>| fs.open_keeping_cache(ino, RW, &ROOT_CALLER).unwrap();
+    let (fh, _, keep) = open(&a);
+    assert!(!keep, "nothing cached at the first open");
+    write(&a, ino, 0, b"ours").unwrap();
+    a.release(fh).unwrap();
+    let (fh, _, keep) = open(&a);
+    assert!(
+        keep,
+        "the pages hold our write: the version after our commit"
+    );
+    // Another client commits between our open and our commit, and its callback has not
+    // come (the fake sends none): our commit's answer shows the file changed before it.
+    write(&a, ino, 100, b"more").unwrap();
+    let (bh, _) = b.open(ino, RW, &ROOT_CALLER).unwrap();
+    write(&b, ino, 0, b"THEIRS").unwrap();
+    b.release(bh).unwrap();
+    a.release(fh).unwrap();
+    let (fh, _, keep) = open(&a);
+    assert!(!keep, "our pages do not hold the other client's write");
+    a.release(fh).unwrap();
+    let (fh, _, keep) = open(&a);
+    assert!(keep);
+    // A callback while our commit is on its way: the pages go, whatever the answer says.
+    write(&a, ino, 0, b"again").unwrap();
+    let told = a.clone();
+    cluster.after_next_answer(RequestOp::Commit, Box::new(move || told.pages_changed(ino)));
+    a.release(fh).unwrap();
+    let (fh, _, keep) = open(&a);
+    assert!(!keep, "a callback said the pages changed");
+    a.release(fh).unwrap();
+    // A file made by create has no pages of another version either.
+    let (fh, made) = a.create(ROOT, b"g", OWNER, RW).unwrap();
+    write(&a, made.ino, 0, b"new").unwrap();
+    a.release(fh).unwrap();
+    let (fh, _, keep) = a.open_keeping_cache(made.ino, RW, &ROOT_CALLER).unwrap();
+    assert!(keep, "the pages of a file we made hold what we wrote");
+    a.release(fh).unwrap();
+}
+
 /// A write through write-behind: the receiver gets its answer.
 fn write_behind(
     fs: &Arc<Rfs<Fake>>,
@@ -808,6 +852,30 @@ fn a_write_behind_that_fails_is_reported_by_flush_once_and_fails_the_next_write(
         .recv()
         .unwrap()
         .is_ok());
+    fs.release(fh).unwrap();
+}
+
+#[test]
+fn a_write_behind_that_fails_drops_the_pages_that_hold_it() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    fs.set_write_behind(1 << 20);
+    let (fh, made) = fs.create(ROOT, b"f", OWNER, RW).unwrap();
+    let ino = made.ino;
+    write(&fs, ino, 0, &pattern(2 * CHUNK as usize, 1)).unwrap();
+    cluster.hold_writes();
+    assert!(
+        write_behind(&fs, ino, 0, &pattern(2 * CHUNK as usize, 2), false)
+            .recv()
+            .unwrap()
+            .is_ok()
+    );
+    cluster.fail_node(Some(cluster.replicas(ino, 1)[0].node));
+    cluster.let_writes_go();
+    assert_eq!(fs.release(fh).unwrap_err().errno(), Errno::EIO);
+    cluster.fail_node(None);
+    let (fh, _, keep) = fs.open_keeping_cache(ino, RW, &ROOT_CALLER).unwrap();
+    assert!(!keep, "the kernel's pages hold bytes that never landed");
     fs.release(fh).unwrap();
 }
 
