@@ -666,6 +666,7 @@ fn pages_a_mount_wrote_outlive_its_close_until_another_mount_writes() {
     let read_write = |path| {
         OpenOptions::new()
             .create(true)
+            .truncate(false)
             .read(true)
             .write(true)
             .open(path)
