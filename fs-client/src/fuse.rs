@@ -289,6 +289,10 @@ impl Filesystem for RfsFuse {
         self.entry("lookup", self.fs.lookup(parent.0, n), reply);
     }
 
+    fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
+        self.fs.forget(ino.0);
+    }
+
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         self.attr_reply("getattr", self.fs.getattr(ino.0), reply);
     }

@@ -138,6 +138,13 @@ impl<B: Backend> Rfs<B> {
         self.page_versions.lock().unwrap().remove(&ino);
     }
 
+    /// The kernel forgot `ino` (it evicted the inode, or let go of a lookup it did not use):
+    /// it has no pages of it, so there is no version of them to remember. Forgetting one it
+    /// still has only makes its next open drop its pages.
+    pub fn forget(&self, ino: Ino) {
+        self.page_versions.lock().unwrap().remove(&ino);
+    }
+
     /// Callbacks may have been missed (the connection was lost): no cached pages are kept at
     /// the next open.
     pub(crate) fn pages_unknown(&self) {

@@ -622,6 +622,9 @@ fn cached_pages_are_kept_across_opens_of_an_unchanged_file_only() {
     a.pages_unknown();
     assert!(!open(&a), "callbacks may have been missed");
     assert!(open(&a));
+    a.forget(ino);
+    assert!(!open(&a), "the kernel forgot the inode, and its pages");
+    assert!(open(&a));
 }
 
 #[test]
