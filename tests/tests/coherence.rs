@@ -741,3 +741,36 @@ fn a_close_after_a_missed_cut_does_not_grow_the_file_back_over_it() {
     let stats = fs::read_to_string(a.path(".rfs-stats")).unwrap();
     assert!(stats.contains("commits_over_cuts 1"), "{stats}");
 }
+
+/// A fallocate that fails changes nothing, and leaves no stale pages behind: ZERO_RANGE past
+/// the end used to zero the bytes inside the file and then fail to allocate the rest
+/// (ENOSPC). The kernel drops the range's pages only when fallocate succeeds, so they kept
+/// the old bytes, and the close's commit (of our own change, nobody else's) let them outlive
+/// the close and open while the file held zeros (found by a review).
+#[test]
+fn a_zero_range_that_fails_for_space_changes_nothing_and_leaves_no_stale_pages() {
+    use std::os::fd::AsRawFd;
+    let node = MemServer::meta("64M", "1M");
+    let a = Mount::new(&node, &[]);
+    let b = Mount::new(&node, &[]);
+    let data = pattern(4 * MIB, 1);
+    fs::write(a.path("f"), &data).unwrap();
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(a.path("f"))
+        .unwrap();
+    let mut cached = vec![0u8; 4 * MIB];
+    f.read_exact_at(&mut cached, 0).unwrap();
+    // SAFETY: a plain system call on a descriptor we own.
+    let r = unsafe { libc::fallocate(f.as_raw_fd(), libc::FALLOC_FL_ZERO_RANGE, 0, 1 << 30) };
+    let err = std::io::Error::last_os_error();
+    assert_eq!(r, -1, "1 GiB fits no 64M pool");
+    assert_eq!(rfs_e2e::errno(&err), libc::ENOSPC, "{err}");
+    drop(f);
+    assert!(
+        fs::read(b.path("f")).unwrap() == data,
+        "the failed fallocate zeroed the file"
+    );
+    assert!(fs::read(a.path("f")).unwrap() == data);
+}

@@ -19,7 +19,6 @@ use rfs_proto::Errno;
 
 use super::backend::{Backend, DataDone};
 use super::chunks::InFlight;
-use super::coherence::KernelInval;
 use super::error::{Error, Result};
 use super::stats::{ClientStats, STATS_INO};
 use super::Rfs;
@@ -614,11 +613,8 @@ impl<B: Backend> Rfs<B> {
             let answer = answer.clone();
             Box::new(move |fs, r| {
                 if r.is_err() {
-                    // The kernel's pages may hold bytes the file does not (a buffered write
-                    // copies into them first): they go, before a flush waiting for this
-                    // write can return.
-                    fs.pages_changed(ino);
-                    fs.kernel(KernelInval::Inode { ino, data: true });
+                    // Before a flush waiting for this write can return.
+                    fs.pages_left_stale(ino);
                 }
                 let unanswered = answer.lock().unwrap().take();
                 let Some(done) = unanswered else {

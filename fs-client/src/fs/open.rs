@@ -145,6 +145,15 @@ impl<B: Backend> Rfs<B> {
         self.page_versions.lock().unwrap().remove(&ino);
     }
 
+    /// Bytes of `ino` changed here other than by a FUSE write that succeeded (a write that
+    /// failed after the kernel copied it into the pages, a copy or fallocate that failed
+    /// partway, whose pages the kernel drops only on success): the kernel's pages may hold
+    /// bytes the file does not, so they go.
+    pub(crate) fn pages_left_stale(&self, ino: Ino) {
+        self.pages_changed(ino);
+        self.kernel(KernelInval::Inode { ino, data: true });
+    }
+
     /// Callbacks may have been missed (the connection was lost): no cached pages are kept at
     /// the next open.
     pub(crate) fn pages_unknown(&self) {
@@ -294,13 +303,16 @@ impl<B: Backend> Rfs<B> {
         self.send_commit(ino, made, true)
     }
 
-    /// What to commit of `f` now, taken as sent: (size, mtime, count of cuts).
+    /// What to commit of `f` now, taken as sent: (size, mtime, count of cuts). Bytes still in
+    /// flight (another thread's writes, admitted after this one's drain) leave it dirty even
+    /// below the committed size: this commit makes a new version of the file, which another
+    /// mount may cache the old bytes under, so another commit must follow their landing.
     fn commit_of(&self, ino: Ino, f: &mut OpenFile) -> (u64, Option<Timestamp>, u64) {
         let landed = self
             .behind
             .unlanded_from(ino, f.committed)
             .map_or(f.size, |from| from.min(f.size));
-        f.dirty = landed < f.size;
+        f.dirty = landed < f.size || self.behind.unlanded_from(ino, 0).is_some();
         (landed, f.mtime, f.cuts)
     }
 

@@ -43,11 +43,15 @@ impl<B: Backend> Rfs<B> {
         let mut copied = 0;
         while copied < len {
             let want = (len - copied).min(PIECE) as usize;
-            let data = self.read_now(src, from + copied, want)?;
+            // The pieces copied so far are in `dst`: a failure now leaves its pages stale.
+            let data = self
+                .read_now(src, from + copied, want)
+                .inspect_err(|_| self.pages_left_stale(dst))?;
             if data.is_empty() {
                 break;
             }
-            self.write_now(dst, to + copied, &data)?;
+            self.write_now(dst, to + copied, &data)
+                .inspect_err(|_| self.pages_left_stale(dst))?;
             copied += data.len() as u64;
             ClientStats::add(&self.stats.bytes_copied, data.len() as u64);
             if from + copied >= end || data.len() < want {
@@ -74,16 +78,19 @@ impl<B: Backend> Rfs<B> {
         match mode & !FALLOC_FL_KEEP_SIZE {
             0 => self.allocate_range(ino, offset, end)?,
             FALLOC_FL_PUNCH_HOLE if keep_size => {
-                self.zero_range(ino, offset, end.min(size), false)?;
+                self.zero_range(ino, offset, end.min(size), false)
+                    .inspect_err(|_| self.pages_left_stale(ino))?;
             }
             FALLOC_FL_PUNCH_HOLE => return Err(Errno::EINVAL.into()),
             FALLOC_FL_ZERO_RANGE => {
                 // Bytes past the end are zeros already (truncation zeroes what it cuts);
-                // they only need chunks.
-                self.zero_range(ino, offset, end.min(size), true)?;
+                // they only need chunks, allocated first: a fallocate that fails for
+                // space changes no byte.
                 if end > size {
                     self.allocate_range(ino, offset.max(size), end)?;
                 }
+                self.zero_range(ino, offset, end.min(size), true)
+                    .inspect_err(|_| self.pages_left_stale(ino))?;
             }
             _ => return Err(Errno::ENOTSUP.into()),
         }

@@ -882,6 +882,36 @@ fn a_write_behind_that_fails_drops_the_pages_that_hold_it() {
     fs.release(fh).unwrap();
 }
 
+/// A commit made while an overwrite below the committed size is still in flight (another
+/// thread's write, admitted after the committing thread's drain) is followed by another once
+/// it landed: another mount may cache the old bytes under the version the first one made.
+#[test]
+fn a_commit_over_an_overwrite_in_flight_leaves_another_to_follow_it() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    fs.set_write_behind(1 << 20);
+    let ino = create(&fs, "f");
+    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+    write(&fs, ino, 0, &pattern(100, 1)).unwrap();
+    fs.commit(ino).unwrap();
+    cluster.hold_writes();
+    assert!(write_behind(&fs, ino, 0, b"new", false)
+        .recv()
+        .unwrap()
+        .is_ok());
+    let commits = cluster.calls(RequestOp::Commit);
+    fs.commit_size(ino).unwrap(); // no drain: as if the write came after it
+    assert_eq!(cluster.calls(RequestOp::Commit), commits + 1);
+    cluster.let_writes_go();
+    fs.commit(ino).unwrap();
+    assert_eq!(
+        cluster.calls(RequestOp::Commit),
+        commits + 2,
+        "no commit followed the overwrite's landing"
+    );
+    fs.release(fh).unwrap();
+}
+
 #[test]
 fn sync_writes_and_writes_without_write_behind_are_answered_once_landed() {
     let cluster: Arc<FakeCluster> = Arc::default();
