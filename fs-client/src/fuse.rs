@@ -79,13 +79,16 @@ impl RfsFuse {
         if keep {
             open |= FopenFlags::FOPEN_KEEP_CACHE;
         }
-        if access(flags) == MAY_WRITE
-            && !self.cfg.writeback_cache
-            && direct_writes_drop_cached_pages()
-        {
+        if self.goes_around_the_cache(flags) {
             open |= FopenFlags::FOPEN_DIRECT_IO;
         }
         open
+    }
+
+    /// Whether a handle opened with `flags` is one [`Self::page_cache_use`] sends around the
+    /// page cache.
+    fn goes_around_the_cache(&self, flags: i32) -> bool {
+        access(flags) == MAY_WRITE && !self.cfg.writeback_cache && direct_writes_drop_cached_pages()
     }
 
     fn attr(&self, a: &Attr) -> FileAttr {
@@ -471,6 +474,12 @@ impl Filesystem for RfsFuse {
     ) {
         // The kernel adds O_DSYNC and O_SYNC for RWF_DSYNC and RWF_SYNC writes too.
         let sync = flags.0 & (libc::O_SYNC | libc::O_DSYNC | libc::O_DIRECT) != 0;
+        if flags.0 & libc::O_DIRECT != 0 || self.goes_around_the_cache(flags.0) {
+            // Not through the pages: the kernel drops those it overlaps before sending it
+            // (and, on some kernels, not after, so a reader here may cache old bytes
+            // meanwhile), so our commit of it must not carry them over to the next open.
+            self.fs.pages_changed(ino.0);
+        }
         self.fs.write_behind(
             ino.0,
             offset,
