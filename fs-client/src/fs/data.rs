@@ -761,34 +761,56 @@ impl<B: Backend> Rfs<B> {
     }
 
     /// On truncation inside a chunk, zeroes the rest of that chunk (up to the old size), so
-    /// that growing the file again reads zeros there and not the old bytes.
-    pub(crate) fn zero_tail(self: &Arc<Self>, ino: Ino, new: u64, old: u64) -> Result<()> {
+    /// that growing the file again reads zeros there and not the old bytes. Answers what it
+    /// overwrote, and where, for [`Self::put_tail_back`] if the cut does not happen.
+    pub(crate) fn zero_tail(
+        self: &Arc<Self>,
+        ino: Ino,
+        new: u64,
+        old: u64,
+    ) -> Result<Option<(u64, Vec<u8>)>> {
         let in_chunk = new % self.chunk_size;
         if in_chunk == 0 {
-            return Ok(());
+            return Ok(None);
         }
         let index = new / self.chunk_size;
         let end = ((index + 1) * self.chunk_size).min(old);
         let (refs, hold) = self.refs(ino, index, 1, false)?;
         drop(hold);
         if refs[0].is_none() {
-            return Ok(()); // a hole: zeros already
+            return Ok(None); // a hole: zeros already
         }
-        let len = (end - new) as usize;
+        let tail = self.read_now(ino, new, (end - new) as usize)?;
+        self.overwrite_tail(ino, new, vec![0; tail.len()])?;
+        Ok(Some((new, tail)))
+    }
+
+    /// The cut that [`Self::zero_tail`] zeroed ahead of did not happen: the bytes go back.
+    pub(crate) fn put_tail_back(self: &Arc<Self>, ino: Ino, (at, bytes): (u64, Vec<u8>)) {
+        if let Err(e) = self.overwrite_tail(ino, at, bytes) {
+            log::error!(
+                "inode {ino}: a truncate failed, and the bytes zeroed ahead of it from offset \
+                 {at} could not be put back: {e}"
+            );
+        }
+    }
+
+    /// Writes `bytes` at `at`, within one chunk, as a change of no size or mtime of ours.
+    fn overwrite_tail(self: &Arc<Self>, ino: Ino, at: u64, bytes: Vec<u8>) -> Result<()> {
         let piece = Segment {
-            index,
-            offset_in_chunk: in_chunk,
-            len,
+            index: at / self.chunk_size,
+            offset_in_chunk: at % self.chunk_size,
+            len: bytes.len(),
             at: 0,
         };
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         let attempt = Attempt::first(self.retry_window());
         let finish: FinishWrite<B> = Box::new(move |_, r| drop(tx.send(r)));
-        self.write_pieces(ino, vec![(piece, vec![0; len])], attempt, finish);
+        self.write_pieces(ino, vec![(piece, bytes)], attempt, finish);
         rx.recv().unwrap_or_else(|_| {
             Err(Error::new(
                 Errno::EIO,
-                "zeroing a truncated tail: no answer",
+                "overwriting a truncated tail: no answer",
             ))
         })
     }

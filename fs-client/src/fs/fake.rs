@@ -29,6 +29,8 @@ struct State {
     memory: HashMap<(u32, u64), Vec<u8>>,
     next_addr: u64,
     calls: HashMap<RequestOp, usize>,
+    /// Calls to refuse once, by op (see [`FakeCluster::refuse_next`]).
+    refuse_next: HashMap<RequestOp, Errno>,
     /// Handles given back, as (inode, access), in order.
     released: Vec<(Ino, u8)>,
     failing_node: Option<u32>,
@@ -108,6 +110,11 @@ impl FakeCluster {
     /// Has `meanwhile` run while the next commit is on its way, before the node applies it.
     pub(crate) fn before_next_commit(&self, meanwhile: BeforeCommit) {
         *self.before_commit.lock().unwrap() = Some(meanwhile);
+    }
+
+    /// Has the "metadata node" refuse the next `op` call with `errno`, unapplied.
+    pub(crate) fn refuse_next(&self, op: RequestOp, errno: Errno) {
+        self.state.lock().unwrap().refuse_next.insert(op, errno);
     }
 
     /// Has `meanwhile` run once the next `op` call is answered, while the answer is on its
@@ -312,6 +319,9 @@ impl FakeCluster {
         }
         let mut st = self.state.lock().unwrap();
         *st.calls.entry(req.op()).or_default() += 1;
+        if let Some(errno) = st.refuse_next.remove(&req.op()) {
+            return encode_reply::<()>(req.op() as u8, &Err(errno));
+        }
         let st = &mut *st;
         let attr = |st: &State, ino| st.files.get(&ino).copied().ok_or(Errno::ENOENT);
         match &req {

@@ -275,6 +275,7 @@ impl<B: Backend> Rfs<B> {
         changes: AttrChanges,
         caller: &Caller,
     ) -> Result<Attr> {
+        let mut zeroed = None;
         if let Some(new) = changes.size {
             // A failed write is left for the writer's flush or fsync to hear of.
             self.commit_reporting(ino, false)?;
@@ -283,7 +284,7 @@ impl<B: Backend> Rfs<B> {
             self.commits_answered(ino);
             let old = self.getattr(ino)?.size;
             if new < old {
-                self.zero_tail(ino, new, old)?;
+                zeroed = self.zero_tail(ino, new, old)?;
             }
         }
         let attr = self.attr_of(SetAttr {
@@ -293,6 +294,17 @@ impl<B: Backend> Rfs<B> {
         });
         // A chmod of a directory whose attributes we keep (and the kernel asks for next).
         self.dirs.changed(ino);
+        if let (Err(_), Some(tail)) = (&attr, zeroed) {
+            // Refused, or no answer (the node unreachable: most likely not applied, and
+            // asked again). Unless the file is cut after all, the zeroed bytes are in it.
+            let cut = self
+                .attr_of(GetAttr { ino })
+                .is_ok_and(|a| a.size <= tail.0);
+            if !cut {
+                self.put_tail_back(ino, tail);
+            }
+            self.pages_left_stale(ino);
+        }
         let attr = attr?;
         if let Some(new) = changes.size {
             self.truncated(ino, new);

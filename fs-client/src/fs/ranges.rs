@@ -137,7 +137,7 @@ impl<B: Backend> Rfs<B> {
     }
 
     /// A read, waited for.
-    fn read_now(self: &Arc<Self>, ino: Ino, offset: u64, len: usize) -> Result<Vec<u8>> {
+    pub(super) fn read_now(self: &Arc<Self>, ino: Ino, offset: u64, len: usize) -> Result<Vec<u8>> {
         let (tx, rx) = sync_channel(1);
         self.read(
             ino,

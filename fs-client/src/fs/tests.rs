@@ -578,6 +578,48 @@ fn fallocate_allocates_extends_punches_and_zeroes() {
     fs.release(fh).unwrap();
 }
 
+/// A truncate inside a chunk zeroes the rest of the chunk before the node cuts the file; if
+/// the node refuses the cut (or does not answer), the zeroed bytes are in the file still, and
+/// go back (they were lost before).
+#[test]
+fn a_truncate_the_node_refuses_loses_no_byte() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    let ino = create(&fs, "f");
+    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+    let data = pattern(2 * CHUNK as usize, 4);
+    write(&fs, ino, 0, &data).unwrap();
+    fs.commit(ino).unwrap();
+    let cut = AttrChanges {
+        size: Some(CHUNK / 2),
+        ..AttrChanges::default()
+    };
+    cluster.refuse_next(RequestOp::SetAttr, Errno::EIO);
+    assert_eq!(
+        fs.setattr(ino, cut, &ROOT_CALLER).unwrap_err().errno(),
+        Errno::EIO
+    );
+    assert_eq!(fs.getattr(ino).unwrap().size, 2 * CHUNK);
+    assert!(
+        read(&fs, ino, 0, data.len()).unwrap() == data,
+        "the bytes zeroed ahead of the cut stayed zeros"
+    );
+    // The cut made after all.
+    assert_eq!(fs.setattr(ino, cut, &ROOT_CALLER).unwrap().size, CHUNK / 2);
+    let grown = AttrChanges {
+        size: Some(CHUNK),
+        ..AttrChanges::default()
+    };
+    fs.setattr(ino, grown, &ROOT_CALLER).unwrap();
+    let back = read(&fs, ino, 0, CHUNK as usize).unwrap();
+    assert!(back[..CHUNK as usize / 2] == data[..CHUNK as usize / 2]);
+    assert!(
+        back[CHUNK as usize / 2..].iter().all(|&b| b == 0),
+        "grown: zeros"
+    );
+    fs.release(fh).unwrap();
+}
+
 #[test]
 fn punching_a_hole_leaves_holes_unallocated() {
     let cluster: Arc<FakeCluster> = Arc::default();
