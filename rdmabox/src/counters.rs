@@ -157,6 +157,10 @@ counters! {
     /// Completions the transport's own thread handled while the poller slept (event polling
     /// on the tcp provider), with no wake-up.
     completed_inline: sum,
+    /// Work requests sent to a queue pair that had some in flight already rather than to an
+    /// idle one, whose threads would have had to wake (providers that serve queue pairs with
+    /// threads: tcp).
+    joined_busy: sum,
 
     // Effects first: completions and byte counts, then what caused them.
     read order:
@@ -182,6 +186,7 @@ counters! {
         completed_inline,
         spins_given_way,
         deadline_expiries,
+        joined_busy,
 }
 
 impl Counters {
@@ -204,7 +209,7 @@ mod tests {
     use super::*;
 
     /// The text names, in the order tools have always seen them.
-    const NAMES: [&str; 22] = [
+    const NAMES: [&str; 23] = [
         "requests",
         "requests_merged",
         "requests_chained",
@@ -227,9 +232,10 @@ mod tests {
         "deadline_expiries",
         "spins_given_way",
         "completed_inline",
+        "joined_busy",
     ];
 
-    /// Every counter set, each to a different value (1 to 22, in `NAMES` order). No
+    /// Every counter set, each to a different value (1 to 23, in `NAMES` order). No
     /// `..Default::default()`: a new counter must be added here.
     fn distinct() -> Snapshot {
         Snapshot {
@@ -255,6 +261,7 @@ mod tests {
             deadline_expiries: 20,
             spins_given_way: 21,
             completed_inline: 22,
+            joined_busy: 23,
         }
     }
 
@@ -281,7 +288,7 @@ mod tests {
         let values: Vec<u64> = rows.iter().map(|&(_, v)| v).collect();
         assert_eq!(
             values,
-            (1..=22).collect::<Vec<_>>(),
+            (1..=23).collect::<Vec<_>>(),
             "each line its own counter"
         );
     }
@@ -337,6 +344,7 @@ mod tests {
             deadline_expiries: AtomicU64::new(want.deadline_expiries),
             spins_given_way: AtomicU64::new(want.spins_given_way),
             completed_inline: AtomicU64::new(want.completed_inline),
+            joined_busy: AtomicU64::new(want.joined_busy),
         };
         assert_eq!(live.snapshot(), want);
     }

@@ -917,3 +917,38 @@ fn an_aborted_session_answers_everything_with_the_reason() {
     drop(session);
     abort.abort("too late");
 }
+
+/// Over tcp, whose queue pairs are each served by a thread on both sides, small transfers join
+/// a queue pair that is busy already rather than waking the threads of another; large ones do
+/// not (a second queue pair's threads copy in parallel).
+#[test]
+fn small_transfers_join_a_busy_queue_pair_and_large_ones_spread() {
+    let cfg = SessionConfig {
+        qps: 4,
+        merge: false,
+        ..SessionConfig::default()
+    };
+    let (lender, session) = setup(8 << 20, cfg);
+    let small: Vec<_> = (0..32u64)
+        .map(|i| session.read_pending(at(&lender, i * 65536), vec![0; 4096]))
+        .collect();
+    for p in small {
+        p.wait().unwrap();
+    }
+    let joined = session.counters().joined_busy;
+    assert!(
+        joined > 0,
+        "32 small reads at once, none joined a busy queue pair"
+    );
+    let large: Vec<_> = (0..4u64)
+        .map(|i| session.read_pending(at(&lender, i << 20), vec![0; 1 << 20]))
+        .collect();
+    for p in large {
+        p.wait().unwrap();
+    }
+    assert_eq!(
+        session.counters().joined_busy,
+        joined,
+        "1 MiB reads joined a queue pair busy with another"
+    );
+}

@@ -168,13 +168,7 @@ impl Inner {
     /// answer: a peer that stopped answering (stopped process, dead host, a NIC retrying
     /// forever) gets no more time than that.
     fn check_deadline(&self, link: &Link, limit: Duration) {
-        let oldest = link
-            .inflight
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(_, w)| w.posted)
-            .min();
+        let oldest = link.inflight.lock().unwrap().oldest();
         if oldest.is_some_and(|t| t.elapsed() > limit) {
             Counters::add(&self.counters.deadline_expiries, 1);
             self.break_with(IoError::TimedOut(limit));

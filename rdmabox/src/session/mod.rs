@@ -20,8 +20,6 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use slab::Slab;
-
 use crate::batching::PlanConfig;
 use crate::counters::{Counters, Snapshot};
 use crate::merge_queue::MergeQueue;
@@ -33,7 +31,7 @@ use crate::transport::{
 use crate::window::{AdmissionPolicy, WindowConfig};
 
 use gather::{Gather, Store};
-use request::{Buffer, Dir, Done, InflightWr, Request};
+use request::{Buffer, Dir, Done, InFlight, Request};
 
 /// The tunables of a session; the defaults are the paper's (measured on ConnectX-3).
 #[derive(Clone, Debug)]
@@ -150,7 +148,7 @@ pub type BorrowingCallback = Box<dyn FnOnce(Result<&[u8], IoError>) + Send>;
 struct Link {
     qp: QueuePair,
     cq: CompletionQueue,
-    inflight: Mutex<Slab<InflightWr>>,
+    inflight: Mutex<InFlight>,
     /// Its poller is spinning: a lone request sent here is seen the moment it completes.
     spinning: AtomicBool,
 }
@@ -242,7 +240,7 @@ impl Session {
                 .map(|(qp, cq)| Link {
                     qp,
                     cq,
-                    inflight: Mutex::new(Slab::new()),
+                    inflight: Mutex::default(),
                     spinning: AtomicBool::new(false),
                 })
                 .collect(),
@@ -485,7 +483,7 @@ impl Drop for Session {
         inner.drain(Dir::Write);
         // Anything a provider failed to flush in time still gets its answer.
         for l in &inner.links {
-            let left: Vec<_> = l.inflight.lock().unwrap().drain().collect();
+            let left = l.inflight.lock().unwrap().drain();
             for w in left {
                 inner.finish(w, WcStatus::WrFlushError);
             }

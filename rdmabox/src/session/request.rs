@@ -5,6 +5,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use slab::Slab;
+
 use crate::mr_pool::Slot;
 use crate::transport::{MemoryRegion, RemoteAddr};
 
@@ -103,4 +105,50 @@ pub(super) struct InflightWr {
     pub(super) bytes: u64,
     /// When it was posted, for the adaptive window's latency samples.
     pub(super) posted: Instant,
+}
+
+/// The work requests in flight on one queue pair, by wr_id, and their payload bytes.
+#[derive(Default)]
+pub(super) struct InFlight {
+    wrs: Slab<InflightWr>,
+    bytes: u64,
+}
+
+impl InFlight {
+    /// Enters a work request; answers its wr_id.
+    pub(super) fn insert(&mut self, w: InflightWr) -> usize {
+        self.bytes += w.bytes;
+        self.wrs.insert(w)
+    }
+
+    /// Takes the work request `key` out, if it is in.
+    pub(super) fn try_remove(&mut self, key: usize) -> Option<InflightWr> {
+        let w = self.wrs.try_remove(key)?;
+        self.bytes -= w.bytes;
+        Some(w)
+    }
+
+    /// Takes every work request out.
+    pub(super) fn drain(&mut self) -> Vec<InflightWr> {
+        self.bytes = 0;
+        self.wrs.drain().collect()
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.wrs.len()
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.wrs.is_empty()
+    }
+
+    /// Payload bytes in flight.
+    pub(super) fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// When the oldest was posted.
+    pub(super) fn oldest(&self) -> Option<Instant> {
+        self.wrs.iter().map(|(_, w)| w.posted).min()
+    }
 }

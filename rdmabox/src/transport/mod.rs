@@ -479,6 +479,13 @@ impl QueuePair {
         }
     }
 
+    /// Whether the provider serves the queue pair with threads of its own (tcp: an engine on
+    /// each side) that sleep while it has nothing to do: work sent to a busy queue pair costs
+    /// no wake-up, to an idle one a wake-up on each side. A NIC serves verbs queue pairs.
+    pub fn served_by_threads(&self) -> bool {
+        matches!(self.imp, QpImpl::Tcp(_))
+    }
+
     /// The queue sizes the provider granted.
     pub fn caps(&self) -> QpCaps {
         match &self.imp {
