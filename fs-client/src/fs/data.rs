@@ -781,7 +781,11 @@ impl<B: Backend> Rfs<B> {
             return Ok(None); // a hole: zeros already
         }
         let tail = self.read_now(ino, new, (end - new) as usize)?;
-        self.overwrite_tail(ino, new, vec![0; tail.len()])?;
+        if let Err(e) = self.overwrite_tail(ino, new, vec![0; tail.len()]) {
+            // Some copies may have the zeros.
+            self.put_tail_back(ino, (new, tail));
+            return Err(e);
+        }
         Ok(Some((new, tail)))
     }
 

@@ -282,9 +282,10 @@ impl<B: Backend> Rfs<B> {
             // A commit made before, on another thread (an owed one's retry), must not land
             // after the cut and grow the file back over it.
             self.commits_answered(ino);
-            let old = self.getattr(ino)?.size;
+            let before = self.call(GetAttr { ino })?;
+            let old = self.with_local_size(before).size;
             if new < old {
-                zeroed = self.zero_tail(ino, new, old)?;
+                zeroed = self.zero_tail(ino, new, old)?.map(|tail| (before, tail));
             }
         }
         let attr = self.attr_of(SetAttr {
@@ -294,22 +295,59 @@ impl<B: Backend> Rfs<B> {
         });
         // A chmod of a directory whose attributes we keep (and the kernel asks for next).
         self.dirs.changed(ino);
-        if let (Err(_), Some(tail)) = (&attr, zeroed) {
-            // Refused, or no answer (the node unreachable: most likely not applied, and
-            // asked again). Unless the file is cut after all, the zeroed bytes are in it.
-            let cut = self
-                .attr_of(GetAttr { ino })
-                .is_ok_and(|a| a.size <= tail.0);
-            if !cut {
-                self.put_tail_back(ino, tail);
-            }
-            self.pages_left_stale(ino);
-        }
+        let attr = match (attr, zeroed) {
+            (Err(e), Some((before, tail))) => self.cut_failed(ino, before, tail, e),
+            (attr, _) => attr,
+        };
         let attr = attr?;
         if let Some(new) = changes.size {
             self.truncated(ino, new);
         }
         Ok(attr)
+    }
+
+    /// The cut of `ino` that the rest of its last chunk was zeroed ahead of failed with `e`.
+    /// The call is never applied once we gave up on it, so the node's attributes tell what
+    /// became of it: cut (by us, its answer lost: the truncate happened), untouched since
+    /// `before` (the zeroed bytes go back), or changed by someone else meanwhile (their
+    /// bytes may be in the tail now: left as they are). If the node cannot tell us, the
+    /// zeros stay, as the cut may have been made. Either way the kernel's pages go.
+    fn cut_failed(
+        self: &Arc<Self>,
+        ino: Ino,
+        before: Attr,
+        (at, tail): (u64, Vec<u8>),
+        e: Error,
+    ) -> Result<Attr> {
+        self.pages_left_stale(ino);
+        let lost = |why: &str| {
+            log::error!(
+                "inode {ino}: a truncate to {at} bytes failed ({e}) after the rest of its last \
+                 chunk was zeroed, and {why}: bytes {at}..{} of the file are zeros",
+                at + tail.len() as u64
+            )
+        };
+        match self.call(GetAttr { ino }) {
+            Ok(now) if now.cuts == before.cuts + 1 && now.size == at => {
+                self.truncated(ino, at);
+                Ok(self.with_local_size(now))
+            }
+            Ok(now)
+                if (now.size, now.mtime, now.ctime, now.cuts)
+                    == (before.size, before.mtime, before.ctime, before.cuts) =>
+            {
+                self.put_tail_back(ino, (at, tail));
+                Err(e)
+            }
+            Ok(_) => {
+                lost("the file changed meanwhile");
+                Err(e)
+            }
+            Err(_) => {
+                lost("the metadata node cannot say whether the cut was made");
+                Err(e)
+            }
+        }
     }
 
     /// Creates a file or special node.

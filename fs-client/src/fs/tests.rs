@@ -620,6 +620,113 @@ fn a_truncate_the_node_refuses_loses_no_byte() {
     fs.release(fh).unwrap();
 }
 
+/// A cut applied whose answer is lost (modelled as a refusal while the node's state is cut, as
+/// an applied cut leaves it), and the node out of reach for the question after it: the zeroed
+/// tail is not put back, past the new end of the file, where growing the file would show the
+/// old bytes again (a first version of the fix put it back; found by a review).
+#[test]
+fn a_cut_whose_answer_is_lost_does_not_bring_old_bytes_back() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    let ino = create(&fs, "f");
+    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+    let data = pattern(CHUNK as usize, 9);
+    write(&fs, ino, 0, &data).unwrap();
+    fs.commit(ino).unwrap();
+    let half = CHUNK / 2;
+    cluster.refuse_next(RequestOp::SetAttr, Errno::EIO);
+    let c = cluster.clone();
+    cluster.after_next_answer(
+        RequestOp::SetAttr,
+        Box::new(move || {
+            c.cut(ino, half); // what an applied cut leaves on the node
+            c.unreachable(true); // its answer, and the GetAttr after it, lost
+        }),
+    );
+    let cut = AttrChanges {
+        size: Some(half),
+        ..AttrChanges::default()
+    };
+    assert!(fs.setattr(ino, cut, &ROOT_CALLER).is_err());
+    cluster.unreachable(false);
+    assert_eq!(cluster.size(ino), half, "the node cut the file");
+    let grown = AttrChanges {
+        size: Some(CHUNK),
+        ..AttrChanges::default()
+    };
+    fs.setattr(ino, grown, &ROOT_CALLER).unwrap();
+    let back = read(&fs, ino, 0, CHUNK as usize).unwrap();
+    assert!(back[..half as usize] == data[..half as usize]);
+    assert!(
+        back[half as usize..].iter().all(|&b| b == 0),
+        "cut, then grown: the old bytes came back past the cut"
+    );
+    fs.release(fh).unwrap();
+}
+
+/// A cut applied whose answer is lost, and the node answers the question after it: the
+/// truncate happened, and says so.
+#[test]
+fn a_cut_whose_answer_is_lost_is_learned_from_the_node() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    let ino = create(&fs, "f");
+    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+    write(&fs, ino, 0, &pattern(CHUNK as usize, 9)).unwrap();
+    fs.commit(ino).unwrap();
+    let half = CHUNK / 2;
+    cluster.refuse_next(RequestOp::SetAttr, Errno::EIO);
+    let c = cluster.clone();
+    cluster.after_next_answer(RequestOp::SetAttr, Box::new(move || c.cut(ino, half)));
+    let cut = AttrChanges {
+        size: Some(half),
+        ..AttrChanges::default()
+    };
+    assert_eq!(fs.setattr(ino, cut, &ROOT_CALLER).unwrap().size, half);
+    assert_eq!(fs.getattr(ino).unwrap().size, half);
+    fs.release(fh).unwrap();
+}
+
+/// Another mount writes into the tail while our truncate's SetAttr is on its way, and the node
+/// refuses the cut: the tail read before it is not put back over the other mount's write (a
+/// first version of the fix did; found by a review).
+#[test]
+fn a_refused_cut_does_not_put_old_bytes_over_a_newer_write() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let a = client(&cluster);
+    let b = client(&cluster);
+    let ino = create(&a, "f");
+    let (fa, _) = a.open(ino, RW, &ROOT_CALLER).unwrap();
+    let data = pattern(CHUNK as usize, 9);
+    write(&a, ino, 0, &data).unwrap();
+    a.commit(ino).unwrap();
+    let (fb, _) = b.open(ino, RW, &ROOT_CALLER).unwrap();
+    let half = CHUNK / 2;
+    let newer = pattern(16, 77);
+    cluster.refuse_next(RequestOp::SetAttr, Errno::EIO);
+    let (b2, newer2) = (b.clone(), newer.clone());
+    cluster.after_next_answer(
+        RequestOp::SetAttr,
+        Box::new(move || {
+            write(&b2, ino, half + 100, &newer2).unwrap();
+            b2.commit(ino).unwrap();
+        }),
+    );
+    let cut = AttrChanges {
+        size: Some(half),
+        ..AttrChanges::default()
+    };
+    assert!(a.setattr(ino, cut, &ROOT_CALLER).is_err());
+    assert_eq!(cluster.size(ino), CHUNK, "not cut");
+    let got = read(&b, ino, half + 100, newer.len()).unwrap();
+    assert!(
+        got == newer,
+        "the other mount's write was overwritten with old bytes"
+    );
+    a.release(fa).unwrap();
+    b.release(fb).unwrap();
+}
+
 #[test]
 fn punching_a_hole_leaves_holes_unallocated() {
     let cluster: Arc<FakeCluster> = Arc::default();

@@ -23,10 +23,10 @@ use crate::window::{admits, charge};
 use super::request::{Buffer, Dir, Done, InFlight, InflightWr, Request, Staging};
 use super::{Inner, IoError, Link};
 
-/// Below this many payload bytes in flight, a link served by threads takes more work before
+/// Up to this many payload bytes in flight, a link served by threads takes more work before
 /// another link is woken (see `Inner::link_room`). 4K random reads with 4 jobs on 2 cores
-/// (tcp, through the mount): 47-51k IOPS at 29-30 us of CPU per read, against 44-46k at 35-37
-/// spread round-robin over 4 queue pairs; 1 MiB transfers still go to a link each.
+/// (tcp, through the mount, 3 runs): 43.6-47.5k IOPS at 31-33 us of CPU per read, against
+/// 35.4-45.4k at 37-47 spread round-robin over 4 queue pairs; 1 MiB transfers never join.
 const JOIN_BUSY_BYTES: u64 = 64 << 10;
 
 /// The requests of a chain that could not be posted, by batch index.
@@ -92,38 +92,40 @@ impl Inner {
         len >= self.cfg.dyn_threshold || len > self.cfg.slot_size
     }
 
-    /// A link with room for `n` more work requests. Where threads serve the queue pairs
-    /// (tcp), work joins a link that has some in flight already while it carries less than
-    /// [`JOIN_BUSY_BYTES`]: that link's threads are awake, and another would cost a wake-up on
-    /// each side for parallel work not worth it (small transfers; large ones still spread).
-    /// Otherwise an idle link whose poller spins (where few pollers may spin, a lone request
-    /// goes where one does), else round-robin: the queue pairs a NIC serves are spread over,
-    /// to engage its processing units.
-    fn link_room(&self, n: usize) -> Option<usize> {
+    /// A link with room for `n` more work requests carrying `bytes`, and whether it was busy.
+    /// Where threads serve the queue pairs (tcp), work joins a link that has some in flight
+    /// already while the two together stay within [`JOIN_BUSY_BYTES`]: that link's threads
+    /// are awake, and another would cost a wake-up on each side for parallel work not worth
+    /// it (small transfers; large ones still spread). Otherwise an idle link whose poller
+    /// spins (where few pollers may spin, a lone request goes where one does), else
+    /// round-robin: the queue pairs a NIC serves are spread over, to engage its processing
+    /// units.
+    fn link_room(&self, n: usize, bytes: u64) -> Option<(usize, bool)> {
         let fits =
             |l: &Link, inflight: &InFlight| inflight.len() + n <= l.qp.caps().max_send_wr as usize;
         let busy = self.links.iter().position(|l| {
-            let inflight = l.inflight.lock().unwrap();
-            l.qp.served_by_threads()
-                && !inflight.is_empty()
-                && inflight.bytes() < JOIN_BUSY_BYTES
-                && fits(l, &inflight)
+            l.qp.served_by_threads() && {
+                let inflight = l.inflight.lock().unwrap();
+                !inflight.is_empty()
+                    && inflight.bytes() + bytes <= JOIN_BUSY_BYTES
+                    && fits(l, &inflight)
+            }
         });
-        if busy.is_some() {
-            Counters::add(&self.counters.joined_busy, n as u64);
-            return busy;
+        if let Some(i) = busy {
+            return Some((i, true));
         }
         let hot = self.links.iter().position(|l| {
             l.spinning.load(Ordering::Relaxed) && l.inflight.lock().unwrap().is_empty()
         });
-        if hot.is_some() {
-            return hot;
+        if let Some(i) = hot {
+            return Some((i, false));
         }
         let links = self.links.len();
         let start = self.next_link.fetch_add(1, Ordering::Relaxed);
         (0..links)
             .map(|k| (start + k) % links)
             .find(|&i| fits(&self.links[i], &self.links[i].inflight.lock().unwrap()))
+            .map(|i| (i, false))
     }
 
     /// Whether the head of the queue could be posted now.
@@ -279,7 +281,12 @@ impl Inner {
         chain: Chain,
         ready: &mut [Option<Request>],
     ) -> Result<(), Unposted> {
-        let Some(li) = self.link_room(chain.len()) else {
+        let bytes = chain
+            .iter()
+            .flatten()
+            .map(|&i| ready[i].as_ref().map_or(0, |r| r.len as u64))
+            .sum();
+        let Some((li, joined)) = self.link_room(chain.len(), bytes) else {
             return Err(Unposted(chain.concat()));
         };
         let chained = chain.len() > 1;
@@ -298,6 +305,9 @@ impl Inner {
         unposted.extend(groups.flatten());
         if wrs.is_empty() {
             return Err(Unposted(unposted));
+        }
+        if joined {
+            Counters::add(&self.counters.joined_busy, wrs.len() as u64);
         }
         self.post_wrs(&self.links[li], dir, wrs);
         if unposted.is_empty() {
