@@ -578,43 +578,49 @@ fn fallocate_allocates_extends_punches_and_zeroes() {
     fs.release(fh).unwrap();
 }
 
+/// A truncate (or growth) of `ino` to `size`, by root.
+fn resize(fs: &Arc<Rfs<Fake>>, ino: Ino, size: u64) -> Result<Attr> {
+    let changes = AttrChanges {
+        size: Some(size),
+        ..AttrChanges::default()
+    };
+    fs.setattr(ino, changes, &ROOT_CALLER)
+}
+
+/// A file of `len` bytes written and committed through a handle still open: (the file, the
+/// handle, its bytes).
+fn committed_file(fs: &Arc<Rfs<Fake>>, len: u64) -> (Ino, u64, Vec<u8>) {
+    let ino = create(fs, "f");
+    let fh = fs.open(ino, RW, &ROOT_CALLER).unwrap().0;
+    let data = pattern(len as usize, 9);
+    write(fs, ino, 0, &data).unwrap();
+    fs.commit(ino).unwrap();
+    (ino, fh, data)
+}
+
 /// A truncate inside a chunk zeroes the rest of the chunk before the node cuts the file; if
-/// the node refuses the cut (or does not answer), the zeroed bytes are in the file still, and
-/// go back (they were lost before).
+/// the node refuses the cut, the zeroed bytes are in the file still, and go back (they were
+/// lost before).
 #[test]
 fn a_truncate_the_node_refuses_loses_no_byte() {
     let cluster: Arc<FakeCluster> = Arc::default();
     let fs = client(&cluster);
-    let ino = create(&fs, "f");
-    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
-    let data = pattern(2 * CHUNK as usize, 4);
-    write(&fs, ino, 0, &data).unwrap();
-    fs.commit(ino).unwrap();
-    let cut = AttrChanges {
-        size: Some(CHUNK / 2),
-        ..AttrChanges::default()
-    };
+    let (ino, fh, data) = committed_file(&fs, 2 * CHUNK);
+    let half = CHUNK / 2;
     cluster.refuse_next(RequestOp::SetAttr, Errno::EIO);
-    assert_eq!(
-        fs.setattr(ino, cut, &ROOT_CALLER).unwrap_err().errno(),
-        Errno::EIO
-    );
+    assert_eq!(resize(&fs, ino, half).unwrap_err().errno(), Errno::EIO);
     assert_eq!(fs.getattr(ino).unwrap().size, 2 * CHUNK);
     assert!(
         read(&fs, ino, 0, data.len()).unwrap() == data,
         "the bytes zeroed ahead of the cut stayed zeros"
     );
     // The cut made after all.
-    assert_eq!(fs.setattr(ino, cut, &ROOT_CALLER).unwrap().size, CHUNK / 2);
-    let grown = AttrChanges {
-        size: Some(CHUNK),
-        ..AttrChanges::default()
-    };
-    fs.setattr(ino, grown, &ROOT_CALLER).unwrap();
+    assert_eq!(resize(&fs, ino, half).unwrap().size, half);
+    resize(&fs, ino, CHUNK).unwrap();
     let back = read(&fs, ino, 0, CHUNK as usize).unwrap();
-    assert!(back[..CHUNK as usize / 2] == data[..CHUNK as usize / 2]);
+    assert!(back[..half as usize] == data[..half as usize]);
     assert!(
-        back[CHUNK as usize / 2..].iter().all(|&b| b == 0),
+        back[half as usize..].iter().all(|&b| b == 0),
         "grown: zeros"
     );
     fs.release(fh).unwrap();
@@ -628,11 +634,7 @@ fn a_truncate_the_node_refuses_loses_no_byte() {
 fn a_cut_whose_answer_is_lost_does_not_bring_old_bytes_back() {
     let cluster: Arc<FakeCluster> = Arc::default();
     let fs = client(&cluster);
-    let ino = create(&fs, "f");
-    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
-    let data = pattern(CHUNK as usize, 9);
-    write(&fs, ino, 0, &data).unwrap();
-    fs.commit(ino).unwrap();
+    let (ino, fh, data) = committed_file(&fs, CHUNK);
     let half = CHUNK / 2;
     cluster.refuse_next(RequestOp::SetAttr, Errno::EIO);
     let c = cluster.clone();
@@ -643,18 +645,10 @@ fn a_cut_whose_answer_is_lost_does_not_bring_old_bytes_back() {
             c.unreachable(true); // its answer, and the GetAttr after it, lost
         }),
     );
-    let cut = AttrChanges {
-        size: Some(half),
-        ..AttrChanges::default()
-    };
-    assert!(fs.setattr(ino, cut, &ROOT_CALLER).is_err());
+    assert!(resize(&fs, ino, half).is_err());
     cluster.unreachable(false);
     assert_eq!(cluster.size(ino), half, "the node cut the file");
-    let grown = AttrChanges {
-        size: Some(CHUNK),
-        ..AttrChanges::default()
-    };
-    fs.setattr(ino, grown, &ROOT_CALLER).unwrap();
+    resize(&fs, ino, CHUNK).unwrap();
     let back = read(&fs, ino, 0, CHUNK as usize).unwrap();
     assert!(back[..half as usize] == data[..half as usize]);
     assert!(
@@ -670,19 +664,12 @@ fn a_cut_whose_answer_is_lost_does_not_bring_old_bytes_back() {
 fn a_cut_whose_answer_is_lost_is_learned_from_the_node() {
     let cluster: Arc<FakeCluster> = Arc::default();
     let fs = client(&cluster);
-    let ino = create(&fs, "f");
-    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
-    write(&fs, ino, 0, &pattern(CHUNK as usize, 9)).unwrap();
-    fs.commit(ino).unwrap();
+    let (ino, fh, _) = committed_file(&fs, CHUNK);
     let half = CHUNK / 2;
     cluster.refuse_next(RequestOp::SetAttr, Errno::EIO);
     let c = cluster.clone();
     cluster.after_next_answer(RequestOp::SetAttr, Box::new(move || c.cut(ino, half)));
-    let cut = AttrChanges {
-        size: Some(half),
-        ..AttrChanges::default()
-    };
-    assert_eq!(fs.setattr(ino, cut, &ROOT_CALLER).unwrap().size, half);
+    assert_eq!(resize(&fs, ino, half).unwrap().size, half);
     assert_eq!(fs.getattr(ino).unwrap().size, half);
     fs.release(fh).unwrap();
 }
@@ -693,13 +680,8 @@ fn a_cut_whose_answer_is_lost_is_learned_from_the_node() {
 #[test]
 fn a_refused_cut_does_not_put_old_bytes_over_a_newer_write() {
     let cluster: Arc<FakeCluster> = Arc::default();
-    let a = client(&cluster);
-    let b = client(&cluster);
-    let ino = create(&a, "f");
-    let (fa, _) = a.open(ino, RW, &ROOT_CALLER).unwrap();
-    let data = pattern(CHUNK as usize, 9);
-    write(&a, ino, 0, &data).unwrap();
-    a.commit(ino).unwrap();
+    let (a, b) = (client(&cluster), client(&cluster));
+    let (ino, fa, _) = committed_file(&a, CHUNK);
     let (fb, _) = b.open(ino, RW, &ROOT_CALLER).unwrap();
     let half = CHUNK / 2;
     let newer = pattern(16, 77);
@@ -712,11 +694,7 @@ fn a_refused_cut_does_not_put_old_bytes_over_a_newer_write() {
             b2.commit(ino).unwrap();
         }),
     );
-    let cut = AttrChanges {
-        size: Some(half),
-        ..AttrChanges::default()
-    };
-    assert!(a.setattr(ino, cut, &ROOT_CALLER).is_err());
+    assert!(resize(&a, ino, half).is_err());
     assert_eq!(cluster.size(ino), CHUNK, "not cut");
     let got = read(&b, ino, half + 100, newer.len()).unwrap();
     assert!(
