@@ -598,6 +598,18 @@ fn committed_file(fs: &Arc<Rfs<Fake>>, len: u64) -> (Ino, u64, Vec<u8>) {
     (ino, fh, data)
 }
 
+/// Grows `ino`, cut at `cut`, to a chunk: its bytes before the cut are `data`'s, and zeros
+/// after (not the old bytes past the cut).
+fn assert_grows_with_zeros_past(fs: &Arc<Rfs<Fake>>, ino: Ino, cut: u64, data: &[u8]) {
+    resize(fs, ino, CHUNK).unwrap();
+    let back = read(fs, ino, 0, CHUNK as usize).unwrap();
+    assert!(back[..cut as usize] == data[..cut as usize]);
+    assert!(
+        back[cut as usize..].iter().all(|&b| b == 0),
+        "grown past the cut: the old bytes are back"
+    );
+}
+
 /// A truncate inside a chunk zeroes the rest of the chunk before the node cuts the file; if
 /// the node refuses the cut, the zeroed bytes are in the file still, and go back (they were
 /// lost before).
@@ -616,13 +628,7 @@ fn a_truncate_the_node_refuses_loses_no_byte() {
     );
     // The cut made after all.
     assert_eq!(resize(&fs, ino, half).unwrap().size, half);
-    resize(&fs, ino, CHUNK).unwrap();
-    let back = read(&fs, ino, 0, CHUNK as usize).unwrap();
-    assert!(back[..half as usize] == data[..half as usize]);
-    assert!(
-        back[half as usize..].iter().all(|&b| b == 0),
-        "grown: zeros"
-    );
+    assert_grows_with_zeros_past(&fs, ino, half, &data);
     fs.release(fh).unwrap();
 }
 
@@ -648,13 +654,7 @@ fn a_cut_whose_answer_is_lost_does_not_bring_old_bytes_back() {
     assert!(resize(&fs, ino, half).is_err());
     cluster.unreachable(false);
     assert_eq!(cluster.size(ino), half, "the node cut the file");
-    resize(&fs, ino, CHUNK).unwrap();
-    let back = read(&fs, ino, 0, CHUNK as usize).unwrap();
-    assert!(back[..half as usize] == data[..half as usize]);
-    assert!(
-        back[half as usize..].iter().all(|&b| b == 0),
-        "cut, then grown: the old bytes came back past the cut"
-    );
+    assert_grows_with_zeros_past(&fs, ino, half, &data);
     fs.release(fh).unwrap();
 }
 
