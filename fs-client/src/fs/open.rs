@@ -303,16 +303,17 @@ impl<B: Backend> Rfs<B> {
         self.send_commit(ino, made, true)
     }
 
-    /// What to commit of `f` now, taken as sent: (size, mtime, count of cuts). Bytes still in
-    /// flight (another thread's writes, admitted after this one's drain) leave it dirty even
-    /// below the committed size: this commit makes a new version of the file, which another
-    /// mount may cache the old bytes under, so another commit must follow their landing.
+    /// What to commit of `f` now, taken as sent: (size, mtime, count of cuts). Any bytes still
+    /// in flight (another thread's writes, admitted after this one's drain) leave it dirty,
+    /// below the committed size too: this commit makes a new version of the file, which
+    /// another mount may cache the old bytes under, so another commit must follow their
+    /// landing.
     fn commit_of(&self, ino: Ino, f: &mut OpenFile) -> (u64, Option<Timestamp>, u64) {
         let landed = self
             .behind
             .unlanded_from(ino, f.committed)
             .map_or(f.size, |from| from.min(f.size));
-        f.dirty = landed < f.size || self.behind.unlanded_from(ino, 0).is_some();
+        f.dirty = self.behind.unlanded_from(ino, 0).is_some();
         (landed, f.mtime, f.cuts)
     }
 

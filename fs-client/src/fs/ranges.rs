@@ -43,10 +43,12 @@ impl<B: Backend> Rfs<B> {
         let mut copied = 0;
         while copied < len {
             let want = (len - copied).min(PIECE) as usize;
-            // The pieces copied so far are in `dst`: a failure now leaves its pages stale.
-            let data = self
-                .read_now(src, from + copied, want)
-                .inspect_err(|_| self.pages_left_stale(dst))?;
+            let data = self.read_now(src, from + copied, want).inspect_err(|_| {
+                if copied > 0 {
+                    // The pieces copied so far are in `dst`: its pages are stale.
+                    self.pages_left_stale(dst);
+                }
+            })?;
             if data.is_empty() {
                 break;
             }
