@@ -15,6 +15,7 @@ import os
 import platform
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -163,7 +164,8 @@ class Bench:
         # What a phase's page cache can take: its file, and some.
         self.warm_size = args.size + (256 << 20)
         self.work.mkdir(parents=True, exist_ok=True)
-        self.rows = []  # target, config, test, metric, value, unit
+        self.rows = []  # target, config, test, metric, value, unit, round
+        self.round = 1
         self.server = None
         self.data_nodes = []
 
@@ -171,6 +173,7 @@ class Bench:
     def start_server(self):
         mem = max(2 * self.args.size + (512 << 20), 1 << 30)
         log(f"starting mem-server with {mem >> 20} MiB")
+        self.data_nodes = []
         self.server = subprocess.Popen(
             [BIN / "mem-server", "--listen", "127.0.0.1:0", "--memory", str(mem),
              "--transport", self.args.transport, "--replicas", str(self.args.replicas)],
@@ -269,7 +272,7 @@ class Bench:
 
     # --- measurements --------------------------------------------------------------------
     def record(self, target, config, test, metric, value, unit):
-        self.rows.append((target.name, config, test, metric, value, unit))
+        self.rows.append((target.name, config, test, metric, value, unit, self.round))
 
     def counted(self, target, config, test, fn):
         """Runs fn and records rdmabox work requests and doorbells per MB it moved."""
@@ -392,8 +395,21 @@ class Bench:
 
     def go(self):
         a = self.args
-        self.progress = Progress(self.plan())
+        self.progress = Progress(self.plan() * a.rounds)
         self.write_env()
+        # Rounds take every target in turn, so that a slow spell of the machine's falls on
+        # all of them rather than on one.
+        for self.round in range(1, a.rounds + 1):
+            if a.rounds > 1:
+                log(f"round {self.round} of {a.rounds}")
+            self.one_round()
+        log(f"all {len(self.progress.weights)} steps done in "
+            f"{Progress.clock(time.monotonic() - self.progress.start)}")
+        self.write_outputs()
+        return self.check()
+
+    def one_round(self):
+        a = self.args
         if a.mount:
             self.measure(Target("rfs", a.mount, stats=Path(a.mount) / ".rfs-stats"), "given mount")
         else:
@@ -430,10 +446,6 @@ class Bench:
                     self.measure(t, "baseline")
                 finally:
                     t.stop()
-        log(f"all {len(self.progress.weights)} steps done in "
-            f"{Progress.clock(time.monotonic() - self.progress.start)}")
-        self.write_outputs()
-        return self.check()
 
     def write_env(self):
         def version(cmd):
@@ -457,20 +469,21 @@ class Bench:
         (self.out / "environment.txt").write_text("\n".join(lines) + "\n")
 
     def value(self, target, config, test, metric):
-        for r in self.rows:
-            if r[0] == target and r[1] == config and r[2] == test and r[3] == metric:
-                return r[4]
-        return None
+        """The median over the rounds."""
+        vals = [r[4] for r in self.rows
+                if r[0] == target and r[1] == config and r[2] == test and r[3] == metric]
+        return statistics.median(vals) if vals else None
 
     def write_outputs(self):
         with open(self.out / "results.csv", "w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(["target", "config", "test", "metric", "value", "unit"])
+            w.writerow(["target", "config", "test", "metric", "value", "unit", "round"])
             w.writerows(self.rows)
         md = [f"# rfs benchmark ({'quick' if self.args.quick else 'full'} run)", "",
               (self.out / "environment.txt").read_text().replace("\n", "  \n"), ""]
         tests = sorted({(r[2], r[3]) for r in self.rows if r[1] in ("default", "baseline", "given mount")})
-        md += ["## rfs against baselines", "",
+        rounds = f" (medians of {self.args.rounds} rounds)" if self.args.rounds > 1 else ""
+        md += [f"## rfs against baselines{rounds}", "",
                "| test | metric | rfs | " + " | ".join(BASELINES) + " | "
                + " | ".join(f"rfs / {b}" for b in BASELINES) + " |",
                "|---|---|---|" + "---|" * (2 * len(BASELINES))]
@@ -524,7 +537,8 @@ class Bench:
         groups = {}
         for r in self.rows:
             if r[0] in targets and r[5] in ("MB/s", "IOPS", "ops/s"):
-                groups.setdefault(r[2], {}).setdefault(r[3], {})[r[0]] = r[4]
+                config = "baseline" if r[0] != "rfs" else ("given mount" if self.args.mount else "default")
+                groups.setdefault(r[2], {}).setdefault(r[3], {})[r[0]] = self.value(r[0], config, r[2], r[3])
         for test, metrics in groups.items():
             fig, ax = plt.subplots(figsize=(max(6, len(metrics) * 1.6), 4))
             width = 0.8 / len(targets)
@@ -620,6 +634,8 @@ def main():
     p.add_argument("--replicas", type=int, default=1,
                    help="copies of every chunk (mem-server --replicas), each on a node of its own")
     p.add_argument("--mount", help="measure this existing rfs mount instead of starting one")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="measure every target this many times, in turn; tables give medians")
     p.add_argument("--skip-ablation", action="store_true")
     p.add_argument("--skip-baselines", action="store_true")
     p.add_argument("--results", default=str(ROOT / "iozone" / "results"))
@@ -627,6 +643,8 @@ def main():
     a = p.parse_args()
     if os.geteuid() != 0:
         sys.exit("rfsbench: run as root (it mounts tmpfs and drops the page cache)")
+    if a.rounds < 1:
+        sys.exit("rfsbench: --rounds must be at least 1")
     a.size = a.size or (32 << 20 if a.quick else 2 << 30)
     a.runtime = a.runtime or (2 if a.quick else 20)
     a.files = a.files or (1000 if a.quick else 10000)
