@@ -356,6 +356,18 @@ impl Client {
             .is_some_and(|c| !c.is_broken())
     }
 
+    /// Dials the metadata service now if the connection is lost (within a call's deadline),
+    /// taking our handles back and telling the notice handler, as the next call would: an
+    /// idle client must not wait for a call to find a restarted node, whose grace period for
+    /// our handles may be over by then.
+    pub fn redial(&self) -> io::Result<()> {
+        if self.metadata_connected() {
+            return Ok(());
+        }
+        let timeout = Duration::from_millis(self.call_timeout_ms.load(Ordering::Relaxed));
+        self.channel(Instant::now() + timeout).map(drop)
+    }
+
     fn channel(&self, deadline: Instant) -> io::Result<Arc<Channel>> {
         let live = |c: &Option<Arc<Channel>>| c.as_ref().filter(|c| !c.is_broken()).cloned();
         if let Some(c) = live(&self.channel.lock().unwrap()) {

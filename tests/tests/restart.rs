@@ -4,6 +4,7 @@
 //! files included, one of them unlinked while open).
 
 use std::fs;
+use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -339,4 +340,29 @@ fn a_close_in_a_restarts_grace_keeps_what_a_mount_not_back_yet_wrote_past_the_si
     }
     assert!(fs::read(b.path("f")).unwrap() == bytes, "a's bytes");
     assert_eq!(a.stat("commits_over_cuts"), 0);
+}
+
+#[test]
+fn an_idle_mount_takes_its_open_files_back_from_a_restarted_metadata_node() {
+    // A short lease: the node's grace period (twice the lease) passes while the mount makes
+    // no call, as a daemon's log file open and quiet for a while does.
+    let mut meta = MemServer::durable_meta("idle", &["--lease", "2"]);
+    let _data = MemServer::data(&meta, "64M", "1M");
+    let m = Mount::new(&meta, &["io_timeout=1"]);
+    let mut log = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(m.path("log"))
+        .unwrap();
+    log.write_all(b"line 1\n").unwrap();
+    log.sync_all().unwrap();
+    meta.restart_after(Duration::from_millis(300));
+    std::thread::sleep(Duration::from_secs(6));
+    log.write_all(b"line 2\n")
+        .expect("the handle was taken back while the mount was idle");
+    log.sync_all().unwrap();
+    drop(log);
+    assert_eq!(fs::read(m.path("log")).unwrap(), b"line 1\nline 2\n");
 }

@@ -43,6 +43,8 @@ pub trait Backend: MetadataChannel + Send + Sync + 'static {
     fn on_reclaim(&self, handles: OpenHandles);
     /// Whether the metadata connection is up (its callbacks arrive).
     fn metadata_connected(&self) -> bool;
+    /// Dials the metadata node again now if the connection is lost.
+    fn redial(&self) -> std::io::Result<()>;
 }
 
 /// The session to `chunk`'s node, or why a transfer cannot start. The session is connected
@@ -133,6 +135,10 @@ impl Backend for Client {
 
     fn metadata_connected(&self) -> bool {
         Client::metadata_connected(self)
+    }
+
+    fn redial(&self) -> std::io::Result<()> {
+        Client::redial(self)
     }
 
     fn on_reclaim(&self, handles: OpenHandles) {

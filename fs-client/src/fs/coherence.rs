@@ -6,7 +6,7 @@
 //! answer waits for them (briefly, for that same reason), so that once the change that caused
 //! the callback returns, this mount no longer serves a name or attributes it made stale.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use rfs_proto::callback::Callback;
@@ -58,6 +58,13 @@ impl<B: Backend> Rfs<B> {
                 }
             }
         }));
+        let me = Arc::downgrade(self);
+        let watching = std::thread::Builder::new()
+            .name("rfs-redial".into())
+            .spawn(move || keep_connected(me));
+        if let Err(e) = watching {
+            log::warn!("no thread to redial a lost metadata connection ({e}): the next call will");
+        }
     }
 
     /// Sends the kernel's cache invalidations to `to` from now on (once mounted).
@@ -121,6 +128,26 @@ impl<B: Backend> Rfs<B> {
     pub(crate) fn kernel(&self, inval: KernelInval) {
         if let Some(k) = self.kernel.get() {
             let _ = k.send(inval);
+        }
+    }
+}
+
+/// How often the metadata connection is looked at while no call comes.
+const REDIAL_EVERY: Duration = Duration::from_millis(250);
+
+/// Dials a lost metadata connection again at once rather than at the next call: a restarted
+/// metadata node forgets the handles of a client that is not back within its grace period
+/// (their files then fail with EBADF), and callbacks sent while the connection was down are
+/// lost, so cached pages and attributes must be dropped soon, not whenever a call comes. Ends
+/// with the file system.
+fn keep_connected<B: Backend>(fs: Weak<Rfs<B>>) {
+    loop {
+        std::thread::sleep(REDIAL_EVERY);
+        let Some(fs) = fs.upgrade() else { return };
+        if !fs.backend.metadata_connected() {
+            if let Err(e) = fs.backend.redial() {
+                log::debug!("redialling the metadata node: {e}");
+            }
         }
     }
 }

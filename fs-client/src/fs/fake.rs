@@ -588,6 +588,11 @@ impl Backend for Fake {
     fn metadata_connected(&self) -> bool {
         !self.0.state.lock().unwrap().metadata_down
     }
+
+    /// The fake's connection comes back when a test says so.
+    fn redial(&self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Proves the fake answers like the real service does: typed replies decode.
