@@ -193,6 +193,7 @@ impl<B: Backend> Rfs<B> {
     /// A call that adds `name` to `dir`: the inode it leads to, seen with our own
     /// uncommitted writes.
     fn add<C: Call<Reply = Made> + Debug>(&self, dir: Ino, name: &[u8], req: C) -> Result<Attr> {
+        not_the_stats_file(dir, name)?;
         let sent = self.dirs.sent();
         let made = self.changing(dir, req)?;
         self.dirs.added(sent, made.dir, name);
@@ -201,6 +202,7 @@ impl<B: Backend> Rfs<B> {
 
     /// A call that removes `name` from `dir`.
     fn remove<C: Call<Reply = Attr> + Debug>(&self, dir: Ino, name: &[u8], req: C) -> Result<()> {
+        not_the_stats_file(dir, name)?;
         let sent = self.dirs.sent();
         let after = self.changing(dir, req)?;
         self.dirs.removed(sent, after, name);
@@ -371,6 +373,7 @@ impl<B: Backend> Rfs<B> {
 
     /// Creates a directory.
     pub fn mkdir(&self, parent: Ino, name: &[u8], owner: Owner) -> Result<Attr> {
+        not_the_stats_file(parent, name)?;
         let sent = self.dirs.sent();
         let mkdir = Mkdir {
             parent,
@@ -427,6 +430,7 @@ impl<B: Backend> Rfs<B> {
 
     /// Removes an empty directory.
     pub fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        not_the_stats_file(parent, name)?;
         let sent = self.dirs.sent();
         let rmdir = Rmdir {
             parent,
@@ -446,6 +450,8 @@ impl<B: Backend> Rfs<B> {
         newname: &[u8],
         flags: u32,
     ) -> Result<()> {
+        not_the_stats_file(parent, name)?;
+        not_the_stats_file(newparent, newname)?;
         let sent = self.dirs.sent();
         let rename = Rename {
             parent,
@@ -474,4 +480,16 @@ impl<B: Backend> Rfs<B> {
     pub fn statfs(&self) -> Result<StatFs> {
         self.call(GetStatFs {})
     }
+}
+
+/// The stats file's name in the root is ours, not the node's: nothing may be made, moved or
+/// linked there (the mount would show it in place of the counters), nor removed or moved away.
+fn not_the_stats_file(parent: Ino, name: &[u8]) -> Result<()> {
+    if parent == ROOT && name == STATS_NAME.as_bytes() {
+        return Err(Error::new(
+            Errno::EACCES,
+            "the name of the stats file is reserved",
+        ));
+    }
+    Ok(())
 }

@@ -190,6 +190,7 @@ impl<B: Backend> Rfs<B> {
         owner: Owner,
         access: u8,
     ) -> Result<(u64, Attr)> {
+        super::not_the_stats_file(parent, name)?;
         let sent = self.dirs.sent();
         let create = Create {
             parent,

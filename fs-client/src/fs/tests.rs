@@ -303,6 +303,35 @@ fn the_stats_file_reads_and_refuses_writes() {
     assert_eq!(e.errno(), Errno::EACCES);
 }
 
+/// A rename onto the stats file's name went to the node, and the mount then showed the
+/// renamed file in place of its counters. Nothing made, moved, linked or removed under that
+/// name reaches the node.
+#[test]
+fn the_stats_files_name_takes_no_rename_link_or_new_file() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    let ino = create(&fs, "x");
+    let stats = super::STATS_NAME.as_bytes();
+    let before = cluster.total_calls();
+    let refused = |r: Result<()>| assert_eq!(r.unwrap_err().errno(), Errno::EACCES);
+    refused(fs.rename(ROOT, b"x", ROOT, stats, 0));
+    refused(fs.rename(ROOT, stats, ROOT, b"y", 0));
+    refused(fs.link(ino, ROOT, stats).map(drop));
+    refused(fs.mkdir(ROOT, stats, OWNER).map(drop));
+    refused(fs.create(ROOT, stats, OWNER, RW).map(drop));
+    refused(
+        fs.mknod(ROOT, stats, FileKind::RegularFile, 0, OWNER)
+            .map(drop),
+    );
+    refused(fs.unlink(ROOT, stats));
+    refused(fs.rmdir(ROOT, stats));
+    assert_eq!(cluster.total_calls(), before, "nothing reached the node");
+    assert_eq!(fs.lookup(ROOT, stats).unwrap().ino, super::STATS_INO);
+    // Elsewhere the name is a name like any other.
+    let d = fs.mkdir(ROOT, b"d", OWNER).unwrap().ino;
+    fs.mknod(d, stats, FileKind::RegularFile, 0, OWNER).unwrap();
+}
+
 /// A replicated file whose chunks all have a copy on one node is gathered from there too,
 /// the nodes that hold them all taking turns. When the chosen node fails to answer, each piece
 /// is read again from its other copies, and the read is answered whole.
