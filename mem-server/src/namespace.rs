@@ -50,6 +50,9 @@ pub struct Namespace {
     touched: BTreeSet<Ino>,
 }
 
+/// The set-group-ID bit of a mode.
+const SETGID: u16 = 0o2000;
+
 /// Names are bytes, as Linux has them: anything but "", ".", "..", '/' and NUL, up to NAME_MAX.
 fn check_name(name: &[u8]) -> Result<(), Errno> {
     if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0)
@@ -200,10 +203,27 @@ impl Namespace {
         owner: Owner,
         data: Data,
     ) -> Result<Attr, Errno> {
-        let Owner { perm, uid, gid } = owner;
+        let Owner {
+            mut perm,
+            uid,
+            mut gid,
+        } = owner;
         check_name(name)?;
         if self.entries(parent)?.contains_key(name) {
             return Err(Errno::EEXIST);
+        }
+        let dir = self.get(parent)?.attr;
+        if dir.perm & SETGID != 0 {
+            // A set-group-ID directory gives what is made in it its group, and its
+            // subdirectories the bit, as on a local file system. A file made set-group-ID
+            // for a group that is not the maker's own loses the bit (we do not know the
+            // maker's other groups; Linux keeps it for members).
+            if kind == FileKind::Directory {
+                perm |= SETGID;
+            } else if gid != dir.gid {
+                perm &= !SETGID;
+            }
+            gid = dir.gid;
         }
         let ino = self.next_ino;
         self.next_ino += 1;
@@ -884,6 +904,51 @@ mod tests {
         assert_eq!(n.lookup(ROOT, &long), Err(Errno::ENAMETOOLONG));
         assert_eq!(n.mkdir(ROOT, "a/b", OWNER), Err(Errno::EINVAL));
         assert_eq!(n.lookup(ROOT, "..").unwrap().ino, ROOT);
+    }
+
+    #[test]
+    fn a_set_group_id_directory_gives_its_group_and_its_bit_to_what_is_made_in_it() {
+        let mut n = ns();
+        let shared = Owner {
+            perm: 0o2777,
+            uid: 0,
+            gid: 100,
+        };
+        let d = n.mkdir(ROOT, "d", shared).unwrap().ino;
+        let maker = |perm| Owner {
+            perm,
+            uid: 1000,
+            gid: 1000,
+        };
+        let f = n
+            .mknod(d, "f", FileKind::RegularFile, 0, maker(0o644))
+            .unwrap();
+        assert_eq!((f.gid, f.perm), (100, 0o644));
+        let sub = n.mkdir(d, "sub", maker(0o755)).unwrap();
+        assert_eq!((sub.gid, sub.perm), (100, 0o2755));
+        let deeper = n
+            .mknod(sub.ino, "g", FileKind::RegularFile, 0, maker(0o600))
+            .unwrap();
+        assert_eq!(deeper.gid, 100, "the subdirectory passes it on");
+        let link = n.symlink(d, "l", "f", 1000, 1000).unwrap();
+        assert_eq!(link.gid, 100);
+        // A set-group-ID file for a group that is not the maker's loses the bit.
+        let prog = n
+            .mknod(d, "p", FileKind::RegularFile, 0, maker(0o2755))
+            .unwrap();
+        assert_eq!((prog.gid, prog.perm), (100, 0o755));
+        let member = Owner {
+            perm: 0o2755,
+            uid: 1000,
+            gid: 100,
+        };
+        let kept = n.mknod(d, "q", FileKind::RegularFile, 0, member).unwrap();
+        assert_eq!(kept.perm, 0o2755);
+        // Elsewhere the maker's group.
+        let plain = n
+            .mknod(ROOT, "r", FileKind::RegularFile, 0, maker(0o644))
+            .unwrap();
+        assert_eq!(plain.gid, 1000);
     }
 
     #[test]
