@@ -88,7 +88,16 @@ impl RfsFuse {
     /// Whether a handle opened with `flags` is one [`Self::page_cache_use`] sends around the
     /// page cache.
     fn goes_around_the_cache(&self, flags: i32) -> bool {
-        access(flags) == MAY_WRITE && !self.cfg.writeback_cache && direct_writes_drop_cached_pages()
+        let write_only = access(flags) == MAY_WRITE && direct_writes_drop_cached_pages();
+        (write_only || self.appends_at_the_nodes_end(flags)) && !self.cfg.writeback_cache
+    }
+
+    /// Whether the writes of a handle opened with `flags` go where [`Rfs::append_offset`]
+    /// says rather than where the kernel says: O_APPEND ones, unless the writeback cache is on
+    /// (the kernel then keeps the size itself). Such a handle goes around the page cache,
+    /// since the kernel would copy the bytes into its pages at its own offset.
+    fn appends_at_the_nodes_end(&self, flags: i32) -> bool {
+        flags & libc::O_APPEND != 0 && !self.cfg.writeback_cache
     }
 
     fn attr(&self, a: &Attr) -> FileAttr {
@@ -472,6 +481,20 @@ impl Filesystem for RfsFuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        let offset = if self.appends_at_the_nodes_end(flags.0) {
+            match self.fs.append_offset(ino.0) {
+                Ok(end) => {
+                    if end != offset {
+                        // Pages other handles here cached where the write lands.
+                        self.fs.pages_left_stale(ino.0);
+                    }
+                    end
+                }
+                Err(e) => return fuse_error!("write", reply, e),
+            }
+        } else {
+            offset
+        };
         // The kernel adds O_DSYNC and O_SYNC for RWF_DSYNC and RWF_SYNC writes too.
         let sync = flags.0 & (libc::O_SYNC | libc::O_DSYNC | libc::O_DIRECT) != 0;
         if flags.0 & libc::O_DIRECT != 0 || self.goes_around_the_cache(flags.0) {

@@ -774,3 +774,32 @@ fn a_zero_range_that_fails_for_space_changes_nothing_and_leaves_no_stale_pages()
     );
     assert!(fs::read(a.path("f")).unwrap() == data);
 }
+
+/// Two mounts append to one file through descriptors opened with O_APPEND and kept open (as
+/// two hosts writing one log do), taking turns, each line synced before the other's. An
+/// append lands at the file's end as the metadata node has it, not at the size the kernel of
+/// the mount cached when the descriptor was opened (each mount wrote over the other's lines).
+#[test]
+fn appends_from_two_mounts_taking_turns_all_land() {
+    let node = MemServer::start(&["--memory", "64M"]);
+    let (a, b) = (Mount::new(&node, &[]), Mount::new(&node, &[]));
+    fs::write(a.path("log"), b"").unwrap();
+    let append = |m: &Mount| OpenOptions::new().append(true).open(m.path("log")).unwrap();
+    let (mut on_a, mut on_b) = (append(&a), append(&b));
+    let mut expected = Vec::new();
+    for i in 0..4 {
+        for (name, f) in [("a", &mut on_a), ("b", &mut on_b)] {
+            let line = format!("{name} line {i}\n");
+            f.write_all(line.as_bytes()).unwrap();
+            f.sync_all().unwrap();
+            expected.extend_from_slice(line.as_bytes());
+        }
+    }
+    drop((on_a, on_b));
+    for m in [&a, &b] {
+        assert_eq!(
+            String::from_utf8_lossy(&fs::read(m.path("log")).unwrap()),
+            String::from_utf8_lossy(&expected)
+        );
+    }
+}

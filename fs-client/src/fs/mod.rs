@@ -215,6 +215,15 @@ impl<B: Backend> Rfs<B> {
         Ok(self.with_local_size(a))
     }
 
+    /// Where a write through a handle opened with O_APPEND goes: the end of the file as the
+    /// metadata node has it now (appends that other clients committed since included), or of
+    /// our own writes if further. The kernel would put it at the size it has cached, which
+    /// another client's appends may have moved since; NFS asks for the size before each
+    /// append too. (Appends from two clients at the same moment can still meet.)
+    pub fn append_offset(&self, ino: Ino) -> Result<u64> {
+        Ok(self.attr_of(GetAttr { ino })?.size)
+    }
+
     /// Looks `name` up in `parent`.
     pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
         if parent == ROOT && name == STATS_NAME.as_bytes() {
