@@ -141,11 +141,12 @@ impl RfsFuse {
         &self,
         ino: INodeNo,
         offset: u64,
+        caller: &Caller,
         mut add: impl FnMut(u64, &OsStr, &Attr) -> bool,
     ) -> Result<(), Error> {
         let mut cookie = offset;
         loop {
-            let page = self.fs.readdir(ino.0, cookie)?;
+            let page = self.fs.readdir(ino.0, cookie, caller)?;
             if page.is_empty() {
                 return Ok(());
             }
@@ -296,9 +297,9 @@ impl Filesystem for RfsFuse {
         Ok(())
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
+    fn lookup(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
         let n = name(n);
-        self.entry("lookup", self.fs.lookup(parent.0, n), reply);
+        self.entry("lookup", self.fs.lookup(parent.0, n, &caller(req)), reply);
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
@@ -359,9 +360,14 @@ impl Filesystem for RfsFuse {
     ) {
         let n = name(n);
         let kind = or_reply!("mknod", kind_of(mode).ok_or(Errno::EINVAL), reply);
-        let made = self
-            .fs
-            .mknod(parent.0, n, kind, rdev, owner(req, mode, umask));
+        let made = self.fs.mknod(
+            parent.0,
+            n,
+            kind,
+            rdev,
+            owner(req, mode, umask),
+            &caller(req),
+        );
         self.entry("mknod", made, reply);
     }
 
@@ -375,18 +381,20 @@ impl Filesystem for RfsFuse {
         reply: ReplyEntry,
     ) {
         let n = name(n);
-        let made = self.fs.mkdir(parent.0, n, owner(req, mode, umask));
+        let made = self
+            .fs
+            .mkdir(parent.0, n, owner(req, mode, umask), &caller(req));
         self.entry("mkdir", made, reply);
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+    fn unlink(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
         let n = name(n);
-        empty("unlink", self.fs.unlink(parent.0, n), reply);
+        empty("unlink", self.fs.unlink(parent.0, n, &caller(req)), reply);
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+    fn rmdir(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
         let n = name(n);
-        empty("rmdir", self.fs.rmdir(parent.0, n), reply);
+        empty("rmdir", self.fs.rmdir(parent.0, n, &caller(req)), reply);
     }
 
     fn symlink(
@@ -401,13 +409,13 @@ impl Filesystem for RfsFuse {
         let target = name(target.as_os_str());
         let made = self
             .fs
-            .symlink(parent.0, link, target, req.uid(), req.gid());
+            .symlink(parent.0, link, target, req.uid(), req.gid(), &caller(req));
         self.entry("symlink", made, reply);
     }
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         n: &OsStr,
         newparent: INodeNo,
@@ -417,22 +425,28 @@ impl Filesystem for RfsFuse {
     ) {
         let n = name(n);
         let newname = name(newname);
-        let renamed = self
-            .fs
-            .rename(parent.0, n, newparent.0, newname, flags.bits());
+        let renamed = self.fs.rename(
+            parent.0,
+            n,
+            newparent.0,
+            newname,
+            flags.bits(),
+            &caller(req),
+        );
         empty("rename", renamed, reply);
     }
 
     fn link(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         newparent: INodeNo,
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
         let newname = name(newname);
-        self.entry("link", self.fs.link(ino.0, newparent.0, newname), reply);
+        let linked = self.fs.link(ino.0, newparent.0, newname, &caller(req));
+        self.entry("link", linked, reply);
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -550,13 +564,13 @@ impl Filesystem for RfsFuse {
 
     fn readdir(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let listed = self.list(ino, offset, |c, n, a| {
+        let listed = self.list(ino, offset, &caller(req), |c, n, a| {
             reply.add(INodeNo(a.ino), c, self.attr(a).kind, n)
         });
         reply!("readdir", listed, reply, |()| reply.ok());
@@ -564,14 +578,14 @@ impl Filesystem for RfsFuse {
 
     fn readdirplus(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
         let ttl = self.entry_ttl;
-        let listed = self.list(ino, offset, |c, n, a| {
+        let listed = self.list(ino, offset, &caller(req), |c, n, a| {
             reply.add(INodeNo(a.ino), c, n, &ttl, &self.attr(a), Generation(0))
         });
         reply!("readdirplus", listed, reply, |()| reply.ok());
@@ -703,7 +717,9 @@ impl Filesystem for RfsFuse {
     ) {
         let n = name(n);
         let owner = owner(req, mode, umask);
-        let made = self.fs.create(parent.0, n, owner, access(flags));
+        let made = self
+            .fs
+            .create(parent.0, n, owner, access(flags), &caller(req));
         reply!("create", made, reply, |(fh, a)| reply.created(
             &self.entry_ttl,
             &self.attr(&a),

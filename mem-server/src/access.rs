@@ -123,6 +123,63 @@ pub fn check_setattr(a: &Attr, c: &Caller, s: &AttrChanges, writing: bool) -> Re
     Ok(())
 }
 
+/// Checks that `c` may look names up in directory `dir` (search permission). The kernel of a
+/// client lets root through every directory; under root squash this is root's only check.
+/// A `dir` that is not a directory passes: the namespace answers ENOTDIR.
+pub fn check_search(dir: &Attr, c: &Caller) -> Result<(), Errno> {
+    check_dir(dir, c, MAY_EXEC)
+}
+
+/// Checks that `c` may list directory `dir` (read permission).
+pub fn check_list(dir: &Attr, c: &Caller) -> Result<(), Errno> {
+    check_dir(dir, c, MAY_READ)
+}
+
+/// Checks that `c` may add names to directory `dir` or take them out (write and search).
+pub fn check_change(dir: &Attr, c: &Caller) -> Result<(), Errno> {
+    check_dir(dir, c, MAY_WRITE | MAY_EXEC)
+}
+
+fn check_dir(dir: &Attr, c: &Caller, want: u8) -> Result<(), Errno> {
+    if dir.kind != FileKind::Directory || may(dir, c, want) {
+        Ok(())
+    } else {
+        Err(Errno::EACCES)
+    }
+}
+
+/// Checks that `c` may remove or replace `victim` in `dir`: in a sticky directory (/tmp) only
+/// the victim's owner, the directory's owner and root may (EPERM, as Linux answers).
+pub fn check_sticky(dir: &Attr, victim: &Attr, c: &Caller) -> Result<(), Errno> {
+    if dir.perm & 0o1000 == 0 || c.uid == 0 || c.uid == dir.uid || c.uid == victim.uid {
+        Ok(())
+    } else {
+        Err(Errno::EPERM)
+    }
+}
+
+/// Checks a rename of `src` from directory `from` to directory `to`, over `dst` if the name is
+/// taken there: both directories change, both names pass the sticky rule, and a directory
+/// that moves to another parent needs write permission on itself (its ".." changes).
+pub fn check_rename(
+    (from, src): (&Attr, Option<&Attr>),
+    (to, dst): (&Attr, Option<&Attr>),
+    c: &Caller,
+) -> Result<(), Errno> {
+    check_change(from, c)?;
+    check_change(to, c)?;
+    if let Some(src) = src {
+        check_sticky(from, src, c)?;
+        if src.kind == FileKind::Directory && from.ino != to.ino && !may(src, c, MAY_WRITE) {
+            return Err(Errno::EACCES);
+        }
+    }
+    if let Some(dst) = dst {
+        check_sticky(to, dst, c)?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -169,6 +226,72 @@ mod tests {
         // The owner's bits hold for the owner even when others may do more.
         let odd = file(0o047, 1000, 100);
         assert!(!may(&odd, &who(1000, 100, &[]), MAY_READ));
+    }
+
+    fn dir(perm: u16, uid: u32) -> Attr {
+        Attr {
+            kind: FileKind::Directory,
+            ..file(perm, uid, uid)
+        }
+    }
+
+    #[test]
+    fn directories_need_search_to_look_read_to_list_and_write_to_change() {
+        let private = dir(0o700, 1000);
+        let owner = who(1000, 1000, &[]);
+        let squashed = Policy { root_squash: true }
+            .caller(&who(0, 0, &[]))
+            .unwrap();
+        for check in [check_search, check_list, check_change] {
+            assert_eq!(check(&private, &owner), Ok(()));
+            assert_eq!(check(&private, &squashed), Err(Errno::EACCES));
+            assert_eq!(check(&private, &who(0, 0, &[])), Ok(()), "root");
+        }
+        let listed_only = dir(0o755, 0);
+        assert_eq!(check_search(&listed_only, &squashed), Ok(()));
+        assert_eq!(check_list(&listed_only, &squashed), Ok(()));
+        assert_eq!(check_change(&listed_only, &squashed), Err(Errno::EACCES));
+        // Search without read: names can be looked up, not listed.
+        let blind = dir(0o711, 0);
+        assert_eq!(check_search(&blind, &owner), Ok(()));
+        assert_eq!(check_list(&blind, &owner), Err(Errno::EACCES));
+        // Not a directory: the namespace says ENOTDIR.
+        assert_eq!(check_change(&file(0o400, 1, 1), &owner), Ok(()));
+    }
+
+    #[test]
+    fn the_sticky_bit_keeps_others_names_and_moved_directories_need_write_on_themselves() {
+        let tmp = dir(0o1777, 0);
+        let (alice, bob) = (who(1000, 1000, &[]), who(2000, 2000, &[]));
+        let hers = file(0o644, 1000, 1000);
+        assert_eq!(check_sticky(&tmp, &hers, &alice), Ok(()));
+        assert_eq!(check_sticky(&tmp, &hers, &bob), Err(Errno::EPERM));
+        assert_eq!(check_sticky(&tmp, &hers, &who(0, 0, &[])), Ok(()));
+        let open = dir(0o777, 0);
+        assert_eq!(check_sticky(&open, &hers, &bob), Ok(()));
+        assert_eq!(
+            check_rename((&tmp, Some(&hers)), (&open, None), &bob),
+            Err(Errno::EPERM)
+        );
+        assert_eq!(
+            check_rename((&open, None), (&tmp, Some(&hers)), &bob),
+            Err(Errno::EPERM),
+            "nor replace them"
+        );
+        let (a, b) = (
+            dir(0o777, 0),
+            Attr {
+                ino: 3,
+                ..dir(0o777, 0)
+            },
+        );
+        let theirs = dir(0o755, 1000);
+        assert_eq!(
+            check_rename((&a, Some(&theirs)), (&b, None), &bob),
+            Err(Errno::EACCES),
+            "its .. would change"
+        );
+        assert_eq!(check_rename((&a, Some(&theirs)), (&a, None), &bob), Ok(()));
     }
 
     #[test]

@@ -15,7 +15,7 @@ use rdmabox::transport::{ProviderKind, TransportConfig, VerbsConfig};
 use rfs_proto::logging::{self, LogTarget};
 use rfs_proto::metrics;
 use rfs_proto::secret;
-use rfs_proto::types::MAX_REPLICAS;
+use rfs_proto::types::{AttrChanges, MAX_REPLICAS};
 
 /// An rfs storage node: lends its RAM to clients for one-sided RDMA; the first node also runs
 /// the metadata service, more nodes `--join` it.
@@ -76,9 +76,16 @@ struct Args {
     /// and peers still authenticating) taken at once; more are refused.
     #[arg(long, default_value_t = Limits::default().total)]
     max_connections: usize,
-    /// Treat root (uid 0) on clients as nobody (65534), as NFS's root_squash does.
+    /// Treat root (uid 0) on clients as nobody (65534), as NFS's root_squash does. Root then
+    /// cannot make the root directory writable: give it --root-owner or --root-mode.
     #[arg(long)]
     root_squash: bool,
+    /// The root directory's mode, in octal (e.g. 1777), set at every start.
+    #[arg(long, value_name = "OCTAL", value_parser = parse_mode, conflicts_with = "join")]
+    root_mode: Option<u32>,
+    /// The root directory's owner as UID:GID, set at every start.
+    #[arg(long, value_name = "UID:GID", value_parser = parse_owner, conflicts_with = "join")]
+    root_owner: Option<(u32, u32)>,
     /// Copies of each chunk, each on a different data node (this node counts as one): writes
     /// go to every copy, reads fail over between them, and the copies a dead node held are
     /// made again on the others. Chosen when the file system is created (the metadata node).
@@ -97,6 +104,24 @@ struct Args {
     /// Most control connections from one peer address.
     #[arg(long, default_value_t = Limits::default().per_peer)]
     max_connections_per_peer: usize,
+}
+
+fn parse_mode(s: &str) -> Result<u32, String> {
+    match u32::from_str_radix(s, 8) {
+        Ok(m) if m <= 0o7777 => Ok(m),
+        _ => Err(format!("{s:?} is not a mode in octal (0 to 7777)")),
+    }
+}
+
+fn parse_owner(s: &str) -> Result<(u32, u32), String> {
+    let (uid, gid) = s
+        .split_once(':')
+        .ok_or_else(|| format!("{s:?} is not UID:GID"))?;
+    let id = |x: &str| {
+        x.parse::<u32>()
+            .map_err(|_| format!("{x:?} is not a numeric id"))
+    };
+    Ok((id(uid)?, id(gid)?))
 }
 
 fn parse_secs(s: &str) -> Result<Duration, String> {
@@ -226,6 +251,12 @@ fn main() -> ExitCode {
         replicas: args.replicas,
         repair_rate: args.repair_rate,
         state_dir: args.state_dir.clone(),
+        root_dir: AttrChanges {
+            mode: args.root_mode,
+            uid: args.root_owner.map(|(uid, _)| uid),
+            gid: args.root_owner.map(|(_, gid)| gid),
+            ..AttrChanges::default()
+        },
         policy: Policy {
             root_squash: args.root_squash,
         },

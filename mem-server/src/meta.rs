@@ -20,12 +20,16 @@ use rfs_proto::frame::send_frame;
 use rfs_proto::grant::{GrantChunks, LinkRequest, RevokeChunks, RevokeFreed, RevokeSession};
 use rfs_proto::message::{encode_reply, readdir_budget, unseal, Call, Made, Request, RequestOp};
 use rfs_proto::types::{
-    Attr, ChunkRef, FileKind, Ino, Name, NodeInfo, Owner, Replicas, StatFs, MAY_WRITE,
+    Attr, AttrChanges, Caller, ChunkRef, FileKind, Ino, Name, NodeInfo, Owner, Replicas, StatFs,
+    MAY_WRITE, ROOT,
 };
 use rfs_proto::wire::MAX_LIST;
 use rfs_proto::Errno;
 
-use crate::access::{check_access_bits, check_open, check_setattr, Policy};
+use crate::access::{
+    check_access_bits, check_change, check_list, check_open, check_rename, check_search,
+    check_setattr, check_sticky, Policy,
+};
 use crate::alloc::Allocator;
 use crate::coherence::{Callbacks, Change, Countdown, Holders, Recall, SessionId};
 use crate::grants::Grants;
@@ -307,6 +311,17 @@ impl MetaService {
         };
         ns.journal_changes();
         alloc.journal_changes();
+        if cfg.root_dir != AttrChanges::default() {
+            let (root, _) = ns.setattr(ROOT, &cfg.root_dir).map_err(|e| {
+                io::Error::other(format!("setting the root directory's mode or owner: {e}"))
+            })?;
+            log::info!(
+                "root directory: mode {:o}, owner {}:{}",
+                root.perm,
+                root.uid,
+                root.gid
+            );
+        }
         // The pool is new whenever this process is: never one the journal names.
         let local = alloc.add_node(
             advertise,
@@ -1034,21 +1049,28 @@ impl MetaService {
         let chunk_size = ns.chunk_size();
         let target = |ns: &Namespace, parent: Ino, name: &Name| ns.lookup(parent, name).ok();
         let policy = self.policy;
+        // Who makes a call that looks in or changes directory `dir`, if `check` lets them.
+        let in_dir = |ns: &Namespace,
+                      caller: &Caller,
+                      dir: Ino,
+                      check: fn(&Attr, &Caller) -> Result<(), Errno>|
+         -> Result<(Caller, Attr), Errno> {
+            let c = policy.caller(caller)?;
+            let d = ns.getattr(dir)?;
+            check(&d, &c)?;
+            Ok((c, d))
+        };
         let opened = |open: &mut HashMap<Ino, Handles>, ino: Ino, access: u8| {
             let h = open.entry(ino).or_default();
             h.all += 1;
             h.writable += (access & MAY_WRITE != 0) as u32;
         };
         match req {
-            Request::Lookup(m) => answer(
-                m,
-                told(
-                    holders,
-                    session,
-                    ns.lookup(m.parent, &m.name),
-                    Some(m.parent),
-                ),
-            ),
+            Request::Lookup(m) => {
+                let r = in_dir(ns, &m.caller, m.parent, check_search)
+                    .and_then(|_| ns.lookup(m.parent, &m.name));
+                answer(m, told(holders, session, r, Some(m.parent)))
+            }
             Request::GetAttr(m) => answer(m, told(holders, session, ns.getattr(m.ino), None)),
             Request::SetAttr(m) => {
                 let writing = open.get(&m.ino).is_some_and(|h| h.writable > 0);
@@ -1073,12 +1095,15 @@ impl MetaService {
                 answer(m, told(holders, session, r, None))
             }
             Request::Mknod(m) => {
-                let r = ns.mknod(m.parent, &m.name, m.kind, m.rdev, policy.owner(m.owner));
+                let r = in_dir(ns, &m.caller, m.parent, check_change).and_then(|_| {
+                    ns.mknod(m.parent, &m.name, m.kind, m.rdev, policy.owner(m.owner))
+                });
                 r.is_ok().then(|| fx.change.inodes.push((m.parent, false)));
                 answer(m, made(holders, session, ns, r, m.parent))
             }
             Request::Mkdir(m) => {
-                let r = ns.mkdir(m.parent, &m.name, policy.owner(m.owner));
+                let r = in_dir(ns, &m.caller, m.parent, check_change)
+                    .and_then(|_| ns.mkdir(m.parent, &m.name, policy.owner(m.owner)));
                 r.is_ok().then(|| fx.change.inodes.push((m.parent, false)));
                 answer(m, made(holders, session, ns, r, m.parent))
             }
@@ -1088,13 +1113,15 @@ impl MetaService {
                     uid: m.uid,
                     gid: m.gid,
                 });
-                let r = ns.symlink(m.parent, &m.name, &m.target, o.uid, o.gid);
+                let r = in_dir(ns, &m.caller, m.parent, check_change)
+                    .and_then(|_| ns.symlink(m.parent, &m.name, &m.target, o.uid, o.gid));
                 r.is_ok().then(|| fx.change.inodes.push((m.parent, false)));
                 answer(m, made(holders, session, ns, r, m.parent))
             }
             Request::Readlink(m) => answer(m, ns.readlink(m.ino)),
             Request::Link(m) => {
-                let r = ns.link(m.ino, m.newparent, &m.newname);
+                let r = in_dir(ns, &m.caller, m.newparent, check_change)
+                    .and_then(|_| ns.link(m.ino, m.newparent, &m.newname));
                 if r.is_ok() {
                     fx.change
                         .inodes
@@ -1104,7 +1131,9 @@ impl MetaService {
             }
             Request::Unlink(m) => {
                 let victim = target(ns, m.parent, &m.name);
-                let r = ns.unlink(m.parent, &m.name).map(|freed| {
+                let r = in_dir(ns, &m.caller, m.parent, check_change)
+                    .and_then(|(c, dir)| victim.map_or(Ok(()), |v| check_sticky(&dir, &v, &c)));
+                let r = r.and_then(|()| ns.unlink(m.parent, &m.name)).map(|freed| {
                     let ino = victim.map_or(0, |a| a.ino);
                     fx.change.inodes.extend([(m.parent, false), (ino, false)]);
                     fx.change.entries.push((m.parent, m.name.clone()));
@@ -1117,7 +1146,9 @@ impl MetaService {
             }
             Request::Rmdir(m) => {
                 let victim = target(ns, m.parent, &m.name);
-                let r = ns.rmdir(m.parent, &m.name).inspect(|_| {
+                let r = in_dir(ns, &m.caller, m.parent, check_change)
+                    .and_then(|(c, dir)| victim.map_or(Ok(()), |v| check_sticky(&dir, &v, &c)));
+                let r = r.and_then(|()| ns.rmdir(m.parent, &m.name)).inspect(|_| {
                     fx.change.inodes.push((m.parent, false));
                     fx.change.inodes.extend(victim.map(|a| (a.ino, false)));
                     fx.change.entries.push((m.parent, m.name.clone()));
@@ -1130,8 +1161,13 @@ impl MetaService {
             Request::Rename(m) => {
                 let src = target(ns, m.parent, &m.name);
                 let dst = target(ns, m.newparent, &m.newname);
-                let r = ns
-                    .rename(m.parent, &m.name, m.newparent, &m.newname, m.flags)
+                let r = policy
+                    .caller(&m.caller)
+                    .and_then(|c| {
+                        let (from, to) = (ns.getattr(m.parent)?, ns.getattr(m.newparent)?);
+                        check_rename((&from, src.as_ref()), (&to, dst.as_ref()), &c)
+                    })
+                    .and_then(|()| ns.rename(m.parent, &m.name, m.newparent, &m.newname, m.flags))
                     .map(|freed| {
                         let c = &mut fx.change;
                         c.inodes.extend([(m.parent, false), (m.newparent, false)]);
@@ -1152,7 +1188,8 @@ impl MetaService {
             }
             Request::ReadDir(m) => {
                 let max = m.max.min(MAX_LIST) as usize;
-                let r = ns.readdir(m.ino, m.cookie, max, self.page_bytes);
+                let r = in_dir(ns, &m.caller, m.ino, check_list)
+                    .and_then(|_| ns.readdir(m.ino, m.cookie, max, self.page_bytes));
                 if let Ok(page) = &r {
                     holders.looked_in(session, m.ino);
                     for e in page {
@@ -1174,10 +1211,12 @@ impl MetaService {
             }
             Request::Create(m) => {
                 let owner = policy.owner(m.owner);
-                let r = check_access_bits(m.access).and_then(|()| {
-                    let a = ns.mknod(m.parent, &m.name, FileKind::RegularFile, 0, owner)?;
-                    ns.open(a.ino)
-                });
+                let r = check_access_bits(m.access)
+                    .and_then(|()| in_dir(ns, &m.caller, m.parent, check_change))
+                    .and_then(|_| {
+                        let a = ns.mknod(m.parent, &m.name, FileKind::RegularFile, 0, owner)?;
+                        ns.open(a.ino)
+                    });
                 if let Ok(a) = &r {
                     opened(open, a.ino, m.access);
                     holders.opened(session, a.ino);

@@ -69,6 +69,9 @@ pub struct NodeConfig {
     /// Where the metadata node journals its state, to come back with it after a restart
     /// (none: the namespace lives in memory only).
     pub state_dir: Option<std::path::PathBuf>,
+    /// Mode and owner given to the root directory at start (`--root-mode`, `--root-owner`):
+    /// under root squash nobody else could make it writable.
+    pub root_dir: rfs_proto::types::AttrChanges,
 }
 
 impl NodeConfig {
@@ -91,6 +94,7 @@ impl NodeConfig {
             replicas: 1,
             repair_rate: 256 << 20,
             state_dir: None,
+            root_dir: rfs_proto::types::AttrChanges::default(),
         }
     }
 

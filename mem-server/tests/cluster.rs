@@ -44,6 +44,7 @@ fn create(c: &Client, name: &str) -> u64 {
         name: name.into(),
         owner,
         access: RW,
+        caller: Caller::default(),
     })
     .unwrap()
     .attr
@@ -196,6 +197,7 @@ fn freed_chunks_are_zeroed_before_reuse_and_enospc_allocates_nothing() {
     c.call(Unlink {
         parent: ROOT,
         name: "a".into(),
+        caller: Caller::default(),
     })
     .unwrap();
     assert_eq!(statfs(&c).chunks_free, 6);
@@ -231,6 +233,7 @@ fn a_departed_client_releases_its_open_files() {
         c.call(Unlink {
             parent: ROOT,
             name: "f".into(),
+            caller: Caller::default(),
         })
         .unwrap();
         assert_eq!(statfs(&c).chunks_free, 4, "open elsewhere: data kept");
@@ -362,7 +365,8 @@ fn hostile_input_is_refused_and_harms_no_one() {
     assert_eq!(
         c.call(Lookup {
             parent: ino,
-            name: "x".into()
+            name: "x".into(),
+            caller: Caller::default(),
         })
         .map_err(|e| e.errno()),
         Err(Errno::ENOTDIR)
@@ -371,7 +375,8 @@ fn hostile_input_is_refused_and_harms_no_one() {
         c.call(ReadDir {
             ino: ROOT,
             cookie: 0,
-            max: u32::MAX
+            max: u32::MAX,
+            caller: Caller::default(),
         })
         .unwrap()
         .len(),
@@ -436,6 +441,7 @@ fn a_call_that_reaches_the_node_after_its_deadline_is_not_applied() {
                 uid: 0,
                 gid: 0,
             },
+            caller: Caller::default(),
         })
     };
     mkdir("before").unwrap();
@@ -454,6 +460,7 @@ fn a_call_that_reaches_the_node_after_its_deadline_is_not_applied() {
         c.call(Lookup {
             parent: ROOT,
             name: name.into(),
+            caller: Caller::default(),
         })
         .map(|_| ())
         .map_err(|e| e.errno())

@@ -66,6 +66,7 @@ fn file(c: &Client, name: &str, chunks: u32) -> (u64, Vec<ChunkRef>) {
                 gid: 1000,
             },
             access: RW,
+            caller: Caller::default(),
         })
         .unwrap()
         .attr

@@ -10,7 +10,10 @@ use rfs_e2e::{client, client_config, secret, MemServer};
 use rfs_proto::frame::recv_frame;
 use rfs_proto::handshake::dial;
 use rfs_proto::hello::{Data, Hello, Join};
-use rfs_proto::message::{Allocate, ChunkMap, Create, GetAttr, GetStatFs, Open, SetAttr};
+use rfs_proto::message::{
+    Allocate, ChunkMap, Create, GetAttr, GetStatFs, Link, Lookup, Mkdir, Open, ReadDir, Rename,
+    SetAttr, Unlink,
+};
 use rfs_proto::types::{Attr, AttrChanges, Caller, Owner, MAY_READ, MAY_WRITE, ROOT};
 use rfs_proto::{Client, Errno, MetadataChannel};
 
@@ -193,7 +196,8 @@ fn user(uid: u32) -> Caller {
     }
 }
 
-/// Creates `name` in the root, mode 0600, owned by `uid` (group `uid`), open for read and write.
+/// Creates `name` in the root, mode 0600, owned by `uid` (group `uid`), open for read and write,
+/// as root.
 fn create_private(c: &Client, name: &str, uid: u32) -> Attr {
     c.call(Create {
         parent: ROOT,
@@ -204,6 +208,7 @@ fn create_private(c: &Client, name: &str, uid: u32) -> Attr {
             gid: uid,
         },
         access: MAY_READ | MAY_WRITE,
+        caller: user(0),
     })
     .unwrap()
     .attr
@@ -303,7 +308,8 @@ fn a_client_reaches_only_what_it_opened_as_the_mode_allows() {
 
 #[test]
 fn root_squash_makes_root_an_ordinary_user() {
-    let meta = MemServer::start(&["--memory", "4M", "--root-squash"]);
+    // Squashed root could not make the root directory writable: the node does at start.
+    let meta = MemServer::start(&["--memory", "4M", "--root-squash", "--root-mode", "1777"]);
     let c = client(&meta);
     let made = create_private(&c, "f", 0);
     assert_eq!((made.uid, made.gid), (65534, 65534), "created as nobody");
@@ -313,4 +319,101 @@ fn root_squash_makes_root_an_ordinary_user() {
         Err(Errno::EACCES)
     );
     assert_eq!(open_as(&c, theirs.ino, MAY_READ, user(1000)), Ok(()));
+
+    // A client's kernel lets root through every directory: the node is what stops it (an
+    // adversarial review listed, made, removed and moved files in another user's 0700
+    // directory as squashed root).
+    let (root, alice) = (user(0), user(1000));
+    let private = Owner {
+        perm: 0o700,
+        uid: 1000,
+        gid: 1000,
+    };
+    let dir = c
+        .call(Mkdir {
+            parent: ROOT,
+            name: "priv".into(),
+            owner: private,
+            caller: alice.clone(),
+        })
+        .unwrap()
+        .attr
+        .ino;
+    let secret = c
+        .call(Create {
+            parent: dir,
+            name: "a".into(),
+            owner: private,
+            access: MAY_WRITE,
+            caller: alice.clone(),
+        })
+        .unwrap()
+        .attr
+        .ino;
+    let refused = |r: Result<(), rfs_proto::CallError>| r.map_err(|e| e.errno());
+    let name = |n: &str| rfs_proto::types::Name::from(n);
+    let listed = c.call(ReadDir {
+        ino: dir,
+        cookie: 0,
+        max: 100,
+        caller: root.clone(),
+    });
+    assert_eq!(refused(listed.map(drop)), Err(Errno::EACCES), "readdir");
+    let looked = c.call(Lookup {
+        parent: dir,
+        name: name("a"),
+        caller: root.clone(),
+    });
+    assert_eq!(refused(looked.map(drop)), Err(Errno::EACCES), "lookup");
+    let planted = c.call(Create {
+        parent: dir,
+        name: name("planted"),
+        owner: private,
+        access: MAY_WRITE,
+        caller: root.clone(),
+    });
+    assert_eq!(refused(planted.map(drop)), Err(Errno::EACCES), "create");
+    let made = c.call(Mkdir {
+        parent: dir,
+        name: name("d"),
+        owner: private,
+        caller: root.clone(),
+    });
+    assert_eq!(refused(made.map(drop)), Err(Errno::EACCES), "mkdir");
+    let linked = c.call(Link {
+        ino: theirs.ino,
+        newparent: dir,
+        newname: name("l"),
+        caller: root.clone(),
+    });
+    assert_eq!(refused(linked.map(drop)), Err(Errno::EACCES), "link");
+    let removed = c.call(Unlink {
+        parent: dir,
+        name: name("a"),
+        caller: root.clone(),
+    });
+    assert_eq!(refused(removed.map(drop)), Err(Errno::EACCES), "unlink");
+    let moved = c.call(Rename {
+        parent: dir,
+        name: name("a"),
+        newparent: ROOT,
+        newname: name("taken"),
+        flags: 0,
+        caller: root.clone(),
+    });
+    assert_eq!(refused(moved.map(drop)), Err(Errno::EACCES), "rename");
+    // The root directory is sticky: nobody removes what another user made there.
+    let theirs_removed = c.call(Unlink {
+        parent: ROOT,
+        name: name("g"),
+        caller: root.clone(),
+    });
+    assert_eq!(refused(theirs_removed.map(drop)), Err(Errno::EPERM));
+    // Its owner gets in.
+    let found = c.call(Lookup {
+        parent: dir,
+        name: name("a"),
+        caller: alice,
+    });
+    assert_eq!(found.unwrap().ino, secret);
 }

@@ -17,7 +17,7 @@ use crate::{wire_enum, wire_struct};
 wire_struct! {
     /// Looks a name up in a directory.
     #[derive(Clone, Debug, PartialEq)]
-    pub struct Lookup { pub parent: Ino, pub name: Name }
+    pub struct Lookup { pub parent: Ino, pub name: Name, pub caller: Caller }
 }
 
 wire_struct! {
@@ -44,13 +44,14 @@ wire_struct! {
         /// Device number of a device node.
         pub rdev: u32,
         pub owner: Owner,
+        pub caller: Caller,
     }
 }
 
 wire_struct! {
     /// Creates a directory.
     #[derive(Clone, Debug, PartialEq)]
-    pub struct Mkdir { pub parent: Ino, pub name: Name, pub owner: Owner }
+    pub struct Mkdir { pub parent: Ino, pub name: Name, pub owner: Owner, pub caller: Caller }
 }
 
 wire_struct! {
@@ -62,6 +63,7 @@ wire_struct! {
         pub target: Name,
         pub uid: u32,
         pub gid: u32,
+        pub caller: Caller,
     }
 }
 
@@ -74,19 +76,19 @@ wire_struct! {
 wire_struct! {
     /// A hard link to `ino` as `newparent/newname`.
     #[derive(Clone, Debug, PartialEq)]
-    pub struct Link { pub ino: Ino, pub newparent: Ino, pub newname: Name }
+    pub struct Link { pub ino: Ino, pub newparent: Ino, pub newname: Name, pub caller: Caller }
 }
 
 wire_struct! {
     /// Removes a non-directory name.
     #[derive(Clone, Debug, PartialEq)]
-    pub struct Unlink { pub parent: Ino, pub name: Name }
+    pub struct Unlink { pub parent: Ino, pub name: Name, pub caller: Caller }
 }
 
 wire_struct! {
     /// Removes an empty directory.
     #[derive(Clone, Debug, PartialEq)]
-    pub struct Rmdir { pub parent: Ino, pub name: Name }
+    pub struct Rmdir { pub parent: Ino, pub name: Name, pub caller: Caller }
 }
 
 wire_struct! {
@@ -98,13 +100,14 @@ wire_struct! {
         pub newparent: Ino,
         pub newname: Name,
         pub flags: u32,
+        pub caller: Caller,
     }
 }
 
 wire_struct! {
     /// Up to `max` directory entries after `cookie` (0: from the start).
     #[derive(Clone, Debug, PartialEq)]
-    pub struct ReadDir { pub ino: Ino, pub cookie: u64, pub max: u32 }
+    pub struct ReadDir { pub ino: Ino, pub cookie: u64, pub max: u32, pub caller: Caller }
 }
 
 wire_struct! {
@@ -119,7 +122,13 @@ wire_struct! {
     /// Creates a regular file and opens it for `access`, in one step (as open(O_CREAT) does:
     /// the creator's handle is not subject to the new file's mode).
     #[derive(Clone, Debug, PartialEq)]
-    pub struct Create { pub parent: Ino, pub name: Name, pub owner: Owner, pub access: u8 }
+    pub struct Create {
+        pub parent: Ino,
+        pub name: Name,
+        pub owner: Owner,
+        pub access: u8,
+        pub caller: Caller,
+    }
 }
 
 wire_struct! {
@@ -437,6 +446,7 @@ mod tests {
             Lookup {
                 parent: 1,
                 name: n(),
+                caller: Caller::default(),
             }
             .into(),
             GetAttr { ino: 2 }.into(),
@@ -459,12 +469,14 @@ mod tests {
                 kind: FileKind::NamedPipe,
                 rdev: 3,
                 owner: OWNER,
+                caller: Caller::default(),
             }
             .into(),
             Mkdir {
                 parent: 1,
                 name: n(),
                 owner: OWNER,
+                caller: Caller::default(),
             }
             .into(),
             Symlink {
@@ -473,6 +485,7 @@ mod tests {
                 target: "/a/b".into(),
                 uid: 1,
                 gid: 2,
+                caller: Caller::default(),
             }
             .into(),
             Readlink { ino: 4 }.into(),
@@ -480,16 +493,19 @@ mod tests {
                 ino: 4,
                 newparent: 1,
                 newname: n(),
+                caller: Caller::default(),
             }
             .into(),
             Unlink {
                 parent: 1,
                 name: n(),
+                caller: Caller::default(),
             }
             .into(),
             Rmdir {
                 parent: 1,
                 name: n(),
+                caller: Caller::default(),
             }
             .into(),
             Rename {
@@ -498,12 +514,14 @@ mod tests {
                 newparent: 2,
                 newname: "x".into(),
                 flags: 1,
+                caller: Caller::default(),
             }
             .into(),
             ReadDir {
                 ino: 1,
                 cookie: 9,
                 max: 100,
+                caller: Caller::default(),
             }
             .into(),
             Open {
@@ -543,6 +561,7 @@ mod tests {
                 name: n(),
                 owner: OWNER,
                 access: 2,
+                caller: Caller::default(),
             }
             .into(),
             AttachData {
@@ -640,6 +659,7 @@ mod tests {
         let typed = Lookup {
             parent: 1,
             name: "a".into(),
+            caller: Caller::default(),
         };
         assert_eq!(encode_call(&typed), Request::from(typed).encode());
     }

@@ -53,10 +53,14 @@ fn a_user_without_the_secret_is_refused() {
 
 /// Runs `sh -c script` as uid/gid 65534; (success, stderr).
 fn as_nobody(script: &str) -> (bool, String) {
+    as_user(NOBODY, script)
+}
+
+fn as_user(uid: u32, script: &str) -> (bool, String) {
     let out = Command::new("sh")
         .args(["-c", script])
-        .uid(NOBODY)
-        .gid(NOBODY)
+        .uid(uid)
+        .gid(uid)
         .output()
         .unwrap();
     (
@@ -108,4 +112,37 @@ fn another_user_gets_what_the_mode_bits_give_as_on_a_local_file_system() {
     assert!(ok, "running it: {err}");
     let (ok, _) = as_nobody(&format!("cat {t} > /dev/null"));
     assert!(!ok, "reading it");
+}
+
+/// Under root squash a client's root is nobody at the metadata node, but its kernel still lets
+/// root through every directory: the node checks the directory's bits. Before, squashed root
+/// listed, made, removed and moved files in another user's 0700 directory.
+#[test]
+fn squashed_root_neither_lists_makes_removes_nor_moves_in_a_directory_closed_to_nobody() {
+    // Squashed root could not open the root directory up: the node does at start.
+    let node = MemServer::start(&["--memory", "16M", "--root-squash", "--root-mode", "1777"]);
+    let m = Mount::new(&node, &["allow_other"]);
+    let d = m.path("d");
+    let (ok, err) = as_user(
+        1000,
+        &format!("mkdir {0} && chmod 700 {0} && echo a > {0}/a && echo b > {0}/b", d.display()),
+    );
+    assert!(ok, "{err}");
+    let denied = |what: &str, r: std::io::Result<()>| {
+        let e = r.expect_err(what);
+        assert_eq!(e.raw_os_error(), Some(libc::EACCES), "{what}: {e}");
+    };
+    let listed = std::fs::read_dir(&d).and_then(|names| names.collect::<Result<Vec<_>, _>>());
+    denied("list", listed.map(drop));
+    denied("create", std::fs::write(d.join("planted"), b"x"));
+    denied("mkdir", std::fs::create_dir(d.join("sub")));
+    denied("symlink", std::os::unix::fs::symlink("a", d.join("l")));
+    denied("unlink", std::fs::remove_file(d.join("b")));
+    denied("rename", std::fs::rename(d.join("a"), m.path("taken")));
+    let (ok, err) = as_user(1000, &format!("cat {0}/a {0}/b && ls {0}", d.display()));
+    assert!(ok, "the owner still has both: {err}");
+    // What squashed root makes in the open root directory is nobody's.
+    std::fs::write(m.path("mine"), b"x").unwrap();
+    let owner = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(m.path("mine")).unwrap());
+    assert_eq!(owner, NOBODY);
 }

@@ -962,7 +962,7 @@ mod tests {
     #[test]
     fn pieces_sent_again_may_come_in_any_order() {
         use crate::fs::fake::{Fake, FakeCluster, CHUNK};
-        use rfs_proto::types::{FileKind, Owner, ROOT};
+        use rfs_proto::types::{Caller, FileKind, Owner, ROOT};
         let cluster: Arc<FakeCluster> = Arc::default();
         let fs = Arc::new(Rfs::new(Fake(cluster.clone())).unwrap());
         let owner = Owner {
@@ -971,7 +971,14 @@ mod tests {
             gid: 0,
         };
         let ino = fs
-            .mknod(ROOT, b"f", FileKind::RegularFile, 0, owner)
+            .mknod(
+                ROOT,
+                b"f",
+                FileKind::RegularFile,
+                0,
+                owner,
+                &Caller::default(),
+            )
             .unwrap()
             .ino;
         let data: Vec<u8> = (0..3 * CHUNK as usize).map(|i| (i % 251) as u8).collect();

@@ -225,7 +225,7 @@ impl<B: Backend> Rfs<B> {
     }
 
     /// Looks `name` up in `parent`.
-    pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
+    pub fn lookup(&self, parent: Ino, name: &[u8], caller: &Caller) -> Result<Attr> {
         if parent == ROOT && name == STATS_NAME.as_bytes() {
             return Ok(self.stats_attr());
         }
@@ -236,6 +236,7 @@ impl<B: Backend> Rfs<B> {
         self.attr_of(Lookup {
             parent,
             name: name.into(),
+            caller: caller.clone(),
         })
     }
 
@@ -369,6 +370,7 @@ impl<B: Backend> Rfs<B> {
         kind: FileKind,
         rdev: u32,
         owner: Owner,
+        caller: &Caller,
     ) -> Result<Attr> {
         let mknod = Mknod {
             parent,
@@ -376,18 +378,20 @@ impl<B: Backend> Rfs<B> {
             kind,
             rdev,
             owner,
+            caller: caller.clone(),
         };
         self.add(parent, name, mknod)
     }
 
     /// Creates a directory.
-    pub fn mkdir(&self, parent: Ino, name: &[u8], owner: Owner) -> Result<Attr> {
+    pub fn mkdir(&self, parent: Ino, name: &[u8], owner: Owner, caller: &Caller) -> Result<Attr> {
         not_the_stats_file(parent, name)?;
         let sent = self.dirs.sent();
         let mkdir = Mkdir {
             parent,
             name: name.into(),
             owner,
+            caller: caller.clone(),
         };
         let made = self.changing(parent, mkdir)?;
         self.dirs.made_dir(sent, made.dir, name, made.attr.ino);
@@ -402,6 +406,7 @@ impl<B: Backend> Rfs<B> {
         target: &[u8],
         uid: u32,
         gid: u32,
+        caller: &Caller,
     ) -> Result<Attr> {
         let symlink = Symlink {
             parent,
@@ -409,6 +414,7 @@ impl<B: Backend> Rfs<B> {
             target: target.into(),
             uid,
             gid,
+            caller: caller.clone(),
         };
         self.add(parent, name, symlink)
     }
@@ -419,31 +425,34 @@ impl<B: Backend> Rfs<B> {
     }
 
     /// A hard link to `ino`.
-    pub fn link(&self, ino: Ino, newparent: Ino, newname: &[u8]) -> Result<Attr> {
+    pub fn link(&self, ino: Ino, newparent: Ino, newname: &[u8], caller: &Caller) -> Result<Attr> {
         let link = Link {
             ino,
             newparent,
             newname: newname.into(),
+            caller: caller.clone(),
         };
         self.add(newparent, newname, link)
     }
 
     /// Removes a name (not a directory).
-    pub fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()> {
+    pub fn unlink(&self, parent: Ino, name: &[u8], caller: &Caller) -> Result<()> {
         let unlink = Unlink {
             parent,
             name: name.into(),
+            caller: caller.clone(),
         };
         self.remove(parent, name, unlink)
     }
 
     /// Removes an empty directory.
-    pub fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()> {
+    pub fn rmdir(&self, parent: Ino, name: &[u8], caller: &Caller) -> Result<()> {
         not_the_stats_file(parent, name)?;
         let sent = self.dirs.sent();
         let rmdir = Rmdir {
             parent,
             name: name.into(),
+            caller: caller.clone(),
         };
         let after = self.changing(parent, rmdir)?;
         self.dirs.removed_dir(sent, after, name);
@@ -458,6 +467,7 @@ impl<B: Backend> Rfs<B> {
         newparent: Ino,
         newname: &[u8],
         flags: u32,
+        caller: &Caller,
     ) -> Result<()> {
         not_the_stats_file(parent, name)?;
         not_the_stats_file(newparent, newname)?;
@@ -468,6 +478,7 @@ impl<B: Backend> Rfs<B> {
             newparent,
             newname: newname.into(),
             flags,
+            caller: caller.clone(),
         };
         let (old, new) = self.changing(parent, rename).inspect_err(|_| {
             self.dirs.changed(newparent);
@@ -477,11 +488,12 @@ impl<B: Backend> Rfs<B> {
     }
 
     /// One page of a directory after `cookie`.
-    pub fn readdir(&self, ino: Ino, cookie: u64) -> Result<Vec<DirEntry>> {
+    pub fn readdir(&self, ino: Ino, cookie: u64, caller: &Caller) -> Result<Vec<DirEntry>> {
         self.call(ReadDir {
             ino,
             cookie,
             max: MAX_LIST,
+            caller: caller.clone(),
         })
     }
 

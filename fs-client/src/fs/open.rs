@@ -189,6 +189,7 @@ impl<B: Backend> Rfs<B> {
         name: &[u8],
         owner: Owner,
         access: u8,
+        caller: &Caller,
     ) -> Result<(u64, Attr)> {
         super::not_the_stats_file(parent, name)?;
         let sent = self.dirs.sent();
@@ -197,6 +198,7 @@ impl<B: Backend> Rfs<B> {
             name: name.into(),
             owner,
             access,
+            caller: caller.clone(),
         };
         let made = self.changing(parent, create)?;
         self.dirs.added(sent, made.dir, name);

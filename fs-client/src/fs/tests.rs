@@ -32,9 +32,16 @@ const OWNER: Owner = Owner {
 };
 
 fn create(fs: &Rfs<Fake>, name: &str) -> Ino {
-    fs.mknod(ROOT, name.as_bytes(), FileKind::RegularFile, 0, OWNER)
-        .unwrap()
-        .ino
+    fs.mknod(
+        ROOT,
+        name.as_bytes(),
+        FileKind::RegularFile,
+        0,
+        OWNER,
+        &ROOT_CALLER,
+    )
+    .unwrap()
+    .ino
 }
 
 /// The fake answers in place, so the callbacks have run when these return.
@@ -295,7 +302,9 @@ fn a_failed_piece_fails_the_request_with_eio_and_commits_nothing() {
 fn the_stats_file_reads_and_refuses_writes() {
     let cluster: Arc<FakeCluster> = Arc::default();
     let fs = client(&cluster);
-    let attr = fs.lookup(ROOT, super::STATS_NAME.as_bytes()).unwrap();
+    let attr = fs
+        .lookup(ROOT, super::STATS_NAME.as_bytes(), &ROOT_CALLER)
+        .unwrap();
     assert_eq!(attr.ino, super::STATS_INO);
     let text = String::from_utf8(read(&fs, attr.ino, 0, 1 << 16).unwrap()).unwrap();
     assert!(text.starts_with("transport fake\n"), "{text}");
@@ -314,22 +323,26 @@ fn the_stats_files_name_takes_no_rename_link_or_new_file() {
     let stats = super::STATS_NAME.as_bytes();
     let before = cluster.total_calls();
     let refused = |r: Result<()>| assert_eq!(r.unwrap_err().errno(), Errno::EACCES);
-    refused(fs.rename(ROOT, b"x", ROOT, stats, 0));
-    refused(fs.rename(ROOT, stats, ROOT, b"y", 0));
-    refused(fs.link(ino, ROOT, stats).map(drop));
-    refused(fs.mkdir(ROOT, stats, OWNER).map(drop));
-    refused(fs.create(ROOT, stats, OWNER, RW).map(drop));
+    refused(fs.rename(ROOT, b"x", ROOT, stats, 0, &ROOT_CALLER));
+    refused(fs.rename(ROOT, stats, ROOT, b"y", 0, &ROOT_CALLER));
+    refused(fs.link(ino, ROOT, stats, &ROOT_CALLER).map(drop));
+    refused(fs.mkdir(ROOT, stats, OWNER, &ROOT_CALLER).map(drop));
+    refused(fs.create(ROOT, stats, OWNER, RW, &ROOT_CALLER).map(drop));
     refused(
-        fs.mknod(ROOT, stats, FileKind::RegularFile, 0, OWNER)
+        fs.mknod(ROOT, stats, FileKind::RegularFile, 0, OWNER, &ROOT_CALLER)
             .map(drop),
     );
-    refused(fs.unlink(ROOT, stats));
-    refused(fs.rmdir(ROOT, stats));
+    refused(fs.unlink(ROOT, stats, &ROOT_CALLER));
+    refused(fs.rmdir(ROOT, stats, &ROOT_CALLER));
     assert_eq!(cluster.total_calls(), before, "nothing reached the node");
-    assert_eq!(fs.lookup(ROOT, stats).unwrap().ino, super::STATS_INO);
+    assert_eq!(
+        fs.lookup(ROOT, stats, &ROOT_CALLER).unwrap().ino,
+        super::STATS_INO
+    );
     // Elsewhere the name is a name like any other.
-    let d = fs.mkdir(ROOT, b"d", OWNER).unwrap().ino;
-    fs.mknod(d, stats, FileKind::RegularFile, 0, OWNER).unwrap();
+    let d = fs.mkdir(ROOT, b"d", OWNER, &ROOT_CALLER).unwrap().ino;
+    fs.mknod(d, stats, FileKind::RegularFile, 0, OWNER, &ROOT_CALLER)
+        .unwrap();
 }
 
 /// A replicated file whose chunks all have a copy on one node is gathered from there too,
@@ -819,7 +832,7 @@ fn our_own_commit_keeps_the_pages_another_clients_commit_drops() {
     assert!(!keep, "a callback said the pages changed");
     a.release(fh).unwrap();
     // A file made by create has no pages of another version either.
-    let (fh, made) = a.create(ROOT, b"g", OWNER, RW).unwrap();
+    let (fh, made) = a.create(ROOT, b"g", OWNER, RW, &ROOT_CALLER).unwrap();
     write(&a, made.ino, 0, b"new").unwrap();
     a.release(fh).unwrap();
     let (fh, _, keep) = a.open_keeping_cache(made.ino, RW, &ROOT_CALLER).unwrap();
@@ -1019,7 +1032,7 @@ fn a_write_behind_that_fails_drops_the_pages_that_hold_it() {
     let cluster: Arc<FakeCluster> = Arc::default();
     let fs = client(&cluster);
     fs.set_write_behind(1 << 20);
-    let (fh, made) = fs.create(ROOT, b"f", OWNER, RW).unwrap();
+    let (fh, made) = fs.create(ROOT, b"f", OWNER, RW, &ROOT_CALLER).unwrap();
     let ino = made.ino;
     write(&fs, ino, 0, &pattern(2 * CHUNK as usize, 1)).unwrap();
     cluster.hold_writes();
@@ -1184,16 +1197,20 @@ fn a_getattr_answered_before_a_commit_does_not_take_the_size_back() {
 fn kept_directories_answer_without_calls_only_while_connected() {
     let cluster: Arc<FakeCluster> = Arc::default();
     let fs = client(&cluster);
-    let d = fs.mkdir(ROOT, b"d", OWNER).unwrap().ino;
-    fs.mknod(d, b"f", FileKind::RegularFile, 0, OWNER).unwrap();
+    let d = fs.mkdir(ROOT, b"d", OWNER, &ROOT_CALLER).unwrap().ino;
+    fs.mknod(d, b"f", FileKind::RegularFile, 0, OWNER, &ROOT_CALLER)
+        .unwrap();
     let calls = cluster.total_calls();
-    let e = fs.lookup(d, b"missing").unwrap_err();
+    let e = fs.lookup(d, b"missing", &ROOT_CALLER).unwrap_err();
     assert_eq!(e.errno(), Errno::ENOENT);
     fs.getattr(d).unwrap();
     assert_eq!(cluster.total_calls(), calls, "from what is kept");
 
     cluster.metadata_down(true);
-    assert_eq!(fs.lookup(d, b"missing").unwrap_err().errno(), Errno::ENOENT);
+    assert_eq!(
+        fs.lookup(d, b"missing", &ROOT_CALLER).unwrap_err().errno(),
+        Errno::ENOENT
+    );
     fs.getattr(d).unwrap();
     assert_eq!(
         cluster.total_calls(),

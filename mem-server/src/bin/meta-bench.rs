@@ -10,7 +10,7 @@ use clap::Parser;
 use mem_server::node::{Node, NodeConfig};
 use rdmabox::transport::{ProviderKind, TransportConfig};
 use rfs_proto::message::{GetAttr, Mknod, Unlink};
-use rfs_proto::types::{FileKind, Name, Owner, ROOT};
+use rfs_proto::types::{Caller, FileKind, Name, Owner, ROOT};
 use rfs_proto::{Client, ClientConfig, MetadataChannel};
 
 #[derive(Parser)]
@@ -84,9 +84,15 @@ fn main() {
                                 uid: 0,
                                 gid: 0,
                             },
+                            caller: Caller::default(),
                         })
                         .expect("mknod");
-                        c.call(Unlink { parent: ROOT, name }).expect("unlink");
+                        c.call(Unlink {
+                            parent: ROOT,
+                            name,
+                            caller: Caller::default(),
+                        })
+                        .expect("unlink");
                     }
                 })
             })
