@@ -171,9 +171,10 @@ fn invalid_state(dir: &std::path::Path, why: &str) -> io::Error {
 }
 
 fn is_frozen(frozen: &HashSet<(Ino, u64)>, ino: Ino, first: u64, count: u32) -> bool {
-    !frozen.is_empty()
-        && (first..first.saturating_add(count.min(MAX_LIST) as u64))
-            .any(|i| frozen.contains(&(ino, i)))
+    let span = first..first.saturating_add(count as u64);
+    frozen
+        .iter()
+        .any(|&(i, index)| i == ino && span.contains(&index))
 }
 
 /// The chunks of `refs`, by node.
@@ -1241,7 +1242,7 @@ impl MetaService {
                 // Only through a handle: the open is where permission was checked.
                 let r = match open.get(&m.ino) {
                     Some(_) if is_frozen(frozen, m.ino, m.first, m.count) => Err(Errno::EAGAIN),
-                    Some(_) => ns.chunk_map(m.ino, m.first, m.count.min(MAX_LIST) as u64),
+                    Some(_) => ns.chunk_map(m.ino, m.first, m.count as u64),
                     None => Err(Errno::EBADF),
                 };
                 match r {

@@ -11,6 +11,7 @@ use rfs_proto::types::{
     Attr, AttrChanges, ChunkRef, DirEntry, FileKind, Ino, Name, Owner, Replicas, Timestamp,
     NAME_MAX, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT,
 };
+use rfs_proto::wire::MAX_LIST;
 use rfs_proto::Errno;
 
 use crate::record::Record;
@@ -716,7 +717,8 @@ impl Namespace {
         }
     }
 
-    /// The allocated chunks among `first..first+count`.
+    /// The allocated chunks among `first..first+count`, at most `MAX_LIST` of them (the
+    /// first ones).
     pub fn chunk_map(
         &self,
         ino: Ino,
@@ -726,6 +728,7 @@ impl Namespace {
         Ok(self
             .chunks(ino)?
             .range(first..first.saturating_add(count))
+            .take(MAX_LIST as usize)
             .map(|(&i, c)| (i, c.clone()))
             .collect())
     }

@@ -146,7 +146,8 @@ wire_struct! {
 }
 
 wire_struct! {
-    /// Where chunks `first..first+count` of a file are (holes are left out).
+    /// Where chunks `first..first+count` of a file are: holes are left out, and at most
+    /// [`crate::wire::MAX_LIST`] chunks are answered (the first ones), whatever the span.
     #[derive(Clone, Debug, PartialEq)]
     pub struct ChunkMap { pub ino: Ino, pub first: u64, pub count: u32 }
 }

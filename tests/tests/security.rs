@@ -125,7 +125,10 @@ fn squashed_root_neither_lists_makes_removes_nor_moves_in_a_directory_closed_to_
     let d = m.path("d");
     let (ok, err) = as_user(
         1000,
-        &format!("mkdir {0} && chmod 700 {0} && echo a > {0}/a && echo b > {0}/b", d.display()),
+        &format!(
+            "mkdir {0} && chmod 700 {0} && echo a > {0}/a && echo b > {0}/b",
+            d.display()
+        ),
     );
     assert!(ok, "{err}");
     let denied = |what: &str, r: std::io::Result<()>| {

@@ -11,6 +11,7 @@ use rdmabox::transport::WcStatus;
 use rdmabox::Snapshot;
 use rfs_proto::message::{decode_reply, encode_reply, Call, Committed, Made, Request, RequestOp};
 use rfs_proto::types::{Attr, ChunkRef, FileKind, Ino, Owner, Replicas, StatFs, Timestamp, ROOT};
+use rfs_proto::wire::MAX_LIST;
 use rfs_proto::{Errno, MetadataChannel};
 
 use super::backend::{Backend, DataDone, WriteBack};
@@ -491,6 +492,7 @@ fn map(st: &State, ino: Ino, first: u64, count: u32) -> Vec<(u64, Replicas)> {
     st.chunks
         .range((ino, first)..(ino, first + count as u64))
         .map(|(&(_, idx), c)| (idx, c.iter().map(with_key).collect()))
+        .take(MAX_LIST as usize)
         .collect()
 }
 

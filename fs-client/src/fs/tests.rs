@@ -620,6 +620,37 @@ fn fallocate_allocates_extends_punches_and_zeroes() {
     fs.release(fh).unwrap();
 }
 
+/// A punch went chunk by chunk, a metadata call for each hole: over a sparse exabyte
+/// (truncate -s 4E, any user) it kept the client and the node busy for years, its caller
+/// unkillable. Holes now cost nothing: the node's map answers only allocated chunks.
+#[test]
+fn a_punch_over_a_vast_sparse_range_asks_for_the_chunks_it_finds_not_for_each_hole() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    let ino = create(&fs, "f");
+    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+    let far = 1u64 << 50; // 2^38 chunks of the fake's 4 KiB away
+    let (head, tail) = (pattern(100, 1), pattern(100, 2));
+    write(&fs, ino, 0, &head).unwrap();
+    write(&fs, ino, far, &tail).unwrap();
+    let maps = cluster.calls(RequestOp::ChunkMap);
+    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    fs.fallocate(ino, 50, far, punch).unwrap();
+    assert!(
+        cluster.calls(RequestOp::ChunkMap) - maps < 200,
+        "{} map calls",
+        cluster.calls(RequestOp::ChunkMap) - maps
+    );
+    let mut want = head.clone();
+    want[50..].fill(0);
+    assert!(read(&fs, ino, 0, 100).unwrap() == want);
+    let mut want = tail.clone();
+    want[..50].fill(0);
+    assert!(read(&fs, ino, far, 100).unwrap() == want);
+    assert_eq!(fs.size_for_read(ino).unwrap(), far + 100, "the size kept");
+    fs.release(fh).unwrap();
+}
+
 /// A truncate (or growth) of `ino` to `size`, by root.
 fn resize(fs: &Arc<Rfs<Fake>>, ino: Ino, size: u64) -> Result<Attr> {
     let changes = AttrChanges {
