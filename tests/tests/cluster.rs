@@ -265,3 +265,42 @@ fn a_write_that_fails_after_it_was_answered_is_reported_by_close_and_o_dsync_wai
         assert_eq!(back.len(), 1 << 20);
     }
 }
+
+/// A client stopped (SIGSTOP; a paused VM, a frozen cgroup, heavy swapping) for longer than
+/// its io_timeout, with writes in flight to a node that answered them meanwhile: once it runs
+/// again, the answers waiting in its sockets count, and nothing fails. Before, its pollers,
+/// running before the transport had read those answers, judged the node late and failed
+/// every write in flight and the fsync after (EIO), with the node healthy throughout.
+#[test]
+fn a_client_stopped_past_its_io_timeout_fails_nothing_a_healthy_node_answered() {
+    let node = MemServer::meta("96M", "1M");
+    let m = Mount::new(&node, &["io_timeout=1"]);
+    let f = fs::File::create(m.path("f")).unwrap();
+    let block: Vec<u8> = (0..256 << 10).map(|i| (i % 251) as u8).collect();
+    let blocks = 128u64; // 32 MiB, written over and over
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let written = std::thread::scope(|s| {
+        let writer = s.spawn(|| {
+            let mut i = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) || i < blocks {
+                f.write_all_at(&block, (i % blocks) * block.len() as u64)?;
+                i += 1;
+            }
+            f.sync_all()
+        });
+        // Which thread runs first after a stop is luck: a few stops.
+        for _ in 0..4 {
+            std::thread::sleep(Duration::from_millis(300));
+            rfs_e2e::stop(m.pid() as u32);
+            std::thread::sleep(Duration::from_millis(1500));
+            rfs_e2e::resume(m.pid() as u32);
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        writer.join().unwrap()
+    });
+    written.expect("writes and fsync across the stop");
+    let back = fs::read(m.path("f")).unwrap();
+    assert_eq!(back.len() as u64, blocks * block.len() as u64);
+    assert!(back.chunks(block.len()).all(|b| b == block));
+}

@@ -23,6 +23,12 @@ use super::{Inner, IoError, Link};
 /// Completions taken per poll on a transport thread (see [`Inner::complete_inline`]).
 const INLINE_BATCH: usize = 16;
 
+/// A gap this long between two rounds of a poller, whose sleeps are bounded at a tenth of it
+/// ([`poller::MAX_SLEEP`]), means this process was held up (stopped, a paused VM, a frozen
+/// cgroup, starved): answers that came meanwhile wait in the transport, whose threads were
+/// held up too. Nobody is judged late until the transport has had this long to deliver them.
+const HELD_UP: Duration = Duration::from_secs(1);
+
 /// One link's side of [`poller::drive`]: its CQ, the session's counters and its shutdown rule.
 struct LinkPoller<'a> {
     inner: &'a Inner,
@@ -31,6 +37,8 @@ struct LinkPoller<'a> {
     stop_deadline: Option<Instant>,
     /// When the in-flight work requests are next checked against the session's deadline.
     next_deadline_check: Instant,
+    /// When the last round began.
+    last_round: Instant,
 }
 
 impl PollTarget for LinkPoller<'_> {
@@ -46,6 +54,13 @@ impl PollTarget for LinkPoller<'_> {
                 return ControlFlow::Break(());
             }
         }
+        let now = Instant::now();
+        let gap = now.duration_since(self.last_round);
+        if gap > HELD_UP {
+            self.next_deadline_check = self.next_deadline_check.max(now + HELD_UP);
+            log::info!("poller held up for {gap:?}: work in flight is judged {HELD_UP:?} later");
+        }
+        self.last_round = now;
         let found = self.inner.poll_once(self.link, &mut self.wc);
         // Only once the CQ is empty: a poller that was itself held up (descheduled, stopped)
         // finds the answers that came meanwhile before it judges anyone late.
@@ -100,6 +115,7 @@ impl Inner {
                 wc: vec![Completion::EMPTY; mode.batch()],
                 stop_deadline: None,
                 next_deadline_check: Instant::now(),
+                last_round: Instant::now(),
             },
         );
     }
