@@ -368,6 +368,12 @@ fn main() -> ExitCode {
     fs.set_retry_window(call_timeout);
     fs.set_write_behind(cfg.write_behind);
     warn_if_spinning_outnumbers_cores(&cfg);
+    if cfg.writeback_cache {
+        log::warn!(
+            "writeback_cache is on: the kernel keeps file sizes itself, and this mount does not \
+             see other mounts' writes past the size it knows"
+        );
+    }
     if cfg.io_timeout > fs.lease() / 2 {
         log::warn!(
             "io_timeout {:?} is over half the metadata node's {:?} lease: a transfer that \

@@ -158,7 +158,9 @@ pub const OPTIONS: &[MountOption] = &[
     MountOption {
         name: "writeback_cache",
         value: Value::OnOff,
-        help: "Kernel writeback cache on/off",
+        help: "Kernel writeback cache on/off (off). Only for a file system this mount alone \
+               uses: the kernel then keeps file sizes itself and does not see other mounts' \
+               writes past the size it knows",
         set: |c, v| on_off(v).map(|x| c.writeback_cache = x),
     },
     MountOption {
