@@ -4,11 +4,12 @@
 //! errno; extended attributes, which rfs does not have, answer ENOSYS directly. Reads and
 //! writes answer from the completion path; everything else answers in place.
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fuser::{
     AccessFlags, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
@@ -54,6 +55,7 @@ pub struct RfsFuse {
     /// How long the kernel keeps attributes, and names.
     attr_ttl: Duration,
     entry_ttl: Duration,
+    callers: Callers,
 }
 
 impl RfsFuse {
@@ -64,6 +66,7 @@ impl RfsFuse {
             cfg,
             attr_ttl,
             entry_ttl,
+            callers: Callers::default(),
         }
     }
 
@@ -204,11 +207,53 @@ fn kind_of(mode: u32) -> Option<FileKind> {
     })
 }
 
-/// Who makes a request, for the metadata node's permission checks. FUSE gives the uid and gid;
+/// How long the supplementary groups read for a process are used again: a create asks twice
+/// (its lookup, then the create), and a process making many files asks for each.
+const GROUPS_KEPT: Duration = Duration::from_secs(1);
+
+/// Who makes requests, for the metadata node's permission checks. FUSE gives the uid and gid;
 /// the supplementary groups are the requesting process's, read from /proc (none if it has
-/// exited since).
-fn caller(req: &Request) -> Caller {
-    let groups = std::fs::read_to_string(format!("/proc/{}/status", req.pid()))
+/// exited since). A read costs about 15 us, so they are kept for [`GROUPS_KEPT`] per process
+/// and credentials: a process whose groups change meanwhile (or a new one that takes its pid
+/// with the same uid and gid) is checked with the old ones that long; its kernel checks it
+/// with the new ones (`default_permissions`).
+#[derive(Default)]
+struct Callers {
+    /// By (pid, uid, gid): the groups, and when they were read.
+    groups: Mutex<HashMap<(u32, u32, u32), KeptGroups>>,
+}
+
+type KeptGroups = (Vec<u32>, Instant);
+
+impl Callers {
+    /// Most processes whose groups are kept; past it the list starts again.
+    const MAX: usize = 1024;
+
+    fn of(&self, req: &Request) -> Caller {
+        let (pid, uid, gid) = (req.pid(), req.uid(), req.gid());
+        let now = Instant::now();
+        let kept = self
+            .groups
+            .lock()
+            .unwrap()
+            .get(&(pid, uid, gid))
+            .and_then(|(g, at)| (now.duration_since(*at) < GROUPS_KEPT).then(|| g.clone()));
+        let groups = kept.unwrap_or_else(|| {
+            let g = groups_of(pid);
+            let mut all = self.groups.lock().unwrap();
+            if all.len() >= Self::MAX {
+                all.clear();
+            }
+            all.insert((pid, uid, gid), (g.clone(), now));
+            g
+        });
+        Caller { uid, gid, groups }
+    }
+}
+
+/// The supplementary groups of process `pid`, from /proc (none if it has exited).
+fn groups_of(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|status| {
             let line = status.lines().find(|l| l.starts_with("Groups:"))?;
@@ -219,12 +264,7 @@ fn caller(req: &Request) -> Caller {
                     .collect(),
             )
         })
-        .unwrap_or_default();
-    Caller {
-        uid: req.uid(),
-        gid: req.gid(),
-        groups,
-    }
+        .unwrap_or_default()
 }
 
 /// Whether this kernel drops the cached pages that a direct write overlaps (Linux 6.6 and
@@ -299,7 +339,11 @@ impl Filesystem for RfsFuse {
 
     fn lookup(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
         let n = name(n);
-        self.entry("lookup", self.fs.lookup(parent.0, n, &caller(req)), reply);
+        self.entry(
+            "lookup",
+            self.fs.lookup(parent.0, n, &self.callers.of(req)),
+            reply,
+        );
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
@@ -338,7 +382,7 @@ impl Filesystem for RfsFuse {
         };
         self.attr_reply(
             "setattr",
-            self.fs.setattr(ino.0, changes, &caller(req)),
+            self.fs.setattr(ino.0, changes, &self.callers.of(req)),
             reply,
         );
     }
@@ -366,7 +410,7 @@ impl Filesystem for RfsFuse {
             kind,
             rdev,
             owner(req, mode, umask),
-            &caller(req),
+            &self.callers.of(req),
         );
         self.entry("mknod", made, reply);
     }
@@ -383,18 +427,26 @@ impl Filesystem for RfsFuse {
         let n = name(n);
         let made = self
             .fs
-            .mkdir(parent.0, n, owner(req, mode, umask), &caller(req));
+            .mkdir(parent.0, n, owner(req, mode, umask), &self.callers.of(req));
         self.entry("mkdir", made, reply);
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
         let n = name(n);
-        empty("unlink", self.fs.unlink(parent.0, n, &caller(req)), reply);
+        empty(
+            "unlink",
+            self.fs.unlink(parent.0, n, &self.callers.of(req)),
+            reply,
+        );
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
         let n = name(n);
-        empty("rmdir", self.fs.rmdir(parent.0, n, &caller(req)), reply);
+        empty(
+            "rmdir",
+            self.fs.rmdir(parent.0, n, &self.callers.of(req)),
+            reply,
+        );
     }
 
     fn symlink(
@@ -407,9 +459,14 @@ impl Filesystem for RfsFuse {
     ) {
         let link = name(link);
         let target = name(target.as_os_str());
-        let made = self
-            .fs
-            .symlink(parent.0, link, target, req.uid(), req.gid(), &caller(req));
+        let made = self.fs.symlink(
+            parent.0,
+            link,
+            target,
+            req.uid(),
+            req.gid(),
+            &self.callers.of(req),
+        );
         self.entry("symlink", made, reply);
     }
 
@@ -431,7 +488,7 @@ impl Filesystem for RfsFuse {
             newparent.0,
             newname,
             flags.bits(),
-            &caller(req),
+            &self.callers.of(req),
         );
         empty("rename", renamed, reply);
     }
@@ -445,14 +502,16 @@ impl Filesystem for RfsFuse {
         reply: ReplyEntry,
     ) {
         let newname = name(newname);
-        let linked = self.fs.link(ino.0, newparent.0, newname, &caller(req));
+        let linked = self
+            .fs
+            .link(ino.0, newparent.0, newname, &self.callers.of(req));
         self.entry("link", linked, reply);
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let opened = self
             .fs
-            .open_keeping_cache(ino.0, access(flags.0), &caller(req));
+            .open_keeping_cache(ino.0, access(flags.0), &self.callers.of(req));
         reply!("open", opened, reply, |(fh, _, keep)| {
             // The stats file changes size under the kernel's feet: no page cache for it.
             let open = if ino.0 == STATS_INO {
@@ -570,7 +629,7 @@ impl Filesystem for RfsFuse {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let listed = self.list(ino, offset, &caller(req), |c, n, a| {
+        let listed = self.list(ino, offset, &self.callers.of(req), |c, n, a| {
             reply.add(INodeNo(a.ino), c, self.attr(a).kind, n)
         });
         reply!("readdir", listed, reply, |()| reply.ok());
@@ -585,7 +644,7 @@ impl Filesystem for RfsFuse {
         mut reply: ReplyDirectoryPlus,
     ) {
         let ttl = self.entry_ttl;
-        let listed = self.list(ino, offset, &caller(req), |c, n, a| {
+        let listed = self.list(ino, offset, &self.callers.of(req), |c, n, a| {
             reply.add(INodeNo(a.ino), c, n, &ttl, &self.attr(a), Generation(0))
         });
         reply!("readdirplus", listed, reply, |()| reply.ok());
@@ -719,7 +778,7 @@ impl Filesystem for RfsFuse {
         let owner = owner(req, mode, umask);
         let made = self
             .fs
-            .create(parent.0, n, owner, access(flags), &caller(req));
+            .create(parent.0, n, owner, access(flags), &self.callers.of(req));
         reply!("create", made, reply, |(fh, a)| reply.created(
             &self.entry_ttl,
             &self.attr(&a),

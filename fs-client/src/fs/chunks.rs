@@ -373,7 +373,10 @@ impl ChunkCache {
 
     /// Asks again while the metadata node answers EAGAIN: the file's chunks are being copied
     /// to new replicas (milliseconds, or a lease if a holder of its map is silent).
-    fn while_frozen<T>(ino: Ino, mut call: impl FnMut() -> Result<T, CallError>) -> Result<T> {
+    pub(super) fn while_frozen<T>(
+        ino: Ino,
+        mut call: impl FnMut() -> Result<T, CallError>,
+    ) -> Result<T> {
         let give_up = Instant::now() + FROZEN_WAIT;
         let mut pause = Duration::from_millis(1);
         loop {

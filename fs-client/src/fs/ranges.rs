@@ -11,8 +11,9 @@ use libc::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};
 use rfs_proto::message::ChunkMap;
 use rfs_proto::types::Ino;
 use rfs_proto::wire::MAX_LIST;
-use rfs_proto::Errno;
+use rfs_proto::{Errno, MetadataChannel};
 
+use super::chunks::ChunkCache;
 use super::{Backend, ClientStats, Error, Result, Rfs, STATS_INO};
 
 /// The most a copy or a zeroing moves per transfer: the largest FUSE write, so each piece
@@ -152,18 +153,14 @@ impl<B: Backend> Rfs<B> {
         let mut at = first;
         while at <= last {
             let count = (last - at).min(u32::MAX as u64 - 1) as u32 + 1;
-            let page = match self.call(ChunkMap {
-                ino,
-                first: at,
-                count,
-            }) {
-                // Chunks being moved to another node: their map comes once they are.
-                Err(e) if e.errno() == Errno::EAGAIN => {
-                    std::thread::sleep(std::time::Duration::from_millis(10));
-                    continue;
-                }
-                r => r?,
-            };
+            let meta = self.meta();
+            let page = ChunkCache::while_frozen(ino, || {
+                meta.call(ChunkMap {
+                    ino,
+                    first: at,
+                    count,
+                })
+            })?;
             let full = page.len() >= MAX_LIST as usize;
             found.extend(page.iter().map(|&(index, _)| index));
             at = match page.last() {
