@@ -1242,7 +1242,9 @@ impl MetaService {
                 // Only through a handle: the open is where permission was checked.
                 let r = match open.get(&m.ino) {
                     Some(_) if is_frozen(frozen, m.ino, m.first, m.count) => Err(Errno::EAGAIN),
-                    Some(_) => ns.chunk_map(m.ino, m.first, m.count as u64),
+                    Some(_) => {
+                        ns.chunk_map_page(m.ino, m.first, m.count as u64, MAX_LIST as usize)
+                    }
                     None => Err(Errno::EBADF),
                 };
                 match r {

@@ -11,7 +11,6 @@ use rfs_proto::types::{
     Attr, AttrChanges, ChunkRef, DirEntry, FileKind, Ino, Name, Owner, Replicas, Timestamp,
     NAME_MAX, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT,
 };
-use rfs_proto::wire::MAX_LIST;
 use rfs_proto::Errno;
 
 use crate::record::Record;
@@ -717,18 +716,29 @@ impl Namespace {
         }
     }
 
-    /// The allocated chunks among `first..first+count`, at most `MAX_LIST` of them (the
-    /// first ones).
+    /// The allocated chunks among `first..first+count`.
     pub fn chunk_map(
         &self,
         ino: Ino,
         first: u64,
         count: u64,
     ) -> Result<Vec<(u64, Replicas)>, Errno> {
+        self.chunk_map_page(ino, first, count, usize::MAX)
+    }
+
+    /// The first `most` allocated chunks among `first..first+count`: a page of a map, whose
+    /// span may be vast and sparse.
+    pub fn chunk_map_page(
+        &self,
+        ino: Ino,
+        first: u64,
+        count: u64,
+        most: usize,
+    ) -> Result<Vec<(u64, Replicas)>, Errno> {
         Ok(self
             .chunks(ino)?
             .range(first..first.saturating_add(count))
-            .take(MAX_LIST as usize)
+            .take(most)
             .map(|(&i, c)| (i, c.clone()))
             .collect())
     }
@@ -889,6 +899,23 @@ mod tests {
             addr: n << 20,
             rkey: 1,
         }]
+    }
+
+    /// A map page answers at most what it is asked for over any span; the whole map (what a
+    /// last close revokes the grants of) has every chunk, past a page's worth too.
+    #[test]
+    fn a_map_page_is_bounded_and_the_whole_map_is_whole() {
+        let mut n = ns();
+        let f = file(&mut n, ROOT, "f");
+        let far = 1u64 << 40;
+        let chunks: Vec<_> = (0..5000u64).map(|i| (i * far / 5000, chunk(i))).collect();
+        n.add_chunks(f, &chunks).unwrap();
+        assert_eq!(n.chunk_map(f, 0, u64::MAX).unwrap().len(), 5000);
+        let page = n.chunk_map_page(f, 0, u64::MAX, 4096).unwrap();
+        assert_eq!(page.len(), 4096);
+        assert_eq!(page[4095].0, chunks[4095].0, "the first ones");
+        let rest = n.chunk_map_page(f, page[4095].0 + 1, u64::MAX, 4096).unwrap();
+        assert_eq!(rest.len(), 904);
     }
 
     #[test]
