@@ -125,10 +125,12 @@ impl<B: Backend> Rfs<B> {
             return Ok(());
         }
         let (first, last) = (from / self.chunk_size, (end - 1) / self.chunk_size);
-        let chunks = if fill_holes {
-            (first..=last).collect()
+        // Filling holes goes through every chunk of the range, one by one (a vast one runs
+        // out of space on the way): never a list of them.
+        let chunks: Box<dyn Iterator<Item = u64>> = if fill_holes {
+            Box::new(first..=last)
         } else {
-            self.allocated_chunks(ino, first, last)?
+            Box::new(self.allocated_chunks(ino, first, last)?.into_iter())
         };
         let zeros = vec![0u8; PIECE as usize];
         for index in chunks {

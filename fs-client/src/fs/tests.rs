@@ -651,6 +651,33 @@ fn a_punch_over_a_vast_sparse_range_asks_for_the_chunks_it_finds_not_for_each_ho
     fs.release(fh).unwrap();
 }
 
+/// ZERO_RANGE over a vast sparse range fills its holes chunk by chunk until the space runs
+/// out: an ENOSPC, not a list of every chunk index in memory (which aborted the client).
+#[test]
+fn a_zero_range_over_a_vast_sparse_range_runs_out_of_space_and_nothing_else() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    let ino = create(&fs, "f");
+    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+    let far = 1u64 << 62;
+    write(&fs, ino, far, b"end").unwrap();
+    let zero = libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE;
+    let filled = cluster.chunk_count(ino);
+    // The fake allocates without end: let it run out after a few chunks.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while cluster.chunk_count(ino) < filled + 8 {
+                std::thread::yield_now();
+            }
+            cluster.pool_full(true);
+        });
+        let e = fs.fallocate(ino, 0, far, zero).unwrap_err();
+        assert_eq!(e.errno(), Errno::ENOSPC);
+    });
+    assert!(read(&fs, ino, far, 3).unwrap() == b"end");
+    fs.release(fh).unwrap();
+}
+
 /// A truncate (or growth) of `ino` to `size`, by root.
 fn resize(fs: &Arc<Rfs<Fake>>, ino: Ino, size: u64) -> Result<Attr> {
     let changes = AttrChanges {
