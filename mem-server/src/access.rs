@@ -6,6 +6,7 @@
 
 use rfs_proto::types::{
     Attr, AttrChanges, Caller, FileKind, Owner, MAX_GROUPS, MAY_EXEC, MAY_READ, MAY_WRITE,
+    RENAME_EXCHANGE,
 };
 use rfs_proto::Errno;
 
@@ -158,27 +159,46 @@ pub fn check_sticky(dir: &Attr, victim: &Attr, c: &Caller) -> Result<(), Errno> 
     }
 }
 
-/// Checks a rename of `src` from directory `from` to directory `to`, over `dst` if the name is
-/// taken there: both directories change, both names pass the sticky rule, and a directory
-/// that moves to another parent needs write permission on itself (its ".." changes).
+/// Checks a rename (renameat2 `flags`) of `src` from directory `from` to directory `to`, over
+/// `dst` if the name is taken there: both directories change, both names pass the sticky
+/// rule, and a directory that moves to another parent needs write permission on itself (its
+/// ".." changes): with RENAME_EXCHANGE, `dst` moves too.
 pub fn check_rename(
     (from, src): (&Attr, Option<&Attr>),
     (to, dst): (&Attr, Option<&Attr>),
+    flags: u32,
     c: &Caller,
 ) -> Result<(), Errno> {
     check_change(from, c)?;
     check_change(to, c)?;
+    let moves_away =
+        |d: &Attr| d.kind == FileKind::Directory && from.ino != to.ino && !may(d, c, MAY_WRITE);
     if let Some(src) = src {
         check_sticky(from, src, c)?;
-        if src.kind == FileKind::Directory && from.ino != to.ino && !may(src, c, MAY_WRITE) {
+        if moves_away(src) {
             return Err(Errno::EACCES);
         }
     }
     if let Some(dst) = dst {
         check_sticky(to, dst, c)?;
+        if flags & RENAME_EXCHANGE != 0 && moves_away(dst) {
+            return Err(Errno::EACCES);
+        }
     }
     Ok(())
 }
+
+/// Who a file made by `c` in directory `dir` belongs to, as the maker asked (`o`): in a
+/// set-group-ID directory it takes the directory's group (the namespace sees to that), and a
+/// set-group-ID file keeps the bit only for root and members of that group, as Linux has it.
+pub fn made_in(mut o: Owner, dir: &Attr, c: &Caller) -> Owner {
+    if dir.perm & SETGID != 0 && o.perm & SETGID != 0 && c.uid != 0 && !in_group(c, dir.gid) {
+        o.perm &= !SETGID;
+    }
+    o
+}
+
+const SETGID: u16 = 0o2000;
 
 #[cfg(test)]
 mod tests {
@@ -270,11 +290,11 @@ mod tests {
         let open = dir(0o777, 0);
         assert_eq!(check_sticky(&open, &hers, &bob), Ok(()));
         assert_eq!(
-            check_rename((&tmp, Some(&hers)), (&open, None), &bob),
+            check_rename((&tmp, Some(&hers)), (&open, None), 0, &bob),
             Err(Errno::EPERM)
         );
         assert_eq!(
-            check_rename((&open, None), (&tmp, Some(&hers)), &bob),
+            check_rename((&open, None), (&tmp, Some(&hers)), 0, &bob),
             Err(Errno::EPERM),
             "nor replace them"
         );
@@ -287,11 +307,51 @@ mod tests {
         );
         let theirs = dir(0o755, 1000);
         assert_eq!(
-            check_rename((&a, Some(&theirs)), (&b, None), &bob),
+            check_rename((&a, Some(&theirs)), (&b, None), 0, &bob),
             Err(Errno::EACCES),
             "its .. would change"
         );
-        assert_eq!(check_rename((&a, Some(&theirs)), (&a, None), &bob), Ok(()));
+        assert_eq!(
+            check_rename((&a, Some(&theirs)), (&a, None), 0, &bob),
+            Ok(())
+        );
+        // An exchange moves the other directory too (a reviewer swapped theirs for its own).
+        let mine = dir(0o755, 2000);
+        assert_eq!(
+            check_rename(
+                (&a, Some(&mine)),
+                (&b, Some(&theirs)),
+                RENAME_EXCHANGE,
+                &bob
+            ),
+            Err(Errno::EACCES)
+        );
+        assert_eq!(
+            check_rename((&a, Some(&mine)), (&b, Some(&theirs)), 0, &bob),
+            Ok(()),
+            "replacing it is the target directory's write permission's business"
+        );
+    }
+
+    #[test]
+    fn a_set_group_id_file_in_a_set_group_id_directory_keeps_the_bit_for_members_and_root() {
+        let shared = Attr {
+            gid: 100,
+            ..dir(0o2777, 0)
+        };
+        let prog = Owner {
+            perm: 0o2755,
+            uid: 1000,
+            gid: 1000,
+        };
+        let kept = |c: &Caller| made_in(prog, &shared, c).perm;
+        assert_eq!(kept(&who(1000, 1000, &[100])), 0o2755, "a member");
+        assert_eq!(kept(&who(0, 0, &[])), 0o2755, "root");
+        assert_eq!(kept(&who(1000, 1000, &[])), 0o755, "not a member");
+        assert_eq!(
+            made_in(prog, &dir(0o777, 0), &who(1000, 1000, &[])).perm,
+            0o2755
+        );
     }
 
     #[test]

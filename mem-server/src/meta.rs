@@ -28,7 +28,7 @@ use rfs_proto::Errno;
 
 use crate::access::{
     check_access_bits, check_change, check_list, check_open, check_rename, check_search,
-    check_setattr, check_sticky, Policy,
+    check_setattr, check_sticky, made_in, Policy,
 };
 use crate::alloc::Allocator;
 use crate::coherence::{Callbacks, Change, Countdown, Holders, Recall, SessionId};
@@ -1096,8 +1096,9 @@ impl MetaService {
                 answer(m, told(holders, session, r, None))
             }
             Request::Mknod(m) => {
-                let r = in_dir(ns, &m.caller, m.parent, check_change).and_then(|_| {
-                    ns.mknod(m.parent, &m.name, m.kind, m.rdev, policy.owner(m.owner))
+                let r = in_dir(ns, &m.caller, m.parent, check_change).and_then(|(c, dir)| {
+                    let owner = made_in(policy.owner(m.owner), &dir, &c);
+                    ns.mknod(m.parent, &m.name, m.kind, m.rdev, owner)
                 });
                 r.is_ok().then(|| fx.change.inodes.push((m.parent, false)));
                 answer(m, made(holders, session, ns, r, m.parent))
@@ -1166,7 +1167,8 @@ impl MetaService {
                     .caller(&m.caller)
                     .and_then(|c| {
                         let (from, to) = (ns.getattr(m.parent)?, ns.getattr(m.newparent)?);
-                        check_rename((&from, src.as_ref()), (&to, dst.as_ref()), &c)
+                        let (src, dst) = (src.as_ref(), dst.as_ref());
+                        check_rename((&from, src), (&to, dst), m.flags, &c)
                     })
                     .and_then(|()| ns.rename(m.parent, &m.name, m.newparent, &m.newname, m.flags))
                     .map(|freed| {
@@ -1211,10 +1213,10 @@ impl MetaService {
                 answer(m, told(holders, session, r, None))
             }
             Request::Create(m) => {
-                let owner = policy.owner(m.owner);
                 let r = check_access_bits(m.access)
                     .and_then(|()| in_dir(ns, &m.caller, m.parent, check_change))
-                    .and_then(|_| {
+                    .and_then(|(c, dir)| {
+                        let owner = made_in(policy.owner(m.owner), &dir, &c);
                         let a = ns.mknod(m.parent, &m.name, FileKind::RegularFile, 0, owner)?;
                         ns.open(a.ino)
                     });
@@ -1242,9 +1244,7 @@ impl MetaService {
                 // Only through a handle: the open is where permission was checked.
                 let r = match open.get(&m.ino) {
                     Some(_) if is_frozen(frozen, m.ino, m.first, m.count) => Err(Errno::EAGAIN),
-                    Some(_) => {
-                        ns.chunk_map_page(m.ino, m.first, m.count as u64, MAX_LIST as usize)
-                    }
+                    Some(_) => ns.chunk_map_page(m.ino, m.first, m.count as u64, MAX_LIST as usize),
                     None => Err(Errno::EBADF),
                 };
                 match r {
@@ -1262,7 +1262,7 @@ impl MetaService {
                 let result = writable
                     .then_some(())
                     .ok_or(Errno::EBADF)
-                    .and_then(|()| match is_frozen(frozen, m.ino, m.first, m.count) {
+                    .and_then(|()| match is_frozen(frozen, m.ino, m.first, count as u32) {
                         true => Err(Errno::EAGAIN),
                         false => ns.missing_chunks(m.ino, m.first, count),
                     })

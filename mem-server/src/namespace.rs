@@ -215,13 +215,10 @@ impl Namespace {
         let dir = self.get(parent)?.attr;
         if dir.perm & SETGID != 0 {
             // A set-group-ID directory gives what is made in it its group, and its
-            // subdirectories the bit, as on a local file system. A file made set-group-ID
-            // for a group that is not the maker's own loses the bit (we do not know the
-            // maker's other groups; Linux keeps it for members).
+            // subdirectories the bit, as on a local file system (whether a file keeps a bit
+            // it was made with depends on the maker's groups: `access::made_in`).
             if kind == FileKind::Directory {
                 perm |= SETGID;
-            } else if gid != dir.gid {
-                perm &= !SETGID;
             }
             gid = dir.gid;
         }
@@ -914,7 +911,9 @@ mod tests {
         let page = n.chunk_map_page(f, 0, u64::MAX, 4096).unwrap();
         assert_eq!(page.len(), 4096);
         assert_eq!(page[4095].0, chunks[4095].0, "the first ones");
-        let rest = n.chunk_map_page(f, page[4095].0 + 1, u64::MAX, 4096).unwrap();
+        let rest = n
+            .chunk_map_page(f, page[4095].0 + 1, u64::MAX, 4096)
+            .unwrap();
         assert_eq!(rest.len(), 904);
     }
 
@@ -962,18 +961,6 @@ mod tests {
         assert_eq!(deeper.gid, 100, "the subdirectory passes it on");
         let link = n.symlink(d, "l", "f", 1000, 1000).unwrap();
         assert_eq!(link.gid, 100);
-        // A set-group-ID file for a group that is not the maker's loses the bit.
-        let prog = n
-            .mknod(d, "p", FileKind::RegularFile, 0, maker(0o2755))
-            .unwrap();
-        assert_eq!((prog.gid, prog.perm), (100, 0o755));
-        let member = Owner {
-            perm: 0o2755,
-            uid: 1000,
-            gid: 100,
-        };
-        let kept = n.mknod(d, "q", FileKind::RegularFile, 0, member).unwrap();
-        assert_eq!(kept.perm, 0o2755);
         // Elsewhere the maker's group.
         let plain = n
             .mknod(ROOT, "r", FileKind::RegularFile, 0, maker(0o644))
