@@ -96,11 +96,13 @@ impl RfsFuse {
     }
 
     /// Whether the writes of a handle opened with `flags` go where [`Rfs::append_offset`]
-    /// says rather than where the kernel says: O_APPEND ones, unless the writeback cache is on
-    /// (the kernel then keeps the size itself). Such a handle goes around the page cache,
-    /// since the kernel would copy the bytes into its pages at its own offset.
+    /// says rather than where the kernel says: write-only O_APPEND ones (`>>`, loggers),
+    /// unless the writeback cache is on (the kernel then keeps the size itself). Such a handle
+    /// goes around the page cache, since the kernel would copy the bytes into its pages at its
+    /// own offset. A handle that reads as well keeps the page cache, and with it mmap (the
+    /// kernel maps no direct-I/O file here): its appends go where the kernel says.
     fn appends_at_the_nodes_end(&self, flags: i32) -> bool {
-        flags & libc::O_APPEND != 0 && !self.cfg.writeback_cache
+        flags & libc::O_APPEND != 0 && access(flags) == MAY_WRITE && !self.cfg.writeback_cache
     }
 
     fn attr(&self, a: &Attr) -> FileAttr {

@@ -802,4 +802,28 @@ fn appends_from_two_mounts_taking_turns_all_land() {
             String::from_utf8_lossy(&expected)
         );
     }
+    // A descriptor that reads too keeps the page cache, and can be mapped (a reviewer found
+    // mmap refused with ENODEV when every O_APPEND handle went around the cache).
+    let both = OpenOptions::new()
+        .read(true)
+        .append(true)
+        .open(a.path("log"))
+        .unwrap();
+    // SAFETY: a fresh shared mapping of a file we hold open, unmapped before it closes.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            expected.len(),
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            std::os::fd::AsRawFd::as_raw_fd(&both),
+            0,
+        )
+    };
+    assert_ne!(map, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+    // SAFETY: the mapping just made, `expected.len()` bytes long.
+    let mapped = unsafe { std::slice::from_raw_parts(map as *const u8, expected.len()) };
+    assert!(mapped == expected.as_slice());
+    // SAFETY: unmaps the mapping made above, not used after.
+    unsafe { libc::munmap(map, expected.len()) };
 }
