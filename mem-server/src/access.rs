@@ -10,6 +10,8 @@ use rfs_proto::types::{
 };
 use rfs_proto::Errno;
 
+use crate::namespace::SETGID;
+
 /// Who root becomes under root squash.
 pub const NOBODY: u32 = 65534;
 
@@ -197,8 +199,6 @@ pub fn made_in(mut o: Owner, dir: &Attr, c: &Caller) -> Owner {
     }
     o
 }
-
-const SETGID: u16 = 0o2000;
 
 #[cfg(test)]
 mod tests {

@@ -51,7 +51,7 @@ pub struct Namespace {
 }
 
 /// The set-group-ID bit of a mode.
-const SETGID: u16 = 0o2000;
+pub(crate) const SETGID: u16 = 0o2000;
 
 /// Names are bytes, as Linux has them: anything but "", ".", "..", '/' and NUL, up to NAME_MAX.
 fn check_name(name: &[u8]) -> Result<(), Errno> {

@@ -510,6 +510,31 @@ pub fn resume(pid: u32) {
     );
 }
 
+/// A read-only shared mapping of the first `len` bytes of `f`, for the test to read (the file
+/// must not shrink below `len` while it is mapped) and `libc::munmap`. Panics with the errno if
+/// the kernel refuses it.
+pub fn map_shared(f: &std::fs::File, len: usize) -> *mut libc::c_void {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a fresh mapping at an address the kernel picks: it overlaps no memory of ours.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(
+        map,
+        libc::MAP_FAILED,
+        "mmap: {}",
+        std::io::Error::last_os_error()
+    );
+    map
+}
+
 /// 4 KiB at `offset` of a file opened with O_DIRECT (no page cache): (the result, how long it
 /// took).
 pub fn direct_read(f: &std::fs::File, offset: u64) -> (std::io::Result<Vec<u8>>, Duration) {

@@ -809,18 +809,7 @@ fn appends_from_two_mounts_taking_turns_all_land() {
         .append(true)
         .open(a.path("log"))
         .unwrap();
-    // SAFETY: a fresh shared mapping of a file we hold open, unmapped before it closes.
-    let map = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            expected.len(),
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            std::os::fd::AsRawFd::as_raw_fd(&both),
-            0,
-        )
-    };
-    assert_ne!(map, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+    let map = rfs_e2e::map_shared(&both, expected.len());
     // SAFETY: the mapping just made, `expected.len()` bytes long.
     let mapped = unsafe { std::slice::from_raw_parts(map as *const u8, expected.len()) };
     assert!(mapped == expected.as_slice());

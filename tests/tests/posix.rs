@@ -483,19 +483,8 @@ fn writes_through_a_write_only_handle_reach_the_mounts_cached_readers() {
     fs::write(&p, &expected).unwrap(); // a create that only writes
                                        // Opened after the file changed: nothing of it is cached here now.
     let reader = File::open(&p).unwrap();
-    // SAFETY: a fresh read-only shared mapping of the whole file, unmapped below; the file is
-    // not truncated while it is mapped.
-    let map = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            expected.len(),
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            std::os::fd::AsRawFd::as_raw_fd(&reader),
-            0,
-        )
-    };
-    assert_ne!(map, libc::MAP_FAILED);
+    // The whole file, unmapped below; it is not truncated while it is mapped.
+    let map = rfs_e2e::map_shared(&reader, expected.len());
     let len = expected.len();
     let cached_pages = || {
         let mut resident = vec![0u8; len.div_ceil(4096)];

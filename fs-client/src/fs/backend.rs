@@ -43,7 +43,7 @@ pub trait Backend: MetadataChannel + Send + Sync + 'static {
     fn on_reclaim(&self, handles: OpenHandles);
     /// Whether the metadata connection is up (its callbacks arrive).
     fn metadata_connected(&self) -> bool;
-    /// Dials the metadata node again now if the connection is lost.
+    /// Dials the metadata node again now if the connection is lost (nothing if it is up).
     fn redial(&self) -> std::io::Result<()>;
 }
 

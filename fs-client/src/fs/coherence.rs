@@ -144,10 +144,8 @@ fn keep_connected<B: Backend>(fs: Weak<Rfs<B>>) {
     loop {
         std::thread::sleep(REDIAL_EVERY);
         let Some(fs) = fs.upgrade() else { return };
-        if !fs.backend.metadata_connected() {
-            if let Err(e) = fs.backend.redial() {
-                log::debug!("redialling the metadata node: {e}");
-            }
+        if let Err(e) = fs.backend.redial() {
+            log::debug!("redialling the metadata node: {e}");
         }
     }
 }

@@ -65,7 +65,6 @@ impl PollTarget for LinkPoller<'_> {
         // Only once the CQ is empty: a poller that was itself held up (descheduled, stopped)
         // finds the answers that came meanwhile before it judges anyone late.
         if let (0, Some(limit)) = (found, self.inner.cfg.io_timeout) {
-            let now = Instant::now();
             if now >= self.next_deadline_check {
                 // A tenth of the deadline between checks: it holds to within 10%, and a busy
                 // poller scans its in-flight table rarely.
