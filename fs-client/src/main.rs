@@ -26,8 +26,8 @@ use rfs_proto::Client;
 /// Mount an rfs namespace: POSIX files whose data moves by one-sided RDMA to storage nodes.
 /// Unmount with `fusermount3 -u MOUNTPOINT` (or SIGINT/SIGTERM). `fs-client stats MOUNTPOINT`
 /// prints the live counters of a mount. Every option below is also an `-o` option. A lost
-/// metadata connection is re-established by the next call (SIGUSR1 severs it on purpose, to
-/// test recovery).
+/// metadata connection is dialled again at once (SIGUSR1 severs it on purpose, as a partition
+/// that lasts until the mount's next call, to test recovery).
 #[derive(Parser)]
 #[command(version)]
 struct Args {
@@ -55,8 +55,8 @@ fn parse_args(argv: &[String]) -> (Args, Result<MountConfig, String>) {
     (args, cfg)
 }
 
-/// SIGINT and SIGTERM unmount; SIGUSR1 severs the metadata connection as a network failure
-/// would (the mount reconnects on its next call): a fault to test recovery with.
+/// SIGINT and SIGTERM unmount; SIGUSR1 severs the metadata connection as a network partition
+/// would, until the mount's next call: a fault to test recovery with.
 fn signals() -> libc::sigset_t {
     // SAFETY: a local, fully initialized signal set.
     unsafe {

@@ -524,3 +524,19 @@ fn a_commit_made_before_a_cut_its_client_missed_is_refused() {
     assert_eq!(last.before, now, "a's commit shows b's change before it");
     assert_eq!(last.after.size, 7000);
 }
+
+/// A connection severed on request is a partition that lasts until traffic: the idle redial
+/// leaves it down (tests count on the callbacks it misses), and the next call dials again.
+#[test]
+fn a_connection_severed_on_request_stays_down_until_the_next_call() {
+    let meta = meta("8M");
+    let c = client(&meta);
+    let ino = create(&c, "f");
+    c.sever();
+    assert!(!c.metadata_connected());
+    c.redial().unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!c.metadata_connected(), "the idle redial reconnected");
+    assert_eq!(c.call(GetAttr { ino }).unwrap().ino, ino);
+    assert!(c.metadata_connected());
+}

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -159,6 +159,9 @@ pub struct Client {
     channel: Mutex<Option<Arc<Channel>>>,
     /// Held by the one thread that reconnects; the others wait for it.
     reconnecting: Mutex<()>,
+    /// Set by `sever` until a call dials again: the idle redial leaves a connection severed
+    /// on request down, as a partition that lasts until traffic would.
+    severed_on_request: AtomicBool,
     /// Sessions the service lost (expired, or the service restarted): a call under way when
     /// that happens cannot be resent, since its reply is gone with the session.
     sessions_lost: AtomicU64,
@@ -203,6 +206,7 @@ impl Client {
             client_id,
             channel: Mutex::new(Some(Arc::new(channel))),
             reconnecting: Mutex::new(()),
+            severed_on_request: AtomicBool::new(false),
             sessions_lost: AtomicU64::new(0),
             calls: Mutex::default(),
             call_timeout_ms: AtomicU64::new(call_timeout_ms),
@@ -237,11 +241,13 @@ impl Client {
             .store(timeout.as_millis() as u64, Ordering::Relaxed);
     }
 
-    /// Breaks the metadata connection as a network failure would (the next call reconnects):
-    /// for tests, and for operators who want a client to find a restarted service at once.
+    /// Breaks the metadata connection as a network partition would, until the next call
+    /// dials again (`redial` leaves it down): a fault to test recovery with, deterministic
+    /// because nothing reconnects behind the test's back.
     pub fn sever(&self) {
         if let Some(c) = self.channel.lock().unwrap().as_ref() {
             log::warn!("severing the metadata connection on request");
+            self.severed_on_request.store(true, Ordering::Release);
             c.sever();
         }
     }
@@ -359,9 +365,9 @@ impl Client {
     /// Dials the metadata service now if the connection is lost (within a call's deadline),
     /// taking our handles back and telling the notice handler, as the next call would: an
     /// idle client must not wait for a call to find a restarted node, whose grace period for
-    /// our handles may be over by then.
+    /// our handles may be over by then. A connection severed on request stays down.
     pub fn redial(&self) -> io::Result<()> {
-        if self.metadata_connected() {
+        if self.metadata_connected() || self.severed_on_request.load(Ordering::Acquire) {
             return Ok(());
         }
         let timeout = Duration::from_millis(self.call_timeout_ms.load(Ordering::Relaxed));
@@ -389,6 +395,7 @@ impl Client {
                 );
             }
             let c = Arc::new(self.reconnect(deadline)?);
+            self.severed_on_request.store(false, Ordering::Release);
             if !c.resumed {
                 // Before any call can use the new channel.
                 self.sessions_lost.fetch_add(1, Ordering::AcqRel);

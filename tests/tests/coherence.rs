@@ -731,6 +731,8 @@ fn a_close_after_a_missed_cut_does_not_grow_the_file_back_over_it() {
         let n = stats.read_at(&mut text, 0).unwrap();
         String::from_utf8_lossy(&text[..n]).contains("\nmetadata_connected 0\n")
     });
+    // Past the idle redial's period (250 ms): the partition outlasts it.
+    std::thread::sleep(Duration::from_millis(700));
     let again = pattern(100_000, 3);
     fs::write(b.path("T"), &again).unwrap(); // O_TRUNC, then writes: a cut and a rewrite
     drop(f); // a's close: reconnects and commits
