@@ -263,6 +263,46 @@ fn allocate_ahead_is_given_back_and_deleted_space_returns() {
     eventually("space returns", || free(&m) == 64);
 }
 
+/// A write that finds the pool full while another file of this mount, written past its
+/// first chunk (16 chunks allocated ahead of its writer), is being closed: it waits for the
+/// chunks the close gives back instead of failing with ENOSPC. The kernel sends the RELEASE
+/// after close(2) returns, so a file written right after another's close raced it (the test
+/// above failed so once under load).
+#[test]
+fn a_write_into_a_full_pool_waits_for_the_chunks_a_close_gives_back() {
+    let server = MemServer::meta("64M", "1M");
+    let m = Mount::new(&server, &[]);
+    let a = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(m.path("a"))
+        .unwrap();
+    a.write_all_at(&pattern(2 * MIB, 1), 0).unwrap();
+    a.sync_all().unwrap();
+    // The rest of the pool, exactly: what a holds ahead of its 2 MiB is all that is left.
+    let rest = free_mib(&m.dir) as usize;
+    assert!(
+        rest > 0 && rest < 62,
+        "{rest} MiB left: nothing allocated ahead?"
+    );
+    fs::write(m.path("filler"), pattern(rest * MIB, 2)).unwrap();
+    assert_eq!(free_mib(&m.dir), 0);
+    let data = pattern(MIB, 3);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(100));
+            drop(a);
+        });
+        fs::write(m.path("b"), &data).expect("b waits for what a's close gives back");
+    });
+    assert!(fs::read(m.path("b")).unwrap() == data);
+    let stats = fs::read_to_string(m.path(".rfs-stats")).unwrap();
+    assert!(!stats.contains("\nspace_retries 0\n"), "{stats}");
+    // Nothing left to give back: ENOSPC, at once.
+    fs::write(m.path("c"), pattern(20 * MIB, 4)).unwrap_err();
+}
+
 /// MiB free in the file system at `dir`.
 fn free_mib(dir: &std::path::Path) -> u64 {
     use std::os::unix::ffi::OsStrExt;

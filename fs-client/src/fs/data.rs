@@ -20,6 +20,7 @@ use rfs_proto::Errno;
 use super::backend::{Backend, DataDone};
 use super::chunks::InFlight;
 use super::error::{Error, Result};
+use super::space::SPACE_WAIT;
 use super::stats::{ClientStats, STATS_INO};
 use super::Rfs;
 
@@ -130,9 +131,7 @@ impl<B: Backend> Rfs<B> {
             self.allocating(ino);
         }
         for attempt in 0.. {
-            let (refs, hold) = self
-                .chunks
-                .refs(&self.meta(), ino, first, count, allocate)?;
+            let (refs, hold) = self.chunk_refs(ino, first, count, allocate)?;
             let usable = |c: &ChunkRef| c.rkey != 0 && self.backend.is_connected(c.node);
             let mut disconnected = Vec::new();
             let mut ungranted = Vec::new();
@@ -185,6 +184,34 @@ impl<B: Backend> Rfs<B> {
             }
         }
         unreachable!("the loop returns by its third attempt")
+    }
+
+    /// The chunk cache's references; an allocation short of space waits for the chunks our
+    /// releases under way (or soon to come, of other files open here) give back.
+    fn chunk_refs(
+        &self,
+        ino: Ino,
+        first: u64,
+        count: u64,
+        allocate: bool,
+    ) -> Result<(Vec<Option<Replicas>>, InFlight)> {
+        let mut deadline = None;
+        loop {
+            let seen = self.giving_back.ended();
+            match self.chunks.refs(&self.meta(), ino, first, count, allocate) {
+                Err(e) if allocate && e.errno() == Errno::ENOSPC => {
+                    let until = *deadline.get_or_insert_with(|| Instant::now() + SPACE_WAIT);
+                    if !self
+                        .giving_back
+                        .wait(seen, until, || self.others_allocated_open(ino))
+                    {
+                        return Err(e);
+                    }
+                    ClientStats::add(&self.stats.space_retries, 1);
+                }
+                got => return got,
+            }
+        }
     }
 
     /// A node of a chunk among `refs` whose replicas are all on nodes that failed moments ago.

@@ -7,6 +7,7 @@
 //! - [`open`](self::open): close-to-open state (handles, local sizes, commits);
 //! - [`closes`](self::closes): handles given back together, off the path of the close;
 //! - [`owed`](self::owed): commits that a fault kept from the metadata node, made again;
+//! - [`space`](self::space): allocations short of space wait for the chunks our closes give back;
 //! - [`chunks`](self::chunks): the chunk cache with allocate-ahead, recalls and leases;
 //! - [`coherence`](self::coherence): the metadata node's callbacks, and the kernel's caches;
 //! - [`data`](self::data): the data path (reads and writes split at chunk boundaries);
@@ -29,6 +30,7 @@ mod fake;
 mod open;
 mod owed;
 mod ranges;
+mod space;
 mod stats;
 #[cfg(test)]
 mod tests;
@@ -61,6 +63,7 @@ use closes::Closes;
 use dirs::Dirs;
 use open::{OpenFile, PageVersion};
 use owed::Owed;
+use space::GivingBack;
 use stats::ClientStats;
 
 /// The file system, over a backend (the real [`Client`] by default).
@@ -93,6 +96,8 @@ pub struct Rfs<B: Backend = Client> {
     closes: Closes,
     /// Handles closed whose commit has not reached the metadata node yet.
     owed: Owed,
+    /// Releases that may give chunks back, for allocations short of space to wait for.
+    giving_back: GivingBack,
     stats: Arc<ClientStats>,
 }
 
@@ -138,6 +143,7 @@ impl<B: Backend> Rfs<B> {
             dirs: Dirs::new(lease / 4),
             closes: Closes::default(),
             owed: Owed::default(),
+            giving_back: GivingBack::default(),
             stats,
         })
     }

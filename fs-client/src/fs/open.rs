@@ -438,6 +438,14 @@ impl<B: Backend> Rfs<B> {
         let Some(&(ino, access)) = self.handles.lock().unwrap().get(&fh) else {
             return Ok(()); // the stats file, or an unknown handle
         };
+        // From here until the node has the close: writers short of space wait for it.
+        let _releasing = self
+            .open
+            .lock()
+            .unwrap()
+            .get(&ino)
+            .is_some_and(|f| f.allocated)
+            .then(|| self.giving_back.begin());
         let landed = self.behind.drain(ino, access & MAY_WRITE != 0);
         let commit = self.commit_size(ino);
         let fault = commit.as_ref().is_err_and(worth_retrying);
@@ -515,6 +523,16 @@ impl<B: Backend> Rfs<B> {
             f.committed = size;
         }
         self.chunks.forget(ino, size.div_ceil(self.chunk_size));
+    }
+
+    /// Whether a file other than `ino` that we had chunks allocated for is open here: its
+    /// release may give chunks back.
+    pub(crate) fn others_allocated_open(&self, ino: Ino) -> bool {
+        self.open
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(&other, f)| other != ino && f.allocated && f.handles > 0)
     }
 
     /// Chunks of `ino` are being allocated for us (a write, fallocate).

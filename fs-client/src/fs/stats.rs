@@ -70,6 +70,8 @@ pub(crate) struct ClientStats {
     pub(crate) commits_resent: AtomicU64,
     /// Commits the metadata node refused for a cut made elsewhere that we had not heard of.
     pub(crate) commits_over_cuts: AtomicU64,
+    /// Allocations short of space tried again once a release of ours gave chunks back.
+    pub(crate) space_retries: AtomicU64,
     /// Extended attribute requests from the kernel (none are kept; it stops asking at the
     /// first answer).
     pub(crate) xattr_requests: AtomicU64,
@@ -163,6 +165,11 @@ impl<B: Backend> Rfs<B> {
                 "commits_over_cuts",
                 "Commits refused for a cut made elsewhere that this mount had not heard of",
                 n(&s.commits_over_cuts),
+            ),
+            Metric::counter(
+                "space_retries",
+                "Allocations short of space tried again once a release of this mount gave chunks back",
+                n(&s.space_retries),
             ),
             Metric::gauge(
                 "commits_owed",

@@ -398,7 +398,7 @@ fn a_replicated_gather_from_a_node_whose_session_is_gone_reads_the_other_copies(
             assert!(read(&fs, ino, from as u64, len).unwrap() == data[from..from + len]);
         }
         let stats = fs.stats_text();
-        assert!(stats.contains("retries 0\n"), "{stats}");
+        assert!(stats.contains("\nretries 0\n"), "{stats}");
         assert!(stats.contains("io_errors 0\n"), "{stats}");
         if noticed {
             assert_eq!(cluster.gathered_reads() - before, 4, "all from node 0");
@@ -496,7 +496,7 @@ fn transfers_a_node_refused_for_a_stale_key_go_again_with_a_fresh_map() {
         assert_eq!(read(&fs, ino, 5, second.len()).unwrap(), second);
         let stats = fs.stats_text();
         assert!(
-            stats.contains("retries 3\n"),
+            stats.contains("\nretries 3\n"),
             "{replicas} replicas: {stats}"
         );
         assert!(stats.contains("io_errors 0\n"), "{stats}");
@@ -534,7 +534,7 @@ fn a_node_that_keeps_refusing_fails_the_transfer_once_the_retry_window_is_spent(
     refused(start, read(&fs, ino, 0, 2 * CHUNK as usize).map(drop));
     let stats = fs.stats_text();
     assert!(stats.contains("io_errors 2\n"), "{stats}");
-    assert!(!stats.contains("retries 0\n"), "{stats}");
+    assert!(!stats.contains("\nretries 0\n"), "{stats}");
     cluster.refuse_every_key(false);
     write(&fs, ino, 0, b"fine again").unwrap();
     fs.release(fh).unwrap();
@@ -1935,4 +1935,56 @@ fn written_not_committed() -> (Arc<FakeCluster>, Arc<Rfs<Fake>>, Ino, u64) {
     let fh = fs.open(ino, RW, &ROOT_CALLER).unwrap().0;
     write(&fs, ino, 0, &pattern(1000, 1)).unwrap();
     (cluster, fs, ino, fh)
+}
+
+/// The kernel sends a file's RELEASE after close(2) has returned, and the release gives back
+/// the chunks allocated ahead of its writer: a write that finds no space meanwhile waits for
+/// them rather than failing with ENOSPC (a full-pool test failed so under load).
+#[test]
+fn a_write_short_of_space_waits_for_the_chunks_another_files_release_gives_back() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    let a = create(&fs, "a");
+    let (fh_a, _) = fs.open(a, RW, &ROOT_CALLER).unwrap();
+    write(&fs, a, 0, &pattern(2 * CHUNK as usize, 1)).unwrap();
+    fs.flush(a, fh_a).unwrap();
+    let b = create(&fs, "b");
+    let (fh_b, _) = fs.open(b, RW, &ROOT_CALLER).unwrap();
+    cluster.pool_full(true);
+    let data = pattern(CHUNK as usize, 2);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            // What a's release gives back makes room.
+            cluster.pool_full(false);
+            fs.release(fh_a).unwrap();
+        });
+        assert_eq!(write(&fs, b, 0, &data), Ok(data.len() as u32));
+    });
+    assert_eq!(read(&fs, b, 0, data.len()).unwrap(), data);
+    assert_eq!(
+        fs.stats
+            .space_retries
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    // With nothing of ours left to give back, no space is an ENOSPC at once.
+    cluster.pool_full(true);
+    let started = std::time::Instant::now();
+    let e = write(&fs, b, 4 * CHUNK, b"x").unwrap_err();
+    assert_eq!(e.errno(), Errno::ENOSPC);
+    assert!(
+        started.elapsed() < super::space::SPACE_WAIT,
+        "it waited for nothing"
+    );
+    // Another file we wrote stays open: the wait ends at its bound, with ENOSPC.
+    let c = create(&fs, "c");
+    let (fh_c, _) = fs.open(c, RW, &ROOT_CALLER).unwrap();
+    cluster.pool_full(false);
+    write(&fs, c, 0, b"c").unwrap();
+    cluster.pool_full(true);
+    let e = write(&fs, b, 4 * CHUNK, b"x").unwrap_err();
+    assert_eq!(e.errno(), Errno::ENOSPC);
+    fs.release(fh_c).unwrap();
+    fs.release(fh_b).unwrap();
 }
