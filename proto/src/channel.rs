@@ -86,8 +86,10 @@ impl Channel {
         self.rpc.is_broken()
     }
 
-    /// Breaks the channel as a network failure would.
+    /// Breaks the channel as a network failure would: calls, control and callbacks alike (a
+    /// callback answered on a severed channel would tell us what a partition hides).
     pub(crate) fn sever(&self) {
+        self.callbacks_stop.store(true, Ordering::Release);
         self.rpc.abort();
         let _ = self.control.shutdown(std::net::Shutdown::Both);
     }
