@@ -283,21 +283,23 @@ impl<B: Backend> Rfs<B> {
     /// commits nothing: we learn the cut, which holds over our writes so far as the callback
     /// would have had it, and that is no failure of the close.
     ///
-    /// Nothing left to commit while another thread's commit is on its way (another process
-    /// closing a descriptor it inherited): that one carries our writes, so this waits for its
-    /// answer (and commits again if it failed), and a close returns only once the node has
-    /// the size.
+    /// One commit of a file is on its way at a time: while another thread's is (another
+    /// process closing a descriptor it inherited), this waits for its answer, then commits
+    /// what is left, if anything (that one may have carried our writes), so a close returns
+    /// only once the node has the size. Two at once could be answered out of order, and the
+    /// earlier answer, taken last, made our pages look older than the file (see
+    /// [`Self::pages_committed`]): the next open dropped them.
     pub(crate) fn commit_size(&self, ino: Ino) -> Result<()> {
         let made = {
             let mut open = self.open.lock().unwrap();
             loop {
                 match open.get_mut(&ino) {
+                    Some(f) if f.committing > 0 => {
+                        open = self.commit_answered.wait(open).unwrap();
+                    }
                     Some(f) if f.dirty => {
                         f.committing += 1;
                         break self.commit_of(ino, f);
-                    }
-                    Some(f) if f.committing > 0 => {
-                        open = self.commit_answered.wait(open).unwrap();
                     }
                     _ => return Ok(()),
                 }

@@ -898,6 +898,46 @@ fn our_own_commit_keeps_the_pages_another_clients_commit_drops() {
     a.release(fh).unwrap();
 }
 
+/// Two commits of one file at once (a close here while a child process's exec closes its
+/// inherited copy of the descriptor) go one after the other: answered out of order, the
+/// later one's answer was taken first, the earlier one's "before" then matched nothing, and
+/// the next open dropped pages that held our writes (found under load).
+#[test]
+fn overlapping_commits_of_one_file_go_in_turn_and_keep_our_pages() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    let ino = create(&fs, "f");
+    let (fh, _, _) = fs.open_keeping_cache(ino, RW, &ROOT_CALLER).unwrap();
+    write(&fs, ino, 0, &pattern(2 * CHUNK as usize, 1)).unwrap();
+    let second = Arc::new(Mutex::new(None));
+    {
+        let (fs, second) = (fs.clone(), second.clone());
+        let meanwhile = move || {
+            // While the first commit's answer is on its way: more bytes, and another commit.
+            write(&fs, ino, 2 * CHUNK, &pattern(2 * CHUNK as usize, 2)).unwrap();
+            let committing = fs.clone();
+            *second.lock().unwrap() = Some(in_background(move || committing.commit(ino)));
+            std::thread::sleep(MOMENT);
+        };
+        cluster.after_next_answer(RequestOp::Commit, Box::new(meanwhile));
+    }
+    fs.commit(ino).unwrap();
+    let second = second
+        .lock()
+        .unwrap()
+        .take()
+        .expect("the second commit began");
+    second.recv_timeout(LONG).unwrap().unwrap();
+    assert_eq!(cluster.size(ino), 4 * CHUNK);
+    fs.release(fh).unwrap();
+    let (fh, _, keep) = fs.open_keeping_cache(ino, RW, &ROOT_CALLER).unwrap();
+    assert!(
+        keep,
+        "the pages hold our writes, and nobody else changed the file"
+    );
+    fs.release(fh).unwrap();
+}
+
 /// A write through write-behind: the receiver gets its answer.
 fn write_behind(
     fs: &Arc<Rfs<Fake>>,
