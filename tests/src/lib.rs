@@ -13,6 +13,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::{RwLock, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 /// A binary of this workspace, next to the running test's own profile directory.
@@ -30,6 +31,29 @@ pub fn bin(name: &str) -> PathBuf {
         path.display()
     );
     path
+}
+
+/// Held shared while this test process starts a child, and exclusively by a test that needs
+/// no child started for a while. A child gets a copy of every descriptor open here, and its
+/// exec closes them: each close of a file open through a mount sends FLUSH, which commits
+/// (and reconnects a severed mount), so "nothing calls the node now" never holds while
+/// other tests of the binary start processes.
+static STARTING_CHILDREN: RwLock<()> = RwLock::new(());
+
+/// Runs `start` (which starts a child process) while no test holds [`no_children_started`].
+fn starting_child<T>(start: impl FnOnce() -> T) -> T {
+    let _shared = STARTING_CHILDREN
+        .read()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    start()
+}
+
+/// Until the guard goes, no other test of this binary starts a process (they wait). Start
+/// none while holding it, and drop no [`Mount`] (its unmount starts one).
+pub fn no_children_started() -> RwLockWriteGuard<'static, ()> {
+    STARTING_CHILDREN
+        .write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// The provider every node, mount and test client uses.
@@ -164,16 +188,16 @@ struct Standby {
 impl Standby {
     fn spawn(listen: &str, args: &[String]) -> Standby {
         let (log, stderr) = ChildLog::new("mem-server");
-        let shell = Command::new("sh")
+        let mut command = Command::new("sh");
+        command
             .args(["-c", "read -r _ && exec \"$0\" \"$@\""])
             .arg(bin("mem-server"))
             .args(["--listen", listen, "--transport", &transport()])
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .expect("start a standby shell");
+            .stderr(stderr);
+        let shell = starting_child(|| command.spawn()).expect("start a standby shell");
         Standby { shell, _log: log }
     }
 
@@ -246,13 +270,13 @@ impl MemServer {
     /// A node listening on `listen` (HOST:PORT).
     pub fn start_on(listen: &str, args: &[&str]) -> MemServer {
         let (log, stderr) = ChildLog::new("mem-server");
-        let child = Command::new(bin("mem-server"))
+        let mut command = Command::new(bin("mem-server"));
+        command
             .args(["--listen", listen, "--transport", &transport()])
             .args(args)
             .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .expect("start mem-server");
+            .stderr(stderr);
+        let child = starting_child(|| command.spawn()).expect("start mem-server");
         MemServer::ready(child, log, args)
     }
 
@@ -283,9 +307,29 @@ impl MemServer {
     }
 
     /// A data node joining `meta`.
+    /// A data node joined to `meta`: returned once `meta` lists it, so that nodes started one
+    /// after the other get their ids in that order (a test kills "node 2").
     pub fn data(meta: &MemServer, memory: &str, chunk: &str) -> MemServer {
+        use rfs_proto::message::ListNodes;
+        use rfs_proto::MetadataChannel;
         let m = meta.addr.to_string();
-        MemServer::start(&["--memory", memory, "--chunk-size", chunk, "--join", &m])
+        let node = MemServer::start(&["--memory", memory, "--chunk-size", chunk, "--join", &m]);
+        let c = client(meta);
+        let start = Instant::now();
+        let me = node.addr.to_string();
+        while !c
+            .call(ListNodes {})
+            .unwrap()
+            .iter()
+            .any(|n| n.alive && n.addr == me)
+        {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "data node {me} has not joined {m}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        node
     }
 
     pub fn kill(&mut self) {
@@ -338,14 +382,14 @@ impl Mount {
         let mut o = vec![format!("transport={}", transport())];
         o.extend(opts.iter().map(|s| s.to_string()));
         let (log, stderr) = ChildLog::new("fs-client");
-        let child = Command::new(bin("fs-client"))
+        let mut command = Command::new(bin("fs-client"));
+        command
             .arg(server.addr.to_string())
             .arg(&dir)
             .args(["-o", &o.join(",")])
             .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .expect("start fs-client");
+            .stderr(stderr);
+        let child = starting_child(|| command.spawn()).expect("start fs-client");
         let mut m = Mount {
             child,
             dir,
@@ -427,11 +471,9 @@ impl Mount {
     pub fn unmount_within(&mut self, limit: Duration) -> bool {
         let start = Instant::now();
         let ok = loop {
-            let out = Command::new("fusermount3")
-                .arg("-u")
-                .arg(&self.dir)
-                .output()
-                .expect("fusermount3 runs");
+            let mut command = Command::new("fusermount3");
+            command.arg("-u").arg(&self.dir);
+            let out = starting_child(|| command.output()).expect("fusermount3 runs");
             if out.status.success() {
                 break true;
             }
@@ -456,11 +498,12 @@ impl Drop for Mount {
     fn drop(&mut self) {
         if is_mounted(&self.dir) {
             // Lazy unmount: never hang a failing test on a busy mount.
-            let _ = Command::new("fusermount3")
+            let mut command = Command::new("fusermount3");
+            command
                 .args(["-u", "-z"])
                 .arg(&self.dir)
-                .stderr(Stdio::null())
-                .status();
+                .stderr(Stdio::null());
+            let _ = starting_child(|| command.status());
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
