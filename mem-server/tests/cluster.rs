@@ -540,3 +540,31 @@ fn a_connection_severed_on_request_stays_down_until_the_next_call() {
     assert_eq!(c.call(GetAttr { ino }).unwrap().ino, ino);
     assert!(c.metadata_connected());
 }
+
+/// The client's transfer counters are totals over its data sessions, those gone included:
+/// they summed the live sessions only, so a session broken and dropped took its bytes with it
+/// and the totals went back (an end-to-end test saw bytes_written short under load).
+#[test]
+fn transfer_counters_keep_what_a_broken_data_session_moved() {
+    let meta = meta("8M");
+    let mut d = data(&meta, "8M");
+    let c = client(&meta);
+    wait_until("the data node to join", || nodes(&c).len() == 2);
+    let ino = create(&c, "f");
+    let on_data = allocate(&c, ino, 0, 8)
+        .unwrap()
+        .into_iter()
+        .find(|(_, ch)| ch.node != 0)
+        .expect("a chunk on the data node");
+    write_chunk(&c, &on_data.1, vec![7; 1 << 20]);
+    let written = c.counters().bytes_written;
+    assert!(written >= 1 << 20);
+    d.kill();
+    wait_until("the broken session to be dropped", || {
+        c.is_down(on_data.1.node) || c.connected(on_data.1.node).is_none()
+    });
+    assert!(c.connected(on_data.1.node).is_none());
+    let after = c.counters();
+    assert_eq!(after.bytes_written, written, "bytes written stay counted");
+    assert_eq!(after.inflight_bytes, 0);
+}

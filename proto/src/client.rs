@@ -169,6 +169,8 @@ pub struct Client {
     /// How long a call may take, reconnections and resends included.
     call_timeout_ms: AtomicU64,
     data: Mutex<HashMap<u32, Arc<DataSession>>>,
+    /// The counters of data sessions gone (broken, replaced), so that totals never go back.
+    retired: Mutex<Snapshot>,
     /// Data nodes that just failed us (no answer in time, gone, unreachable), with when they
     /// may be tried again: until then a transfer to one fails at once instead of spending a
     /// whole `connect_timeout` each.
@@ -211,6 +213,7 @@ impl Client {
             calls: Mutex::default(),
             call_timeout_ms: AtomicU64::new(call_timeout_ms),
             data: Mutex::new(HashMap::new()),
+            retired: Mutex::default(),
             down: Mutex::new(HashMap::new()),
             on_notice,
             open_handles: OnceLock::new(),
@@ -506,6 +509,9 @@ impl Client {
                 _ => None,
             }
         };
+        if let Some(d) = &broken {
+            self.retire(d);
+        }
         let dead = broken.and_then(|d| d.session.broken_by()).is_some_and(|e| {
             matches!(
                 e,
@@ -572,15 +578,23 @@ impl Client {
             return Ok(existing.clone());
         }
         let d = Arc::new(d);
-        data.insert(node, d.clone());
+        if let Some(old) = data.insert(node, d.clone()) {
+            self.retire(&old);
+        }
         Ok(d)
     }
 
-    /// The rdmabox counters of every data session, summed.
+    /// A data session left the table: its counts go on counting in the totals.
+    fn retire(&self, gone: &DataSession) {
+        let mut retired = self.retired.lock().unwrap();
+        *retired = retired.plus(&gone.session.counters().settled());
+    }
+
+    /// The rdmabox counters of every data session, summed, those gone included.
     pub fn counters(&self) -> Snapshot {
         let data = self.data.lock().unwrap();
-        data.values().fold(Snapshot::default(), |acc, d| {
-            acc.plus(&d.session.counters())
-        })
+        let retired = *self.retired.lock().unwrap();
+        data.values()
+            .fold(retired, |acc, d| acc.plus(&d.session.counters()))
     }
 }

@@ -40,6 +40,9 @@ macro_rules! counters {
     (@since sum, $now:expr, $then:expr) => { $now.saturating_sub($then) };
     (@since gauge, $now:expr, $then:expr) => { $now };
     (@since peak, $now:expr, $then:expr) => { $now };
+    (@settled sum, $v:expr) => { $v };
+    (@settled gauge, $v:expr) => { 0 };
+    (@settled peak, $v:expr) => { $v };
     (@cumulative sum) => { true };
     (@cumulative gauge) => { false };
     (@cumulative peak) => { false };
@@ -73,6 +76,14 @@ macro_rules! counters {
             pub fn plus(&self, o: &Snapshot) -> Snapshot {
                 Snapshot {
                     $( $name: counters!(@plus $kind, self.$name, o.$name), )+
+                }
+            }
+
+            /// What a session that is gone leaves to a total of several: its counts and
+            /// peaks, and no level (nothing of it is in flight any more).
+            pub fn settled(&self) -> Snapshot {
+                Snapshot {
+                    $( $name: counters!(@settled $kind, self.$name), )+
                 }
             }
 
@@ -316,6 +327,15 @@ mod tests {
             }
         }
         assert_eq!(a.since(&sum).requests, 0, "growth saturates at zero");
+        let settled = a.settled();
+        for (i, name) in NAMES.iter().enumerate() {
+            let kept = if *name == "inflight_bytes" {
+                0
+            } else {
+                i as u64 + 1
+            };
+            assert_eq!(value(&settled, name), kept, "settled {name}");
+        }
     }
 
     #[test]
