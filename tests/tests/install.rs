@@ -130,26 +130,35 @@ fn install_stages_the_binaries_the_mount_helper_and_valid_units() {
 
 /// /sbin/mount.rfs for the test: the installed one if it is this build's client, else a link
 /// made for the test and removed after. `None` (and the test skips mount(8)) when another
-/// client is installed there.
+/// client is installed there. The link is the machine's: a lock file keeps test runs of other
+/// processes (two suites at once) from removing it under this one.
 struct MountHelper {
     made: bool,
+    _machine_wide: std::fs::File,
 }
 
 impl MountHelper {
     const PATH: &'static str = "/sbin/mount.rfs";
 
     fn get() -> Option<MountHelper> {
+        use std::os::fd::AsRawFd;
+        let lock = std::fs::File::create(std::env::temp_dir().join("rfs-e2e-mount-helper.lock"))
+            .expect("the mount helper's lock file");
+        // SAFETY: flock on a descriptor we own; it is released when the file closes.
+        assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
         let ours = bin("fs-client");
-        match std::fs::canonicalize(Self::PATH) {
-            Ok(p) if p == std::fs::canonicalize(&ours).unwrap() => {
-                Some(MountHelper { made: false })
-            }
-            Ok(_) => None,
+        let made = match std::fs::canonicalize(Self::PATH) {
+            Ok(p) if p == std::fs::canonicalize(&ours).unwrap() => false,
+            Ok(_) => return None,
             Err(_) => {
                 std::os::unix::fs::symlink(&ours, Self::PATH).ok()?;
-                Some(MountHelper { made: true })
+                true
             }
-        }
+        };
+        Some(MountHelper {
+            made,
+            _machine_wide: lock,
+        })
     }
 }
 
