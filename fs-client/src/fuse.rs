@@ -778,9 +778,14 @@ impl Filesystem for RfsFuse {
     ) {
         let n = name(n);
         let owner = owner(req, mode, umask);
-        let made = self
-            .fs
-            .create(parent.0, n, owner, access(flags), &self.callers.of(req));
+        let caller = self.callers.of(req);
+        let made = if flags & libc::O_EXCL != 0 {
+            self.fs.create(parent.0, n, owner, access(flags), &caller)
+        } else {
+            let truncate = flags & libc::O_TRUNC != 0;
+            self.fs
+                .create_or_open(parent.0, n, owner, access(flags), &caller, truncate)
+        };
         reply!("create", made, reply, |(fh, a)| reply.created(
             &self.entry_ttl,
             &self.attr(&a),

@@ -860,3 +860,72 @@ fn appends_from_two_mounts_taking_turns_all_land() {
     // SAFETY: unmaps the mapping made above, not used after.
     unsafe { libc::munmap(map, expected.len()) };
 }
+
+/// Two mounts opening one new name with O_CREAT (not O_EXCL) at the same moment both open
+/// the one file, as on a local file system: the create that found the name just taken
+/// failed with EEXIST (1,634 times in 4,000 opens, two mounts racing on 2,000 names). With
+/// O_EXCL exactly one of them makes it.
+#[test]
+fn two_mounts_creating_one_name_at_once_both_open_it() {
+    let server = MemServer::meta("64M", "64K");
+    let (a, b) = (Mount::new(&server, &[]), Mount::new(&server, &[]));
+    const NAMES: usize = 300;
+    let barrier = std::sync::Barrier::new(2);
+    // Failures are collected, not raised: a side that stopped would leave the other at the
+    // barrier for ever.
+    let race = |m: &Mount, exclusive: bool| {
+        let (mut made, mut failed) = (Vec::new(), Vec::new());
+        for i in 0..NAMES {
+            barrier.wait();
+            let mut o = OpenOptions::new();
+            o.write(true);
+            if exclusive {
+                o.create_new(true);
+            } else {
+                o.create(true);
+            }
+            let name = if exclusive {
+                format!("x{i}")
+            } else {
+                format!("c{i}")
+            };
+            match o.open(m.path(&name)) {
+                Ok(_) => made.push(i),
+                Err(e) if exclusive && e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => failed.push(format!("{name}: {e}")),
+            }
+        }
+        assert!(
+            failed.is_empty(),
+            "{} opens failed: {failed:?}",
+            failed.len()
+        );
+        made
+    };
+    for exclusive in [false, true] {
+        let (by_a, by_b) = std::thread::scope(|s| {
+            let ta = s.spawn(|| race(&a, exclusive));
+            let tb = s.spawn(|| race(&b, exclusive));
+            (ta.join().unwrap(), tb.join().unwrap())
+        });
+        if exclusive {
+            let mut all = [by_a, by_b].concat();
+            all.sort_unstable();
+            assert_eq!(
+                all,
+                (0..NAMES).collect::<Vec<_>>(),
+                "each made exactly once"
+            );
+        } else {
+            assert_eq!((by_a.len(), by_b.len()), (NAMES, NAMES));
+        }
+    }
+    // One file per name, the same through both mounts.
+    for i in 0..NAMES {
+        let name = format!("c{i}");
+        assert_eq!(
+            fs::metadata(a.path(&name)).unwrap().ino(),
+            fs::metadata(b.path(&name)).unwrap().ino()
+        );
+    }
+}

@@ -13,6 +13,8 @@ pub struct Error {
     context: Option<String>,
     /// A transfer refused for a reference a fresh chunk map may cure (see [`Error::is_stale`]).
     stale: bool,
+    /// A metadata call that may or may not have been applied (see [`Error::is_unsettled`]).
+    unsettled: bool,
 }
 
 /// What every file system operation returns.
@@ -25,6 +27,7 @@ impl Error {
             errno,
             context: Some(context.into()),
             stale: false,
+            unsettled: false,
         }
     }
 
@@ -66,6 +69,12 @@ impl Error {
     pub(crate) fn is_stale(&self) -> bool {
         self.stale
     }
+
+    /// Whether a metadata call failed with its fate unknown: the node lost our session (it
+    /// restarted) while the call was under way, so it may or may not have been applied.
+    pub(crate) fn is_unsettled(&self) -> bool {
+        self.unsettled
+    }
 }
 
 /// A plain answer (ENOENT, EEXIST...): nothing more to say.
@@ -75,6 +84,7 @@ impl From<Errno> for Error {
             errno,
             context: None,
             stale: false,
+            unsettled: false,
         }
     }
 }
@@ -83,7 +93,12 @@ impl From<CallError> for Error {
     fn from(e: CallError) -> Error {
         match e {
             CallError::Remote(errno) => errno.into(),
-            other => Error::new(other.errno(), other.to_string()),
+            other => Error {
+                // The client's word for a call its lost session took with it.
+                unsettled: matches!(&other, CallError::Transport(t)
+                    if t.kind() == std::io::ErrorKind::ConnectionReset),
+                ..Error::new(other.errno(), other.to_string())
+            },
         }
     }
 }

@@ -23,6 +23,10 @@ const NODES: u32 = 2;
 #[derive(Default)]
 struct State {
     files: HashMap<Ino, Attr>,
+    /// The names that Create made (other calls keep none), by (directory, name).
+    names: HashMap<(Ino, Vec<u8>), Ino>,
+    /// Calls whose answer is lost once applied, as with a session the node lost meanwhile.
+    lose_answer: Vec<RequestOp>,
     chunks: BTreeMap<(Ino, u64), Replicas>,
     /// Copies of each chunk, on nodes `0..replicas + 1` (1 when 0: on two nodes).
     replicas: usize,
@@ -116,6 +120,12 @@ impl FakeCluster {
     /// Has the "metadata node" refuse the next `op` call with `errno`, unapplied.
     pub(crate) fn refuse_next(&self, op: RequestOp, errno: Errno) {
         self.state.lock().unwrap().refuse_next.insert(op, errno);
+    }
+
+    /// Has the next `op` call applied and its answer lost, as when the metadata node lost our
+    /// session while the call was under way.
+    pub(crate) fn lose_next_answer(&self, op: RequestOp) {
+        self.state.lock().unwrap().lose_answer.push(op);
     }
 
     /// Has `meanwhile` run once the next `op` call is answered, while the answer is on its
@@ -343,10 +353,20 @@ impl FakeCluster {
                 m,
                 Ok(made(m.parent, make(st, FileKind::Directory, m.owner, 0))),
             ),
-            // The fake keeps no names.
-            Request::Lookup(m) => answer(m, Err(Errno::ENOENT)),
+            // Only the names Create made.
+            Request::Lookup(m) => answer(
+                m,
+                match st.names.get(&(m.parent, m.name.0.clone())) {
+                    Some(&ino) => attr(st, ino),
+                    None => Err(Errno::ENOENT),
+                },
+            ),
+            Request::Create(m) if st.names.contains_key(&(m.parent, m.name.0.clone())) => {
+                answer(m, Err(Errno::EEXIST))
+            }
             Request::Create(m) => {
                 let made = made(m.parent, make(st, FileKind::RegularFile, m.owner, 0));
+                st.names.insert((m.parent, m.name.0.clone()), made.attr.ino);
                 *st.held.entry(made.attr.ino).or_default() += 1;
                 answer(m, Ok(made))
             }
@@ -518,6 +538,16 @@ impl MetadataChannel for Fake {
         }
         let op = req.op();
         let answered = self.0.handle(req);
+        {
+            let mut st = self.0.state.lock().unwrap();
+            if let Some(i) = st.lose_answer.iter().position(|&o| o == op) {
+                st.lose_answer.remove(i);
+                return Err(io::Error::new(
+                    io::ErrorKind::ConnectionReset,
+                    "the metadata node lost this client's session while the call was under way",
+                ));
+            }
+        }
         let meanwhile = {
             let mut after = self.0.after_answer.lock().unwrap();
             match after.take() {

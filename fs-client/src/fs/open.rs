@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use rfs_proto::message::{Commit, Committed, Create, GetAttr, Open};
-use rfs_proto::types::{Attr, Caller, FileKind, Ino, Owner, Timestamp, MAY_WRITE};
+use rfs_proto::types::{Attr, AttrChanges, Caller, FileKind, Ino, Owner, Timestamp, MAY_WRITE};
 use rfs_proto::Errno;
 
 use super::backend::Backend;
@@ -209,6 +209,76 @@ impl<B: Backend> Rfs<B> {
             .unwrap()
             .insert(made.attr.ino, new);
         Ok(self.opened(made.attr, access))
+    }
+
+    /// open(2) with O_CREAT and without O_EXCL: creates `name` in `parent`, or opens the
+    /// regular file that another client made by that name since the kernel looked it up (the
+    /// node answers EEXIST), truncated if `truncate` as O_TRUNC asks. Two clients creating one
+    /// name at once both open it, as on a local file system (one failed with EEXIST). A
+    /// create whose fate our lost session hides (the node restarted under it) is made again,
+    /// and opens the file if it was made after all.
+    pub fn create_or_open(
+        self: &Arc<Self>,
+        parent: Ino,
+        name: &[u8],
+        owner: Owner,
+        access: u8,
+        caller: &Caller,
+        truncate: bool,
+    ) -> Result<(u64, Attr)> {
+        // Each turn either makes the file, opens it, or finds it gone again (removed between
+        // our create and our lookup): a few turns settle any race but a relentless one.
+        let mut turns = 0;
+        loop {
+            turns += 1;
+            let made = match self.create(parent, name, owner, access, caller) {
+                Err(e) if e.is_unsettled() && turns < 3 => {
+                    log::warn!("create of {name:?} in {parent}: {e}: made again");
+                    continue;
+                }
+                made => made,
+            };
+            match made {
+                Err(e) if e.errno() == Errno::EEXIST => {}
+                made => return made,
+            }
+            match self.open_made_elsewhere(parent, name, access, caller, truncate) {
+                Err(e) if e.errno() == Errno::ENOENT && turns < 3 => continue,
+                opened => return opened,
+            }
+        }
+    }
+
+    /// The regular file `name` of `parent` that a create found there, opened for `access`.
+    fn open_made_elsewhere(
+        self: &Arc<Self>,
+        parent: Ino,
+        name: &[u8],
+        access: u8,
+        caller: &Caller,
+        truncate: bool,
+    ) -> Result<(u64, Attr)> {
+        let found = self.lookup(parent, name, caller)?;
+        match found.kind {
+            FileKind::RegularFile => {}
+            FileKind::Directory => return Err(Errno::EISDIR.into()),
+            _ => return Err(Errno::EEXIST.into()),
+        }
+        let (fh, attr) = self.open(found.ino, access, caller)?;
+        if !truncate || attr.size == 0 {
+            return Ok((fh, attr));
+        }
+        let cut = AttrChanges {
+            size: Some(0),
+            ..AttrChanges::default()
+        };
+        match self.setattr(found.ino, cut, caller) {
+            Ok(attr) => Ok((fh, attr)),
+            Err(e) => {
+                let _ = self.release(fh);
+                Err(e)
+            }
+        }
     }
 
     /// A handle the metadata node granted.
