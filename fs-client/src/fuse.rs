@@ -782,9 +782,16 @@ impl Filesystem for RfsFuse {
         let made = if flags & libc::O_EXCL != 0 {
             self.fs.create(parent.0, n, owner, access(flags), &caller)
         } else {
-            let truncate = flags & libc::O_TRUNC != 0;
+            // Another client made the name since the kernel looked it up. EEXIST would fail
+            // an open that POSIX lets succeed; ESTALE has the kernel look the name up again
+            // and open what is there the ordinary way (its permission checks, O_TRUNC,
+            // symlinks, not as a file this open made).
             self.fs
-                .create_or_open(parent.0, n, owner, access(flags), &caller, truncate)
+                .create_unchecked(parent.0, n, owner, access(flags), &caller)
+                .map_err(|e| match e.errno() {
+                    Errno::EEXIST => Errno::ESTALE.into(),
+                    _ => e,
+                })
         };
         reply!("create", made, reply, |(fh, a)| reply.created(
             &self.entry_ttl,

@@ -504,14 +504,16 @@ impl Client {
     fn note_broken(&self, node: u32) {
         let broken = {
             let mut data = self.data.lock().unwrap();
-            match data.get(&node) {
+            let broken = match data.get(&node) {
                 Some(d) if !d.session.is_open() => data.remove(&node),
                 _ => None,
+            };
+            // Under the table's lock: a total read meanwhile sees the session in one place.
+            if let Some(d) = &broken {
+                self.retire(d);
             }
+            broken
         };
-        if let Some(d) = &broken {
-            self.retire(d);
-        }
         let dead = broken.and_then(|d| d.session.broken_by()).is_some_and(|e| {
             matches!(
                 e,

@@ -289,10 +289,14 @@ fn a_write_into_a_full_pool_waits_for_the_chunks_a_close_gives_back() {
     fs::write(m.path("filler"), pattern(rest * MIB, 2)).unwrap();
     assert_eq!(free_mib(&m.dir), 0);
     let data = pattern(MIB, 3);
+    // a's descriptor closes (FLUSH) while a copy of it keeps the file open a moment longer,
+    // as when the kernel has yet to send the RELEASE: b's write comes in between.
+    let copy = a.try_clone().unwrap();
+    drop(a);
     std::thread::scope(|s| {
         s.spawn(|| {
             std::thread::sleep(Duration::from_millis(100));
-            drop(a);
+            drop(copy);
         });
         fs::write(m.path("b"), &data).expect("b waits for what a's close gives back");
     });

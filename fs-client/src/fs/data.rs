@@ -187,7 +187,7 @@ impl<B: Backend> Rfs<B> {
     }
 
     /// The chunk cache's references; an allocation short of space waits for the chunks our
-    /// releases under way (or soon to come, of other files open here) give back.
+    /// releases under way (or on their way from the kernel after a close) give back.
     fn chunk_refs(
         &self,
         ino: Ino,
@@ -203,7 +203,7 @@ impl<B: Backend> Rfs<B> {
                     let until = *deadline.get_or_insert_with(|| Instant::now() + SPACE_WAIT);
                     if !self
                         .giving_back
-                        .wait(seen, until, || self.others_allocated_open(ino))
+                        .wait(seen, until, || self.others_closing(ino))
                     {
                         return Err(e);
                     }

@@ -4,15 +4,17 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
+use std::time::Instant;
 
 use rfs_proto::message::{Commit, Committed, Create, GetAttr, Open};
-use rfs_proto::types::{Attr, AttrChanges, Caller, FileKind, Ino, Owner, Timestamp, MAY_WRITE};
+use rfs_proto::types::{Attr, Caller, FileKind, Ino, Owner, Timestamp, MAY_WRITE};
 use rfs_proto::Errno;
 
 use super::backend::Backend;
 use super::coherence::KernelInval;
 use super::error::{Error, Result};
 use super::owed::worth_retrying;
+use super::space::SPACE_WAIT;
 use super::stats::{ClientStats, STATS_INO};
 use super::Rfs;
 
@@ -36,6 +38,11 @@ pub(crate) struct OpenFile {
     /// The file's count of cuts as far as we heard ([`Attr::cuts`]): our commits carry it, and
     /// the node refuses one made before a cut we had not heard of.
     cuts: u64,
+    /// When a descriptor of it was last closed here (FLUSH): its RELEASE, which may give
+    /// chunks back, may be on its way.
+    flushed: Option<Instant>,
+    /// Commits that failed: a commit that waited for another's answer takes its failure.
+    commits_failed: u64,
 }
 
 impl OpenFile {
@@ -211,72 +218,27 @@ impl<B: Backend> Rfs<B> {
         Ok(self.opened(made.attr, access))
     }
 
-    /// open(2) with O_CREAT and without O_EXCL: creates `name` in `parent`, or opens the
-    /// regular file that another client made by that name since the kernel looked it up (the
-    /// node answers EEXIST), truncated if `truncate` as O_TRUNC asks. Two clients creating one
-    /// name at once both open it, as on a local file system (one failed with EEXIST). A
-    /// create whose fate our lost session hides (the node restarted under it) is made again,
-    /// and opens the file if it was made after all.
-    pub fn create_or_open(
-        self: &Arc<Self>,
+    /// open(2) with O_CREAT and without O_EXCL: creates `name` in `parent` like
+    /// [`Self::create`], but makes a create whose fate our lost session hides (the node
+    /// restarted under it) again: EEXIST then may mean the first one made it. EEXIST is not
+    /// this open's failure (the caller has the kernel look the name up again and open what is
+    /// there).
+    pub fn create_unchecked(
+        &self,
         parent: Ino,
         name: &[u8],
         owner: Owner,
         access: u8,
         caller: &Caller,
-        truncate: bool,
     ) -> Result<(u64, Attr)> {
-        // Each turn either makes the file, opens it, or finds it gone again (removed between
-        // our create and our lookup): a few turns settle any race but a relentless one.
-        let mut turns = 0;
+        let mut tries = 0;
         loop {
-            turns += 1;
-            let made = match self.create(parent, name, owner, access, caller) {
-                Err(e) if e.is_unsettled() && turns < 3 => {
-                    log::warn!("create of {name:?} in {parent}: {e}: made again");
-                    continue;
+            tries += 1;
+            match self.create(parent, name, owner, access, caller) {
+                Err(e) if e.is_unsettled() && tries < 3 => {
+                    log::warn!("create in directory {parent}: {e}: made again");
                 }
-                made => made,
-            };
-            match made {
-                Err(e) if e.errno() == Errno::EEXIST => {}
                 made => return made,
-            }
-            match self.open_made_elsewhere(parent, name, access, caller, truncate) {
-                Err(e) if e.errno() == Errno::ENOENT && turns < 3 => continue,
-                opened => return opened,
-            }
-        }
-    }
-
-    /// The regular file `name` of `parent` that a create found there, opened for `access`.
-    fn open_made_elsewhere(
-        self: &Arc<Self>,
-        parent: Ino,
-        name: &[u8],
-        access: u8,
-        caller: &Caller,
-        truncate: bool,
-    ) -> Result<(u64, Attr)> {
-        let found = self.lookup(parent, name, caller)?;
-        match found.kind {
-            FileKind::RegularFile => {}
-            FileKind::Directory => return Err(Errno::EISDIR.into()),
-            _ => return Err(Errno::EEXIST.into()),
-        }
-        let (fh, attr) = self.open(found.ino, access, caller)?;
-        if !truncate || attr.size == 0 {
-            return Ok((fh, attr));
-        }
-        let cut = AttrChanges {
-            size: Some(0),
-            ..AttrChanges::default()
-        };
-        match self.setattr(found.ino, cut, caller) {
-            Ok(attr) => Ok((fh, attr)),
-            Err(e) => {
-                let _ = self.release(fh);
-                Err(e)
             }
         }
     }
@@ -329,6 +291,9 @@ impl<B: Backend> Rfs<B> {
     /// close (FLUSH) of handle `fh` of `ino`: a commit; a failed write is reported to
     /// handles that may write (a reader's close neither hears of it nor hides it).
     pub fn flush(&self, ino: Ino, fh: u64) -> Result<()> {
+        if let Some(f) = self.open.lock().unwrap().get_mut(&ino) {
+            f.flushed = Some(Instant::now());
+        }
         let writes = self
             .handles
             .lock()
@@ -359,13 +324,24 @@ impl<B: Backend> Rfs<B> {
     /// only once the node has the size. Two at once could be answered out of order, and the
     /// earlier answer, taken last, made our pages look older than the file (see
     /// [`Self::pages_committed`]): the next open dropped them.
+    ///
+    /// If the commit waited for fails (the metadata node is out of reach), this one fails with
+    /// it rather than sending another: closes that pile up behind a dead node wait one call's
+    /// deadline, not one each.
     pub(crate) fn commit_size(&self, ino: Ino) -> Result<()> {
         let made = {
             let mut open = self.open.lock().unwrap();
+            let failed_before = open.get(&ino).map(|f| f.commits_failed);
             loop {
                 match open.get_mut(&ino) {
                     Some(f) if f.committing > 0 => {
                         open = self.commit_answered.wait(open).unwrap();
+                    }
+                    Some(f) if Some(f.commits_failed) != failed_before => {
+                        return Err(Error::new(
+                            Errno::EIO,
+                            format!("inode {ino}: the commit this one waited for failed"),
+                        ));
                     }
                     Some(f) if f.dirty => {
                         f.committing += 1;
@@ -417,7 +393,10 @@ impl<B: Backend> Rfs<B> {
         }
         self.committed(ino, |f| match committed {
             Ok(_) => f.committed = f.committed.max(size),
-            Err(_) => f.dirty = true,
+            Err(_) => {
+                f.dirty = true;
+                f.commits_failed += 1;
+            }
         });
         committed.map(drop)
     }
@@ -510,13 +489,14 @@ impl<B: Backend> Rfs<B> {
         let Some(&(ino, access)) = self.handles.lock().unwrap().get(&fh) else {
             return Ok(()); // the stats file, or an unknown handle
         };
-        // From here until the node has the close: writers short of space wait for it.
+        // A last close may give chunks back: from here until the node has it, writers short
+        // of space wait for it.
         let _releasing = self
             .open
             .lock()
             .unwrap()
             .get(&ino)
-            .is_some_and(|f| f.allocated)
+            .is_some_and(|f| f.allocated && f.handles == 1)
             .then(|| self.giving_back.begin());
         let landed = self.behind.drain(ino, access & MAY_WRITE != 0);
         let commit = self.commit_size(ino);
@@ -597,14 +577,16 @@ impl<B: Backend> Rfs<B> {
         self.chunks.forget(ino, size.div_ceil(self.chunk_size));
     }
 
-    /// Whether a file other than `ino` that we had chunks allocated for is open here: its
-    /// release may give chunks back.
-    pub(crate) fn others_allocated_open(&self, ino: Ino) -> bool {
-        self.open
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|(&other, f)| other != ino && f.allocated && f.handles > 0)
+    /// Whether a file other than `ino` that we had chunks allocated for is open here and had a
+    /// descriptor closed moments ago: its release may be on its way from the kernel, and may
+    /// give chunks back. (A file merely held open gives nothing back soon: no wait for it.)
+    pub(crate) fn others_closing(&self, ino: Ino) -> bool {
+        self.open.lock().unwrap().iter().any(|(&other, f)| {
+            other != ino
+                && f.allocated
+                && f.handles > 0
+                && f.flushed.is_some_and(|t| t.elapsed() < SPACE_WAIT)
+        })
     }
 
     /// Chunks of `ino` are being allocated for us (a write, fallocate).
