@@ -195,11 +195,14 @@ impl<B: Backend> Rfs<B> {
         count: u64,
         allocate: bool,
     ) -> Result<(Vec<Option<Replicas>>, InFlight)> {
+        if !allocate {
+            return self.chunks.refs(&self.meta(), ino, first, count, false);
+        }
         let mut deadline = None;
         loop {
             let seen = self.giving_back.ended();
-            match self.chunks.refs(&self.meta(), ino, first, count, allocate) {
-                Err(e) if allocate && e.errno() == Errno::ENOSPC => {
+            match self.chunks.refs(&self.meta(), ino, first, count, true) {
+                Err(e) if e.errno() == Errno::ENOSPC => {
                     let until = *deadline.get_or_insert_with(|| Instant::now() + SPACE_WAIT);
                     if !self
                         .giving_back
