@@ -535,7 +535,6 @@ fn a_connection_severed_on_request_stays_down_until_the_next_call() {
     c.sever();
     assert!(!c.metadata_connected());
     c.redial().unwrap();
-    std::thread::sleep(Duration::from_millis(100));
     assert!(!c.metadata_connected(), "the idle redial reconnected");
     assert_eq!(c.call(GetAttr { ino }).unwrap().ino, ino);
     assert!(c.metadata_connected());

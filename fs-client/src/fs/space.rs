@@ -6,9 +6,9 @@
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-/// How long an allocation that found no space waits for this mount's releases. It is spent
-/// only when the pool is short and another file this mount had chunks allocated for is open
-/// or closing (a writer that keeps its file open spends it in full before its ENOSPC): a
+/// How long an allocation that found no space waits for this mount's releases, and how
+/// recent a close must be for its release to be waited for. It is spent only when the pool is
+/// short just after another file's close (a file merely held open is not waited for): a
 /// release is a few calls, and this covers a loaded machine's scheduling delays.
 pub(crate) const SPACE_WAIT: Duration = Duration::from_secs(2);
 
@@ -40,16 +40,15 @@ impl GivingBack {
 
     /// Waits until a release has ended since `seen` (then space may have come back: true),
     /// or until `deadline`, or until nothing may give space back any more: no release under
-    /// way and `others_open()` false (no other file we had chunks allocated for is open, so
-    /// none is closing).
+    /// way and `others_closing()` false (no release is on its way from the kernel).
     pub(crate) fn wait(
         &self,
         seen: u64,
         deadline: Instant,
-        others_open: impl Fn() -> bool,
+        others_closing: impl Fn() -> bool,
     ) -> bool {
-        // Opens and closes of other files do not signal: their count is looked at again
-        // every few milliseconds.
+        // Closes of other files do not signal: they are looked at again every few
+        // milliseconds.
         const LOOK_AGAIN: Duration = Duration::from_millis(20);
         loop {
             let idle = {
@@ -59,8 +58,8 @@ impl GivingBack {
                 }
                 s.under_way == 0
             };
-            // Outside our lock: `others_open` takes the file system's.
-            if idle && !others_open() {
+            // Outside our lock: `others_closing` takes the file system's.
+            if idle && !others_closing() {
                 return false;
             }
             let now = Instant::now();
@@ -98,7 +97,7 @@ mod tests {
     fn a_wait_ends_with_a_release_at_its_deadline_or_when_nothing_can_give_back() {
         let g = Arc::new(GivingBack::default());
         let far = Instant::now() + Duration::from_secs(60);
-        // Nothing under way, nothing open: no wait at all.
+        // Nothing under way, nothing closing: no wait at all.
         assert!(!g.wait(g.ended(), far, || false));
         // A release under way ends on another thread.
         let seen = g.ended();
@@ -117,7 +116,7 @@ mod tests {
         ender.join().unwrap();
         // One ended since: no wait.
         assert!(g.wait(seen, far, || false));
-        // Another file stays open and nothing ends: the deadline.
+        // Another file is closing and its release never comes: the deadline.
         let soon = Instant::now() + Duration::from_millis(50);
         assert!(!g.wait(g.ended(), soon, || true));
         assert!(Instant::now() >= soon);

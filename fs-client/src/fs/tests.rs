@@ -909,25 +909,13 @@ fn overlapping_commits_of_one_file_go_in_turn_and_keep_our_pages() {
     let ino = create(&fs, "f");
     let (fh, _, _) = fs.open_keeping_cache(ino, RW, &ROOT_CALLER).unwrap();
     write(&fs, ino, 0, &pattern(2 * CHUNK as usize, 1)).unwrap();
-    let second = Arc::new(Mutex::new(None));
-    {
-        let (fs, second) = (fs.clone(), second.clone());
-        let meanwhile = move || {
-            // While the first commit's answer is on its way: more bytes, and another commit.
-            write(&fs, ino, 2 * CHUNK, &pattern(2 * CHUNK as usize, 2)).unwrap();
-            let committing = fs.clone();
-            *second.lock().unwrap() = Some(in_background(move || committing.commit(ino)));
-            std::thread::sleep(MOMENT);
-        };
-        cluster.after_next_answer(RequestOp::Commit, Box::new(meanwhile));
-    }
+    // While the first commit's answer is on its way: more bytes, and another commit.
+    let (second, hook) = SideCommit::hook(&fs, ino, move |fs| {
+        write(fs, ino, 2 * CHUNK, &pattern(2 * CHUNK as usize, 2)).unwrap();
+    });
+    cluster.after_next_answer(RequestOp::Commit, hook);
     fs.commit(ino).unwrap();
-    let second = second
-        .lock()
-        .unwrap()
-        .take()
-        .expect("the second commit began");
-    second.recv_timeout(LONG).unwrap().unwrap();
+    second.result().unwrap();
     assert_eq!(cluster.size(ino), 4 * CHUNK);
     fs.release(fh).unwrap();
     let (fh, _, keep) = fs.open_keeping_cache(ino, RW, &ROOT_CALLER).unwrap();
@@ -948,27 +936,12 @@ fn a_commit_that_waited_for_a_failed_one_fails_with_it() {
     let ino = create(&fs, "f");
     let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
     write(&fs, ino, 0, b"bytes").unwrap();
-    let second = Arc::new(Mutex::new(None));
-    {
-        let (fs, second) = (fs.clone(), second.clone());
-        cluster.before_next_commit(Box::new(move || {
-            let committing = fs.clone();
-            *second.lock().unwrap() = Some(in_background(move || committing.commit(ino)));
-            std::thread::sleep(MOMENT);
-        }));
-    }
+    let (second, hook) = SideCommit::hook(&fs, ino, |_| {});
+    cluster.before_next_commit(hook);
     cluster.refuse_next(RequestOp::Commit, Errno::EIO);
     let commits = cluster.calls(RequestOp::Commit);
     assert_eq!(fs.commit(ino).unwrap_err().errno(), Errno::EIO);
-    let second = second
-        .lock()
-        .unwrap()
-        .take()
-        .expect("the second commit began");
-    assert_eq!(
-        second.recv_timeout(LONG).unwrap().unwrap_err().errno(),
-        Errno::EIO
-    );
+    assert_eq!(second.result().unwrap_err().errno(), Errno::EIO);
     assert_eq!(
         cluster.calls(RequestOp::Commit),
         commits + 1,
@@ -1004,6 +977,36 @@ fn in_background<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> m
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || drop(tx.send(f())));
     rx
+}
+
+/// A commit of `ino` that a fake's hook starts on another thread while a first commit is on
+/// its way: `hook` (for `before_next_commit` or `after_next_answer`) runs `first`, starts the
+/// commit and gives it a moment; `result` waits for its outcome.
+struct SideCommit(Arc<Mutex<Option<mpsc::Receiver<Result<()>>>>>);
+
+impl SideCommit {
+    fn hook(
+        fs: &Arc<Rfs<Fake>>,
+        ino: Ino,
+        first: impl FnOnce(&Arc<Rfs<Fake>>) + Send + 'static,
+    ) -> (SideCommit, Box<dyn FnOnce() + Send>) {
+        let slot = Arc::new(Mutex::new(None));
+        let (fs, started) = (fs.clone(), slot.clone());
+        let hook = move || {
+            first(&fs);
+            *started.lock().unwrap() = Some(in_background(move || fs.commit(ino)));
+            std::thread::sleep(MOMENT);
+        };
+        (SideCommit(slot), Box::new(hook))
+    }
+
+    fn result(&self) -> Result<()> {
+        let started = self.0.lock().unwrap().take();
+        started
+            .expect("the side commit began")
+            .recv_timeout(LONG)
+            .unwrap()
+    }
 }
 
 const MOMENT: std::time::Duration = std::time::Duration::from_millis(150);
