@@ -14,9 +14,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use fuser::{
     AccessFlags, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
     InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
-    Request, TimeOrNow, WriteFlags,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs,
+    ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
+use rfs_proto::locks::{FileLock, READ, UNLOCK, WRITE};
 use rfs_proto::types::{
     Attr, AttrChanges, Caller, FileKind, Owner, Timestamp, MAY_EXEC, MAY_READ, MAY_WRITE,
 };
@@ -186,6 +187,52 @@ fn empty(op: &'static str, r: Result<(), Error>, reply: ReplyEmpty) {
     }
 }
 
+/// A lock request as the protocol has it (the stats file takes none).
+fn file_lock(ino: INodeNo, start: u64, end: u64, typ: i32, pid: u32) -> Result<FileLock, Error> {
+    let kind = match typ {
+        libc::F_RDLCK => READ,
+        libc::F_WRLCK => WRITE,
+        libc::F_UNLCK => UNLOCK,
+        _ => return Err(Errno::EINVAL.into()),
+    };
+    if ino.0 == STATS_INO {
+        return Err(Errno::ENOLCK.into());
+    }
+    Ok(FileLock {
+        start,
+        end,
+        kind,
+        pid,
+    })
+}
+
+/// fcntl's type of a lock of `kind`.
+fn fcntl_type(kind: u8) -> i32 {
+    match kind {
+        READ => libc::F_RDLCK,
+        WRITE => libc::F_WRLCK,
+        _ => libc::F_UNLCK,
+    }
+}
+
+/// Whether thread `tid` still waits for the lock it asked for: it is there, with no signal
+/// pending that it neither blocks nor ignores (the kernel, which does not interrupt a
+/// request the file system holds, would deliver it once the request is answered).
+fn still_waiting(tid: u32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{tid}/status")) else {
+        return false;
+    };
+    let mask = |field: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .unwrap_or(0)
+    };
+    let pending = mask("SigPnd:") | mask("ShdPnd:");
+    pending & !mask("SigBlk:") & !mask("SigIgn:") == 0
+}
+
 /// Names are bytes, as Linux has them.
 fn name(n: &OsStr) -> &[u8] {
     n.as_bytes()
@@ -329,7 +376,11 @@ impl Filesystem for RfsFuse {
         }
         let _ = config.set_max_readahead(self.cfg.max_readahead);
         let _ = config.set_max_background(64);
-        let mut want = InitFlags::FUSE_PARALLEL_DIROPS | InitFlags::FUSE_READDIRPLUS_AUTO;
+        // Locks go to the metadata node, flock's as whole-file ones (as NFS has them).
+        let mut want = InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_READDIRPLUS_AUTO
+            | InitFlags::FUSE_POSIX_LOCKS
+            | InitFlags::FUSE_FLOCK_LOCKS;
         if self.cfg.writeback_cache {
             want |= InitFlags::FUSE_WRITEBACK_CACHE;
         }
@@ -592,23 +643,84 @@ impl Filesystem for RfsFuse {
         _req: &Request,
         ino: INodeNo,
         fh: FileHandle,
-        _lock_owner: LockOwner,
+        lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        empty("flush", self.fs.flush(ino.0, fh.0), reply);
+        // A process's close drops its fcntl locks on the file, once its writes are committed.
+        let flushed = self.fs.flush(ino.0, fh.0);
+        let unlocked = self.fs.drop_locks(ino.0, lock_owner.0);
+        empty("flush", flushed.and(unlocked), reply);
     }
 
     fn release(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
+        flock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        empty("release", self.fs.release(fh.0), reply);
+        // The last close of an open file drops its flock.
+        let unlocked = flock_owner.map_or(Ok(()), |o| self.fs.drop_locks(ino.0, o.0));
+        empty("release", unlocked.and(self.fs.release(fh.0)), reply);
+    }
+
+    fn getlk(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        reply: ReplyLock,
+    ) {
+        let lock = or_reply!("getlk", file_lock(ino, start, end, typ, pid), reply);
+        reply!(
+            "getlk",
+            self.fs.get_lock(ino.0, lock_owner.0, lock),
+            reply,
+            |conflict| match conflict {
+                Some(l) => reply.locked(l.start, l.end, fcntl_type(l.kind), l.pid),
+                None => reply.locked(start, end, libc::F_UNLCK, 0),
+            }
+        );
+    }
+
+    fn setlk(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        let lock = or_reply!("setlk", file_lock(ino, start, end, typ, pid), reply);
+        let (ino, owner) = (ino.0, lock_owner.0);
+        match self.fs.set_lock(ino, owner, lock) {
+            Ok(None) => reply.ok(),
+            Ok(Some(_)) if !sleep => reply.error(fuser::Errno::from_i32(libc::EAGAIN)),
+            Ok(Some(_)) => {
+                let asker = req.pid();
+                self.fs.wait_lock(
+                    ino,
+                    owner,
+                    lock,
+                    Box::new(move || still_waiting(asker)),
+                    Box::new(move |r| empty("setlk", r, reply)),
+                );
+            }
+            Err(e) => fuse_error!("setlk", reply, e),
+        }
     }
 
     fn fsync(

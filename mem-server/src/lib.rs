@@ -5,6 +5,7 @@
 //! - [`node`]: the node (pool, listener, connection roles, data sessions).
 //! - [`meta`]: the metadata service: one RPC channel per client.
 //! - [`namespace`]: POSIX namespace semantics, pure.
+//! - [`locks`]: every client's file locks.
 //! - [`access`]: permission checks of the metadata service (mode bits, root squash).
 //! - [`admission`]: limits on connections, in total and per peer.
 //! - [`alloc`]: chunk allocation across nodes.
@@ -23,6 +24,7 @@ mod grants;
 mod join;
 pub mod journal;
 mod link;
+mod locks;
 mod meta;
 pub mod namespace;
 pub mod node;

@@ -35,6 +35,7 @@ use crate::coherence::{Callbacks, Change, Countdown, Holders, Recall, SessionId}
 use crate::grants::Grants;
 use crate::journal::{Durable, Guard, Journal, Journaled};
 use crate::link::{Asked, Link};
+use crate::locks::LockTable;
 use crate::namespace::Namespace;
 use crate::node::{wait_for_close, NodeConfig, Shared};
 use crate::record::Record;
@@ -55,6 +56,8 @@ pub(crate) struct MetaState {
     /// Chunks being copied to new replicas: maps of them are not handed out (EAGAIN: the
     /// client asks again) until the copies are in them.
     pub(crate) frozen: HashSet<(Ino, u64)>,
+    /// Every client's file locks (not journaled: clients take them again after a restart).
+    locks: LockTable,
 }
 
 impl Durable for MetaState {
@@ -123,6 +126,7 @@ fn changes_something(req: &Request) -> bool {
             | Request::ChunkMap(_)
             | Request::GetStatFs(_)
             | Request::ListNodes(_)
+            | Request::GetLock(_)
     )
 }
 
@@ -259,6 +263,7 @@ impl MetaService {
         let (chunks, free) = st.alloc.totals();
         let (alive, nodes) = st.alloc.node_counts();
         let (zeroing, inodes) = (st.alloc.zeroing(), st.ns.inode_count());
+        let locks = st.locks.count() as u64;
         drop(st);
         vec![
             Metric::gauge("chunks", "Chunks of every data node", chunks),
@@ -271,6 +276,7 @@ impl MetaService {
             Metric::gauge("data_nodes_alive", "Data nodes up", alive as u64),
             Metric::gauge("data_nodes", "Data nodes ever joined", nodes as u64),
             Metric::gauge("inodes", "Files, directories and links", inodes),
+            Metric::gauge("file_locks", "File locks held, over every client", locks),
             Metric::gauge(
                 "chunks_short_of_replicas",
                 "Chunks with fewer copies than --replicas",
@@ -337,6 +343,7 @@ impl MetaService {
             holders: Holders::default(),
             frees: 0,
             frozen: HashSet::new(),
+            locks: LockTable::default(),
         };
         if let Some(j) = &journal {
             // The snapshot that starts the journal has what was made here.
@@ -856,6 +863,7 @@ impl MetaService {
         let session = session.lock().unwrap();
         let mut st = self.state.lock();
         st.holders.remove(session.id);
+        st.locks.drop_session(session.id);
         let mut effects = Effects {
             keep_past_size: self.reclaiming(),
             ..Effects::default()
@@ -910,6 +918,19 @@ impl MetaService {
         holders.closed(session, ino);
         Self::release(ns, ino, fx);
         Ok(())
+    }
+
+    /// A session that closed its last handle of `ino` holds no lock on it any more (its
+    /// client drops them before; this covers one that did not).
+    fn unlock_if_closed(
+        locks: &mut LockTable,
+        open: &HashMap<Ino, Handles>,
+        session: SessionId,
+        ino: Ino,
+    ) {
+        if !open.contains_key(&ino) {
+            locks.drop_on(ino, session, None);
+        }
     }
 
     /// One handle of `ino` closed: an unlinked file goes with its last handle, a closed file
@@ -1028,6 +1049,7 @@ impl MetaService {
             holders,
             frees,
             frozen,
+            locks,
         } = st;
         let ClientSession {
             id: session,
@@ -1227,18 +1249,44 @@ impl MetaService {
                 }
                 answer(m, made(holders, session, ns, r, m.parent))
             }
-            Request::Release(m) => answer(
-                m,
-                Self::close_handle(ns, holders, open, session, m.ino, m.access, fx),
-            ),
+            Request::Release(m) => {
+                let r = Self::close_handle(ns, holders, open, session, m.ino, m.access, fx);
+                Self::unlock_if_closed(locks, open, session, m.ino);
+                answer(m, r)
+            }
             Request::ReleaseMany(m) => {
                 let mut closed = 0;
                 for &(ino, access) in &m.handles {
                     if Self::close_handle(ns, holders, open, session, ino, access, fx).is_ok() {
                         closed += 1;
                     }
+                    Self::unlock_if_closed(locks, open, session, ino);
                 }
                 answer(m, Ok(closed))
+            }
+            Request::SetLock(m) => {
+                let r = match (m.reclaim, self.reclaiming()) {
+                    _ if !m.lock.is_valid() => Err(Errno::EINVAL),
+                    // Only a file the session has open: the open is where access was checked.
+                    _ if !open.contains_key(&m.ino) => Err(Errno::EBADF),
+                    (false, true) => Err(Errno::EAGAIN),
+                    (true, false) => Err(Errno::EPERM),
+                    _ => locks.set(m.ino, session, m.owner, m.lock),
+                };
+                answer(m, r)
+            }
+            Request::GetLock(m) => {
+                let r = match self.reclaiming() {
+                    _ if !m.lock.is_valid() => Err(Errno::EINVAL),
+                    _ if !open.contains_key(&m.ino) => Err(Errno::EBADF),
+                    true => Err(Errno::EAGAIN),
+                    false => Ok(locks.conflict(m.ino, session, m.owner, &m.lock)),
+                };
+                answer(m, r)
+            }
+            Request::DropLocks(m) => {
+                locks.drop_on(m.ino, session, Some(m.owner));
+                answer(m, Ok(()))
             }
             Request::ChunkMap(m) => {
                 // Only through a handle: the open is where permission was checked.

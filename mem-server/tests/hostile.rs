@@ -10,9 +10,10 @@ use rfs_e2e::{client, client_config, secret, MemServer};
 use rfs_proto::frame::recv_frame;
 use rfs_proto::handshake::dial;
 use rfs_proto::hello::{Data, Hello, Join};
+use rfs_proto::locks::{FileLock, TO_END, UNLOCK, WRITE};
 use rfs_proto::message::{
-    Allocate, ChunkMap, Create, GetAttr, GetStatFs, Link, Lookup, Mkdir, Open, ReadDir, Rename,
-    SetAttr, Unlink,
+    Allocate, ChunkMap, Create, DropLocks, GetAttr, GetLock, GetStatFs, Link, Lookup, Mkdir, Open,
+    ReadDir, Release, Rename, SetAttr, SetLock, Unlink,
 };
 use rfs_proto::types::{Attr, AttrChanges, Caller, Owner, MAY_READ, MAY_WRITE, ROOT};
 use rfs_proto::{Client, Errno, MetadataChannel};
@@ -416,4 +417,84 @@ fn root_squash_makes_root_an_ordinary_user() {
         caller: alice,
     });
     assert_eq!(found.unwrap().ino, secret);
+}
+
+/// Locks are taken only on files the session has open (a lock on a file a client may not open
+/// would keep its users out), malformed ones are refused, a lock taken again after a restart
+/// is refused when there was none, a conflict names no process of another machine, and a
+/// session's last close of a file drops its locks there even if its client did not.
+#[test]
+fn a_client_locks_only_files_it_has_open_and_its_last_close_drops_its_locks() {
+    let meta = MemServer::start(&["--memory", "8M"]);
+    let owner = client(&meta);
+    let ino = create_private(&owner, "locked", 1000).ino;
+    let whole = FileLock {
+        start: 0,
+        end: TO_END,
+        kind: WRITE,
+        pid: 4242,
+    };
+    let set = |c: &Client, lock: FileLock, reclaim: bool| {
+        c.call(SetLock {
+            ino,
+            owner: 1,
+            lock,
+            reclaim,
+        })
+        .map_err(|e| e.errno())
+    };
+    let other = client(&meta);
+    assert_eq!(
+        set(&other, whole, false),
+        Err(Errno::EBADF),
+        "not open there"
+    );
+    let asked = other.call(GetLock {
+        ino,
+        owner: 1,
+        lock: whole,
+    });
+    assert_eq!(asked.map_err(|e| e.errno()), Err(Errno::EBADF));
+    let bad_kind = FileLock { kind: 3, ..whole };
+    assert_eq!(set(&owner, bad_kind, false), Err(Errno::EINVAL));
+    let backwards = FileLock {
+        start: 9,
+        end: 8,
+        ..whole
+    };
+    assert_eq!(set(&owner, backwards, false), Err(Errno::EINVAL));
+    assert_eq!(
+        set(&owner, whole, true),
+        Err(Errno::EPERM),
+        "no restart to reclaim from"
+    );
+
+    assert_eq!(set(&owner, whole, false), Ok(None));
+    open_as(&other, ino, MAY_READ, user(0)).unwrap();
+    let theirs = FileLock { pid: 0, ..whole };
+    assert_eq!(
+        set(&other, whole, false),
+        Ok(Some(theirs)),
+        "same owner id, other client"
+    );
+    // The owner's client closes its handle without dropping the lock first.
+    owner
+        .call(Release {
+            ino,
+            access: MAY_READ | MAY_WRITE,
+        })
+        .unwrap();
+    assert_eq!(set(&other, whole, false), Ok(None), "the close dropped it");
+    owner.call(DropLocks { ino, owner: 1 }).unwrap();
+    assert_eq!(
+        set(
+            &other,
+            FileLock {
+                kind: UNLOCK,
+                ..whole
+            },
+            false
+        ),
+        Ok(None)
+    );
 }

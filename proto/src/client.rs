@@ -19,8 +19,10 @@ use crate::channel::{backoff, Channel};
 use crate::clock;
 use crate::data::DataSession;
 use crate::errno::Errno;
+use crate::locks::FileLock;
 use crate::message::{
     decode_reply, encode_call, seal, AttachData, Call, Envelope, ListNodes, Reclaim, RequestOp,
+    SetLock,
 };
 use crate::types::Ino;
 use crate::wire::DecodeError;
@@ -130,13 +132,27 @@ pub enum Notice {
     /// The metadata connection was lost and is back: callbacks sent meanwhile are lost, so
     /// whatever the client caches from the service is to be fetched again.
     Reconnected,
+    /// A service that lost our session did not take these locks again (it did not restart,
+    /// but ended the session, or its grace period was over): they are held no more.
+    LocksLost(Vec<HeldLock>),
 }
 
 /// What a client does with the service's notices.
 pub type NoticeHandler = Box<dyn Fn(Notice) + Send + Sync>;
 
-/// The handles a client has open, as (inode, access): taken again from a restarted service.
-pub type OpenHandles = Box<dyn Fn() -> Vec<(Ino, u8)> + Send + Sync>;
+/// A file lock a client holds: the file, the owner, the lock.
+pub type HeldLock = (Ino, u64, FileLock);
+
+/// What a client holds at the service, taken again from one that restarted.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Held {
+    /// Open handles, as (inode, access).
+    pub handles: Vec<(Ino, u8)>,
+    pub locks: Vec<HeldLock>,
+}
+
+/// Lists what the client holds at the service.
+pub type ListHeld = Box<dyn Fn() -> Held + Send + Sync>;
 
 /// Calls under way, by sequence number: the service keeps the replies of those at or above
 /// the lowest, in case they are resent.
@@ -176,7 +192,7 @@ pub struct Client {
     /// whole `connect_timeout` each.
     down: Mutex<HashMap<u32, Instant>>,
     on_notice: Arc<OnceLock<NoticeHandler>>,
-    open_handles: OnceLock<OpenHandles>,
+    held: OnceLock<ListHeld>,
 }
 
 impl MetadataChannel for Client {
@@ -216,16 +232,16 @@ impl Client {
             retired: Mutex::default(),
             down: Mutex::new(HashMap::new()),
             on_notice,
-            open_handles: OnceLock::new(),
+            held: OnceLock::new(),
         })
     }
 
-    /// Says how to list the handles this client has open (once): a service that restarted
-    /// (or lost the session) is asked for them again before any other call, so that open
-    /// files stay usable.
-    pub fn on_reclaim(&self, handles: OpenHandles) {
-        if self.open_handles.set(handles).is_err() {
-            log::warn!("a handle list was already set");
+    /// Says how to list the handles and locks this client holds (once): a service that
+    /// restarted (or lost the session) is asked for them again before any other call, so that
+    /// open files stay usable and locks stay held.
+    pub fn on_reclaim(&self, held: ListHeld) {
+        if self.held.set(held).is_err() {
+            log::warn!("a list of what is held was already set");
         }
     }
 
@@ -314,15 +330,45 @@ impl Client {
         self.calls.lock().unwrap().outstanding.remove(&seq);
     }
 
-    /// Takes this client's open handles again on `channel`, a new session, before anything
-    /// else is sent on it; what cannot be taken is logged (those files fail with EBADF).
-    fn reclaim(&self, channel: &Channel, deadline: Instant) {
-        let Some(handles) = self.open_handles.get().map(|list| list()) else {
-            return;
+    /// Takes this client's open handles and locks again on `channel`, a new session, before
+    /// anything else is sent on it; what cannot be taken is logged (those files fail with
+    /// EBADF). Answers the locks not taken again.
+    fn reclaim(&self, channel: &Channel, deadline: Instant) -> Vec<HeldLock> {
+        let Some(Held { handles, locks }) = self.held.get().map(|list| list()) else {
+            return Vec::new();
         };
-        if handles.is_empty() {
-            return;
+        if !handles.is_empty() {
+            self.reclaim_handles(channel, &handles, deadline);
         }
+        let lost: Vec<HeldLock> = locks
+            .into_iter()
+            .filter(|&(ino, owner, lock)| {
+                let req = SetLock {
+                    ino,
+                    owner,
+                    lock,
+                    reclaim: true,
+                };
+                let seq = self.begin_call();
+                let answer = self.send_on(channel, seq, &encode_call(&req), deadline);
+                self.end_call(seq);
+                let taken = answer
+                    .ok()
+                    .and_then(|raw| decode_reply::<SetLock>(&raw).ok());
+                !matches!(taken, Some(Ok(None)))
+            })
+            .collect();
+        if !lost.is_empty() {
+            log::error!(
+                "{} file locks not taken again: the metadata node ended this client's session \
+                 (or was past its grace period), and others may have taken them since",
+                lost.len()
+            );
+        }
+        lost
+    }
+
+    fn reclaim_handles(&self, channel: &Channel, handles: &[(Ino, u8)], deadline: Instant) {
         let mut taken = 0;
         for part in handles.chunks(MAX_LIST as usize) {
             let seq = self.begin_call();
@@ -382,6 +428,7 @@ impl Client {
         if let Some(c) = live(&self.channel.lock().unwrap()) {
             return Ok(c);
         }
+        let mut locks_lost = Vec::new();
         let (c, broken) = {
             let _one = self.reconnecting.lock().unwrap();
             if let Some(c) = live(&self.channel.lock().unwrap()) {
@@ -402,7 +449,7 @@ impl Client {
             if !c.resumed {
                 // Before any call can use the new channel.
                 self.sessions_lost.fetch_add(1, Ordering::AcqRel);
-                self.reclaim(&c, deadline);
+                locks_lost = self.reclaim(&c, deadline);
             }
             *self.channel.lock().unwrap() = Some(c.clone());
             (c, broken)
@@ -421,6 +468,9 @@ impl Client {
         }
         if let Some(handle) = self.on_notice.get() {
             handle(Notice::Reconnected);
+            if !locks_lost.is_empty() {
+                handle(Notice::LocksLost(locks_lost));
+            }
         }
         Ok(c)
     }

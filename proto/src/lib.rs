@@ -12,6 +12,7 @@
 //! - [`secret`]: where the shared secret lives, created by the first node.
 //! - [`grant`]: what a data node lets each data session reach, as the metadata node says.
 //! - [`callback`]: what the metadata service tells clients whose caches a change concerns.
+//! - [`locks`]: byte-range file locks, held at the metadata node for every client.
 //! - [`client`] (over a reconnecting `channel`): the metadata client and its data sessions ([`data`]).
 //! - [`patience`]: trying to reach a node for a bounded time at start-up.
 //! - [`logging`]: where both binaries log: stderr, a file, or syslog.
@@ -27,6 +28,7 @@ pub mod frame;
 pub mod grant;
 pub mod handshake;
 pub mod hello;
+pub mod locks;
 pub mod logging;
 pub mod message;
 pub mod metrics;

@@ -7,6 +7,7 @@
 //! (0: ok, 1: failed), then the answer or an [`Errno`].
 
 use crate::errno::Errno;
+use crate::locks::FileLock;
 use crate::types::{
     Attr, AttrChanges, Caller, ChunkRef, DirEntry, FileKind, Ino, Name, NodeInfo, Owner, Replicas,
     StatFs,
@@ -225,6 +226,31 @@ wire_struct! {
     pub struct ReleaseMany { pub handles: Vec<(Ino, u8)> }
 }
 
+wire_struct! {
+    /// Sets, changes or removes (kind [`crate::locks::UNLOCK`]) a lock of `owner` (one of the
+    /// caller's: fcntl's lock owner, or the open file of a flock) on `ino`, which the session
+    /// has open. Answers `None` once done, or a lock of another owner that conflicts (nothing
+    /// changed). EAGAIN while the node's grace period after a restart lets clients take their
+    /// locks again (`reclaim`, refused with EPERM after it): the caller asks again later.
+    /// ENOLCK past the ranges a session may hold.
+    #[derive(Clone, Debug, PartialEq)]
+    pub struct SetLock { pub ino: Ino, pub owner: u64, pub lock: FileLock, pub reclaim: bool }
+}
+
+wire_struct! {
+    /// A lock of another owner than `owner` that would keep it from taking `lock` on `ino`
+    /// (`None`: it could take it). EAGAIN during the grace period, as for [`SetLock`].
+    #[derive(Clone, Debug, PartialEq)]
+    pub struct GetLock { pub ino: Ino, pub owner: u64, pub lock: FileLock }
+}
+
+wire_struct! {
+    /// Removes every lock of `owner` on `ino`: a close of the file by a process (fcntl's
+    /// locks), or the last close of an open file (its flock).
+    #[derive(Clone, Debug, PartialEq)]
+    pub struct DropLocks { pub ino: Ino, pub owner: u64 }
+}
+
 wire_enum! {
     /// A metadata request, as the service receives it.
     #[derive(Clone, Debug, PartialEq)]
@@ -253,6 +279,9 @@ wire_enum! {
         22 => DropReplicas,
         23 => Reclaim,
         24 => ReleaseMany,
+        25 => SetLock,
+        26 => GetLock,
+        27 => DropLocks,
     }
 }
 
@@ -319,6 +348,9 @@ calls! {
     DropReplicas => u32,
     Reclaim => u32,
     ReleaseMany => u32,
+    SetLock => Option<FileLock>,
+    GetLock => Option<FileLock>,
+    DropLocks => (),
 }
 
 /// The bytes of reply that a readdir page may fill, in messages of `max_msg` bytes: what is
@@ -588,8 +620,29 @@ mod tests {
                 handles: vec![(4, 3), (5, 1)],
             }
             .into(),
+            SetLock {
+                ino: 4,
+                owner: u64::MAX,
+                lock: LOCK,
+                reclaim: true,
+            }
+            .into(),
+            GetLock {
+                ino: 4,
+                owner: 9,
+                lock: LOCK,
+            }
+            .into(),
+            DropLocks { ino: 4, owner: 9 }.into(),
         ]
     }
+
+    const LOCK: FileLock = FileLock {
+        start: 1,
+        end: crate::locks::TO_END,
+        kind: crate::locks::WRITE,
+        pid: 42,
+    };
 
     fn all_replies() -> Vec<Vec<u8>> {
         let chunk = ChunkRef {
@@ -646,13 +699,15 @@ mod tests {
                     after: Attr { size: 9, ..attr() },
                 }),
             ),
+            encode_reply(RequestOp::SetLock as u8, &Ok(Some(LOCK))),
+            encode_reply(RequestOp::GetLock as u8, &Ok(None::<FileLock>)),
         ]
     }
 
     #[test]
     fn every_request_round_trips_and_keeps_its_op() {
         let all = all_requests();
-        assert_eq!(all.len(), 24, "one of each");
+        assert_eq!(all.len(), 27, "one of each");
         for (i, r) in all.iter().enumerate() {
             assert_eq!(r.op() as usize, i + 1);
             assert_eq!(Request::decode(&r.encode()).unwrap(), *r);
@@ -692,6 +747,9 @@ mod tests {
         assert_eq!(decode_reply::<ListNodes>(nodes).unwrap().unwrap()[0].id, 0);
         let committed = decode_reply::<Commit>(&all_replies()[8]).unwrap().unwrap();
         assert_eq!((committed.before, committed.after.size), (attr(), 9));
+        let conflict = decode_reply::<SetLock>(&all_replies()[9]).unwrap();
+        assert_eq!(conflict, Ok(Some(LOCK)));
+        assert!(decode_reply::<GetLock>(&all_replies()[9]).is_err());
     }
 
     #[test]
@@ -709,6 +767,7 @@ mod tests {
             let _ = decode_reply::<ChunkMap>(x);
             let _ = decode_reply::<ListNodes>(x);
             let _ = decode_reply::<GetAttr>(x);
+            let _ = decode_reply::<SetLock>(x);
             let _ = crate::hello::Hello::decode(x);
         };
         for m in &msgs {

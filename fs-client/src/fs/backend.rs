@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use rdmabox::Snapshot;
-use rfs_proto::client::{NoticeHandler, OpenHandles};
+use rfs_proto::client::{ListHeld, NoticeHandler};
 use rfs_proto::data::chunk_addr;
 use rfs_proto::data::DataSession;
 use rfs_proto::types::ChunkRef;
@@ -39,8 +39,9 @@ pub trait Backend: MetadataChannel + Send + Sync + 'static {
     fn counters(&self) -> Snapshot;
     /// Where the metadata node's callbacks and reconnections are told.
     fn on_notice(&self, handler: NoticeHandler);
-    /// How to list our open handles, for a metadata node that lost them (it restarted).
-    fn on_reclaim(&self, handles: OpenHandles);
+    /// How to list our open handles and locks, for a metadata node that lost them (it
+    /// restarted).
+    fn on_reclaim(&self, held: ListHeld);
     /// Whether the metadata connection is up (its callbacks arrive).
     fn metadata_connected(&self) -> bool;
     /// Dials the metadata node again now if the connection is lost (nothing if it is up).
@@ -141,7 +142,7 @@ impl Backend for Client {
         Client::redial(self)
     }
 
-    fn on_reclaim(&self, handles: OpenHandles) {
-        Client::on_reclaim(self, handles)
+    fn on_reclaim(&self, held: ListHeld) {
+        Client::on_reclaim(self, held)
     }
 }

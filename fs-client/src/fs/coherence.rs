@@ -10,7 +10,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use rfs_proto::callback::Callback;
-use rfs_proto::client::Notice;
+use rfs_proto::client::{Held, Notice};
 use rfs_proto::types::{Attr, Ino, Name};
 
 use super::backend::Backend;
@@ -36,14 +36,17 @@ pub enum KernelInval {
 impl<B: Backend> Rfs<B> {
     /// Takes the metadata node's callbacks from now on, drops every chunk map (and keeps no
     /// cached pages at the next opens) when the connection comes back after a loss (callbacks
-    /// sent meanwhile did not arrive), and
-    /// lists our open handles for a metadata node that lost them.
+    /// sent meanwhile did not arrive), and lists our open handles and locks for a metadata
+    /// node that lost them.
     pub fn attach(self: &Arc<Self>) {
         let me = Arc::downgrade(self);
         self.backend
             .on_reclaim(Box::new(move || match me.upgrade() {
-                Some(fs) => fs.open_handles(),
-                None => Vec::new(),
+                Some(fs) => Held {
+                    handles: fs.open_handles(),
+                    locks: fs.held_locks(),
+                },
+                None => Held::default(),
             }));
         let me = Arc::downgrade(self);
         self.backend.on_notice(Box::new(move |notice| {
@@ -56,6 +59,7 @@ impl<B: Backend> Rfs<B> {
                     fs.pages_unknown();
                     fs.retry_owed_now();
                 }
+                Notice::LocksLost(lost) => fs.locks_lost(&lost),
             }
         }));
         let me = Arc::downgrade(self);

@@ -60,6 +60,8 @@ struct State {
     held_writes: Option<Vec<HeldWrite>>,
     /// Allocations are refused with ENOSPC, as by a metadata node out of free chunks.
     pool_full: bool,
+    /// File locks, by file: this fake has one client, so owners are its lock owners.
+    locks: HashMap<Ino, rfs_proto::locks::LockSet<u64>>,
     /// Reads of several chunks gathered into one run of bytes.
     gathered_reads: usize,
     /// Every chunk on node 0 (else they take turns between the nodes).
@@ -186,6 +188,18 @@ impl FakeCluster {
     }
 
     /// Has allocations refused with ENOSPC (or granted again).
+    /// Whether `owner` holds a lock on `ino` here.
+    pub(crate) fn holds_lock(&self, ino: Ino, owner: u64) -> bool {
+        let st = self.state.lock().unwrap();
+        st.locks.get(&ino).is_some_and(|s| s.holds(owner))
+    }
+
+    /// Another client's lock, taken under the fake's only client (owner `owner`).
+    pub(crate) fn lock_elsewhere(&self, ino: Ino, owner: u64, lock: rfs_proto::locks::FileLock) {
+        let mut st = self.state.lock().unwrap();
+        st.locks.entry(ino).or_default().set(owner, lock);
+    }
+
     pub(crate) fn pool_full(&self, full: bool) {
         self.state.lock().unwrap().pool_full = full;
     }
@@ -464,6 +478,24 @@ impl FakeCluster {
                 };
                 answer(m, r)
             }
+            Request::SetLock(m) => {
+                let set = st.locks.entry(m.ino).or_default();
+                let conflict = set.conflict(m.owner, &m.lock).map(|&(_, l)| l);
+                if conflict.is_none() {
+                    set.set(m.owner, m.lock);
+                }
+                answer(m, Ok(conflict))
+            }
+            Request::GetLock(m) => {
+                let set = st.locks.entry(m.ino).or_default();
+                answer(m, Ok(set.conflict(m.owner, &m.lock).map(|&(_, l)| l)))
+            }
+            Request::DropLocks(m) => {
+                if let Some(set) = st.locks.get_mut(&m.ino) {
+                    set.drop_owners(|o| o == m.owner);
+                }
+                answer(m, Ok(()))
+            }
             other => {
                 let op = other.op() as u8;
                 encode_reply::<()>(op, &Err(Errno::from_raw(libc::ENOSYS)))
@@ -615,7 +647,7 @@ impl Backend for Fake {
     /// The fake makes no callbacks: the tests call `Rfs::on_callback` themselves.
     fn on_notice(&self, _handler: rfs_proto::client::NoticeHandler) {}
 
-    fn on_reclaim(&self, _handles: rfs_proto::client::OpenHandles) {}
+    fn on_reclaim(&self, _held: rfs_proto::client::ListHeld) {}
 
     fn metadata_connected(&self) -> bool {
         !self.0.state.lock().unwrap().metadata_down

@@ -13,6 +13,7 @@
 //! - [`data`](self::data): the data path (reads and writes split at chunk boundaries);
 //! - [`behind`](self::behind): write-behind (what is in flight of each file's writes);
 //! - [`dirs`](self::dirs): what we know of the directories we change (attributes, names);
+//! - [`locks`](self::locks): file locks, held at the metadata node for every mount;
 //! - [`ranges`](self::ranges): copy_file_range and fallocate, without data through FUSE;
 //! - [`stats`]: the live statistics file;
 //! - [`error`]: the one error type; [`backend`]: the seam.
@@ -27,6 +28,7 @@ mod dirs;
 mod error;
 #[cfg(test)]
 mod fake;
+mod locks;
 mod open;
 mod owed;
 mod ranges;
@@ -55,12 +57,14 @@ pub use backend::{Backend, DataDone, WriteBack};
 pub use coherence::KernelInval;
 pub use data::{ReadDone, WriteDone};
 pub use error::{Error, Result};
+pub use locks::{LockDone, StillWanted};
 pub use stats::{stats_json, STATS_INO, STATS_NAME};
 
 use behind::WriteBehind;
 use chunks::ChunkCache;
 use closes::Closes;
 use dirs::Dirs;
+use locks::Locks;
 use open::{OpenFile, PageVersion};
 use owed::Owed;
 use space::GivingBack;
@@ -98,6 +102,8 @@ pub struct Rfs<B: Backend = Client> {
     owed: Owed,
     /// Releases that may give chunks back, for allocations short of space to wait for.
     giving_back: GivingBack,
+    /// The file locks this mount holds.
+    locks: Locks,
     stats: Arc<ClientStats>,
 }
 
@@ -144,6 +150,7 @@ impl<B: Backend> Rfs<B> {
             closes: Closes::default(),
             owed: Owed::default(),
             giving_back: GivingBack::default(),
+            locks: Locks::default(),
             stats,
         })
     }

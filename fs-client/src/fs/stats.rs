@@ -75,6 +75,10 @@ pub(crate) struct ClientStats {
     /// Extended attribute requests from the kernel (none are kept; it stops asking at the
     /// first answer).
     pub(crate) xattr_requests: AtomicU64,
+    /// Locks that had to wait for another owner's (F_SETLKW, flock without LOCK_NB).
+    pub(crate) lock_waits: AtomicU64,
+    /// Locks a metadata node that lost our session did not give back.
+    pub(crate) locks_lost: AtomicU64,
 }
 
 impl ClientStats {
@@ -165,6 +169,16 @@ impl<B: Backend> Rfs<B> {
                 "commits_over_cuts",
                 "Commits refused for a cut made elsewhere that this mount had not heard of",
                 n(&s.commits_over_cuts),
+            ),
+            Metric::counter(
+                "lock_waits",
+                "Locks that waited for another owner's",
+                n(&s.lock_waits),
+            ),
+            Metric::counter(
+                "locks_lost",
+                "Locks the metadata node did not give back after losing the session",
+                n(&s.locks_lost),
             ),
             Metric::counter(
                 "space_retries",

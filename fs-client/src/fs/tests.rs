@@ -4,6 +4,7 @@
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
+use rfs_proto::locks::{FileLock, READ, TO_END, UNLOCK, WRITE};
 use rfs_proto::message::RequestOp;
 use rfs_proto::types::{
     Attr, AttrChanges, Caller, FileKind, Ino, Owner, MAY_READ, MAY_WRITE, ROOT,
@@ -2109,4 +2110,118 @@ fn a_create_whose_answer_a_lost_session_took_is_made_again() {
         .create(ROOT, b"lost-excl", OWNER, RW, &ROOT_CALLER)
         .unwrap_err();
     assert_eq!(e.errno(), Errno::EIO);
+}
+
+fn whole_file(kind: u8) -> FileLock {
+    FileLock {
+        start: 0,
+        end: TO_END,
+        kind,
+        pid: 1,
+    }
+}
+
+/// A lock let go commits the writes made under it first (whoever takes it next sees them),
+/// and a close drops locks at the metadata node only for an owner that holds some here.
+#[test]
+fn an_unlock_commits_first_and_a_close_calls_only_for_an_owner_with_locks() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    let ino = create(&fs, "locked");
+    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+    assert_eq!(fs.set_lock(ino, 7, whole_file(WRITE)).unwrap(), None);
+    write(&fs, ino, 0, b"under the lock").unwrap();
+    let commits = cluster.calls(RequestOp::Commit);
+    assert_eq!(fs.set_lock(ino, 7, whole_file(UNLOCK)).unwrap(), None);
+    assert_eq!(cluster.calls(RequestOp::Commit), commits + 1);
+    assert_eq!(cluster.size(ino), 14, "committed before the lock went");
+    assert!(!cluster.holds_lock(ino, 7));
+
+    fs.drop_locks(ino, 7).unwrap();
+    let range = FileLock {
+        start: 5,
+        end: 9,
+        kind: READ,
+        pid: 1,
+    };
+    assert_eq!(fs.set_lock(ino, 7, range).unwrap(), None);
+    fs.drop_locks(ino, 8).unwrap();
+    assert_eq!(cluster.calls(RequestOp::DropLocks), 0, "no locks, no call");
+    fs.drop_locks(ino, 7).unwrap();
+    assert_eq!(cluster.calls(RequestOp::DropLocks), 1);
+    assert!(!cluster.holds_lock(ino, 7));
+    fs.release(fh).unwrap();
+}
+
+/// F_SETLKW: the lock is asked again until the other owner lets go, off the caller's thread,
+/// and the wait ends with EINTR once the process no longer wants it (a signal, or gone).
+#[test]
+fn a_waiting_lock_is_taken_once_the_other_owner_lets_go_or_ends_when_not_wanted() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    let ino = create(&fs, "contended");
+    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+    cluster.lock_elsewhere(ino, 1, whole_file(WRITE));
+    assert_eq!(
+        fs.set_lock(ino, 2, whole_file(READ)).unwrap(),
+        Some(whole_file(WRITE))
+    );
+    let waited = |wanted: Box<dyn Fn() -> bool + Send>, owner, kind| {
+        let (tx, rx) = mpsc::channel();
+        fs.wait_lock(
+            ino,
+            owner,
+            whole_file(kind),
+            wanted,
+            Box::new(move |r| tx.send(r.map_err(|e| e.errno())).unwrap()),
+        );
+        rx
+    };
+    let rx = waited(Box::new(|| true), 2, READ);
+    assert!(
+        rx.recv_timeout(Duration::from_millis(200)).is_err(),
+        "waits"
+    );
+    cluster.lock_elsewhere(ino, 1, whole_file(UNLOCK));
+    assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), Ok(()));
+    assert!(cluster.holds_lock(ino, 2));
+
+    let wanted = Arc::new(AtomicBool::new(true));
+    let still = wanted.clone();
+    let rx = waited(Box::new(move || still.load(Ordering::SeqCst)), 3, WRITE);
+    assert!(
+        rx.recv_timeout(Duration::from_millis(200)).is_err(),
+        "waits"
+    );
+    wanted.store(false, Ordering::SeqCst);
+    let ended = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert_eq!(ended, Err(Errno::EINTR));
+    assert!(!cluster.holds_lock(ino, 3));
+    fs.release(fh).unwrap();
+}
+
+/// A restarted metadata node keeps new locks back while clients take theirs again (EAGAIN):
+/// the lock is asked again. Locks it did not take back are forgotten here.
+#[test]
+fn a_lock_is_asked_again_through_a_restarts_grace_and_lost_ones_are_forgotten() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    let ino = create(&fs, "graced");
+    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+    cluster.refuse_next(RequestOp::SetLock, Errno::EAGAIN);
+    assert_eq!(fs.set_lock(ino, 1, whole_file(WRITE)).unwrap(), None);
+    assert_eq!(cluster.calls(RequestOp::SetLock), 2, "asked again");
+    assert_eq!(fs.held_locks(), vec![(ino, 1, whole_file(WRITE))]);
+    fs.locks_lost(&fs.held_locks());
+    assert!(fs.held_locks().is_empty());
+    fs.drop_locks(ino, 1).unwrap();
+    assert_eq!(
+        cluster.calls(RequestOp::DropLocks),
+        0,
+        "nothing held to drop"
+    );
+    fs.release(fh).unwrap();
 }
