@@ -215,12 +215,18 @@ fn fcntl_type(kind: u8) -> i32 {
     }
 }
 
-/// Whether thread `tid` still waits for the lock it asked for: it is there, with no signal
-/// pending that it neither blocks nor ignores (the kernel, which does not interrupt a
-/// request the file system holds, would deliver it once the request is answered).
+/// Whether thread `tid` still waits for the lock it asked for: no signal is pending for it
+/// that it neither blocks nor ignores (the kernel, which does not interrupt a request the file
+/// system holds, delivers it once the request is answered; a killed process has SIGKILL
+/// pending in every thread). A thread we cannot look at (another pid namespace, hidepid, id
+/// 0) waits on: it cannot be gone while its request is held, and an EINTR without a signal
+/// would reach it as a bogus errno.
 fn still_waiting(tid: u32) -> bool {
+    if tid == 0 {
+        return true;
+    }
     let Ok(status) = std::fs::read_to_string(format!("/proc/{tid}/status")) else {
-        return false;
+        return true;
     };
     let mask = |field: &str| {
         status
@@ -229,8 +235,7 @@ fn still_waiting(tid: u32) -> bool {
             .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
             .unwrap_or(0)
     };
-    let pending = mask("SigPnd:") | mask("ShdPnd:");
-    pending & !mask("SigBlk:") & !mask("SigIgn:") == 0
+    mask("SigPnd:") & !mask("SigBlk:") & !mask("SigIgn:") == 0
 }
 
 /// Names are bytes, as Linux has them.
@@ -376,16 +381,17 @@ impl Filesystem for RfsFuse {
         }
         let _ = config.set_max_readahead(self.cfg.max_readahead);
         let _ = config.set_max_background(64);
-        // Locks go to the metadata node, flock's as whole-file ones (as NFS has them).
-        let mut want = InitFlags::FUSE_PARALLEL_DIROPS
-            | InitFlags::FUSE_READDIRPLUS_AUTO
-            | InitFlags::FUSE_POSIX_LOCKS
-            | InitFlags::FUSE_FLOCK_LOCKS;
+        let mut want = InitFlags::FUSE_PARALLEL_DIROPS | InitFlags::FUSE_READDIRPLUS_AUTO;
         if self.cfg.writeback_cache {
             want |= InitFlags::FUSE_WRITEBACK_CACHE;
         }
         if let Err(missing) = config.add_capabilities(want) {
             log::warn!("kernel lacks FUSE capabilities {missing:?}");
+        }
+        // Locks go to the metadata node, flock's as whole-file ones (as NFS has them).
+        let locks = InitFlags::FUSE_POSIX_LOCKS | InitFlags::FUSE_FLOCK_LOCKS;
+        if let Err(missing) = config.add_capabilities(locks) {
+            log::warn!("kernel lacks {missing:?}: file locks stay local to this mount");
         }
         Ok(())
     }
@@ -662,8 +668,10 @@ impl Filesystem for RfsFuse {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        // The last close of an open file drops its flock.
-        let unlocked = flock_owner.map_or(Ok(()), |o| self.fs.drop_locks(ino.0, o.0));
+        // The last close of an open file drops its flock and F_OFD locks.
+        let unlocked = self
+            .fs
+            .drop_handle_locks(ino.0, fh.0, flock_owner.map(|o| o.0));
         empty("release", unlocked.and(self.fs.release(fh.0)), reply);
     }
 
@@ -695,7 +703,7 @@ impl Filesystem for RfsFuse {
         &self,
         req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         lock_owner: LockOwner,
         start: u64,
         end: u64,
@@ -705,14 +713,15 @@ impl Filesystem for RfsFuse {
         reply: ReplyEmpty,
     ) {
         let lock = or_reply!("setlk", file_lock(ino, start, end, typ, pid), reply);
-        let (ino, owner) = (ino.0, lock_owner.0);
-        match self.fs.set_lock(ino, owner, lock) {
+        let (ino, fh, owner) = (ino.0, fh.0, lock_owner.0);
+        match self.fs.set_lock(ino, fh, owner, lock) {
             Ok(None) => reply.ok(),
             Ok(Some(_)) if !sleep => reply.error(fuser::Errno::from_i32(libc::EAGAIN)),
             Ok(Some(_)) => {
                 let asker = req.pid();
                 self.fs.wait_lock(
                     ino,
+                    fh,
                     owner,
                     lock,
                     Box::new(move || still_waiting(asker)),

@@ -2,12 +2,13 @@
 //! client named (fcntl's, or a flock's open file). Locks are not journaled, as NFS's are not:
 //! after a restart, clients take theirs again within the grace period, during which nobody
 //! else may take one (see `SetLock`). A session that ends loses its locks, as a process that
-//! dies does. A session holds a bounded number of ranges (each lock call scans the file's),
-//! so a client that splits ranges without end runs out of locks (ENOLCK), not the node.
+//! dies does. A session holds a bounded number of ranges on each file and over all (each lock
+//! call scans the file's), so a client that splits ranges without end runs out of locks
+//! (ENOLCK), not the node, and not the other clients: an unlock is never refused.
 
 use std::collections::HashMap;
 
-use rfs_proto::locks::{FileLock, LockSet};
+use rfs_proto::locks::{FileLock, LockSet, UNLOCK};
 use rfs_proto::types::Ino;
 use rfs_proto::Errno;
 
@@ -16,7 +17,7 @@ use crate::coherence::SessionId;
 /// Who holds a lock: a session, and the owner its client named.
 type Owner = (SessionId, u64);
 
-/// Ranges held on one file, over every owner, at most.
+/// Ranges one session holds on one file, at most.
 const MAX_PER_FILE: usize = 4096;
 /// Ranges one session holds, over every file, at most.
 const MAX_PER_SESSION: usize = 16384;
@@ -53,20 +54,21 @@ impl LockTable {
     ) -> Result<Option<FileLock>, Errno> {
         let set = self.files.entry(ino).or_default();
         let conflict = seen_by(session, set.conflict((session, owner), &lock));
-        if conflict.is_some() {
-            return Ok(conflict);
+        let here = held_by(set, session);
+        let total = self.per_session.get(&session).copied().unwrap_or(0);
+        // A lock adds at most two ranges (it splits one of another kind of its owner's).
+        let bounded =
+            lock.kind == UNLOCK || (here + 2 <= MAX_PER_FILE && total + 2 <= MAX_PER_SESSION);
+        if conflict.is_none() && bounded {
+            set.set((session, owner), lock);
+            let now = held_by(set, session);
+            *self.per_session.entry(session).or_default() = total + now - here;
         }
-        let before = (set.clone(), held_by(set, session));
-        set.set((session, owner), lock);
-        let mine = self.per_session.entry(session).or_default();
-        let now = *mine + held_by(set, session) - before.1;
-        if set.len() > MAX_PER_FILE || now > MAX_PER_SESSION {
-            *set = before.0;
-            return Err(Errno::ENOLCK);
-        }
-        *mine = now;
         self.tidy(ino, session);
-        Ok(None)
+        match bounded {
+            true => Ok(conflict),
+            false => Err(Errno::ENOLCK),
+        }
     }
 
     /// The lock of another owner that would keep `owner` of `session` from taking `lock`.
@@ -125,7 +127,7 @@ impl LockTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rfs_proto::locks::{TO_END, UNLOCK, WRITE};
+    use rfs_proto::locks::{TO_END, WRITE};
 
     const WHOLE: FileLock = FileLock {
         start: 0,
@@ -170,39 +172,56 @@ mod tests {
     }
 
     #[test]
-    fn a_session_that_splits_ranges_without_end_runs_out_of_locks() {
+    fn a_session_that_splits_ranges_without_end_runs_out_of_locks_and_only_it() {
         let mut t = LockTable::default();
-        let byte = |at: u64| FileLock {
+        let byte = |at: u64, kind| FileLock {
             start: at,
             end: at,
-            kind: WRITE,
+            kind,
             pid: 1,
         };
-        for i in 0..MAX_PER_FILE as u64 {
-            assert_eq!(t.set(1, 1, 1, byte(2 * i)), Ok(None));
+        let mut held = 0;
+        while t.set(1, 1, 1, byte(2 * held, WRITE)) == Ok(None) {
+            held += 1;
         }
         assert_eq!(
-            t.set(1, 1, 1, byte(2 * MAX_PER_FILE as u64)),
-            Err(Errno::ENOLCK)
+            held as usize,
+            MAX_PER_FILE - 1,
+            "refused within two of the bound"
         );
-        assert_eq!(t.count(), MAX_PER_FILE, "the refused one changed nothing");
-        // Merging into a neighbour adds no range.
-        assert_eq!(t.set(1, 1, 1, byte(1)), Ok(None));
-        assert_eq!(t.count(), MAX_PER_FILE - 1);
-        for ino in 2..=4 {
-            for i in 0..MAX_PER_FILE as u64 {
-                let _ = t.set(ino, 1, 1, byte(2 * i));
+        assert_eq!(t.set(1, 1, 1, byte(2 * held, WRITE)), Err(Errno::ENOLCK));
+        assert_eq!(t.count(), held as usize, "the refused one changed nothing");
+        assert_eq!(
+            t.set(1, 2, 1, byte(1, WRITE)),
+            Ok(None),
+            "another session's own"
+        );
+        assert_eq!(t.set(1, 1, 1, byte(0, UNLOCK)), Ok(None), "an unlock goes");
+        // Filling the gap between two ranges makes one of the three.
+        assert_eq!(t.set(1, 1, 1, byte(3, WRITE)), Ok(None));
+        assert_eq!(held_by(&t.files[&1], 1), held as usize - 2);
+        for ino in 2..=5 {
+            let mut i = 0;
+            while t.set(ino, 1, 1, byte(2 * i, WRITE)) == Ok(None) {
+                i += 1;
             }
         }
-        assert_eq!(t.count(), MAX_PER_SESSION - 1);
-        assert_eq!(t.set(9, 1, 1, byte(0)), Ok(None));
+        assert!(
+            t.per_session[&1] + 2 > MAX_PER_SESSION,
+            "{}",
+            t.per_session[&1]
+        );
+        assert!(t.per_session[&1] <= MAX_PER_SESSION);
         assert_eq!(
-            t.set(9, 1, 1, byte(2)),
+            t.set(9, 1, 1, byte(0, WRITE)),
             Err(Errno::ENOLCK),
             "the session's bound"
         );
-        assert_eq!(t.set(9, 2, 1, byte(4)), Ok(None), "another session's own");
+        assert!(
+            !t.files.contains_key(&9),
+            "nothing kept of the refused file"
+        );
         t.drop_on(2, 1, None);
-        assert_eq!(t.set(9, 1, 1, byte(2)), Ok(None));
+        assert_eq!(t.set(9, 1, 1, byte(0, WRITE)), Ok(None));
     }
 }

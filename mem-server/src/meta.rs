@@ -18,6 +18,7 @@ use rdmabox::transport::MemoryRegion;
 use rfs_proto::clock;
 use rfs_proto::frame::send_frame;
 use rfs_proto::grant::{GrantChunks, LinkRequest, RevokeChunks, RevokeFreed, RevokeSession};
+use rfs_proto::locks::UNLOCK;
 use rfs_proto::message::{encode_reply, readdir_budget, unseal, Call, Made, Request, RequestOp};
 use rfs_proto::types::{
     Attr, AttrChanges, Caller, ChunkRef, FileKind, Ino, Name, NodeInfo, Owner, Replicas, StatFs,
@@ -1269,7 +1270,8 @@ impl MetaService {
                     _ if !m.lock.is_valid() => Err(Errno::EINVAL),
                     // Only a file the session has open: the open is where access was checked.
                     _ if !open.contains_key(&m.ino) => Err(Errno::EBADF),
-                    (false, true) => Err(Errno::EAGAIN),
+                    // An unlock only removes: it needs no grace period to wait out.
+                    (false, true) if m.lock.kind != UNLOCK => Err(Errno::EAGAIN),
                     (true, false) => Err(Errno::EPERM),
                     _ => locks.set(m.ino, session, m.owner, m.lock),
                 };

@@ -352,10 +352,12 @@ impl Client {
                 let seq = self.begin_call();
                 let answer = self.send_on(channel, seq, &encode_call(&req), deadline);
                 self.end_call(seq);
-                let taken = answer
+                // Lost only when the node says so (it refused, or someone holds it now): on
+                // a channel that broke meanwhile, the locks are asked again at the next dial.
+                answer
                     .ok()
-                    .and_then(|raw| decode_reply::<SetLock>(&raw).ok());
-                !matches!(taken, Some(Ok(None)))
+                    .and_then(|raw| decode_reply::<SetLock>(&raw).ok())
+                    .is_some_and(|r| r != Ok(None))
             })
             .collect();
         if !lost.is_empty() {

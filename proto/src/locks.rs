@@ -28,9 +28,9 @@ wire_struct! {
 
 impl FileLock {
     /// Whether the request is well formed: a known kind and a range that does not end
-    /// before it starts.
+    /// before it starts, nor past [`TO_END`] (the kernel refuses to report such a lock).
     pub fn is_valid(&self) -> bool {
-        self.kind <= WRITE && self.start <= self.end
+        self.kind <= WRITE && self.start <= self.end && self.end <= TO_END
     }
 
     fn overlaps(&self, start: u64, end: u64) -> bool {
@@ -237,5 +237,6 @@ mod tests {
         assert!(lock(0, 0, WRITE).is_valid());
         assert!(!lock(5, 4, READ).is_valid());
         assert!(!lock(0, 1, 3).is_valid());
+        assert!(!lock(0, TO_END + 1, READ).is_valid());
     }
 }

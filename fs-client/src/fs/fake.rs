@@ -187,7 +187,6 @@ impl FakeCluster {
         a.size = a.size.max(size);
     }
 
-    /// Has allocations refused with ENOSPC (or granted again).
     /// Whether `owner` holds a lock on `ino` here.
     pub(crate) fn holds_lock(&self, ino: Ino, owner: u64) -> bool {
         let st = self.state.lock().unwrap();
@@ -200,6 +199,7 @@ impl FakeCluster {
         st.locks.entry(ino).or_default().set(owner, lock);
     }
 
+    /// Has allocations refused with ENOSPC (or granted again).
     pub(crate) fn pool_full(&self, full: bool) {
         self.state.lock().unwrap().pool_full = full;
     }

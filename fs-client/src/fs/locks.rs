@@ -4,22 +4,22 @@
 //! when its owner holds some (a close costs no call otherwise), and a metadata node that
 //! restarts is given them again.
 //!
-//! Locks order data as they do on NFS: before a lock is let go, the file's writes are
-//! committed, so whoever takes it next sees them (its cached pages and size are dropped by the
-//! commit's callbacks before the commit is answered).
+//! Locks order data as they do on NFS: before a lock is let go (or shared), the file's writes
+//! are committed, so whoever takes it next sees them (its cached pages and size are dropped by
+//! the commit's callbacks before the commit is answered).
 //!
 //! A lock that must wait (F_SETLKW) waits on a thread of its own, asking again with backoff,
 //! not on a FUSE worker: the unlock that would end the wait may need one. It ends with an
 //! error once the process that asked has a signal to take or is gone: the kernel does not
 //! interrupt a request the file system holds, and a killed process would wait for it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rfs_proto::client::HeldLock;
-use rfs_proto::locks::{FileLock, LockSet, UNLOCK};
+use rfs_proto::locks::{FileLock, LockSet, UNLOCK, WRITE};
 use rfs_proto::message::{DropLocks, GetLock, SetLock};
 use rfs_proto::types::Ino;
 use rfs_proto::{Errno, MetadataChannel};
@@ -38,65 +38,140 @@ const LAST_ASK: Duration = Duration::from_millis(50);
 /// keeps new locks back (EAGAIN).
 const GRACE_ASK: Duration = Duration::from_millis(100);
 
-/// What this mount holds: locks by file, by owner.
+/// What this mount holds, by file.
 #[derive(Default)]
 pub(crate) struct Locks {
-    held: Mutex<HashMap<Ino, LockSet<u64>>>,
+    files: Mutex<HashMap<Ino, FileLocks>>,
+    /// The lock owners that took locks through each open handle: its last close drops them
+    /// (a flock's, and an open file description's F_OFD locks, which the kernel never drops).
+    by_handle: Mutex<HashMap<u64, HashSet<u64>>>,
     waiters: AtomicUsize,
 }
 
+#[derive(Default)]
+struct FileLocks {
+    /// The locks the metadata node granted, by owner: taken again from a node that restarted.
+    granted: LockSet<u64>,
+    /// The owners that may hold locks at the node: counted before a call goes (it may be
+    /// applied and its answer lost), and forgotten once they hold nothing for sure.
+    asked: HashMap<u64, Asked>,
+}
+
+/// An owner's lock calls on a file.
+#[derive(Default)]
+struct Asked {
+    begun: u64,
+    ended: u64,
+    /// A call of it failed: applied or not, nobody knows.
+    unsure: bool,
+}
+
+impl FileLocks {
+    /// Forgets `owner` if it holds nothing for sure: no call under way, none unsure, none
+    /// granted.
+    fn settle(&mut self, owner: u64) {
+        let clear = self
+            .asked
+            .get(&owner)
+            .is_some_and(|a| a.begun == a.ended && !a.unsure);
+        if clear && !self.granted.holds(owner) {
+            self.asked.remove(&owner);
+        }
+    }
+}
+
 impl Locks {
-    fn holds(&self, ino: Ino, owner: u64) -> bool {
-        self.held
+    fn with<T>(&self, ino: Ino, f: impl FnOnce(&mut FileLocks) -> T) -> T {
+        let mut files = self.files.lock().unwrap();
+        let file = files.entry(ino).or_default();
+        let out = f(file);
+        if file.asked.is_empty() && file.granted.is_empty() {
+            files.remove(&ino);
+        }
+        out
+    }
+
+    /// A lock call of `owner` begins, through handle `fh`.
+    fn asking(&self, ino: Ino, fh: u64, owner: u64) {
+        self.with(ino, |f| f.asked.entry(owner).or_default().begun += 1);
+        let mut by_handle = self.by_handle.lock().unwrap();
+        by_handle.entry(fh).or_default().insert(owner);
+    }
+
+    /// A lock call of `owner` ended: `granted` the lock it set, or failed (`None`: it was
+    /// refused for a conflict, or the call failed, `unsure`).
+    fn answered(&self, ino: Ino, owner: u64, granted: Option<FileLock>, unsure: bool) {
+        self.with(ino, |f| {
+            if let Some(a) = f.asked.get_mut(&owner) {
+                a.ended += 1;
+                a.unsure |= unsure;
+            }
+            if let Some(lock) = granted {
+                f.granted.set(owner, lock);
+            }
+            f.settle(owner);
+        });
+    }
+
+    /// How many lock calls `owner` began, if it may hold locks on `ino`.
+    fn asked(&self, ino: Ino, owner: u64) -> Option<u64> {
+        let files = self.files.lock().unwrap();
+        files
+            .get(&ino)
+            .and_then(|f| f.asked.get(&owner).map(|a| a.begun))
+    }
+
+    /// The node dropped `owner`'s locks on `ino`; a lock call that began after the first
+    /// `begun` may have been applied after the drop, and keeps it counted.
+    fn dropped(&self, ino: Ino, owner: u64, begun: u64) {
+        self.with(ino, |f| {
+            f.granted.drop_owners(|o| o == owner);
+            if f.asked.get(&owner).is_some_and(|a| a.begun == begun) {
+                f.asked.remove(&owner);
+            }
+        });
+    }
+
+    /// The owners that took locks through handle `fh`, which closed.
+    fn owners_of(&self, fh: u64) -> HashSet<u64> {
+        self.by_handle
             .lock()
             .unwrap()
-            .get(&ino)
-            .is_some_and(|s| s.holds(owner))
+            .remove(&fh)
+            .unwrap_or_default()
     }
 
-    fn set(&self, ino: Ino, owner: u64, lock: FileLock) {
-        let mut held = self.held.lock().unwrap();
-        let set = held.entry(ino).or_default();
-        set.set(owner, lock);
-        if set.is_empty() {
-            held.remove(&ino);
-        }
-    }
-
-    fn drop_owner(&self, ino: Ino, owner: u64) {
-        let mut held = self.held.lock().unwrap();
-        if let Some(set) = held.get_mut(&ino) {
-            set.drop_owners(|o| o == owner);
-            if set.is_empty() {
-                held.remove(&ino);
-            }
-        }
+    /// The mount's last handle of `ino` closed: the node drops every lock of ours on it.
+    pub(crate) fn forget(&self, ino: Ino) {
+        self.files.lock().unwrap().remove(&ino);
     }
 
     /// Every lock held, for a metadata node that lost them.
     pub(crate) fn list(&self) -> Vec<HeldLock> {
-        let held = self.held.lock().unwrap();
-        held.iter()
-            .flat_map(|(&ino, set)| set.iter().map(move |&(owner, lock)| (ino, owner, lock)))
+        let files = self.files.lock().unwrap();
+        files
+            .iter()
+            .flat_map(|(&ino, f)| {
+                f.granted
+                    .iter()
+                    .map(move |&(owner, lock)| (ino, owner, lock))
+            })
             .collect()
     }
 
     /// The metadata node did not take these again: they are not ours any more.
     pub(crate) fn lost(&self, lost: &[HeldLock]) {
-        let mut held = self.held.lock().unwrap();
         for &(ino, owner, lock) in lost {
-            if let Some(set) = held.get_mut(&ino) {
-                set.set(
+            self.with(ino, |f| {
+                f.granted.set(
                     owner,
                     FileLock {
                         kind: UNLOCK,
                         ..lock
                     },
                 );
-                if set.is_empty() {
-                    held.remove(&ino);
-                }
-            }
+                f.settle(owner);
+            });
         }
     }
 }
@@ -108,25 +183,35 @@ pub type StillWanted = Box<dyn Fn() -> bool + Send>;
 pub type LockDone = Box<dyn FnOnce(Result<()>) + Send>;
 
 impl<B: Backend> Rfs<B> {
-    /// Takes, changes or removes `lock` for `owner` on `ino` without waiting for other
-    /// owners: `None` once done, or a lock of another owner that conflicts. Before a lock is
-    /// let go, the file's writes are committed.
-    pub fn set_lock(&self, ino: Ino, owner: u64, lock: FileLock) -> Result<Option<FileLock>> {
-        if lock.kind == UNLOCK {
-            self.commit(ino)?;
+    /// Takes, changes or removes `lock` for `owner` on `ino`, through handle `fh`, without
+    /// waiting for other owners: `None` once done, or a lock of another owner that conflicts.
+    /// Before a lock is let go or shared (an unlock, a read lock over a write lock), the
+    /// file's writes are committed; a commit that fails leaves them for the writer's close or
+    /// fsync to report, and the lock goes anyway.
+    pub fn set_lock(
+        &self,
+        ino: Ino,
+        fh: u64,
+        owner: u64,
+        lock: FileLock,
+    ) -> Result<Option<FileLock>> {
+        if lock.kind != WRITE {
+            if let Err(e) = self.commit_reporting(ino, false) {
+                log::warn!("inode {ino}: writes not committed before a lock went: {e}");
+            }
         }
-        let conflict = self.through_grace(|| {
+        self.locks.asking(ino, fh, owner);
+        let answer = self.through_grace(|| {
             self.meta().call(SetLock {
                 ino,
                 owner,
                 lock,
                 reclaim: false,
             })
-        })?;
-        if conflict.is_none() {
-            self.locks.set(ino, owner, lock);
-        }
-        Ok(conflict)
+        });
+        let granted = matches!(answer, Ok(None)).then_some(lock);
+        self.locks.answered(ino, owner, granted, answer.is_err());
+        answer
     }
 
     /// A lock of another owner that would keep `owner` from taking `lock` on `ino`.
@@ -134,17 +219,30 @@ impl<B: Backend> Rfs<B> {
         self.through_grace(|| self.meta().call(GetLock { ino, owner, lock }))
     }
 
-    /// A close by `owner` (a process's of fcntl locks, an open file's last of its flock):
-    /// its locks on `ino` go, after the file's writes are committed. No call when it holds
-    /// none.
+    /// A close by `owner` (a process's, of its fcntl locks): its locks on `ino` go, after the
+    /// file's writes are committed. No call when it holds none.
     pub fn drop_locks(&self, ino: Ino, owner: u64) -> Result<()> {
-        if !self.locks.holds(ino, owner) {
+        let Some(asked) = self.locks.asked(ino, owner) else {
             return Ok(());
+        };
+        if let Err(e) = self.commit_reporting(ino, false) {
+            log::warn!("inode {ino}: writes not committed before its locks went: {e}");
         }
-        let committed = self.commit(ino);
         self.meta().call(DropLocks { ino, owner })?;
-        self.locks.drop_owner(ino, owner);
-        committed
+        self.locks.dropped(ino, owner, asked);
+        Ok(())
+    }
+
+    /// The last close of handle `fh` of `ino`: the locks taken through it by owners that are
+    /// the open file itself (flock's, `flock_owner`; F_OFD locks) go. A process's fcntl locks
+    /// went at its close (FLUSH) before.
+    pub fn drop_handle_locks(&self, ino: Ino, fh: u64, flock_owner: Option<u64>) -> Result<()> {
+        let mut owners = self.locks.owners_of(fh);
+        owners.extend(flock_owner);
+        owners
+            .into_iter()
+            .map(|owner| self.drop_locks(ino, owner))
+            .fold(Ok(()), Result::and)
     }
 
     /// Takes `lock` once no other owner's lock conflicts, on a thread of its own: `done` gets
@@ -152,6 +250,7 @@ impl<B: Backend> Rfs<B> {
     pub fn wait_lock(
         self: &Arc<Self>,
         ino: Ino,
+        fh: u64,
         owner: u64,
         lock: FileLock,
         wanted: StillWanted,
@@ -174,7 +273,7 @@ impl<B: Backend> Rfs<B> {
                     let Some(fs) = fs.upgrade() else {
                         break Err(Errno::EINTR.into()); // unmounted
                     };
-                    match fs.set_lock(ino, owner, lock) {
+                    match fs.set_lock(ino, fh, owner, lock) {
                         // Not a fault: the process was interrupted, or killed.
                         Ok(Some(_)) if !wanted() => break Err(Errno::EINTR.into()),
                         Ok(Some(_)) => {}

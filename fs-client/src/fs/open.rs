@@ -516,6 +516,10 @@ impl<B: Backend> Rfs<B> {
             if last && !ahead {
                 open.remove(&ino);
             }
+            if last {
+                // The node drops our locks on the file with our last handle.
+                self.locks.forget(ino);
+            }
             (allocated, fault && ahead)
         };
         if owed {
