@@ -714,7 +714,7 @@ impl Filesystem for RfsFuse {
     ) {
         let lock = or_reply!("setlk", file_lock(ino, start, end, typ, pid), reply);
         let (ino, fh, owner) = (ino.0, fh.0, lock_owner.0);
-        match self.fs.set_lock(ino, fh, owner, lock) {
+        match self.fs.set_lock(ino, fh, owner, lock, sleep) {
             Ok(None) => reply.ok(),
             Ok(Some(_)) if !sleep => reply.error(fuser::Errno::from_i32(libc::EAGAIN)),
             Ok(Some(_)) => {

@@ -159,6 +159,28 @@ impl Holders {
         }
     }
 
+    /// The callbacks that tell sessions waiting for locks that a lock of a file went.
+    pub(crate) fn lock_freed(&self, woken: &[(SessionId, Ino)]) -> Vec<(Arc<Callbacks>, Callback)> {
+        let mut by_session: HashMap<SessionId, Vec<Ino>> = HashMap::new();
+        for &(session, ino) in woken {
+            let inos = by_session.entry(session).or_default();
+            if !inos.contains(&ino) {
+                inos.push(ino);
+            }
+        }
+        by_session
+            .into_iter()
+            .filter_map(|(session, inos)| {
+                let c = self.sessions.get(&session)?;
+                let cb = Callback {
+                    locks_freed: inos,
+                    ..Callback::default()
+                };
+                Some((c.callbacks.clone(), cb))
+            })
+            .collect()
+    }
+
     /// The callback each session needs for `change` made by `caller` (None: by the service
     /// itself): chunk recalls go to every holder, the caller too (its other threads may have
     /// transfers in flight); remaps and the rest go to the others (the caller knows what it

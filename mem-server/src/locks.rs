@@ -2,13 +2,23 @@
 //! client named (fcntl's, or a flock's open file). Locks are not journaled, as NFS's are not:
 //! after a restart, clients take theirs again within the grace period, during which nobody
 //! else may take one (see `SetLock`). A session that ends loses its locks, as a process that
-//! dies does. A session holds a bounded number of ranges on each file and over all (each lock
-//! call scans the file's), so a client that splits ranges without end runs out of locks
-//! (ENOLCK), not the node, and not the other clients: an unlock is never refused.
+//! dies does.
+//!
+//! Callers that wait (F_SETLKW) queue, and take locks in the order they asked: a lock that an
+//! earlier waiter wants is refused to later callers even while free, so that a process that
+//! locks and unlocks in a loop cannot starve another mount's waiter. A waiter keeps its place
+//! by asking again (its client asks at least every 100 ms, and at once when told that a lock
+//! of the file went); one that stops asking (its process was interrupted or killed) loses its
+//! place after [`WAIT_KEPT`].
+//!
+//! A session holds a bounded number of ranges on each file and over all (each lock call scans
+//! the file's), so a client that splits ranges without end runs out of locks (ENOLCK), not the
+//! node, and not the other clients: an unlock is never refused.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
-use rfs_proto::locks::{FileLock, LockSet, UNLOCK};
+use rfs_proto::locks::{FileLock, LockSet, UNLOCK, WRITE};
 use rfs_proto::types::Ino;
 use rfs_proto::Errno;
 
@@ -21,57 +31,139 @@ type Owner = (SessionId, u64);
 const MAX_PER_FILE: usize = 4096;
 /// Ranges one session holds, over every file, at most.
 const MAX_PER_SESSION: usize = 16384;
+/// Callers queued for one file's locks, at most (later ones wait without a place).
+const MAX_WAITERS: usize = 1024;
+/// How long a waiter keeps its place without asking again.
+const WAIT_KEPT: Duration = Duration::from_secs(1);
+
+/// Sessions to tell that a lock of a file went: they wait to take one.
+pub(crate) type Woken = Vec<(SessionId, Ino)>;
 
 /// A conflicting lock as `session` is told of it: the process id only if it is its own
 /// (another machine's means nothing to the caller's kernel).
-fn seen_by(session: SessionId, conflict: Option<&(Owner, FileLock)>) -> Option<FileLock> {
-    conflict.map(|&((s, _), lock)| FileLock {
+fn seen_by(session: SessionId, conflict: Option<(Owner, FileLock)>) -> Option<FileLock> {
+    conflict.map(|((s, _), lock)| FileLock {
         pid: if s == session { lock.pid } else { 0 },
         ..lock
     })
 }
 
-fn held_by(set: &LockSet<Owner>, session: SessionId) -> usize {
-    set.iter().filter(|((s, _), _)| *s == session).count()
+#[derive(Default)]
+struct FileLocks {
+    held: LockSet<Owner>,
+    /// Callers waiting to take a lock, in the order they first asked, with when they last did.
+    waiting: Vec<(Owner, FileLock, Instant)>,
+}
+
+impl FileLocks {
+    fn held_by(&self, session: SessionId) -> usize {
+        self.held.iter().filter(|((s, _), _)| *s == session).count()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.held.is_empty() && self.waiting.is_empty()
+    }
+
+    /// Where `owner` waits for `lock` in the queue, if it does.
+    fn place(&self, owner: Owner, lock: &FileLock) -> Option<usize> {
+        let wish = |l: &FileLock| (l.start, l.end, l.kind);
+        self.waiting
+            .iter()
+            .position(|(o, l, _)| *o == owner && wish(l) == wish(lock))
+    }
+
+    /// What keeps `owner` from taking `lock`: another owner's lock, or the wish of another
+    /// owner waiting ahead of it (ahead of all, if it waits nowhere) that conflicts with it.
+    fn obstacle(&self, owner: Owner, lock: &FileLock) -> Option<(Owner, FileLock)> {
+        if let Some(&held) = self.held.conflict(owner, lock) {
+            return Some(held);
+        }
+        let ahead = self.place(owner, lock).unwrap_or(self.waiting.len());
+        self.waiting[..ahead]
+            .iter()
+            .find(|(o, l, _)| *o != owner && l.conflicts_with(lock))
+            .map(|&(o, l, _)| (o, l))
+    }
+
+    /// The sessions that wait here, each once.
+    fn waiting_sessions(&self) -> Vec<SessionId> {
+        let mut out: Vec<SessionId> = Vec::new();
+        for &((s, _), _, _) in &self.waiting {
+            if !out.contains(&s) {
+                out.push(s);
+            }
+        }
+        out
+    }
 }
 
 #[derive(Default)]
 pub(crate) struct LockTable {
-    files: HashMap<Ino, LockSet<Owner>>,
+    files: HashMap<Ino, FileLocks>,
     /// Ranges held, by session.
     per_session: HashMap<SessionId, usize>,
 }
 
 impl LockTable {
-    /// Takes `lock` for `owner` of `session` on `ino` unless another owner's lock conflicts
-    /// (that lock is answered, and nothing changes). ENOLCK past the bounds on ranges held.
+    /// Takes `lock` for `owner` of `session` on `ino` unless another owner's lock, or the
+    /// wish of a waiter ahead, conflicts (that lock is answered, and nothing changes but the
+    /// caller's place in the queue if it `wait`s). ENOLCK past the bounds on ranges held.
+    /// Also answers the sessions to tell that a lock went.
     pub(crate) fn set(
         &mut self,
         ino: Ino,
         session: SessionId,
         owner: u64,
         lock: FileLock,
-    ) -> Result<Option<FileLock>, Errno> {
-        let set = self.files.entry(ino).or_default();
-        let conflict = seen_by(session, set.conflict((session, owner), &lock));
-        let here = held_by(set, session);
+        wait: bool,
+        now: Instant,
+    ) -> (Result<Option<FileLock>, Errno>, Woken) {
+        let file = self.files.entry(ino).or_default();
+        file.waiting
+            .retain(|&(_, _, asked)| now.duration_since(asked) < WAIT_KEPT);
+        let me = (session, owner);
+        let obstacle = file.obstacle(me, &lock);
+        let here = file.held_by(session);
         let total = self.per_session.get(&session).copied().unwrap_or(0);
         // A lock adds at most two ranges (it splits one of another kind of its owner's).
         let bounded =
             lock.kind == UNLOCK || (here + 2 <= MAX_PER_FILE && total + 2 <= MAX_PER_SESSION);
-        if conflict.is_none() && bounded {
-            set.set((session, owner), lock);
-            let now = held_by(set, session);
-            *self.per_session.entry(session).or_default() = total + now - here;
+        let place = file.place(me, &lock);
+        let mut woken = Woken::new();
+        match (obstacle, bounded) {
+            (None, true) => {
+                file.held.set(me, lock);
+                let now_here = file.held_by(session);
+                *self.per_session.entry(session).or_default() = total + now_here - here;
+                if let Some(at) = place {
+                    file.waiting.remove(at);
+                }
+                // Only an unlock or a shared lock over an exclusive one lets anything go.
+                if lock.kind != WRITE {
+                    woken = file
+                        .waiting_sessions()
+                        .into_iter()
+                        .map(|s| (s, ino))
+                        .collect();
+                }
+            }
+            (Some(_), true) if wait && lock.kind != UNLOCK => match place {
+                Some(at) => file.waiting[at].2 = now,
+                None if file.waiting.len() < MAX_WAITERS => file.waiting.push((me, lock, now)),
+                None => {}
+            },
+            _ => {}
         }
         self.tidy(ino, session);
-        match bounded {
-            true => Ok(conflict),
+        let answer = match bounded {
+            true => Ok(seen_by(session, obstacle)),
             false => Err(Errno::ENOLCK),
-        }
+        };
+        (answer, woken)
     }
 
-    /// The lock of another owner that would keep `owner` of `session` from taking `lock`.
+    /// The lock of another owner that would keep `owner` of `session` from taking `lock`
+    /// (locks held only: F_GETLK reports a lock, not a wish).
     pub(crate) fn conflict(
         &self,
         ino: Ino,
@@ -79,38 +171,54 @@ impl LockTable {
         owner: u64,
         lock: &FileLock,
     ) -> Option<FileLock> {
-        seen_by(
-            session,
-            self.files.get(&ino)?.conflict((session, owner), lock),
-        )
+        let held = self.files.get(&ino)?.held.conflict((session, owner), lock);
+        seen_by(session, held.copied())
     }
 
-    /// Drops the locks of `session` on `ino`: those of `owner`, or all of them.
-    pub(crate) fn drop_on(&mut self, ino: Ino, session: SessionId, owner: Option<u64>) {
-        let Some(set) = self.files.get_mut(&ino) else {
-            return;
+    /// Drops the locks and places of `session` on `ino`: those of `owner`, or all of them.
+    /// Answers the sessions to tell that a lock went.
+    pub(crate) fn drop_on(&mut self, ino: Ino, session: SessionId, owner: Option<u64>) -> Woken {
+        let Some(file) = self.files.get_mut(&ino) else {
+            return Woken::new();
         };
-        let before = held_by(set, session);
-        set.drop_owners(|(s, o)| s == session && owner.is_none_or(|only| only == o));
-        let gone = before - held_by(set, session);
+        let gone = |(s, o): Owner| s == session && owner.is_none_or(|only| only == o);
+        let before = file.held_by(session);
+        let dropped = file.held.drop_owners(gone);
+        file.waiting.retain(|&(o, _, _)| !gone(o));
+        let after = file.held_by(session);
         if let Some(n) = self.per_session.get_mut(&session) {
-            *n -= gone;
+            *n -= before - after;
         }
+        let woken = match dropped {
+            true => file
+                .waiting_sessions()
+                .into_iter()
+                .map(|s| (s, ino))
+                .collect(),
+            false => Woken::new(),
+        };
         self.tidy(ino, session);
+        woken
     }
 
-    /// Drops every lock of `session` (it ended).
-    pub(crate) fn drop_session(&mut self, session: SessionId) {
-        self.files.retain(|_, set| {
-            set.drop_owners(|(s, _)| s == session);
-            !set.is_empty()
+    /// Drops every lock and place of `session` (it ended); answers the sessions to tell that
+    /// a lock went.
+    pub(crate) fn drop_session(&mut self, session: SessionId) -> Woken {
+        let mut woken = Woken::new();
+        self.files.retain(|&ino, file| {
+            file.waiting.retain(|&((s, _), _, _)| s != session);
+            if file.held.drop_owners(|(s, _)| s == session) {
+                woken.extend(file.waiting_sessions().into_iter().map(|s| (s, ino)));
+            }
+            !file.is_empty()
         });
         self.per_session.remove(&session);
+        woken
     }
 
     /// Keeps no empty entries.
     fn tidy(&mut self, ino: Ino, session: SessionId) {
-        if self.files.get(&ino).is_some_and(LockSet::is_empty) {
+        if self.files.get(&ino).is_some_and(FileLocks::is_empty) {
             self.files.remove(&ino);
         }
         if self.per_session.get(&session) == Some(&0) {
@@ -127,7 +235,7 @@ impl LockTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rfs_proto::locks::{TO_END, WRITE};
+    use rfs_proto::locks::{READ, TO_END};
 
     const WHOLE: FileLock = FileLock {
         start: 0,
@@ -136,13 +244,21 @@ mod tests {
         pid: 1,
     };
 
+    fn unlock(l: FileLock) -> FileLock {
+        FileLock { kind: UNLOCK, ..l }
+    }
+
     #[test]
     fn two_sessions_never_hold_conflicting_locks_and_a_session_that_ends_frees_them() {
         let mut t = LockTable::default();
-        assert_eq!(t.set(5, 1, 10, WHOLE), Ok(None));
+        let now = Instant::now();
+        let set = |t: &mut LockTable, ino, session, owner, lock| {
+            t.set(ino, session, owner, lock, false, now).0
+        };
+        assert_eq!(set(&mut t, 5, 1, 10, WHOLE), Ok(None));
         let theirs = FileLock { pid: 0, ..WHOLE };
         assert_eq!(
-            t.set(5, 2, 10, WHOLE),
+            set(&mut t, 5, 2, 10, WHOLE),
             Ok(Some(theirs)),
             "same owner, other session"
         );
@@ -152,18 +268,14 @@ mod tests {
             Some(WHOLE),
             "another owner of ours"
         );
-        assert_eq!(t.set(6, 2, 10, WHOLE), Ok(None), "another file");
+        assert_eq!(set(&mut t, 6, 2, 10, WHOLE), Ok(None), "another file");
         assert_eq!(t.count(), 2);
         t.drop_session(1);
-        assert_eq!(t.set(5, 2, 10, WHOLE), Ok(None));
+        assert_eq!(set(&mut t, 5, 2, 10, WHOLE), Ok(None));
         t.drop_on(5, 2, Some(11));
         assert_eq!(t.count(), 2, "another owner's drop takes nothing");
         t.drop_on(5, 2, Some(10));
-        let unlock = FileLock {
-            kind: UNLOCK,
-            ..WHOLE
-        };
-        assert_eq!(t.set(6, 2, 10, unlock), Ok(None));
+        assert_eq!(set(&mut t, 6, 2, 10, unlock(WHOLE)), Ok(None));
         assert_eq!(t.count(), 0);
         assert!(
             t.files.is_empty() && t.per_session.is_empty(),
@@ -172,16 +284,91 @@ mod tests {
     }
 
     #[test]
+    fn waiters_take_locks_in_the_order_they_asked_and_are_told_when_one_goes() {
+        let mut t = LockTable::default();
+        let now = Instant::now();
+        assert_eq!(t.set(1, 1, 1, WHOLE, false, now), (Ok(None), vec![]));
+        let theirs = Some(FileLock { pid: 0, ..WHOLE });
+        // Session 2 waits; session 3 asks without waiting, then waits too.
+        assert_eq!(t.set(1, 2, 1, WHOLE, true, now).0, Ok(theirs));
+        assert_eq!(t.set(1, 3, 1, WHOLE, false, now).0, Ok(theirs));
+        assert_eq!(t.set(1, 3, 1, WHOLE, true, now).0, Ok(theirs));
+        // The holder lets go: both waiters are told; the lock is free, and kept for the first.
+        let (r, woken) = t.set(1, 1, 1, unlock(WHOLE), false, now);
+        assert_eq!(r, Ok(None));
+        assert_eq!(woken, vec![(2, 1), (3, 1)]);
+        assert_eq!(
+            t.conflict(1, 3, 1, &WHOLE),
+            None,
+            "free, as F_GETLK sees it"
+        );
+        assert_eq!(
+            t.set(1, 3, 1, WHOLE, true, now).0,
+            Ok(theirs),
+            "2 asked first"
+        );
+        assert_eq!(
+            t.set(1, 1, 1, WHOLE, false, now).0,
+            Ok(theirs),
+            "nor a newcomer"
+        );
+        let read = FileLock {
+            kind: READ,
+            ..WHOLE
+        };
+        assert_eq!(
+            t.set(1, 1, 1, read, false, now).0,
+            Ok(theirs),
+            "a shared one conflicts"
+        );
+        assert_eq!(t.set(1, 2, 1, WHOLE, true, now).0, Ok(None), "2 takes it");
+        assert_eq!(t.set(1, 2, 1, unlock(WHOLE), false, now).1, vec![(3, 1)]);
+        assert_eq!(t.set(1, 3, 1, WHOLE, true, now).0, Ok(None), "then 3");
+    }
+
+    #[test]
+    fn a_waiter_that_stops_asking_loses_its_place_and_one_that_goes_is_dropped() {
+        let mut t = LockTable::default();
+        let start = Instant::now();
+        t.set(1, 1, 1, WHOLE, false, start);
+        t.set(1, 2, 1, WHOLE, true, start);
+        t.set(1, 1, 1, unlock(WHOLE), false, start);
+        let later = start + WAIT_KEPT;
+        assert_eq!(
+            t.set(1, 3, 1, WHOLE, false, later).0,
+            Ok(None),
+            "2 stopped asking"
+        );
+        t.set(1, 3, 1, unlock(WHOLE), false, later);
+        t.set(1, 4, 1, WHOLE, false, later);
+        t.set(1, 2, 1, WHOLE, true, later);
+        t.drop_on(1, 2, None);
+        assert_eq!(
+            t.set(1, 4, 1, unlock(WHOLE), false, later).1,
+            vec![],
+            "nobody waits"
+        );
+        t.set(1, 4, 1, WHOLE, false, later);
+        t.set(1, 5, 1, WHOLE, true, later);
+        assert_eq!(t.drop_session(5), vec![]);
+        assert_eq!(t.drop_session(4), vec![]);
+        assert!(t.files.is_empty());
+    }
+
+    #[test]
     fn a_session_that_splits_ranges_without_end_runs_out_of_locks_and_only_it() {
         let mut t = LockTable::default();
+        let now = Instant::now();
         let byte = |at: u64, kind| FileLock {
             start: at,
             end: at,
             kind,
             pid: 1,
         };
+        let mut set =
+            |t: &mut LockTable, ino, session, lock| t.set(ino, session, 1, lock, false, now).0;
         let mut held = 0;
-        while t.set(1, 1, 1, byte(2 * held, WRITE)) == Ok(None) {
+        while set(&mut t, 1, 1, byte(2 * held, WRITE)) == Ok(None) {
             held += 1;
         }
         assert_eq!(
@@ -189,20 +376,24 @@ mod tests {
             MAX_PER_FILE - 1,
             "refused within two of the bound"
         );
-        assert_eq!(t.set(1, 1, 1, byte(2 * held, WRITE)), Err(Errno::ENOLCK));
+        assert_eq!(set(&mut t, 1, 1, byte(2 * held, WRITE)), Err(Errno::ENOLCK));
         assert_eq!(t.count(), held as usize, "the refused one changed nothing");
         assert_eq!(
-            t.set(1, 2, 1, byte(1, WRITE)),
+            set(&mut t, 1, 2, byte(1, WRITE)),
             Ok(None),
             "another session's own"
         );
-        assert_eq!(t.set(1, 1, 1, byte(0, UNLOCK)), Ok(None), "an unlock goes");
+        assert_eq!(
+            set(&mut t, 1, 1, byte(0, UNLOCK)),
+            Ok(None),
+            "an unlock goes"
+        );
         // Filling the gap between two ranges makes one of the three.
-        assert_eq!(t.set(1, 1, 1, byte(3, WRITE)), Ok(None));
-        assert_eq!(held_by(&t.files[&1], 1), held as usize - 2);
+        assert_eq!(set(&mut t, 1, 1, byte(3, WRITE)), Ok(None));
+        assert_eq!(t.files[&1].held_by(1), held as usize - 2);
         for ino in 2..=5 {
             let mut i = 0;
-            while t.set(ino, 1, 1, byte(2 * i, WRITE)) == Ok(None) {
+            while set(&mut t, ino, 1, byte(2 * i, WRITE)) == Ok(None) {
                 i += 1;
             }
         }
@@ -213,7 +404,7 @@ mod tests {
         );
         assert!(t.per_session[&1] <= MAX_PER_SESSION);
         assert_eq!(
-            t.set(9, 1, 1, byte(0, WRITE)),
+            set(&mut t, 9, 1, byte(0, WRITE)),
             Err(Errno::ENOLCK),
             "the session's bound"
         );
@@ -222,6 +413,6 @@ mod tests {
             "nothing kept of the refused file"
         );
         t.drop_on(2, 1, None);
-        assert_eq!(t.set(9, 1, 1, byte(0, WRITE)), Ok(None));
+        assert_eq!(set(&mut t, 9, 1, byte(0, WRITE)), Ok(None));
     }
 }

@@ -36,7 +36,7 @@ use crate::coherence::{Callbacks, Change, Countdown, Holders, Recall, SessionId}
 use crate::grants::Grants;
 use crate::journal::{Durable, Guard, Journal, Journaled};
 use crate::link::{Asked, Link};
-use crate::locks::LockTable;
+use crate::locks::{LockTable, Woken};
 use crate::namespace::Namespace;
 use crate::node::{wait_for_close, NodeConfig, Shared};
 use crate::record::Record;
@@ -146,6 +146,8 @@ struct Effects {
     detached: Vec<(u32, u64)>,
     /// Holders are waited for only briefly ([`REMAP_WAIT`]).
     quick: bool,
+    /// Sessions waiting for a lock of a file that one of went: told, not waited for.
+    woken: Woken,
     /// Closed files keep their chunks past their size: after a restart, until clients took
     /// their handles again, a file closed here may be open at a client that wrote past the
     /// size it committed, into chunks allocated ahead.
@@ -624,9 +626,21 @@ impl MetaService {
             freed,
             change,
             quick,
+            woken,
             ..
         } = effects;
+        // Waiters for locks are told, not waited for: one that is slow must not hold up the
+        // unlock (it asks again within a second anyway).
+        let waiters = st.holders.lock_freed(&woken);
+        let tell_waiters = move || {
+            let unawaited = Countdown::new();
+            for (callbacks, cb) in waiters {
+                callbacks.send(cb, &unawaited);
+            }
+        };
         if change.is_empty() && freed.is_empty() {
+            drop(st);
+            tell_waiters();
             return;
         }
         if !freed.is_empty() {
@@ -639,6 +653,7 @@ impl MetaService {
         let MetaState { ns, holders, .. } = &mut *st;
         let plan = holders.plan(caller, &change, |ino| ns.getattr(ino).ok());
         drop(st);
+        tell_waiters();
         let answered = Countdown::new();
         for (callbacks, cb) in plan {
             callbacks.send(cb, &answered);
@@ -864,9 +879,9 @@ impl MetaService {
         let session = session.lock().unwrap();
         let mut st = self.state.lock();
         st.holders.remove(session.id);
-        st.locks.drop_session(session.id);
         let mut effects = Effects {
             keep_past_size: self.reclaiming(),
+            woken: st.locks.drop_session(session.id),
             ..Effects::default()
         };
         for (&ino, h) in &session.open {
@@ -928,9 +943,10 @@ impl MetaService {
         open: &HashMap<Ino, Handles>,
         session: SessionId,
         ino: Ino,
+        fx: &mut Effects,
     ) {
         if !open.contains_key(&ino) {
-            locks.drop_on(ino, session, None);
+            fx.woken.extend(locks.drop_on(ino, session, None));
         }
     }
 
@@ -1252,7 +1268,7 @@ impl MetaService {
             }
             Request::Release(m) => {
                 let r = Self::close_handle(ns, holders, open, session, m.ino, m.access, fx);
-                Self::unlock_if_closed(locks, open, session, m.ino);
+                Self::unlock_if_closed(locks, open, session, m.ino, fx);
                 answer(m, r)
             }
             Request::ReleaseMany(m) => {
@@ -1261,7 +1277,7 @@ impl MetaService {
                     if Self::close_handle(ns, holders, open, session, ino, access, fx).is_ok() {
                         closed += 1;
                     }
-                    Self::unlock_if_closed(locks, open, session, ino);
+                    Self::unlock_if_closed(locks, open, session, ino, fx);
                 }
                 answer(m, Ok(closed))
             }
@@ -1273,7 +1289,12 @@ impl MetaService {
                     // An unlock only removes: it needs no grace period to wait out.
                     (false, true) if m.lock.kind != UNLOCK => Err(Errno::EAGAIN),
                     (true, false) => Err(Errno::EPERM),
-                    _ => locks.set(m.ino, session, m.owner, m.lock),
+                    _ => {
+                        let now = Instant::now();
+                        let (r, woken) = locks.set(m.ino, session, m.owner, m.lock, m.wait, now);
+                        fx.woken.extend(woken);
+                        r
+                    }
                 };
                 answer(m, r)
             }
@@ -1287,7 +1308,8 @@ impl MetaService {
                 answer(m, r)
             }
             Request::DropLocks(m) => {
-                locks.drop_on(m.ino, session, Some(m.owner));
+                fx.woken
+                    .extend(locks.drop_on(m.ino, session, Some(m.owner)));
                 answer(m, Ok(()))
             }
             Request::ChunkMap(m) => {

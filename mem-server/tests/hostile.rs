@@ -439,6 +439,7 @@ fn a_client_locks_only_files_it_has_open_and_its_last_close_drops_its_locks() {
             ino,
             owner: 1,
             lock,
+            wait: false,
             reclaim,
         })
         .map_err(|e| e.errno())

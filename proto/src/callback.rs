@@ -41,7 +41,12 @@ wire_struct! {
 wire_struct! {
     /// One callback: any number of changes, answered together.
     #[derive(Clone, Debug, Default, PartialEq)]
-    pub struct Callback { pub inodes: Vec<Invalidation>, pub entries: Vec<EntryChange> }
+    pub struct Callback {
+        pub inodes: Vec<Invalidation>,
+        pub entries: Vec<EntryChange>,
+        /// Files a lock of went, which the session waits to take one of: ask again now.
+        pub locks_freed: Vec<Ino>,
+    }
 }
 
 const CALLBACK: u8 = 1;
@@ -61,13 +66,14 @@ const BUDGET: usize = CALLBACK_RPC.max_msg / 2;
 impl Callback {
     /// Whether there is nothing to say.
     pub fn is_empty(&self) -> bool {
-        self.inodes.is_empty() && self.entries.is_empty()
+        self.inodes.is_empty() && self.entries.is_empty() && self.locks_freed.is_empty()
     }
 
     /// Whether `other` still fits into this message.
     pub fn has_room_for(&self, other: &Callback) -> bool {
         self.inodes.len() + other.inodes.len() <= MAX_LIST as usize
             && self.entries.len() + other.entries.len() <= MAX_LIST as usize
+            && self.locks_freed.len() + other.locks_freed.len() <= MAX_LIST as usize
             && self.wire_len() + other.wire_len() <= BUDGET
     }
 
@@ -80,11 +86,15 @@ impl Callback {
             .into_iter()
             .map(|i| Callback {
                 inodes: vec![i],
-                entries: Vec::new(),
+                ..Callback::default()
             })
             .chain(self.entries.into_iter().map(|e| Callback {
-                inodes: Vec::new(),
                 entries: vec![e],
+                ..Callback::default()
+            }))
+            .chain(self.locks_freed.into_iter().map(|ino| Callback {
+                locks_freed: vec![ino],
+                ..Callback::default()
             }));
         for piece in pieces {
             let last = parts.last_mut().expect("one part at least");
@@ -102,6 +112,7 @@ impl Callback {
     pub fn merge(&mut self, other: Callback) {
         self.inodes.extend(other.inodes);
         self.entries.extend(other.entries);
+        self.locks_freed.extend(other.locks_freed);
     }
 
     fn wire_len(&self) -> usize {
@@ -158,6 +169,7 @@ mod tests {
                 parent: 1,
                 name: Name::from(&b"caf\xe9"[..]),
             }],
+            locks_freed: vec![7, 9],
         };
         let b = cb.encode();
         assert_eq!(Callback::decode(&b).unwrap(), cb);
@@ -172,11 +184,11 @@ mod tests {
     #[test]
     fn merged_callbacks_stay_within_a_message() {
         let big = Callback {
-            inodes: Vec::new(),
             entries: vec![EntryChange {
                 parent: 1,
                 name: Name(vec![b'x'; 255]),
             }],
+            ..Callback::default()
         };
         let mut batch = Callback::default();
         let mut n = 0;
@@ -200,16 +212,18 @@ mod tests {
                 remapped: false,
             })
             .collect();
+        huge.locks_freed = (0..300).collect();
         let parts = huge.split();
         assert!(parts.len() >= 3);
-        let (mut inodes, mut entries) = (0, 0);
+        let (mut inodes, mut entries, mut freed) = (0, 0, 0);
         for p in parts {
             let b = p.encode();
             assert!(b.len() <= CALLBACK_RPC.max_msg);
             let back = Callback::decode(&b).unwrap();
             inodes += back.inodes.len();
             entries += back.entries.len();
+            freed += back.locks_freed.len();
         }
-        assert_eq!((inodes, entries), (600, 3 * n));
+        assert_eq!((inodes, entries, freed), (600, 3 * n, 300));
     }
 }

@@ -347,6 +347,7 @@ impl Client {
                     ino,
                     owner,
                     lock,
+                    wait: false,
                     reclaim: true,
                 };
                 let seq = self.begin_call();

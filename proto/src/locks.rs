@@ -33,6 +33,13 @@ impl FileLock {
         self.kind <= WRITE && self.start <= self.end && self.end <= TO_END
     }
 
+    /// Whether this lock and `other`, of different owners, cannot be held together.
+    pub fn conflicts_with(&self, other: &FileLock) -> bool {
+        self.kind != UNLOCK
+            && other.kind != UNLOCK
+            && self.conflicts(other.start, other.end, other.kind)
+    }
+
     fn overlaps(&self, start: u64, end: u64) -> bool {
         self.start <= end && start <= self.end
     }

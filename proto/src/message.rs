@@ -230,11 +230,20 @@ wire_struct! {
     /// Sets, changes or removes (kind [`crate::locks::UNLOCK`]) a lock of `owner` (one of the
     /// caller's: fcntl's lock owner, or the open file of a flock) on `ino`, which the session
     /// has open. Answers `None` once done, or a lock of another owner that conflicts (nothing
-    /// changed). EAGAIN while the node's grace period after a restart lets clients take their
+    /// changed): one held, or one that a caller who asked before with `wait` waits for (locks
+    /// are taken in the order they were waited for). A caller with `wait` keeps its place by
+    /// asking again within a second, and is told (`Callback::locks_freed`) when a lock of the
+    /// file goes. EAGAIN while the node's grace period after a restart lets clients take their
     /// locks again (`reclaim`, refused with EPERM after it): the caller asks again later.
     /// ENOLCK past the ranges a session may hold.
     #[derive(Clone, Debug, PartialEq)]
-    pub struct SetLock { pub ino: Ino, pub owner: u64, pub lock: FileLock, pub reclaim: bool }
+    pub struct SetLock {
+        pub ino: Ino,
+        pub owner: u64,
+        pub lock: FileLock,
+        pub wait: bool,
+        pub reclaim: bool,
+    }
 }
 
 wire_struct! {
@@ -624,6 +633,7 @@ mod tests {
                 ino: 4,
                 owner: u64::MAX,
                 lock: LOCK,
+                wait: true,
                 reclaim: true,
             }
             .into(),
@@ -840,6 +850,7 @@ mod tests {
                 parent: 1,
                 name: "a".into(),
             }],
+            locks_freed: vec![7],
         };
         std::fs::write(dir.join("callback"), cb.encode()).unwrap();
     }

@@ -133,7 +133,8 @@ fn byte_range_locks_of_two_mounts_exclude_each_other_and_a_close_drops_them() {
 extern "C" fn ignore(_: libc::c_int) {}
 
 /// A lock that must wait (flock without LOCK_NB, F_SETLKW) is taken once the other mount's
-/// holder lets go, and a signal ends the wait with EINTR as it would on one machine.
+/// holder lets go (before the holder can take it back), and a signal ends the wait with EINTR
+/// as it would on one machine.
 #[test]
 fn a_waiting_lock_is_taken_when_the_other_mount_lets_go_and_a_signal_ends_the_wait() {
     let server = MemServer::meta("16M", "1M");
@@ -150,6 +151,12 @@ fn a_waiting_lock_is_taken_when_the_other_mount_lets_go_and_a_signal_ends_the_wa
     std::thread::sleep(Duration::from_millis(300));
     assert!(!waiter.is_finished(), "b waits while a holds it");
     flock(&fa, libc::LOCK_UN).unwrap();
+    let e = flock(&fa, libc::LOCK_EX | libc::LOCK_NB).unwrap_err();
+    assert_eq!(
+        errno(&e),
+        libc::EWOULDBLOCK,
+        "b waited first: it is kept for b"
+    );
     let (waited, fb) = waiter.join().unwrap().expect("taken once a let go");
     assert!(waited >= Duration::from_millis(300), "{waited:?}");
     assert!(
@@ -240,4 +247,40 @@ fn locks_outlive_a_metadata_node_restart() {
     drop(ra);
     fcntl_lock(&rb, libc::F_SETLK, libc::F_WRLCK, 0, 1).expect("a's close dropped it");
     assert_eq!(a.stat("locks_lost"), 0);
+}
+
+/// A process that locks and unlocks in a loop does not starve a process on another mount that
+/// waits for the same lock: waiters take it in the order they asked, and are told at once when
+/// it goes.
+#[test]
+fn a_mount_locking_in_a_loop_does_not_starve_another_mounts_waiter() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let server = MemServer::meta("16M", "1M");
+    let a = Mount::new(&server, &[]);
+    let b = Mount::new(&server, &[]);
+    fs::write(a.path("busy"), b"").unwrap();
+    let stop = AtomicBool::new(false);
+    let turns = |m: &Mount| {
+        let f = open_rw(m.path("busy"));
+        let mut n = 0u32;
+        while !stop.load(Ordering::Relaxed) {
+            flock(&f, libc::LOCK_EX).unwrap();
+            std::thread::sleep(Duration::from_millis(2));
+            flock(&f, libc::LOCK_UN).unwrap();
+            n += 1;
+        }
+        n
+    };
+    let (na, nb) = std::thread::scope(|s| {
+        let ta = s.spawn(|| turns(&a));
+        let tb = s.spawn(|| turns(&b));
+        std::thread::sleep(Duration::from_secs(3));
+        stop.store(true, Ordering::Relaxed);
+        (ta.join().unwrap(), tb.join().unwrap())
+    });
+    println!("turns in 3 s: a {na}, b {nb}");
+    assert!(
+        na.min(nb) >= 10 && na.min(nb) * 3 >= na.max(nb),
+        "both mounts take turns: a {na}, b {nb}"
+    );
 }

@@ -83,6 +83,9 @@ impl<B: Backend> Rfs<B> {
 
     /// One callback; it is answered when this returns.
     pub fn on_callback(&self, cb: Callback) {
+        if !cb.locks_freed.is_empty() {
+            self.locks.freed();
+        }
         let invalidates = !cb.inodes.is_empty() || !cb.entries.is_empty();
         for inv in &cb.inodes {
             self.dirs.changed(inv.ino);

@@ -8,14 +8,16 @@
 //! are committed, so whoever takes it next sees them (its cached pages and size are dropped by
 //! the commit's callbacks before the commit is answered).
 //!
-//! A lock that must wait (F_SETLKW) waits on a thread of its own, asking again with backoff,
-//! not on a FUSE worker: the unlock that would end the wait may need one. It ends with an
-//! error once the process that asked has a signal to take or is gone: the kernel does not
-//! interrupt a request the file system holds, and a killed process would wait for it.
+//! A lock that must wait (F_SETLKW) waits on a thread of its own, not on a FUSE worker (the
+//! unlock that would end the wait may need one): it asks again when the metadata node says a
+//! lock of the file went, and with backoff (to keep its place in the node's queue, and in case
+//! that word was lost). It ends with EINTR once the asking thread has a signal to take: the
+//! kernel does not interrupt a request the file system holds, and a killed process would wait
+//! for it.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use rfs_proto::client::HeldLock;
@@ -31,9 +33,10 @@ use super::Rfs;
 
 /// Locks waited for at once, at most: each waits on a thread.
 const MAX_WAITERS: usize = 1024;
-/// How often a lock being waited for is asked again, at first and at most.
+/// How often a lock being waited for is asked again, at first and at most (the metadata node
+/// keeps a waiter's place for a second).
 const FIRST_ASK: Duration = Duration::from_millis(1);
-const LAST_ASK: Duration = Duration::from_millis(50);
+const LAST_ASK: Duration = Duration::from_millis(100);
 /// How often a lock is asked again while the metadata node's grace period after a restart
 /// keeps new locks back (EAGAIN).
 const GRACE_ASK: Duration = Duration::from_millis(100);
@@ -46,6 +49,9 @@ pub(crate) struct Locks {
     /// (a flock's, and an open file description's F_OFD locks, which the kernel never drops).
     by_handle: Mutex<HashMap<u64, HashSet<u64>>>,
     waiters: AtomicUsize,
+    /// Counts the metadata node's words that a lock went (of any file): waiters ask again.
+    freed: Mutex<u64>,
+    freed_now: Condvar,
 }
 
 #[derive(Default)]
@@ -141,6 +147,26 @@ impl Locks {
             .unwrap_or_default()
     }
 
+    /// The metadata node says a lock of a file we wait for went.
+    pub(crate) fn freed(&self) {
+        *self.freed.lock().unwrap() += 1;
+        self.freed_now.notify_all();
+    }
+
+    /// How many times the node said a lock went.
+    fn freed_count(&self) -> u64 {
+        *self.freed.lock().unwrap()
+    }
+
+    /// Waits up to `pause` for the node to say a lock went, after `seen` times.
+    fn wait_freed(&self, seen: u64, pause: Duration) {
+        let count = self.freed.lock().unwrap();
+        let _ = self
+            .freed_now
+            .wait_timeout_while(count, pause, |c| *c == seen)
+            .unwrap();
+    }
+
     /// The mount's last handle of `ino` closed: the node drops every lock of ours on it.
     pub(crate) fn forget(&self, ino: Ino) {
         self.files.lock().unwrap().remove(&ino);
@@ -185,6 +211,7 @@ pub type LockDone = Box<dyn FnOnce(Result<()>) + Send>;
 impl<B: Backend> Rfs<B> {
     /// Takes, changes or removes `lock` for `owner` on `ino`, through handle `fh`, without
     /// waiting for other owners: `None` once done, or a lock of another owner that conflicts.
+    /// One that will `wait` takes its place in the node's queue.
     /// Before a lock is let go or shared (an unlock, a read lock over a write lock), the
     /// file's writes are committed; a commit that fails leaves them for the writer's close or
     /// fsync to report, and the lock goes anyway.
@@ -194,6 +221,7 @@ impl<B: Backend> Rfs<B> {
         fh: u64,
         owner: u64,
         lock: FileLock,
+        wait: bool,
     ) -> Result<Option<FileLock>> {
         if lock.kind != WRITE {
             if let Err(e) = self.commit_reporting(ino, false) {
@@ -206,6 +234,7 @@ impl<B: Backend> Rfs<B> {
                 ino,
                 owner,
                 lock,
+                wait,
                 reclaim: false,
             })
         });
@@ -273,15 +302,16 @@ impl<B: Backend> Rfs<B> {
                     let Some(fs) = fs.upgrade() else {
                         break Err(Errno::EINTR.into()); // unmounted
                     };
-                    match fs.set_lock(ino, fh, owner, lock) {
+                    let seen = fs.locks.freed_count();
+                    match fs.set_lock(ino, fh, owner, lock, true) {
                         // Not a fault: the process was interrupted, or killed.
                         Ok(Some(_)) if !wanted() => break Err(Errno::EINTR.into()),
                         Ok(Some(_)) => {}
                         Ok(None) => break Ok(()),
                         Err(e) => break Err(e),
                     }
+                    fs.locks.wait_freed(seen, pause);
                     drop(fs);
-                    std::thread::sleep(pause);
                     pause = (pause * 2).min(LAST_ASK);
                 };
                 if let Some(fs) = fs.upgrade() {
@@ -322,5 +352,34 @@ impl<B: Backend> Rfs<B> {
                 r => return r.map_err(Error::from),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_waiter_asks_again_as_soon_as_the_node_says_a_lock_went() {
+        let locks = Arc::new(Locks::default());
+        let seen = locks.freed_count();
+        let told = locks.clone();
+        let teller = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            told.freed();
+        });
+        let start = Instant::now();
+        locks.wait_freed(seen, Duration::from_secs(30));
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "woken, not timed out"
+        );
+        teller.join().unwrap();
+        let start = Instant::now();
+        locks.wait_freed(seen, Duration::from_secs(30));
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "told before it waited"
+        );
     }
 }

@@ -1119,7 +1119,7 @@ fn chunks_recalled_past_the_size_cut_nothing_and_a_size_cut_cuts_our_size() {
             data,
             remapped: false,
         }],
-        entries: Vec::new(),
+        ..Callback::default()
     };
     // Chunks past the size given back (a trim at another mount's last close): our writes stay.
     fs.on_callback(recall(false, committed));
@@ -1746,7 +1746,7 @@ fn told_of_cut(fs: &Arc<Rfs<Fake>>, attr: Attr) {
             data: true,
             remapped: false,
         }],
-        entries: Vec::new(),
+        ..Callback::default()
     });
 }
 
@@ -1965,7 +1965,7 @@ fn an_answer_from_before_a_cut_told_by_callback_does_not_undo_it() {
                         data: true,
                         remapped: false,
                     }],
-                    entries: Vec::new(),
+                    ..Callback::default()
                 });
             }),
         );
@@ -2129,10 +2129,16 @@ fn an_unlock_commits_first_and_a_close_calls_only_for_an_owner_with_locks() {
     let fs = client(&cluster);
     let ino = create(&fs, "locked");
     let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
-    assert_eq!(fs.set_lock(ino, fh, 7, whole_file(WRITE)).unwrap(), None);
+    assert_eq!(
+        fs.set_lock(ino, fh, 7, whole_file(WRITE), false).unwrap(),
+        None
+    );
     write(&fs, ino, 0, b"under the lock").unwrap();
     let commits = cluster.calls(RequestOp::Commit);
-    assert_eq!(fs.set_lock(ino, fh, 7, whole_file(UNLOCK)).unwrap(), None);
+    assert_eq!(
+        fs.set_lock(ino, fh, 7, whole_file(UNLOCK), false).unwrap(),
+        None
+    );
     assert_eq!(cluster.calls(RequestOp::Commit), commits + 1);
     assert_eq!(cluster.size(ino), 14, "committed before the lock went");
     assert!(!cluster.holds_lock(ino, 7));
@@ -2144,7 +2150,7 @@ fn an_unlock_commits_first_and_a_close_calls_only_for_an_owner_with_locks() {
         kind: READ,
         pid: 1,
     };
-    assert_eq!(fs.set_lock(ino, fh, 7, range).unwrap(), None);
+    assert_eq!(fs.set_lock(ino, fh, 7, range, false).unwrap(), None);
     fs.drop_locks(ino, 8).unwrap();
     assert_eq!(cluster.calls(RequestOp::DropLocks), 0, "no locks, no call");
     fs.drop_locks(ino, 7).unwrap();
@@ -2166,7 +2172,7 @@ fn a_waiting_lock_is_taken_once_the_other_owner_lets_go_or_ends_when_not_wanted(
     let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
     cluster.lock_elsewhere(ino, 1, whole_file(WRITE));
     assert_eq!(
-        fs.set_lock(ino, fh, 2, whole_file(READ)).unwrap(),
+        fs.set_lock(ino, fh, 2, whole_file(READ), false).unwrap(),
         Some(whole_file(WRITE))
     );
     let waited = |wanted: Box<dyn Fn() -> bool + Send>, owner, kind| {
@@ -2213,7 +2219,10 @@ fn a_lock_is_asked_again_through_a_restarts_grace_and_lost_ones_are_forgotten() 
     let ino = create(&fs, "graced");
     let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
     cluster.refuse_next(RequestOp::SetLock, Errno::EAGAIN);
-    assert_eq!(fs.set_lock(ino, fh, 1, whole_file(WRITE)).unwrap(), None);
+    assert_eq!(
+        fs.set_lock(ino, fh, 1, whole_file(WRITE), false).unwrap(),
+        None
+    );
     assert_eq!(cluster.calls(RequestOp::SetLock), 2, "asked again");
     assert_eq!(fs.held_locks(), vec![(ino, 1, whole_file(WRITE))]);
     fs.locks_lost(&fs.held_locks());
@@ -2235,10 +2244,16 @@ fn an_unlock_whose_commit_fails_still_lets_the_lock_go_and_keeps_the_failure() {
     let fs = client(&cluster);
     let ino = create(&fs, "failing");
     let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
-    assert_eq!(fs.set_lock(ino, fh, 7, whole_file(WRITE)).unwrap(), None);
+    assert_eq!(
+        fs.set_lock(ino, fh, 7, whole_file(WRITE), false).unwrap(),
+        None
+    );
     write(&fs, ino, 0, b"dirty").unwrap();
     cluster.commits_late(true);
-    assert_eq!(fs.set_lock(ino, fh, 7, whole_file(UNLOCK)).unwrap(), None);
+    assert_eq!(
+        fs.set_lock(ino, fh, 7, whole_file(UNLOCK), false).unwrap(),
+        None
+    );
     assert!(!cluster.holds_lock(ino, 7), "the unlock went");
     cluster.commits_late(false);
     fs.flush(ino, fh).unwrap();
@@ -2260,7 +2275,7 @@ fn a_lock_whose_answer_was_lost_and_a_handles_own_locks_are_dropped_at_the_close
     let ino = create(&fs, "unsure");
     let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
     cluster.lose_next_answer(RequestOp::SetLock);
-    assert!(fs.set_lock(ino, fh, 7, whole_file(WRITE)).is_err());
+    assert!(fs.set_lock(ino, fh, 7, whole_file(WRITE), false).is_err());
     assert!(cluster.holds_lock(ino, 7), "applied, its answer lost");
     fs.drop_locks(ino, 7).unwrap();
     assert!(!cluster.holds_lock(ino, 7), "the close dropped it anyway");
@@ -2268,7 +2283,8 @@ fn a_lock_whose_answer_was_lost_and_a_handles_own_locks_are_dropped_at_the_close
     let (fh2, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
     let open_file = 0xf11e;
     assert_eq!(
-        fs.set_lock(ino, fh2, open_file, whole_file(READ)).unwrap(),
+        fs.set_lock(ino, fh2, open_file, whole_file(READ), false)
+            .unwrap(),
         None
     );
     fs.drop_handle_locks(ino, fh, None).unwrap();
@@ -2276,7 +2292,10 @@ fn a_lock_whose_answer_was_lost_and_a_handles_own_locks_are_dropped_at_the_close
     fs.drop_handle_locks(ino, fh2, None).unwrap();
     assert!(!cluster.holds_lock(ino, open_file));
 
-    assert_eq!(fs.set_lock(ino, fh2, 9, whole_file(READ)).unwrap(), None);
+    assert_eq!(
+        fs.set_lock(ino, fh2, 9, whole_file(READ), false).unwrap(),
+        None
+    );
     assert_eq!(fs.held_locks().len(), 1);
     fs.release(fh2).unwrap();
     assert_eq!(fs.held_locks().len(), 1, "a handle is still open");
