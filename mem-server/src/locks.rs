@@ -365,7 +365,7 @@ mod tests {
             kind,
             pid: 1,
         };
-        let mut set =
+        let set =
             |t: &mut LockTable, ino, session, lock| t.set(ino, session, 1, lock, false, now).0;
         let mut held = 0;
         while set(&mut t, 1, 1, byte(2 * held, WRITE)) == Ok(None) {
