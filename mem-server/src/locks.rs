@@ -330,26 +330,26 @@ mod tests {
     fn a_waiter_that_stops_asking_loses_its_place_and_one_that_goes_is_dropped() {
         let mut t = LockTable::default();
         let start = Instant::now();
-        t.set(1, 1, 1, WHOLE, false, start);
-        t.set(1, 2, 1, WHOLE, true, start);
-        t.set(1, 1, 1, unlock(WHOLE), false, start);
+        assert!(t.set(1, 1, 1, WHOLE, false, start).0.is_ok());
+        assert!(t.set(1, 2, 1, WHOLE, true, start).0.is_ok());
+        assert!(t.set(1, 1, 1, unlock(WHOLE), false, start).0.is_ok());
         let later = start + WAIT_KEPT;
         assert_eq!(
             t.set(1, 3, 1, WHOLE, false, later).0,
             Ok(None),
             "2 stopped asking"
         );
-        t.set(1, 3, 1, unlock(WHOLE), false, later);
-        t.set(1, 4, 1, WHOLE, false, later);
-        t.set(1, 2, 1, WHOLE, true, later);
+        assert!(t.set(1, 3, 1, unlock(WHOLE), false, later).0.is_ok());
+        assert!(t.set(1, 4, 1, WHOLE, false, later).0.is_ok());
+        assert!(t.set(1, 2, 1, WHOLE, true, later).0.is_ok());
         t.drop_on(1, 2, None);
         assert_eq!(
             t.set(1, 4, 1, unlock(WHOLE), false, later).1,
             vec![],
             "nobody waits"
         );
-        t.set(1, 4, 1, WHOLE, false, later);
-        t.set(1, 5, 1, WHOLE, true, later);
+        assert!(t.set(1, 4, 1, WHOLE, false, later).0.is_ok());
+        assert!(t.set(1, 5, 1, WHOLE, true, later).0.is_ok());
         assert_eq!(t.drop_session(5), vec![]);
         assert_eq!(t.drop_session(4), vec![]);
         assert!(t.files.is_empty());
