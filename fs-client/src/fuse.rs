@@ -218,7 +218,7 @@ fn fcntl_type(kind: u8) -> i32 {
 /// Whether thread `tid` still waits for the lock it asked for: no signal is pending for it
 /// that it neither blocks nor ignores (the kernel, which does not interrupt a request the file
 /// system holds, delivers it once the request is answered; a killed process has SIGKILL
-/// pending in every thread). A thread we cannot look at (another pid namespace, hidepid, id
+/// pending in every thread; one sent to a process of several threads may go to another). A thread we cannot look at (another pid namespace, hidepid, id
 /// 0) waits on: it cannot be gone while its request is held, and an EINTR without a signal
 /// would reach it as a bogus errno.
 fn still_waiting(tid: u32) -> bool {
@@ -235,7 +235,12 @@ fn still_waiting(tid: u32) -> bool {
             .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
             .unwrap_or(0)
     };
-    mask("SigPnd:") & !mask("SigBlk:") & !mask("SigIgn:") == 0
+    // A signal sent to the process (alarm, kill) is the thread's too when it is the only one.
+    let alone = status
+        .lines()
+        .any(|l| l.split_whitespace().eq(["Threads:", "1"]));
+    let shared = if alone { mask("ShdPnd:") } else { 0 };
+    (mask("SigPnd:") | shared) & !mask("SigBlk:") & !mask("SigIgn:") == 0
 }
 
 /// Names are bytes, as Linux has them.

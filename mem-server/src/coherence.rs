@@ -18,6 +18,7 @@ use rdmabox::rpc::{RpcClient, RpcConfig};
 use rdmabox::transport::{CompletionQueue, ProtectionDomain, QueuePair};
 use rfs_proto::callback::{is_ack, Callback, EntryChange, Invalidation, CALLBACK_RPC};
 use rfs_proto::types::{Attr, Ino, Name};
+use rfs_proto::wire::MAX_LIST;
 
 /// A client session of the metadata service.
 pub(crate) type SessionId = u64;
@@ -159,8 +160,8 @@ impl Holders {
         }
     }
 
-    /// The callbacks that tell sessions waiting for locks that a lock of a file went.
-    pub(crate) fn lock_freed(&self, woken: &[(SessionId, Ino)]) -> Vec<(Arc<Callbacks>, Callback)> {
+    /// The sessions waiting for locks to tell that a lock of each file went, with the files.
+    pub(crate) fn lock_freed(&self, woken: &[(SessionId, Ino)]) -> Vec<(Arc<Callbacks>, Vec<Ino>)> {
         let mut by_session: HashMap<SessionId, Vec<Ino>> = HashMap::new();
         for &(session, ino) in woken {
             let inos = by_session.entry(session).or_default();
@@ -172,11 +173,7 @@ impl Holders {
             .into_iter()
             .filter_map(|(session, inos)| {
                 let c = self.sessions.get(&session)?;
-                let cb = Callback {
-                    locks_freed: inos,
-                    ..Callback::default()
-                };
-                Some((c.callbacks.clone(), cb))
+                Some((c.callbacks.clone(), inos))
             })
             .collect()
     }
@@ -418,6 +415,38 @@ impl Callbacks {
                 answered.add();
             }
             q.items.push_back((part, wait.then(|| answered.clone())));
+        }
+        self.ready.notify_one();
+    }
+
+    /// Tells the session that a lock of each of `inos` went (it waits to take one), not
+    /// waited for. Words not sent yet are merged into one, so that a client slow to answer
+    /// while others lock and unlock fast is not ended for a backlog of them.
+    pub(crate) fn tell_locks_freed(&self, inos: Vec<Ino>) {
+        let mut q = self.queue.lock().unwrap();
+        if q.closed {
+            return;
+        }
+        let pending = q
+            .items
+            .iter_mut()
+            .find(|(cb, w)| w.is_none() && cb.inodes.is_empty() && cb.entries.is_empty());
+        match pending {
+            Some((cb, _)) => {
+                for ino in inos {
+                    let room = cb.locks_freed.len() < MAX_LIST as usize;
+                    if room && !cb.locks_freed.contains(&ino) {
+                        cb.locks_freed.push(ino);
+                    }
+                }
+            }
+            None => q.items.push_back((
+                Callback {
+                    locks_freed: inos,
+                    ..Callback::default()
+                },
+                None,
+            )),
         }
         self.ready.notify_one();
     }

@@ -5,11 +5,13 @@
 //! dies does.
 //!
 //! Callers that wait (F_SETLKW) queue, and take locks in the order they asked: a lock that an
-//! earlier waiter wants is refused to later callers even while free, so that a process that
-//! locks and unlocks in a loop cannot starve another mount's waiter. A waiter keeps its place
-//! by asking again (its client asks at least every 100 ms, and at once when told that a lock
-//! of the file went); one that stops asking (its process was interrupted or killed) loses its
-//! place after [`WAIT_KEPT`].
+//! earlier waiter could take now is refused to later callers even while free, so that a process
+//! that locks and unlocks in a loop cannot starve another mount's waiter. A waiter that could
+//! not take its lock now (a holder's lock is in the way) reserves nothing: the holder may
+//! change, grow or share what it holds as POSIX lets it, and nothing waits in a cycle that
+//! POSIX would not. A waiter keeps its place by asking again (its client asks at least every
+//! 100 ms, and at once when told that a lock of the file went); one whose wait ended says so
+//! (`CancelWait`), and one that stops asking loses its place after [`WAIT_KEPT`].
 //!
 //! A session holds a bounded number of ranges on each file and over all (each lock call scans
 //! the file's), so a client that splits ranges without end runs out of locks (ENOLCK), not the
@@ -18,7 +20,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use rfs_proto::locks::{FileLock, LockSet, UNLOCK, WRITE};
+use rfs_proto::locks::{FileLock, LockSet, READ, UNLOCK, WRITE};
 use rfs_proto::types::Ino;
 use rfs_proto::Errno;
 
@@ -33,8 +35,9 @@ const MAX_PER_FILE: usize = 4096;
 const MAX_PER_SESSION: usize = 16384;
 /// Callers queued for one file's locks, at most (later ones wait without a place).
 const MAX_WAITERS: usize = 1024;
-/// How long a waiter keeps its place without asking again.
-const WAIT_KEPT: Duration = Duration::from_secs(1);
+/// How long a waiter keeps its place without asking again (its calls may queue behind others
+/// of its session).
+const WAIT_KEPT: Duration = Duration::from_secs(2);
 
 /// Sessions to tell that a lock of a file went: they wait to take one.
 pub(crate) type Woken = Vec<(SessionId, Ino)>;
@@ -73,16 +76,44 @@ impl FileLocks {
     }
 
     /// What keeps `owner` from taking `lock`: another owner's lock, or the wish of another
-    /// owner waiting ahead of it (ahead of all, if it waits nowhere) that conflicts with it.
+    /// owner waiting ahead of it (ahead of all, if it waits nowhere) that conflicts with it and
+    /// could be granted now.
     fn obstacle(&self, owner: Owner, lock: &FileLock) -> Option<(Owner, FileLock)> {
         if let Some(&held) = self.held.conflict(owner, lock) {
             return Some(held);
         }
         let ahead = self.place(owner, lock).unwrap_or(self.waiting.len());
-        self.waiting[..ahead]
-            .iter()
-            .find(|(o, l, _)| *o != owner && l.conflicts_with(lock))
-            .map(|&(o, l, _)| (o, l))
+        // The wishes ahead that could be granted now, in order: each is free of the locks
+        // held and of the granted-now wishes before it.
+        let mut first: Vec<(Owner, FileLock)> = Vec::new();
+        for &(o, wish, _) in &self.waiting[..ahead] {
+            let free = self.held.conflict(o, &wish).is_none()
+                && !first
+                    .iter()
+                    .any(|(fo, f)| *fo != o && f.conflicts_with(&wish));
+            if !free {
+                continue;
+            }
+            if o != owner && wish.conflicts_with(lock) {
+                return Some((o, wish));
+            }
+            first.push((o, wish));
+        }
+        None
+    }
+
+    /// Whether `owner`'s `lock` lets go of anything it holds (an unlock of a range it holds
+    /// some of, a shared lock over an exclusive one): waiters may take it now.
+    fn frees(&self, owner: Owner, lock: &FileLock) -> bool {
+        let over = FileLock {
+            kind: WRITE,
+            ..*lock
+        };
+        self.held.iter().any(|(o, l)| {
+            *o == owner
+                && l.conflicts_with(&over)
+                && (lock.kind == UNLOCK || (lock.kind == READ && l.kind == WRITE))
+        })
     }
 
     /// The sessions that wait here, each once.
@@ -132,14 +163,19 @@ impl LockTable {
         let mut woken = Woken::new();
         match (obstacle, bounded) {
             (None, true) => {
+                let frees = file.frees(me, &lock);
                 file.held.set(me, lock);
                 let now_here = file.held_by(session);
                 *self.per_session.entry(session).or_default() = total + now_here - here;
-                if let Some(at) = place {
-                    file.waiting.remove(at);
-                }
-                // Only an unlock or a shared lock over an exclusive one lets anything go.
-                if lock.kind != WRITE {
+                // Its waits that this lock answers end (one for a smaller range too).
+                file.waiting.retain(|&(o, wish, _)| {
+                    o != me
+                        || lock.kind == UNLOCK
+                        || wish.start < lock.start
+                        || wish.end > lock.end
+                        || (wish.kind == WRITE && lock.kind == READ)
+                });
+                if frees {
                     woken = file
                         .waiting_sessions()
                         .into_iter()
@@ -162,8 +198,8 @@ impl LockTable {
         (answer, woken)
     }
 
-    /// The lock of another owner that would keep `owner` of `session` from taking `lock`
-    /// (locks held only: F_GETLK reports a lock, not a wish).
+    /// The lock that would keep `owner` of `session` from taking `lock`: another owner's, or
+    /// the wish of a waiter that comes first (as [`Self::set`] would answer).
     pub(crate) fn conflict(
         &self,
         ino: Ino,
@@ -171,8 +207,28 @@ impl LockTable {
         owner: u64,
         lock: &FileLock,
     ) -> Option<FileLock> {
-        let held = self.files.get(&ino)?.held.conflict((session, owner), lock);
-        seen_by(session, held.copied())
+        let file = self.files.get(&ino)?;
+        seen_by(session, file.obstacle((session, owner), lock))
+    }
+
+    /// `owner` of `session` stopped waiting for locks of `ino` (interrupted, or gone): its
+    /// places go, and whoever waited behind them is told.
+    pub(crate) fn cancel_wait(&mut self, ino: Ino, session: SessionId, owner: u64) -> Woken {
+        let Some(file) = self.files.get_mut(&ino) else {
+            return Woken::new();
+        };
+        let before = file.waiting.len();
+        file.waiting.retain(|&(o, _, _)| o != (session, owner));
+        let woken = match file.waiting.len() != before {
+            true => file
+                .waiting_sessions()
+                .into_iter()
+                .map(|s| (s, ino))
+                .collect(),
+            false => Woken::new(),
+        };
+        self.tidy(ino, session);
+        woken
     }
 
     /// Drops the locks and places of `session` on `ino`: those of `owner`, or all of them.
@@ -235,7 +291,7 @@ impl LockTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rfs_proto::locks::{READ, TO_END};
+    use rfs_proto::locks::TO_END;
 
     const WHOLE: FileLock = FileLock {
         start: 0,
@@ -299,8 +355,8 @@ mod tests {
         assert_eq!(woken, vec![(2, 1), (3, 1)]);
         assert_eq!(
             t.conflict(1, 3, 1, &WHOLE),
-            None,
-            "free, as F_GETLK sees it"
+            theirs,
+            "F_GETLK says what F_SETLK would"
         );
         assert_eq!(
             t.set(1, 3, 1, WHOLE, true, now).0,
@@ -324,6 +380,64 @@ mod tests {
         assert_eq!(t.set(1, 2, 1, WHOLE, true, now).0, Ok(None), "2 takes it");
         assert_eq!(t.set(1, 2, 1, unlock(WHOLE), false, now).1, vec![(3, 1)]);
         assert_eq!(t.set(1, 3, 1, WHOLE, true, now).0, Ok(None), "then 3");
+    }
+
+    /// A waiter that a holder's lock keeps out reserves nothing: the holder re-locks, shrinks,
+    /// grows, shares and upgrades what it holds as POSIX lets it (a wish that reserved would
+    /// wait for a holder that waits for it).
+    #[test]
+    fn a_waiter_held_off_by_a_holder_does_not_hold_that_holder_up() {
+        let mut t = LockTable::default();
+        let now = Instant::now();
+        let range = |start, end, kind| FileLock {
+            start,
+            end,
+            kind,
+            pid: 1,
+        };
+        let read = FileLock {
+            kind: READ,
+            ..WHOLE
+        };
+        assert_eq!(t.set(1, 1, 1, range(0, 9, WRITE), false, now).0, Ok(None));
+        let (r, _) = t.set(1, 2, 1, range(0, 20, WRITE), true, now);
+        assert!(r.unwrap().is_some(), "2 waits for 1");
+        for (lock, what) in [
+            (range(0, 9, WRITE), "the same lock again"),
+            (range(0, 9, READ), "a downgrade"),
+            (range(0, 9, WRITE), "an upgrade"),
+            (range(15, 15, WRITE), "more of the range 2 waits for"),
+        ] {
+            assert_eq!(t.set(1, 1, 1, lock, true, now).0, Ok(None), "{what}");
+        }
+        assert_eq!(t.set(1, 1, 1, range(0, 20, UNLOCK), false, now).0, Ok(None));
+        assert_eq!(
+            t.set(1, 2, 1, WHOLE, true, now).0,
+            Ok(None),
+            "2 took it meanwhile"
+        );
+        assert_eq!(t.set(1, 2, 1, unlock(WHOLE), false, now).0, Ok(None));
+        // 1 shares with another owner of its own (another descriptor) while 3 waits.
+        assert_eq!(t.set(1, 1, 1, read, false, now).0, Ok(None));
+        assert!(
+            t.set(1, 3, 1, WHOLE, true, now).0.unwrap().is_some(),
+            "3 waits"
+        );
+        assert_eq!(
+            t.set(1, 1, 2, read, false, now).0,
+            Ok(None),
+            "shared with 1's other owner"
+        );
+        // Once the holders let go, 3's wish is first: a newcomer waits behind it.
+        assert_eq!(t.set(1, 1, 1, unlock(read), false, now).1, vec![(3, 1)]);
+        assert_eq!(t.set(1, 1, 2, unlock(read), false, now).1, vec![(3, 1)]);
+        assert!(t.set(1, 4, 1, read, false, now).0.unwrap().is_some());
+        assert_eq!(t.cancel_wait(1, 3, 1), vec![], "nobody else waits");
+        assert_eq!(
+            t.set(1, 4, 1, read, false, now).0,
+            Ok(None),
+            "3 gave up its place"
+        );
     }
 
     #[test]

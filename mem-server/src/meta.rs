@@ -633,9 +633,8 @@ impl MetaService {
         // unlock (it asks again within a second anyway).
         let waiters = st.holders.lock_freed(&woken);
         let tell_waiters = move || {
-            let unawaited = Countdown::new();
-            for (callbacks, cb) in waiters {
-                callbacks.send(cb, &unawaited);
+            for (callbacks, inos) in waiters {
+                callbacks.tell_locks_freed(inos);
             }
         };
         if change.is_empty() && freed.is_empty() {
@@ -1306,6 +1305,10 @@ impl MetaService {
                     false => Ok(locks.conflict(m.ino, session, m.owner, &m.lock)),
                 };
                 answer(m, r)
+            }
+            Request::CancelWait(m) => {
+                fx.woken.extend(locks.cancel_wait(m.ino, session, m.owner));
+                answer(m, Ok(()))
             }
             Request::DropLocks(m) => {
                 fx.woken

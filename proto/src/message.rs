@@ -260,6 +260,13 @@ wire_struct! {
     pub struct DropLocks { pub ino: Ino, pub owner: u64 }
 }
 
+wire_struct! {
+    /// `owner` no longer waits for locks of `ino` (its wait was interrupted, or failed): the
+    /// places it kept in the queue go.
+    #[derive(Clone, Debug, PartialEq)]
+    pub struct CancelWait { pub ino: Ino, pub owner: u64 }
+}
+
 wire_enum! {
     /// A metadata request, as the service receives it.
     #[derive(Clone, Debug, PartialEq)]
@@ -291,6 +298,7 @@ wire_enum! {
         25 => SetLock,
         26 => GetLock,
         27 => DropLocks,
+        28 => CancelWait,
     }
 }
 
@@ -360,6 +368,7 @@ calls! {
     SetLock => Option<FileLock>,
     GetLock => Option<FileLock>,
     DropLocks => (),
+    CancelWait => (),
 }
 
 /// The bytes of reply that a readdir page may fill, in messages of `max_msg` bytes: what is
@@ -644,6 +653,7 @@ mod tests {
             }
             .into(),
             DropLocks { ino: 4, owner: 9 }.into(),
+            CancelWait { ino: 4, owner: 9 }.into(),
         ]
     }
 
@@ -717,7 +727,7 @@ mod tests {
     #[test]
     fn every_request_round_trips_and_keeps_its_op() {
         let all = all_requests();
-        assert_eq!(all.len(), 27, "one of each");
+        assert_eq!(all.len(), 28, "one of each");
         for (i, r) in all.iter().enumerate() {
             assert_eq!(r.op() as usize, i + 1);
             assert_eq!(Request::decode(&r.encode()).unwrap(), *r);

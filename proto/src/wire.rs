@@ -19,8 +19,9 @@ use crate::errno::Errno;
 /// 11: attributes count a file's cuts, and a commit says the count its size was made with.
 /// 12: a commit answers the attributes before it as well as after. 13: calls that look in or
 /// change a directory say who makes them (the node checks the directory's mode bits).
-/// 14: file locks (SetLock, GetLock, DropLocks).
-pub const VERSION: u8 = 14;
+/// 14: file locks (SetLock, GetLock, DropLocks). 15: lock waiters queue (SetLock.wait,
+/// CancelWait, callbacks' locks_freed).
+pub const VERSION: u8 = 15;
 /// Bounds what one list (readdir page, chunk map, node list) may carry: a message is at most
 /// 64 KiB.
 pub const MAX_LIST: u32 = 256;

@@ -490,6 +490,7 @@ impl FakeCluster {
                 let set = st.locks.entry(m.ino).or_default();
                 answer(m, Ok(set.conflict(m.owner, &m.lock).map(|&(_, l)| l)))
             }
+            Request::CancelWait(m) => answer(m, Ok(())),
             Request::DropLocks(m) => {
                 if let Some(set) = st.locks.get_mut(&m.ino) {
                     set.drop_owners(|o| o == m.owner);

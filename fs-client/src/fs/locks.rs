@@ -21,8 +21,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use rfs_proto::client::HeldLock;
-use rfs_proto::locks::{FileLock, LockSet, UNLOCK, WRITE};
-use rfs_proto::message::{DropLocks, GetLock, SetLock};
+use rfs_proto::locks::{FileLock, LockSet, READ, UNLOCK, WRITE};
+use rfs_proto::message::{CancelWait, DropLocks, GetLock, SetLock};
 use rfs_proto::types::Ino;
 use rfs_proto::{Errno, MetadataChannel};
 
@@ -102,6 +102,16 @@ impl Locks {
         self.with(ino, |f| f.asked.entry(owner).or_default().begun += 1);
         let mut by_handle = self.by_handle.lock().unwrap();
         by_handle.entry(fh).or_default().insert(owner);
+    }
+
+    /// Whether `owner` holds a write lock on `ino`, as far as the node told us.
+    fn holds_write(&self, ino: Ino, owner: u64) -> bool {
+        let files = self.files.lock().unwrap();
+        files.get(&ino).is_some_and(|f| {
+            f.granted
+                .iter()
+                .any(|&(o, l)| o == owner && l.kind == WRITE)
+        })
     }
 
     /// A lock call of `owner` ended: `granted` the lock it set, or failed (`None`: it was
@@ -211,10 +221,10 @@ pub type LockDone = Box<dyn FnOnce(Result<()>) + Send>;
 impl<B: Backend> Rfs<B> {
     /// Takes, changes or removes `lock` for `owner` on `ino`, through handle `fh`, without
     /// waiting for other owners: `None` once done, or a lock of another owner that conflicts.
-    /// One that will `wait` takes its place in the node's queue.
-    /// Before a lock is let go or shared (an unlock, a read lock over a write lock), the
-    /// file's writes are committed; a commit that fails leaves them for the writer's close or
-    /// fsync to report, and the lock goes anyway.
+    /// One that will `wait` takes its place in the node's queue. Before a lock is let go or
+    /// shared (an unlock, a read lock by an owner holding a write lock), the file's writes are
+    /// committed; a commit that fails leaves them for the writer's close or fsync to report,
+    /// and the lock goes anyway.
     pub fn set_lock(
         &self,
         ino: Ino,
@@ -223,7 +233,7 @@ impl<B: Backend> Rfs<B> {
         lock: FileLock,
         wait: bool,
     ) -> Result<Option<FileLock>> {
-        if lock.kind != WRITE {
+        if lock.kind == UNLOCK || (lock.kind == READ && self.locks.holds_write(ino, owner)) {
             if let Err(e) = self.commit_reporting(ino, false) {
                 log::warn!("inode {ino}: writes not committed before a lock went: {e}");
             }
@@ -316,6 +326,12 @@ impl<B: Backend> Rfs<B> {
                 };
                 if let Some(fs) = fs.upgrade() {
                     fs.locks.waiters.fetch_sub(1, Ordering::AcqRel);
+                    // Its place in the node's queue would hold up those behind it.
+                    if outcome.is_err() {
+                        if let Err(e) = fs.meta().call(CancelWait { ino, owner }) {
+                            log::debug!("inode {ino}: a wait for a lock not cancelled: {e}");
+                        }
+                    }
                 }
                 done(outcome)
             });
