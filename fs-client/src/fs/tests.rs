@@ -2207,7 +2207,11 @@ fn a_waiting_lock_is_taken_once_the_other_owner_lets_go_or_ends_when_not_wanted(
     let ended = rx.recv_timeout(Duration::from_secs(5)).unwrap();
     assert_eq!(ended, Err(Errno::EINTR));
     assert!(!cluster.holds_lock(ino, 3));
-    assert_eq!(cluster.calls(RequestOp::CancelWait), 1, "its place in the queue goes");
+    assert_eq!(
+        cluster.calls(RequestOp::CancelWait),
+        1,
+        "its place in the queue goes"
+    );
     fs.release(fh).unwrap();
 }
 
