@@ -116,12 +116,12 @@ impl FileLocks {
         })
     }
 
-    /// The sessions that wait here, each once.
-    fn waiting_sessions(&self) -> Vec<SessionId> {
-        let mut out: Vec<SessionId> = Vec::new();
+    /// The sessions that wait here, each once, to tell that a lock of `ino` went.
+    fn woken(&self, ino: Ino) -> Woken {
+        let mut out = Woken::new();
         for &((s, _), _, _) in &self.waiting {
-            if !out.contains(&s) {
-                out.push(s);
+            if !out.contains(&(s, ino)) {
+                out.push((s, ino));
             }
         }
         out
@@ -176,11 +176,7 @@ impl LockTable {
                         || (wish.kind == WRITE && lock.kind == READ)
                 });
                 if frees {
-                    woken = file
-                        .waiting_sessions()
-                        .into_iter()
-                        .map(|s| (s, ino))
-                        .collect();
+                    woken = file.woken(ino);
                 }
             }
             (Some(_), true) if wait && lock.kind != UNLOCK => match place {
@@ -220,11 +216,7 @@ impl LockTable {
         let before = file.waiting.len();
         file.waiting.retain(|&(o, _, _)| o != (session, owner));
         let woken = match file.waiting.len() != before {
-            true => file
-                .waiting_sessions()
-                .into_iter()
-                .map(|s| (s, ino))
-                .collect(),
+            true => file.woken(ino),
             false => Woken::new(),
         };
         self.tidy(ino, session);
@@ -246,11 +238,7 @@ impl LockTable {
             *n -= before - after;
         }
         let woken = match dropped {
-            true => file
-                .waiting_sessions()
-                .into_iter()
-                .map(|s| (s, ino))
-                .collect(),
+            true => file.woken(ino),
             false => Woken::new(),
         };
         self.tidy(ino, session);
@@ -264,7 +252,7 @@ impl LockTable {
         self.files.retain(|&ino, file| {
             file.waiting.retain(|&((s, _), _, _)| s != session);
             if file.held.drop_owners(|(s, _)| s == session) {
-                woken.extend(file.waiting_sessions().into_iter().map(|s| (s, ino)));
+                woken.extend(file.woken(ino));
             }
             !file.is_empty()
         });

@@ -512,6 +512,15 @@ impl Drop for Mount {
 }
 
 /// The errno of an I/O error (0 when it has none).
+/// Waits up to `limit` for `check` to hold, failing the test with `what` past it.
+pub fn within(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !check() {
+        assert!(start.elapsed() < limit, "{what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 pub fn errno(e: &std::io::Error) -> i32 {
     e.raw_os_error().unwrap_or(0)
 }

@@ -7,7 +7,7 @@ use std::io::Write;
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::time::{Duration, Instant};
 
-use rfs_e2e::{MemServer, Mount};
+use rfs_e2e::{within, MemServer, Mount};
 
 const MIB: usize = 1 << 20;
 
@@ -21,15 +21,6 @@ fn pattern(len: usize, seed: u32) -> Vec<u8> {
 /// invalidation can make it hold in time.
 fn eventually(what: &str, check: impl FnMut() -> bool) {
     within(Duration::from_secs(3), what, check)
-}
-
-/// Waits up to `limit` for `check` to hold.
-fn within(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !check() {
-        assert!(start.elapsed() < limit, "{what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 #[test]

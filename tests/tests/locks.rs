@@ -8,7 +8,7 @@ use std::os::unix::io::AsRawFd;
 use std::os::unix::thread::JoinHandleExt;
 use std::time::{Duration, Instant};
 
-use rfs_e2e::{errno, MemServer, Mount};
+use rfs_e2e::{errno, within, MemServer, Mount};
 
 fn flock(f: &File, op: i32) -> io::Result<()> {
     // SAFETY: flock on a descriptor we own; no memory is passed.
@@ -40,15 +40,6 @@ fn open_rw(path: impl AsRef<std::path::Path>) -> File {
         .write(true)
         .open(path)
         .unwrap()
-}
-
-/// Waits up to `limit` for `check` to hold.
-fn within(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !check() {
-        assert!(start.elapsed() < limit, "{what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Two processes on two mounts append numbered lines to one file, each line under an

@@ -2112,6 +2112,15 @@ fn a_create_whose_answer_a_lost_session_took_is_made_again() {
     assert_eq!(e.errno(), Errno::EIO);
 }
 
+/// A fake cluster, a client of it, and a file made and opened for reading and writing.
+fn open_file(name: &str) -> (Arc<FakeCluster>, Arc<Rfs<Fake>>, Ino, u64) {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    let ino = create(&fs, name);
+    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+    (cluster, fs, ino, fh)
+}
+
 fn whole_file(kind: u8) -> FileLock {
     FileLock {
         start: 0,
@@ -2125,10 +2134,7 @@ fn whole_file(kind: u8) -> FileLock {
 /// and a close drops locks at the metadata node only for an owner that holds some here.
 #[test]
 fn an_unlock_commits_first_and_a_close_calls_only_for_an_owner_with_locks() {
-    let cluster: Arc<FakeCluster> = Arc::default();
-    let fs = client(&cluster);
-    let ino = create(&fs, "locked");
-    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+    let (cluster, fs, ino, fh) = open_file("locked");
     assert_eq!(
         fs.set_lock(ino, fh, 7, whole_file(WRITE), false).unwrap(),
         None
@@ -2166,10 +2172,7 @@ fn a_waiting_lock_is_taken_once_the_other_owner_lets_go_or_ends_when_not_wanted(
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::Duration;
 
-    let cluster: Arc<FakeCluster> = Arc::default();
-    let fs = client(&cluster);
-    let ino = create(&fs, "contended");
-    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+    let (cluster, fs, ino, fh) = open_file("contended");
     cluster.lock_elsewhere(ino, 1, whole_file(WRITE));
     assert_eq!(
         fs.set_lock(ino, fh, 2, whole_file(READ), false).unwrap(),
@@ -2219,10 +2222,7 @@ fn a_waiting_lock_is_taken_once_the_other_owner_lets_go_or_ends_when_not_wanted(
 /// the lock is asked again. Locks it did not take back are forgotten here.
 #[test]
 fn a_lock_is_asked_again_through_a_restarts_grace_and_lost_ones_are_forgotten() {
-    let cluster: Arc<FakeCluster> = Arc::default();
-    let fs = client(&cluster);
-    let ino = create(&fs, "graced");
-    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+    let (cluster, fs, ino, fh) = open_file("graced");
     cluster.refuse_next(RequestOp::SetLock, Errno::EAGAIN);
     assert_eq!(
         fs.set_lock(ino, fh, 1, whole_file(WRITE), false).unwrap(),
@@ -2245,10 +2245,7 @@ fn a_lock_is_asked_again_through_a_restarts_grace_and_lost_ones_are_forgotten() 
 /// lock go anyway (it stayed held at the node, keeping every other mount out).
 #[test]
 fn an_unlock_whose_commit_fails_still_lets_the_lock_go_and_keeps_the_failure() {
-    let cluster: Arc<FakeCluster> = Arc::default();
-    let fs = client(&cluster);
-    let ino = create(&fs, "failing");
-    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+    let (cluster, fs, ino, fh) = open_file("failing");
     assert_eq!(
         fs.set_lock(ino, fh, 7, whole_file(WRITE), false).unwrap(),
         None
@@ -2275,10 +2272,7 @@ fn an_unlock_whose_commit_fails_still_lets_the_lock_go_and_keeps_the_failure() {
 /// mount forgets the file's locks with its last handle, as the node does.
 #[test]
 fn a_lock_whose_answer_was_lost_and_a_handles_own_locks_are_dropped_at_the_close() {
-    let cluster: Arc<FakeCluster> = Arc::default();
-    let fs = client(&cluster);
-    let ino = create(&fs, "unsure");
-    let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+    let (cluster, fs, ino, fh) = open_file("unsure");
     cluster.lose_next_answer(RequestOp::SetLock);
     assert!(fs.set_lock(ino, fh, 7, whole_file(WRITE), false).is_err());
     assert!(cluster.holds_lock(ino, 7), "applied, its answer lost");
