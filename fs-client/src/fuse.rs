@@ -14,8 +14,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use fuser::{
     AccessFlags, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
     InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs,
-    ReplyWrite, Request, TimeOrNow, WriteFlags,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLock, ReplyLseek, ReplyOpen,
+    ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 use rfs_proto::locks::{FileLock, READ, UNLOCK, WRITE};
 use rfs_proto::types::{
@@ -678,6 +678,38 @@ impl Filesystem for RfsFuse {
             .fs
             .drop_handle_locks(ino.0, fh.0, flock_owner.map(|o| o.0));
         empty("release", unlocked.and(self.fs.release(fh.0)), reply);
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        let data = match whence {
+            libc::SEEK_DATA => true,
+            libc::SEEK_HOLE => false,
+            // The kernel answers the others itself.
+            _ => return reply.error(fuser::Errno::from_i32(libc::EINVAL)),
+        };
+        let Ok(offset) = u64::try_from(offset) else {
+            return reply.error(fuser::Errno::from_i32(libc::ENXIO));
+        };
+        let found = match ino.0 {
+            STATS_INO => {
+                let size = self.fs.stats_attr().size;
+                match (offset < size, data) {
+                    (false, _) => Err(Errno::ENXIO.into()),
+                    (true, true) => Ok(offset),
+                    (true, false) => Ok(size),
+                }
+            }
+            ino => self.fs.seek(ino, offset, data),
+        };
+        reply!("lseek", found, reply, |o| reply.offset(o as i64));
     }
 
     fn getlk(

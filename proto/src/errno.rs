@@ -36,6 +36,7 @@ errnos!(
     ENOTDIR,
     ENOTEMPTY,
     ENOTSUP,
+    ENXIO,
     EPERM,
     EPROTO,
     ESTALE,

@@ -535,3 +535,45 @@ fn writes_through_a_write_only_handle_reach_the_mounts_cached_readers() {
     drop(writer);
     assert!(fs::read(&p).unwrap() == expected, "after the close");
 }
+
+/// lseek's SEEK_DATA and SEEK_HOLE find a sparse file's data and holes (by the chunks
+/// allocated, 1 MiB here), so that cp --sparse, tar and qemu-img skip the holes.
+#[test]
+fn seek_data_and_seek_hole_find_a_sparse_files_holes() {
+    const MIB: i64 = 1 << 20;
+    let server = MemServer::meta("32M", "1M");
+    let m = Mount::new(&server, &[]);
+    let mut f = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(m.path("sparse"))
+        .unwrap();
+    f.write_all(b"head").unwrap();
+    f.set_len(8 * MIB as u64).unwrap();
+    f.seek(SeekFrom::Start(5 * MIB as u64)).unwrap();
+    f.write_all(b"middle").unwrap();
+    drop(f);
+    let f = File::open(m.path("sparse")).unwrap();
+    let seek = |at: i64, whence| {
+        // SAFETY: lseek on a descriptor we own.
+        match unsafe { libc::lseek(std::os::unix::io::AsRawFd::as_raw_fd(&f), at, whence) } {
+            -1 => Err(errno(&std::io::Error::last_os_error())),
+            o => Ok(o),
+        }
+    };
+    assert_eq!(seek(0, libc::SEEK_DATA), Ok(0));
+    assert_eq!(
+        seek(0, libc::SEEK_HOLE),
+        Ok(MIB),
+        "chunk 1 was never written"
+    );
+    assert_eq!(seek(MIB, libc::SEEK_DATA), Ok(5 * MIB));
+    assert_eq!(seek(8 * MIB, libc::SEEK_DATA), Err(libc::ENXIO), "the end");
+    let hole = seek(5 * MIB, libc::SEEK_HOLE).unwrap();
+    assert!((6 * MIB..=8 * MIB).contains(&hole), "{hole}");
+    let mut back = vec![0u8; 6];
+    std::os::unix::fs::FileExt::read_exact_at(&f, &mut back, 5 * MIB as u64).unwrap();
+    assert_eq!(&back, b"middle");
+}

@@ -1,7 +1,7 @@
 //! Operations on byte ranges that move no data through FUSE: `copy_file_range` (one-sided
 //! READ of the source's chunks into a buffer here, one-sided WRITE of it into the
-//! destination's) and `fallocate` (chunks allocated by the metadata node, zeros written
-//! straight into the chunks).
+//! destination's), `fallocate` (chunks allocated by the metadata node, zeros written
+//! straight into the chunks), and lseek's SEEK_DATA and SEEK_HOLE (from the chunk map).
 
 use std::sync::mpsc::sync_channel;
 use std::sync::Arc;
@@ -143,6 +143,55 @@ impl<B: Backend> Rfs<B> {
             }
         }
         Ok(())
+    }
+
+    /// lseek's SEEK_DATA (`data`) or SEEK_HOLE: the first offset at or after `offset` in data
+    /// or in a hole, at chunk granularity (a chunk is data once allocated; the end of the file
+    /// is a hole). ENXIO at or past the end of the file, and for SEEK_DATA when only holes
+    /// follow. Our writes not yet committed count: their chunks are allocated before they are
+    /// answered, and the size is ours.
+    pub fn seek(&self, ino: Ino, offset: u64, data: bool) -> Result<u64> {
+        let size = self.size_for_read(ino)?;
+        if offset >= size {
+            return Err(Errno::ENXIO.into());
+        }
+        let chunk = self.chunk_size;
+        let (first, last) = (offset / chunk, (size - 1) / chunk);
+        let at_or_after = |index: u64| (index * chunk).max(offset);
+        let mut at = first;
+        while at <= last {
+            let count = (last - at).min(u32::MAX as u64 - 1) as u32 + 1;
+            let meta = self.meta();
+            let page = ChunkCache::while_frozen(ino, || {
+                meta.call(ChunkMap {
+                    ino,
+                    first: at,
+                    count,
+                })
+            })?;
+            if data {
+                if let Some(&(index, _)) = page.first() {
+                    return Ok(at_or_after(index));
+                }
+            } else {
+                // The first index the page skips is a hole.
+                for &(index, _) in &page {
+                    if index != at {
+                        return Ok(at_or_after(at));
+                    }
+                    at += 1;
+                }
+                if page.len() >= MAX_LIST as usize {
+                    continue;
+                }
+                return Ok(at_or_after(at).min(size));
+            }
+            at += count as u64;
+        }
+        match data {
+            true => Err(Errno::ENXIO.into()),
+            false => Ok(size),
+        }
     }
 
     /// The indices of `ino`'s chunks in `first..=last` that are allocated. The node's map

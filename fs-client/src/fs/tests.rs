@@ -9,6 +9,7 @@ use rfs_proto::message::RequestOp;
 use rfs_proto::types::{
     Attr, AttrChanges, Caller, FileKind, Ino, Owner, MAY_READ, MAY_WRITE, ROOT,
 };
+use rfs_proto::wire::MAX_LIST;
 use rfs_proto::Errno;
 
 use super::fake::{Fake, FakeCluster, CHUNK};
@@ -2300,4 +2301,51 @@ fn a_lock_whose_answer_was_lost_and_a_handles_own_locks_are_dropped_at_the_close
     assert_eq!(fs.held_locks().len(), 1, "a handle is still open");
     fs.release(fh).unwrap();
     assert!(fs.held_locks().is_empty(), "the last handle took them");
+}
+
+/// lseek's SEEK_DATA and SEEK_HOLE follow the chunks allocated, at chunk granularity: data in
+/// chunks 0 and 2 of one file; data in chunk 0 of another, grown to 3 chunks by truncate.
+#[test]
+fn seek_data_and_hole_follow_the_allocated_chunks() {
+    let (_, fs, ino, fh) = open_file("sparse");
+    write(&fs, ino, 0, b"head").unwrap();
+    write(&fs, ino, 2 * CHUNK + 10, b"middle").unwrap();
+    let size = 2 * CHUNK + 16;
+    let data = |ino, at| fs.seek(ino, at, true).map_err(|e| e.errno());
+    let hole = |ino, at| fs.seek(ino, at, false).map_err(|e| e.errno());
+    assert_eq!(data(ino, 0), Ok(0));
+    assert_eq!(data(ino, 7), Ok(7), "inside data: where it is");
+    assert_eq!(hole(ino, 0), Ok(CHUNK));
+    assert_eq!(
+        hole(ino, CHUNK + 5),
+        Ok(CHUNK + 5),
+        "inside a hole: where it is"
+    );
+    assert_eq!(data(ino, CHUNK + 1), Ok(2 * CHUNK));
+    assert_eq!(hole(ino, 2 * CHUNK), Ok(size), "the end is a hole");
+    assert_eq!(data(ino, size), Err(Errno::ENXIO), "at the end");
+    assert_eq!(hole(ino, u64::MAX), Err(Errno::ENXIO));
+    fs.release(fh).unwrap();
+
+    let (_, fs2, grown, fh) = open_file("grown");
+    write(&fs2, grown, 0, b"head").unwrap();
+    resize(&fs2, grown, 3 * CHUNK).unwrap();
+    let data = |at| fs2.seek(grown, at, true).map_err(|e| e.errno());
+    assert_eq!(data(CHUNK), Err(Errno::ENXIO), "only a hole follows");
+    assert_eq!(fs2.seek(grown, 5, false).unwrap(), CHUNK);
+    fs2.release(fh).unwrap();
+}
+
+/// A file dense over more chunks than one chunk-map answer lists: its hole is its end.
+#[test]
+fn seek_hole_of_a_file_denser_than_one_map_answer_is_its_end() {
+    let (_, fs, ino, fh) = open_file("dense");
+    let chunks = MAX_LIST as u64 + 3;
+    for i in 0..chunks {
+        write(&fs, ino, i * CHUNK, b"x").unwrap();
+    }
+    let size = (chunks - 1) * CHUNK + 1;
+    assert_eq!(fs.seek(ino, 0, false).unwrap(), size);
+    assert_eq!(fs.seek(ino, size - 1, true).unwrap(), size - 1);
+    fs.release(fh).unwrap();
 }
