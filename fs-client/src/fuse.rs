@@ -629,6 +629,18 @@ impl Filesystem for RfsFuse {
                 }
                 Err(e) => return fuse_error!("write", reply, e),
             }
+        } else if flags.0 & libc::O_APPEND != 0 && !self.cfg.writeback_cache {
+            // A descriptor that also reads appends through the page cache, where the kernel's
+            // cached size says: the kernel does not ask for the size first, so another
+            // mount's appends (under a lock, say) would be overwritten. It goes at the end we
+            // know; the kernel's pages and size, put where it thought, go.
+            match self.fs.open_end(ino.0) {
+                Some(end) if end > offset => {
+                    self.fs.pages_left_stale(ino.0);
+                    end
+                }
+                _ => offset,
+            }
         } else {
             offset
         };

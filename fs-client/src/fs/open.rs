@@ -611,6 +611,13 @@ impl<B: Backend> Rfs<B> {
     }
 
     /// The size reads are bounded by: ours while the file is open here, else the server's.
+    /// The end of `ino` as this mount knows it while the file is open here: our writes, and
+    /// what other clients committed (their commits' callbacks are in before the commit
+    /// returns, so under a lock this is the end the last holder left). None if not open.
+    pub fn open_end(&self, ino: Ino) -> Option<u64> {
+        self.open.lock().unwrap().get(&ino).map(|f| f.size)
+    }
+
     pub(crate) fn size_for_read(&self, ino: Ino) -> Result<u64> {
         if let Some(f) = self.open.lock().unwrap().get(&ino) {
             return Ok(f.size);
