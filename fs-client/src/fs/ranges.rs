@@ -9,7 +9,7 @@ use std::sync::Arc;
 use libc::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};
 
 use rfs_proto::message::ChunkMap;
-use rfs_proto::types::Ino;
+use rfs_proto::types::{Ino, Replicas};
 use rfs_proto::wire::MAX_LIST;
 use rfs_proto::{Errno, MetadataChannel};
 
@@ -160,15 +160,7 @@ impl<B: Backend> Rfs<B> {
         let at_or_after = |index: u64| (index * chunk).max(offset);
         let mut at = first;
         while at <= last {
-            let count = (last - at).min(u32::MAX as u64 - 1) as u32 + 1;
-            let meta = self.meta();
-            let page = ChunkCache::while_frozen(ino, || {
-                meta.call(ChunkMap {
-                    ino,
-                    first: at,
-                    count,
-                })
-            })?;
+            let (count, page) = self.map_page(ino, at, last)?;
             if data {
                 if let Some(&(index, _)) = page.first() {
                     return Ok(at_or_after(index));
@@ -194,6 +186,21 @@ impl<B: Backend> Rfs<B> {
         }
     }
 
+    /// The first page of `ino`'s chunk map from chunk `at` to `last`: how many chunks it
+    /// spans, and the allocated ones in it (at most [`MAX_LIST`], the first ones).
+    fn map_page(&self, ino: Ino, at: u64, last: u64) -> Result<(u32, Vec<(u64, Replicas)>)> {
+        let count = (last - at).min(u32::MAX as u64 - 1) as u32 + 1;
+        let meta = self.meta();
+        let page = ChunkCache::while_frozen(ino, || {
+            meta.call(ChunkMap {
+                ino,
+                first: at,
+                count,
+            })
+        })?;
+        Ok((count, page))
+    }
+
     /// The indices of `ino`'s chunks in `first..=last` that are allocated. The node's map
     /// leaves holes out and answers at most [`MAX_LIST`] chunks per call over any span, so a
     /// punch over a sparse exabyte costs calls by the chunks it finds, not by its length
@@ -203,15 +210,7 @@ impl<B: Backend> Rfs<B> {
         let mut found = Vec::new();
         let mut at = first;
         while at <= last {
-            let count = (last - at).min(u32::MAX as u64 - 1) as u32 + 1;
-            let meta = self.meta();
-            let page = ChunkCache::while_frozen(ino, || {
-                meta.call(ChunkMap {
-                    ino,
-                    first: at,
-                    count,
-                })
-            })?;
+            let (count, page) = self.map_page(ino, at, last)?;
             let full = page.len() >= MAX_LIST as usize;
             found.extend(page.iter().map(|&(index, _)| index));
             at = match page.last() {
