@@ -12,6 +12,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
@@ -60,6 +61,15 @@ struct Frames {
 fn read_frames(path: &Path, magic: &[u8; 8]) -> io::Result<Frames> {
     let mut bytes = Vec::new();
     File::open(path)?.read_to_end(&mut bytes)?;
+    if bytes.len() < magic.len() && magic.starts_with(&bytes) {
+        // Created, and stopped before its header was whole: nothing was ever written after it.
+        return Ok(Frames {
+            records: Vec::new(),
+            good_len: 0,
+            torn: Some(format!("a header of {} bytes", bytes.len())),
+            ended: false,
+        });
+    }
     if bytes.len() < magic.len() || &bytes[..magic.len()] != magic {
         return Err(damaged(path, "not an rfs state file"));
     }
@@ -141,6 +151,45 @@ fn file_name(prefix: &str, generation: u64) -> String {
     format!("{prefix}.{generation:016}")
 }
 
+/// Creates (or empties) `path` readable and writable by its owner only: the state holds every
+/// name of the file system, those inside private directories too.
+fn create_private(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+}
+
+/// Makes `dir` (creating it if need be) and what is in it private to its owner, as a state
+/// directory made by an older node, or by hand, may not be.
+fn make_private(dir: &Path) -> io::Result<()> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let tighten = |path: &Path, mode: u32| -> io::Result<()> {
+        let now = fs::symlink_metadata(path)?.permissions().mode() & 0o7777;
+        if now & !mode != 0 {
+            log::warn!(
+                "{}: mode {now:o} lets others read the file system's names; made {mode:o}",
+                path.display()
+            );
+            fs::set_permissions(path, fs::Permissions::from_mode(now & mode))?;
+        }
+        Ok(())
+    };
+    tighten(dir, 0o700)?;
+    for e in fs::read_dir(dir)? {
+        let e = e?;
+        if e.file_type()?.is_file() {
+            tighten(&e.path(), 0o600)?;
+        }
+    }
+    Ok(())
+}
+
 fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
@@ -154,7 +203,7 @@ fn write_snapshot(dir: &Path, generation: u64, records: &[Record]) -> io::Result
         frame(part, &mut bytes);
     }
     frame(&[], &mut bytes);
-    let mut f = File::create(&tmp)?;
+    let mut f = create_private(&tmp)?;
     f.write_all(&bytes)?;
     f.sync_all()?;
     fs::rename(&tmp, dir.join(name))?;
@@ -170,6 +219,22 @@ fn remove_before(dir: &Path, generation: u64) {
                 if let Err(e) = fs::remove_file(dir.join(file_name(prefix, g))) {
                     log::warn!("removing an old {prefix} {g}: {e}");
                 }
+            }
+        }
+    }
+}
+
+/// Removes snapshots a stopped node left half written (never renamed into place).
+fn remove_unfinished_snapshots(dir: &Path) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("snapshot.") && name.ends_with(".tmp") {
+            if let Err(err) = fs::remove_file(e.path()) {
+                log::warn!("removing the unfinished {name}: {err}");
             }
         }
     }
@@ -210,10 +275,12 @@ fn replay(dir: &Path) -> io::Result<(Vec<Record>, u64)> {
             }
             // The last frame was being written when the node stopped: it was never answered.
             log::warn!("{}: {why}; cutting the unfinished tail off", path.display());
-            OpenOptions::new()
-                .write(true)
-                .open(&path)?
-                .set_len(seg.good_len)?;
+            let mut f = OpenOptions::new().write(true).open(&path)?;
+            f.set_len(seg.good_len)?;
+            if seg.good_len == 0 {
+                f.write_all(JOURNAL_MAGIC)?;
+            }
+            f.sync_all()?;
         }
         records.extend(seg.records);
         last = g;
@@ -253,11 +320,12 @@ impl Journal {
     /// metadata node, and replays it: the records to rebuild the state from (none: a new file
     /// system). Call [`Journal::start`] with the rebuilt state before appending.
     pub fn open(dir: &Path) -> io::Result<(Journal, Vec<Record>)> {
-        fs::create_dir_all(dir)?;
+        make_private(dir)?;
         let lock = OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
+            .mode(0o600)
             .open(dir.join("lock"))?;
         lock.try_lock().map_err(|_| {
             io::Error::new(
@@ -265,6 +333,7 @@ impl Journal {
                 format!("{} is in use by another metadata node", dir.display()),
             )
         })?;
+        remove_unfinished_snapshots(dir);
         let (records, generation) = replay(dir)?;
         let journal = Journal {
             dir: dir.to_path_buf(),
@@ -297,7 +366,7 @@ impl Journal {
     }
 
     fn new_segment(&self, inner: &mut Inner, generation: u64) -> io::Result<()> {
-        let mut f = File::create(self.dir.join(file_name("journal", generation)))?;
+        let mut f = create_private(&self.dir.join(file_name("journal", generation)))?;
         f.write_all(JOURNAL_MAGIC)?;
         f.sync_all()?;
         sync_dir(&self.dir)?;
@@ -548,17 +617,24 @@ mod tests {
         drop(j);
         let segment = d.join(file_name("journal", 1));
         let whole = fs::read(&segment).unwrap();
-        for cut in JOURNAL_MAGIC.len()..=whole.len() {
+        for cut in 0..=whole.len() {
             fs::write(&segment, &whole[..cut]).unwrap();
             let (j, found) = Journal::open(&d).unwrap();
             let whole_frames = found.len() / 2;
             assert_eq!(found, frames[..whole_frames].concat(), "cut at {cut}");
             drop(j);
             assert!(
-                fs::metadata(&segment).unwrap().len() <= cut as u64,
-                "the torn tail is cut off"
+                fs::metadata(&segment).unwrap().len() <= cut.max(JOURNAL_MAGIC.len()) as u64,
+                "the torn tail is cut off (a torn header made whole)"
             );
         }
+        // Bytes that are not a journal's header are not a crash either.
+        fs::write(&segment, b"RFSJRNLX").unwrap();
+        let refused = Journal::open(&d).err().expect("refused");
+        assert!(
+            refused.to_string().contains("not an rfs state file"),
+            "{refused}"
+        );
         // A damaged frame with whole frames after it is not a crash: refused, not skipped.
         let mut bad = whole.clone();
         bad[JOURNAL_MAGIC.len() + 9] ^= 0xff;
@@ -566,5 +642,61 @@ mod tests {
         let refused = Journal::open(&d).err().expect("refused");
         assert!(refused.to_string().contains("damaged"), "{refused}");
         fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_stop_while_a_segment_or_snapshot_is_begun_restarts_every_time() {
+        let d = dir("begun");
+        let (j, _) = Journal::open(&d).unwrap();
+        j.start(&[Record::NextIno(2)]).unwrap();
+        j.append(&[gone(1)]);
+        j.sync().unwrap();
+        drop(j);
+        // Stopped after creating the next segment, before its header was written; and while
+        // a snapshot was being written aside.
+        fs::write(d.join(file_name("journal", 2)), b"").unwrap();
+        fs::write(d.join(format!("{}.tmp", file_name("snapshot", 2))), b"RFS").unwrap();
+        for restart in 0..3 {
+            let (j, found) = Journal::open(&d).unwrap();
+            assert_eq!(found, [Record::NextIno(2), gone(1)], "restart {restart}");
+            if restart == 0 {
+                // Stopped again before starting: the emptied segment must read as one.
+                continue;
+            }
+            j.start(&found).unwrap();
+        }
+        let left: Vec<String> = fs::read_dir(&d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(!left.iter().any(|n| n.ends_with(".tmp")), "{left:?}");
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn the_state_is_readable_by_its_owner_only() {
+        let d = dir("private");
+        fs::create_dir_all(&d).unwrap();
+        fs::set_permissions(&d, fs::Permissions::from_mode(0o755)).unwrap();
+        fs::write(d.join("lock"), b"").unwrap();
+        fs::set_permissions(d.join("lock"), fs::Permissions::from_mode(0o644)).unwrap();
+        let (j, _) = Journal::open(&d).unwrap();
+        j.start(&[Record::NextIno(2)]).unwrap();
+        j.append(&[gone(1)]);
+        j.sync().unwrap();
+        j.snapshot(vec![Record::NextIno(2), gone(1)]);
+        drop(j);
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&d), 0o700);
+        for e in fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            assert_eq!(mode(&p), 0o600, "{}", p.display());
+        }
+        let fresh = dir("private-new").join("state");
+        drop(Journal::open(&fresh).unwrap());
+        assert_eq!(mode(&fresh), 0o700);
+        fs::remove_dir_all(&d).unwrap();
+        fs::remove_dir_all(fresh.parent().unwrap()).unwrap();
     }
 }
