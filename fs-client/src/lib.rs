@@ -4,10 +4,12 @@
 //! - [`fuse`]: the fuser adapter.
 //! - [`options`]: mount options (flags and `-o`), written once.
 //! - [`mount_helper`]: `mount.rfs`, for mount(8) and /etc/fstab.
+//! - [`mount_table`]: which mount is on top of a directory (unmount only our own).
 //! - [`readahead`]: the kernel's readahead for the mount.
 
 pub mod fs;
 pub mod fuse;
 pub mod mount_helper;
+pub mod mount_table;
 pub mod options;
 pub mod readahead;

@@ -16,6 +16,7 @@ use std::os::unix::ffi::OsStrExt;
 use fs_client::fs::{stats_json, KernelInval, Rfs, STATS_NAME};
 use fs_client::fuse::RfsFuse;
 use fs_client::mount_helper::{self, HelperCall, HELPER_NAME};
+use fs_client::mount_table;
 use fs_client::options::{KernelFlag, MountConfig};
 use fs_client::readahead;
 use fuser::{INodeNo, MountOption, SessionACL};
@@ -155,6 +156,30 @@ fn outlive_starter() {
 fn tell_ready() -> bool {
     let mut out = std::io::stdout();
     writeln!(out, "ready").and_then(|()| out.flush()).is_ok()
+}
+
+/// Whether the mount on top of `mountpoint` is still the one we made (`ours`, its id then).
+/// Without a mount table to read, it is taken to be.
+fn still_ours(mountpoint: &Path, ours: Option<u64>) -> bool {
+    ours.is_none() || mount_table::top_mount_id(mountpoint) == ours
+}
+
+/// The result of a session the kernel ended. fuser's session, dropped, unmounts its mount point
+/// by path, and takes a connection the kernel has ended for one still mounted: it would
+/// unmount whatever was mounted on the directory since (a remount right after `fusermount3 -u`,
+/// a file system that ours was stacked on). So the finished session is never dropped; what it
+/// holds goes with the process, moments later.
+fn ended(mut session: fuser::BackgroundSession) -> std::io::Result<()> {
+    let placeholder = std::thread::Builder::new().spawn(|| Ok(()));
+    let Ok(placeholder) = placeholder else {
+        std::mem::forget(session);
+        return Ok(()); // no thread to swap in: the session's own result stays unread
+    };
+    let finished = std::mem::replace(&mut session.guard, placeholder);
+    std::mem::forget(session);
+    finished
+        .join()
+        .map_err(|_| std::io::Error::other("the FUSE session thread panicked"))?
 }
 
 /// Unmounts `mountpoint` on a signal: at once, or, with files still open there, detached from
@@ -433,6 +458,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let ours = mount_table::top_mount_id(&mountpoint);
     invalidate_kernel_caches(&fs, session.notifier());
     if let Err(e) = readahead::set(&mountpoint, cfg.max_readahead) {
         // Unprivileged mounts cannot write sysfs: the kernel's 128 KiB stays.
@@ -459,6 +485,15 @@ fn main() -> ExitCode {
         if sig == libc::SIGUSR1 {
             fs.backend().sever();
         } else if sig != 0 {
+            if !still_ours(&mountpoint, ours) {
+                // Unmounted (or detached) already: the session ends once the kernel lets go,
+                // and what is mounted there now is not ours to unmount.
+                log::info!(
+                    "signal: {} no longer holds this mount",
+                    mountpoint.display()
+                );
+                continue;
+            }
             log::info!("signal: unmounting");
             if unmount_on_signal(&mountpoint) {
                 continue; // the session ends once the kernel lets go
@@ -472,8 +507,8 @@ fn main() -> ExitCode {
             };
         }
         if session.guard.is_finished() {
-            // Unmounted from outside (fusermount3 -u).
-            break match session.join() {
+            // Unmounted from outside (fusermount3 -u), or by us above.
+            break match ended(session) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("fs-client: {e}");

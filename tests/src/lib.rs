@@ -48,6 +48,11 @@ fn starting_child<T>(start: impl FnOnce() -> T) -> T {
     start()
 }
 
+/// Runs `cmd` to its end, as a test that starts processes must ([`no_children_started`]).
+pub fn run_child(cmd: &mut Command) -> std::io::Result<std::process::Output> {
+    starting_child(|| cmd.output())
+}
+
 /// Until the guard goes, no other test of this binary starts a process (they wait). Start
 /// none while holding it, and drop no [`Mount`] (its unmount starts one).
 pub fn no_children_started() -> RwLockWriteGuard<'static, ()> {

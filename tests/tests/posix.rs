@@ -6,7 +6,9 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
-use rfs_e2e::{errno, MemServer, Mount};
+use std::process::Command;
+
+use rfs_e2e::{errno, run_child, MemServer, Mount};
 
 fn cpath(p: &std::path::Path) -> CString {
     CString::new(p.as_os_str().as_bytes()).unwrap()
@@ -272,6 +274,55 @@ fn unlinked_open_files_keep_their_data_and_unmount_is_clean() {
     assert_eq!(back, vec![5u8; 2 << 20]);
     drop(f);
     assert!(m.unmount(), "fusermount3 -u and a clean exit");
+}
+
+/// A tmpfs mounted by a test, unmounted when it goes (also when the test fails).
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &std::path::Path) -> Tmpfs {
+        let out = run_child(
+            Command::new("mount")
+                .args(["-t", "tmpfs", "rfs-test"])
+                .arg(dir),
+        );
+        assert!(out.unwrap().status.success(), "mount -t tmpfs");
+        Tmpfs(dir.to_path_buf())
+    }
+
+    fn is_on_top(&self) -> bool {
+        let path = cpath(&self.0);
+        // SAFETY: a zeroed statfs is a valid buffer, the path NUL-terminated.
+        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+        let rc = unsafe { libc::statfs(path.as_ptr(), &mut st) };
+        rc == 0 && st.f_type == libc::TMPFS_MAGIC
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = run_child(Command::new("umount").arg("-l").arg(&self.0));
+    }
+}
+
+#[test]
+fn a_mount_made_on_the_directory_after_an_unmount_stays() {
+    let server = MemServer::meta("16M", "1M");
+    let mut m = Mount::new(&server, &[]);
+    fs::write(m.path("f"), b"x").unwrap();
+    let out = run_child(Command::new("fusermount3").arg("-u").arg(&m.dir)).unwrap();
+    assert!(out.status.success(), "fusermount3 -u: {out:?}");
+    // At once, before the daemon has gone: what a remount, or a script, does.
+    let tmpfs = Tmpfs::mount(&m.dir);
+    let exit = m.wait_exit(std::time::Duration::from_secs(10));
+    assert!(
+        exit.is_some_and(|s| s.success()),
+        "fs-client exits: {exit:?}"
+    );
+    assert!(
+        tmpfs.is_on_top(),
+        "the file system mounted since is still there"
+    );
 }
 
 #[test]

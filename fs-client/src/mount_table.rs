@@ -1,0 +1,81 @@
+//! Which mount is on top of a directory, from `/proc/self/mountinfo`: a daemon unmounts its
+//! mount point by path only while the mount there is still its own, never one made on the same
+//! directory after its own went (a remount, a file system under it, one made after `umount -l`).
+
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+/// The id of the mount on top of `dir` (the kernel's mount id: never the same for two mounts
+/// that exist at once), if anything is mounted there.
+pub fn top_mount_id(dir: &Path) -> Option<u64> {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    top_in(&table, dir.as_os_str().as_bytes())
+}
+
+/// [`top_mount_id`] in a mountinfo `table`: mounts stacked on one directory are listed in the
+/// order they were made, so the last is on top.
+fn top_in(table: &str, dir: &[u8]) -> Option<u64> {
+    table.lines().rev().find_map(|line| {
+        let mut fields = line.split(' ');
+        let id = fields.next()?.parse().ok()?;
+        let point = fields.nth(3)?;
+        (unescape(point) == dir).then_some(id)
+    })
+}
+
+/// A mountinfo path: the kernel writes space, tab, newline and backslash as `\ooo`.
+fn unescape(field: &str) -> Vec<u8> {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b
+            .get(i + 1..i + 4)
+            .filter(|d| b[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)))
+            .map(|d| d.iter().fold(0u32, |n, c| n * 8 + u32::from(c - b'0')));
+        match octal {
+            Some(n) if n <= 0xff => {
+                out.push(n as u8);
+                i += 4;
+            }
+            _ => {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TABLE: &str = "\
+22 1 0:21 / / rw,relatime shared:1 - ext4 /dev/vda rw
+40 22 0:35 / /mnt/a\\040b rw,relatime shared:2 - fuse.rfs 127.0.0.1:7470 rw,user_id=0
+41 22 0:36 / /mnt/c rw shared:3 - tmpfs tmpfs rw
+57 41 0:52 / /mnt/c rw,nosuid shared:4 - fuse.rfs 127.0.0.1:7470 rw,user_id=0
+";
+
+    #[test]
+    fn the_last_mount_listed_on_a_directory_is_its_top() {
+        assert_eq!(top_in(TABLE, b"/mnt/c"), Some(57));
+        assert_eq!(top_in(TABLE, b"/mnt/a b"), Some(40), "escaped space");
+        assert_eq!(top_in(TABLE, b"/mnt/a\\040b"), None);
+        assert_eq!(top_in(TABLE, b"/mnt"), None);
+        assert_eq!(top_in(TABLE, b"/"), Some(22));
+    }
+
+    #[test]
+    fn escapes_are_undone_and_stray_backslashes_kept() {
+        assert_eq!(unescape("a\\011b\\134c\\012"), b"a\tb\\c\n");
+        assert_eq!(unescape("x\\9y\\"), b"x\\9y\\");
+        assert_eq!(unescape("\\777"), b"\\777", "not a byte");
+    }
+
+    #[test]
+    fn this_process_sees_the_root_mounted() {
+        assert!(top_mount_id(Path::new("/")).is_some());
+    }
+}
