@@ -608,16 +608,22 @@ impl Filesystem for RfsFuse {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+            // Before the bytes land, as the kernel clears them for writes through its pages.
+            if let Err(e) = self.fs.write_clears_setid(ino.0, &self.callers.of(req)) {
+                return fuse_error!("write", reply, e);
+            }
+        }
         let offset = if self.appends_at_the_nodes_end(flags.0) {
             match self.fs.append_offset(ino.0) {
                 Ok(end) => {

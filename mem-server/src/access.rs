@@ -101,9 +101,13 @@ pub fn check_setattr(a: &Attr, c: &Caller, s: &AttrChanges, writing: bool) -> Re
     let root = c.uid == 0;
     let owner = root || c.uid == a.uid;
     let can_write = writing || may(a, c, MAY_WRITE);
-    // A write by someone else clears the set-id bits (the kernel asks for that as a chmod in
-    // the writer's name); anything more is the owner's.
-    let only_clears_setid = |m: u32| m & 0o7777 == a.perm as u32 & 0o1777;
+    // A write by someone else clears set-ID bits (the kernel, or the client for writes that go
+    // around the page cache, asks for that as a chmod in the writer's name); anything more is
+    // the owner's.
+    let only_clears_setid = |m: u32| {
+        let (now, m) = (a.perm as u32 & 0o7777, m & 0o7777);
+        m & !now == 0 && (m ^ now) & !0o6000 == 0
+    };
     if s.mode
         .is_some_and(|m| !(owner || (can_write && only_clears_setid(m))))
     {
@@ -408,6 +412,21 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(check_setattr(&setuid, &other, &clear, false), Ok(()));
+        // Set-group-ID without group execute stays when set-user-ID goes, as Linux keeps it.
+        let locking = file(0o6767, 1000, 100);
+        let clear_suid = AttrChanges {
+            mode: Some(0o2767),
+            ..Default::default()
+        };
+        assert_eq!(check_setattr(&locking, &other, &clear_suid, false), Ok(()));
+        let and_gexec = AttrChanges {
+            mode: Some(0o2777),
+            ..Default::default()
+        };
+        assert_eq!(
+            check_setattr(&locking, &other, &and_gexec, false),
+            Err(Errno::EPERM)
+        );
         let widen = AttrChanges {
             mode: Some(0o4777),
             ..Default::default()

@@ -149,3 +149,46 @@ fn squashed_root_neither_lists_makes_removes_nor_moves_in_a_directory_closed_to_
     let owner = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(m.path("mine")).unwrap());
     assert_eq!(owner, NOBODY);
 }
+
+#[test]
+fn another_users_write_truncate_or_fallocate_clears_the_set_id_bits() {
+    use std::os::unix::fs::PermissionsExt;
+    let node = MemServer::meta("16M", "1M");
+    let m = Mount::new(&node, &["allow_other"]);
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    // How another user changes the file: write-only descriptors go around the page cache.
+    let changes = [
+        (
+            "dd of={} bs=1 count=1 conv=notrunc status=none < /dev/zero",
+            "write-only",
+        ),
+        ("echo more >> {}", "write-only O_APPEND"),
+        ("printf x 1<> {}", "read-write"),
+        ("truncate -s 1 {}", "truncate"),
+        ("fallocate -l 8192 {}", "fallocate"),
+    ];
+    for (n, (how, what)) in changes.iter().enumerate() {
+        // Set-group-ID without group execute marks mandatory locking: it stays, as on Linux.
+        for (before, after) in [(0o4777, 0o777), (0o6777, 0o777), (0o6767, 0o2767)] {
+            let f = m.path(&format!("f{n}-{before:o}"));
+            std::fs::write(&f, b"data").unwrap();
+            std::fs::set_permissions(&f, PermissionsExt::from_mode(before)).unwrap();
+            let script = how.replace("{}", &f.display().to_string());
+            let (ok, err) = as_nobody(&script);
+            assert!(ok, "{what}: {err}");
+            assert_eq!(
+                mode(&f),
+                after,
+                "{what} by another user of a {before:o} file"
+            );
+            std::fs::remove_file(&f).unwrap();
+        }
+    }
+    // root (CAP_FSETID) keeps them.
+    let f = m.path("root-writes");
+    std::fs::write(&f, b"data").unwrap();
+    std::fs::set_permissions(&f, PermissionsExt::from_mode(0o6777)).unwrap();
+    let (ok, err) = as_user(0, &format!("echo more >> {}", f.display()));
+    assert!(ok, "{err}");
+    assert_eq!(mode(&f), 0o6777);
+}

@@ -266,6 +266,23 @@ impl<B: Backend> Rfs<B> {
         self.attr_of(GetAttr { ino })
     }
 
+    /// A write by `caller` that the kernel says clears the file's set-user-ID bit (and its
+    /// set-group-ID bit when group-executable, as Linux clears them): writes that go around the
+    /// page cache leave that to the file system (FUSE_WRITE_KILL_SUIDGID). The mode comes from
+    /// the attribute cache, so a file without those bits costs no call.
+    pub fn write_clears_setid(self: &Arc<Self>, ino: Ino, caller: &Caller) -> Result<()> {
+        let perm = u32::from(self.getattr(ino)?.perm);
+        let cleared = perm & !setid_cleared_by_write(perm);
+        if cleared == perm {
+            return Ok(());
+        }
+        let changes = AttrChanges {
+            mode: Some(cleared),
+            ..AttrChanges::default()
+        };
+        self.setattr(ino, changes, caller).map(drop)
+    }
+
     /// chmod, chown, utimens and truncate. A truncation commits our writes first and zeroes
     /// the rest of the last chunk kept, so that growing the file again reads zeros.
     pub fn setattr(
@@ -526,4 +543,15 @@ fn not_the_stats_file(parent: Ino, name: &[u8]) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// The set-ID bits of `perm` that a write by someone without CAP_FSETID clears: set-user-ID,
+/// and set-group-ID on a group-executable file (without group execute it marks mandatory
+/// locking, and stays).
+pub fn setid_cleared_by_write(perm: u32) -> u32 {
+    let mut bits = perm & 0o4000;
+    if perm & 0o2010 == 0o2010 {
+        bits |= 0o2000;
+    }
+    bits
 }

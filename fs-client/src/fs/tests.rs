@@ -2349,3 +2349,17 @@ fn seek_hole_of_a_file_denser_than_one_map_answer_is_its_end() {
     assert_eq!(fs.seek(ino, size - 1, true).unwrap(), size - 1);
     fs.release(fh).unwrap();
 }
+
+#[test]
+fn a_write_clears_set_user_id_and_group_executable_set_group_id() {
+    use super::setid_cleared_by_write;
+    assert_eq!(setid_cleared_by_write(0o4755), 0o4000);
+    assert_eq!(setid_cleared_by_write(0o6755), 0o6000);
+    assert_eq!(
+        setid_cleared_by_write(0o2745),
+        0,
+        "mandatory-locking mark stays"
+    );
+    assert_eq!(setid_cleared_by_write(0o1777), 0, "sticky stays");
+    assert_eq!(setid_cleared_by_write(0o0777), 0);
+}
