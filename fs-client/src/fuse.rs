@@ -167,7 +167,10 @@ impl RfsFuse {
 
     fn entry(&self, op: &'static str, r: Result<Attr, Error>, reply: ReplyEntry) {
         match r {
-            Ok(a) => reply.entry(&self.entry_ttl, &self.attr(&a), Generation(0)),
+            Ok(a) => {
+                self.fs.kernel_looked_up(a.ino);
+                reply.entry(&self.entry_ttl, &self.attr(&a), Generation(0))
+            }
             Err(e) => fuse_error!(op, reply, e),
         }
     }
@@ -410,8 +413,8 @@ impl Filesystem for RfsFuse {
         );
     }
 
-    fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
-        self.fs.forget(ino.0);
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.fs.forget(ino.0, nlookup);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -823,7 +826,12 @@ impl Filesystem for RfsFuse {
     ) {
         let ttl = self.entry_ttl;
         let listed = self.list(ino, offset, &self.callers.of(req), |c, n, a| {
-            reply.add(INodeNo(a.ino), c, n, &ttl, &self.attr(a), Generation(0))
+            let full = reply.add(INodeNo(a.ino), c, n, &ttl, &self.attr(a), Generation(0));
+            // The kernel counts a lookup for each entry it takes, but for "." and "..".
+            if !full && n != "." && n != ".." {
+                self.fs.kernel_looked_up(a.ino);
+            }
+            full
         });
         reply!("readdirplus", listed, reply, |()| reply.ok());
     }
@@ -969,13 +977,65 @@ impl Filesystem for RfsFuse {
                     _ => e,
                 })
         };
-        reply!("create", made, reply, |(fh, a)| reply.created(
-            &self.entry_ttl,
-            &self.attr(&a),
-            Generation(0),
-            FileHandle(fh),
-            self.page_cache_use(flags, false),
-        ));
+        reply!("create", made, reply, |(fh, a)| {
+            self.fs.kernel_looked_up(a.ino);
+            reply.created(
+                &self.entry_ttl,
+                &self.attr(&a),
+                Generation(0),
+                FileHandle(fh),
+                self.page_cache_use(flags, false),
+            )
+        });
+    }
+}
+
+/// The FUSE notice that drops every name the kernel caches at once (it looks each up again
+/// before using it): FUSE_NOTIFY_INC_EPOCH, of Linux 6.16 (FUSE 7.44), which fuser does not
+/// send.
+const FUSE_NOTIFY_INC_EPOCH: i32 = 8;
+
+/// Drops every name the kernel caches for our mount, through our own descriptor of the FUSE
+/// connection.
+pub struct KernelNames {
+    device: std::fs::File,
+    /// The kernel took the notice so far (older kernels refuse it).
+    supported: std::sync::atomic::AtomicBool,
+}
+
+impl KernelNames {
+    pub fn new(device: std::os::fd::OwnedFd) -> KernelNames {
+        KernelNames {
+            device: device.into(),
+            supported: std::sync::atomic::AtomicBool::new(true),
+        }
+    }
+
+    /// Drops every cached name; a kernel before 6.16 keeps them until their entry timeout.
+    pub fn drop_all(&self) -> std::io::Result<()> {
+        use std::io::Write;
+        use std::sync::atomic::Ordering::Relaxed;
+        if !self.supported.load(Relaxed) {
+            return Ok(());
+        }
+        // A notice is a fuse_out_header alone: its length, the notice's code where a reply
+        // has its error, and no request.
+        let mut notice = [0u8; 16];
+        notice[..4].copy_from_slice(&16u32.to_ne_bytes());
+        notice[4..8].copy_from_slice(&FUSE_NOTIFY_INC_EPOCH.to_ne_bytes());
+        match (&self.device).write(&notice) {
+            Ok(_) => Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                self.supported.store(false, Relaxed);
+                log::warn!(
+                    "this kernel cannot drop all cached names at once (Linux 6.16 can): after a \
+                     lost metadata connection, names another mount changed meanwhile may be \
+                     served until the entry timeout"
+                );
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
     }
 }
 

@@ -11,10 +11,11 @@ use std::time::Duration;
 
 use clap::{CommandFactory, FromArgMatches, Parser};
 use std::ffi::OsStr;
+use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 
 use fs_client::fs::{stats_json, KernelInval, Rfs, STATS_NAME};
-use fs_client::fuse::RfsFuse;
+use fs_client::fuse::{KernelNames, RfsFuse};
 use fs_client::mount_helper::{self, HelperCall, HELPER_NAME};
 use fs_client::mount_table;
 use fs_client::options::{KernelFlag, MountConfig};
@@ -233,7 +234,7 @@ fn detach_output(log_file: Option<&LogTarget>) {
 
 /// Passes the metadata node's invalidations on to the kernel, from a thread of their own (the
 /// kernel may wait for a lock that one of our operations holds).
-fn invalidate_kernel_caches(fs: &Rfs, notifier: fuser::Notifier) {
+fn invalidate_kernel_caches(fs: &Rfs, notifier: fuser::Notifier, names: KernelNames) {
     let (tx, rx) = crossbeam_channel::unbounded();
     fs.notify_kernel(tx);
     let spawned = std::thread::Builder::new()
@@ -248,6 +249,7 @@ fn invalidate_kernel_caches(fs: &Rfs, notifier: fuser::Notifier) {
                     KernelInval::Entry { parent, name } => {
                         notifier.inval_entry(INodeNo(*parent), OsStr::from_bytes(name.as_bytes()))
                     }
+                    KernelInval::Names => names.drop_all(),
                     KernelInval::Done(done) => {
                         let _ = done.send(());
                         continue;
@@ -444,11 +446,17 @@ fn main() -> ExitCode {
     if daemon_child {
         outlive_starter();
     }
-    let session = match fuser::spawn_mount(
+    let session = fuser::Session::new(
         RfsFuse::new(fs.clone(), cfg.clone()),
         &mountpoint,
         &fuse_cfg,
-    ) {
+    )
+    .and_then(|session| {
+        // Our own descriptor of the connection, for the notices fuser does not send.
+        let device = session.as_fd().try_clone_to_owned()?;
+        Ok((session.spawn()?, device))
+    });
+    let (session, device) = match session {
         Ok(s) => s,
         Err(e) => {
             eprintln!(
@@ -459,7 +467,7 @@ fn main() -> ExitCode {
         }
     };
     let ours = mount_table::top_mount_id(&mountpoint);
-    invalidate_kernel_caches(&fs, session.notifier());
+    invalidate_kernel_caches(&fs, session.notifier(), KernelNames::new(device));
     if let Err(e) = readahead::set(&mountpoint, cfg.max_readahead) {
         // Unprivileged mounts cannot write sysfs: the kernel's 128 KiB stays.
         log::info!("kernel readahead left as it is: {e}");

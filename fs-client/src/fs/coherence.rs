@@ -6,12 +6,14 @@
 //! answer waits for them (briefly, for that same reason), so that once the change that caused
 //! the callback returns, this mount no longer serves a name or attributes it made stale.
 
-use std::sync::{Arc, Weak};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use rfs_proto::callback::Callback;
 use rfs_proto::client::{Held, Notice};
-use rfs_proto::types::{Attr, Ino, Name};
+use rfs_proto::message::GetAttr;
+use rfs_proto::types::{Attr, Ino, Name, ROOT};
 
 use super::backend::Backend;
 use super::Rfs;
@@ -22,6 +24,40 @@ use super::Rfs;
 /// the answer goes and the invalidation follows when the lock is free.
 const KERNEL_INVAL_WAIT: Duration = Duration::from_millis(200);
 
+/// The inodes the kernel was given (by lookups, creates and directory listings), with how
+/// many times: the kernel holds one until it forgets as many lookups, and may cache its
+/// attributes and pages until then.
+#[derive(Default)]
+pub(crate) struct KernelInodes(Mutex<HashMap<Ino, u64>>);
+
+impl KernelInodes {
+    pub(crate) fn looked_up(&self, ino: Ino) {
+        *self.0.lock().unwrap().entry(ino).or_default() += 1;
+    }
+
+    /// The kernel let go of `n` lookups of `ino`: whether it holds it no more.
+    pub(crate) fn forgot(&self, ino: Ino, n: u64) -> bool {
+        let mut known = self.0.lock().unwrap();
+        match known.get_mut(&ino) {
+            Some(count) if *count > n => {
+                *count -= n;
+                false
+            }
+            _ => {
+                known.remove(&ino);
+                true
+            }
+        }
+    }
+
+    /// Every inode the kernel may hold, the root among them.
+    pub(crate) fn all(&self) -> Vec<Ino> {
+        let known = self.0.lock().unwrap();
+        let root = (!known.contains_key(&ROOT)).then_some(ROOT);
+        known.keys().copied().chain(root).collect()
+    }
+}
+
 /// A cache entry of the kernel's to drop.
 #[derive(Clone, Debug)]
 pub enum KernelInval {
@@ -29,15 +65,16 @@ pub enum KernelInval {
     Inode { ino: Ino, data: bool },
     /// A name in a directory.
     Entry { parent: Ino, name: Name },
+    /// Every name the kernel caches (it looks each up again before using it).
+    Names,
     /// Everything queued before is done: say so on the channel.
     Done(crossbeam_channel::Sender<()>),
 }
 
 impl<B: Backend> Rfs<B> {
-    /// Takes the metadata node's callbacks from now on, drops every chunk map (and keeps no
-    /// cached pages at the next opens) when the connection comes back after a loss (callbacks
-    /// sent meanwhile did not arrive), and lists our open handles and locks for a metadata
-    /// node that lost them.
+    /// Takes the metadata node's callbacks from now on, trusts nothing cached when the
+    /// connection comes back after a loss ([`Self::reconnected`]), and lists our open handles
+    /// and locks for a metadata node that lost them.
     pub fn attach(self: &Arc<Self>) {
         let me = Arc::downgrade(self);
         self.backend
@@ -53,12 +90,7 @@ impl<B: Backend> Rfs<B> {
             let Some(fs) = me.upgrade() else { return };
             match notice {
                 Notice::Callback(cb) => fs.on_callback(cb),
-                Notice::Reconnected => {
-                    fs.chunks.forget_all();
-                    fs.dirs.forget_all();
-                    fs.pages_unknown();
-                    fs.retry_owed_now();
-                }
+                Notice::Reconnected => fs.reconnected(),
                 Notice::LocksLost(lost) => fs.locks_lost(&lost),
             }
         }));
@@ -69,6 +101,45 @@ impl<B: Backend> Rfs<B> {
         if let Err(e) = watching {
             log::warn!("no thread to redial a lost metadata connection ({e}): the next call will");
         }
+    }
+
+    /// The metadata connection is back after a loss, and callbacks sent meanwhile did not
+    /// arrive (as NFSv4 clients after a lease loss, CephFS clients after a reconnect): every
+    /// chunk map, directory and page version goes, the sizes of files open here are asked for
+    /// again, and the kernel drops every name, attribute and page it caches (open files first),
+    /// before the call that reconnected goes on: a lock taken by that call then sees what
+    /// others wrote under it.
+    pub(crate) fn reconnected(&self) {
+        self.chunks.forget_all();
+        self.dirs.forget_all();
+        self.pages_unknown();
+        let open: Vec<Ino> = self.open.lock().unwrap().keys().copied().collect();
+        for &ino in &open {
+            match self.call(GetAttr { ino }) {
+                Ok(a) => self.changed_elsewhere(&a),
+                Err(e) => log::debug!("revalidating open file {ino}: {e}"),
+            }
+        }
+        if self.kernel.get().is_some() {
+            self.kernel(KernelInval::Names);
+            let rest = self
+                .kernel_inodes
+                .all()
+                .into_iter()
+                .filter(|i| !open.contains(i));
+            for ino in open.iter().copied().chain(rest) {
+                self.kernel(KernelInval::Inode { ino, data: true });
+            }
+            let (done, wait) = crossbeam_channel::bounded(1);
+            self.kernel(KernelInval::Done(done));
+            let _ = wait.recv_timeout(KERNEL_INVAL_WAIT);
+        }
+        self.retry_owed_now();
+    }
+
+    /// The kernel was given `ino` (a lookup, a create, a directory listing's entry).
+    pub fn kernel_looked_up(&self, ino: Ino) {
+        self.kernel_inodes.looked_up(ino);
     }
 
     /// Sends the kernel's cache invalidations to `to` from now on (once mounted).

@@ -63,6 +63,7 @@ pub use stats::{stats_json, STATS_INO, STATS_NAME};
 use behind::WriteBehind;
 use chunks::ChunkCache;
 use closes::Closes;
+use coherence::KernelInodes;
 use dirs::Dirs;
 use locks::Locks;
 use open::{OpenFile, PageVersion};
@@ -79,6 +80,8 @@ pub struct Rfs<B: Backend = Client> {
     lease: Duration,
     /// Where invalidations of the kernel's caches go (set once mounted).
     kernel: OnceLock<crossbeam_channel::Sender<KernelInval>>,
+    /// The inodes the kernel holds.
+    kernel_inodes: KernelInodes,
     open: Mutex<HashMap<Ino, OpenFile>>,
     /// Signalled when a commit is answered (see [`OpenFile`]'s `committing`).
     commit_answered: Condvar,
@@ -137,6 +140,7 @@ impl<B: Backend> Rfs<B> {
             chunks: Arc::new(ChunkCache::new(lease / 2)),
             lease,
             kernel: OnceLock::new(),
+            kernel_inodes: KernelInodes::default(),
             open: Mutex::new(HashMap::new()),
             commit_answered: Condvar::new(),
             page_versions: Mutex::new(HashMap::new()),

@@ -145,11 +145,12 @@ impl<B: Backend> Rfs<B> {
         self.page_versions.lock().unwrap().remove(&ino);
     }
 
-    /// The kernel forgot `ino` (it evicted the inode, or let go of a lookup it did not use):
-    /// it has no pages of it, so there is no version of them to remember. Forgetting one it
-    /// still has only makes its next open drop its pages.
-    pub fn forget(&self, ino: Ino) {
-        self.page_versions.lock().unwrap().remove(&ino);
+    /// The kernel let go of `lookups` lookups of `ino`. Once it holds none (it evicted the
+    /// inode), it has no pages of it, so there is no version of them to remember.
+    pub fn forget(&self, ino: Ino, lookups: u64) {
+        if self.kernel_inodes.forgot(ino, lookups) {
+            self.page_versions.lock().unwrap().remove(&ino);
+        }
     }
 
     /// Bytes of `ino` changed here other than by a FUSE write that succeeded (a write that

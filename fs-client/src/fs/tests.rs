@@ -851,7 +851,14 @@ fn cached_pages_are_kept_across_opens_of_an_unchanged_file_only() {
     a.pages_unknown();
     assert!(!open(&a), "callbacks may have been missed");
     assert!(open(&a));
-    a.forget(ino);
+    a.kernel_looked_up(ino);
+    a.kernel_looked_up(ino);
+    a.forget(ino, 1);
+    assert!(
+        open(&a),
+        "the kernel still holds the inode: one lookup of two forgotten"
+    );
+    a.forget(ino, 1);
     assert!(!open(&a), "the kernel forgot the inode, and its pages");
     assert!(open(&a));
 }
@@ -2362,4 +2369,35 @@ fn a_write_clears_set_user_id_and_group_executable_set_group_id() {
     );
     assert_eq!(setid_cleared_by_write(0o1777), 0, "sticky stays");
     assert_eq!(setid_cleared_by_write(0o0777), 0);
+}
+
+/// Callbacks missed while the connection was down: the sizes of files open here are asked for
+/// again when it is back, a growth and a cut alike, and what the kernel was given is dropped.
+#[test]
+fn a_reconnection_refreshes_the_sizes_of_open_files() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client(&cluster);
+    let (grows, cut) = (create(&fs, "grows"), create(&fs, "cut"));
+    let (g, _) = fs.open(grows, RW, &ROOT_CALLER).unwrap();
+    let (c, _) = fs.open(cut, RW, &ROOT_CALLER).unwrap();
+    write(&fs, cut, 0, &pattern(3000, 1)).unwrap();
+    fs.flush(cut, c).unwrap();
+    cluster.grow(grows, 7000);
+    cluster.cut(cut, 10);
+    assert_eq!(fs.open_end(grows), Some(0), "no callback came");
+    assert_eq!(fs.open_end(cut), Some(3000));
+    let (kernel, invals) = crossbeam_channel::unbounded();
+    fs.notify_kernel(kernel);
+    fs.kernel_looked_up(grows);
+    fs.reconnected();
+    assert_eq!(fs.open_end(grows), Some(7000));
+    assert_eq!(fs.open_end(cut), Some(10));
+    let sent: Vec<String> = invals.try_iter().map(|i| format!("{i:?}")).collect();
+    assert!(sent.iter().any(|i| i == "Names"), "{sent:?}");
+    for ino in [grows, cut, rfs_proto::types::ROOT] {
+        let inval = format!("Inode {{ ino: {ino}, data: true }}");
+        assert!(sent.contains(&inval), "{inval} in {sent:?}");
+    }
+    fs.release(g).unwrap();
+    fs.release(c).unwrap();
 }
