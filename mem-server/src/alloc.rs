@@ -36,6 +36,8 @@ pub struct NodeChunks {
     /// Taken by the zeroer and not yet back.
     zeroing: u64,
     current: i64,
+    /// [`Allocator::rejoins`] as of when it came back after the metadata node's restart.
+    rejoined_at: u64,
 }
 
 /// A node's allocatable chunks: those zeroed after use, then the never-used tail of the pool.
@@ -79,6 +81,9 @@ pub struct Allocator {
     /// Chunks freed and not yet released here (waiting for their holders or nodes): free
     /// space soon, as chunks being zeroed are.
     pending: u64,
+    /// How many nodes came back since this process started: what a freed chunk is stamped
+    /// with, so that its release knows whether its node came back meanwhile.
+    rejoins: u64,
 }
 
 impl Allocator {
@@ -118,6 +123,7 @@ impl Allocator {
             dirty: Vec::new(),
             zeroing: 0,
             current: 0,
+            rejoined_at: 0,
         });
         let record = Self::node_record(&self.nodes[id as usize]);
         self.note(record);
@@ -258,6 +264,8 @@ impl Allocator {
         n.alive = true;
         n.replayed = false;
         n.addr = addr;
+        self.rejoins += 1;
+        n.rejoined_at = self.rejoins;
         let id = n.id;
         let record = Self::node_record(n);
         self.note(record);
@@ -473,20 +481,43 @@ impl Allocator {
         self.pending = self.pending.saturating_sub(n as u64);
     }
 
-    /// Takes freed chunks; they come back through `take_dirty` for zeroing.
+    /// What a chunk freed now is stamped with, for [`Allocator::release_freed`].
+    pub fn rejoins(&self) -> u64 {
+        self.rejoins
+    }
+
+    /// Whether node `id` came back after a restart since `stamp` ([`Allocator::rejoins`]).
+    pub fn rejoined_since(&self, id: u32, stamp: u64) -> bool {
+        self.nodes
+            .get(id as usize)
+            .is_some_and(|n| n.rejoined_at > stamp)
+    }
+
+    /// Takes chunks freed just now; they come back through `take_dirty` for zeroing.
     pub fn release(&mut self, chunks: impl IntoIterator<Item = ChunkRef>) {
+        let now = self.rejoins;
+        self.release_freed(chunks, now);
+    }
+
+    /// Takes chunks freed when [`Allocator::rejoins`] was `stamp`, but those whose node came
+    /// back since: its return listed every chunk of its pool that no map named for zeroing,
+    /// these among them, and a second listing would hand one chunk to two files.
+    pub fn release_freed(&mut self, chunks: impl IntoIterator<Item = ChunkRef>, stamp: u64) {
         for c in chunks {
             if let Some(n) = self.nodes.get_mut(c.node as usize) {
-                n.dirty.push(c.addr);
+                if n.rejoined_at <= stamp {
+                    n.dirty.push(c.addr);
+                }
             }
         }
     }
 
-    /// Dirty chunks to zero, by node.
+    /// Dirty chunks to zero, by live node. A node not back after a restart keeps its list:
+    /// its return lists them again (and more), which a batch taken before would duplicate.
     pub fn take_dirty(&mut self) -> Vec<(u32, Vec<u64>)> {
         self.nodes
             .iter_mut()
-            .filter(|n| !n.dirty.is_empty())
+            .filter(|n| n.alive && !n.dirty.is_empty())
             .map(|n| {
                 n.zeroing += n.dirty.len() as u64;
                 (n.id, std::mem::take(&mut n.dirty))
@@ -687,5 +718,66 @@ mod tests {
         let all = b.alloc(998, 1).unwrap().concat();
         assert!(all.iter().all(|c| c.addr != 0 && c.addr != 200));
         assert_eq!(b.alloc(1, 1), Err(Errno::ENOSPC));
+    }
+
+    /// A restarted metadata node with one data node not back yet, chunks 0 and 100 in a map:
+    /// (the allocator, the chunk the map names at 100).
+    fn restarted_with_one_node_away() -> (Allocator, ChunkRef) {
+        let mut a = Allocator::default();
+        a.journal_changes();
+        a.add_node("a".into(), 11, 0, 100, 10);
+        let used = a.alloc(2, 1).unwrap().concat();
+        let mut records = Vec::new();
+        a.take_records(&mut records);
+        (Allocator::replay(100, &records).unwrap(), used[1])
+    }
+
+    /// Every chunk the allocator hands out until it runs dry, zeroing as it goes: none twice.
+    fn hand_everything_out(a: &mut Allocator) -> Vec<u64> {
+        for (node, dirty) in a.take_dirty() {
+            a.zeroed(node, dirty, 0);
+        }
+        let mut out = Vec::new();
+        while let Ok(got) = a.alloc(1, 1) {
+            out.push(got[0][0].addr);
+        }
+        let mut unique = out.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), out.len(), "a chunk handed out twice: {out:?}");
+        out
+    }
+
+    #[test]
+    fn a_chunk_freed_before_its_node_came_back_is_not_released_twice() {
+        let (mut a, freed) = restarted_with_one_node_away();
+        // Freed (its file unlinked) while the node is away; released once its holders let go,
+        // after the node came back. The return listed it already: no map names it.
+        let stamp = a.rejoins();
+        assert_eq!(a.rejoin(11, "a".into(), (0, 10), |_| [0].into()), Some(0));
+        assert!(a.rejoined_since(0, stamp));
+        a.release_freed([freed], stamp);
+        let out = hand_everything_out(&mut a);
+        assert_eq!(out.len(), 9, "all but the chunk in use: {out:?}");
+        // A chunk freed after the return is released as usual.
+        let (mut a, freed) = restarted_with_one_node_away();
+        a.rejoin(11, "a".into(), (0, 10), |_| [0, freed.addr].into());
+        let stamp = a.rejoins();
+        a.release_freed([freed], stamp);
+        assert_eq!(hand_everything_out(&mut a).len(), 9);
+    }
+
+    #[test]
+    fn no_zeroing_batch_is_taken_from_a_node_not_back_yet() {
+        let (mut a, freed) = restarted_with_one_node_away();
+        // Released at once (no link to the node), then the zeroer looks before the node is back.
+        a.release([freed]);
+        let batch = a.take_dirty();
+        a.rejoin(11, "a".into(), (0, 10), |_| [0].into());
+        // The zeroer finishes what it took, its node's session found by then.
+        for (node, addrs) in batch {
+            a.zeroed(node, addrs, 0);
+        }
+        assert_eq!(hand_everything_out(&mut a).len(), 9);
     }
 }

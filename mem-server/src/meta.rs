@@ -167,6 +167,8 @@ struct Granting {
 struct Freed {
     seq: u64,
     chunks: Vec<ChunkRef>,
+    /// [`Allocator::rejoins`] when they were freed.
+    rejoins: u64,
 }
 
 /// Whether any of chunks `first..first+count` of `ino` is being copied.
@@ -648,6 +650,7 @@ impl MetaService {
         let freed = Freed {
             seq: st.frees,
             chunks: freed,
+            rejoins: st.alloc.rejoins(),
         };
         let MetaState { ns, holders, .. } = &mut *st;
         let plan = holders.plan(caller, &change, |ino| ns.getattr(ino).ok());
@@ -718,6 +721,11 @@ impl MetaService {
     fn reuse(&self, freed: Freed) {
         let mut reusable = Vec::with_capacity(freed.chunks.len());
         for (node, addrs) in by_node(&freed.chunks) {
+            if self.state.lock().alloc.rejoined_since(node, freed.rejoins) {
+                // Its return listed them for zeroing (no map named them), and they may be
+                // another file's by now: neither revoked nor released again.
+                continue;
+            }
             let revoked = self.revoke_freed(node, freed.seq, &addrs, None);
             // A node without a link has left: nobody reaches its pool through us any more.
             if revoked || self.link(node).is_none() {
@@ -735,7 +743,7 @@ impl MetaService {
             }
         }
         let mut st = self.state.lock();
-        st.alloc.release(reusable);
+        st.alloc.release_freed(reusable, freed.rejoins);
         st.alloc.freed_now(freed.chunks.len());
         drop(st);
         self.zeroer.kick();
