@@ -130,6 +130,52 @@ impl Allocator {
         id
     }
 
+    /// Registers the metadata node's own pool, new with this process, at `addr` (the node's
+    /// own address). Its pools of earlier lives, known from the journal, are gone with the
+    /// processes that lent them: never awaited. An empty one (a node lending nothing) is taken
+    /// over, id and all, rather than leaving one more node behind at every restart. Returns
+    /// the pool's id and the ids of earlier pools that held chunks (their copies are lost).
+    pub fn add_own_pool(
+        &mut self,
+        addr: String,
+        pool_id: u64,
+        pool_addr: u64,
+        chunk_size: u64,
+        count: u64,
+    ) -> (u32, Vec<u32>) {
+        let earlier: Vec<u32> = self
+            .nodes
+            .iter_mut()
+            .filter(|n| n.replayed && n.addr == addr)
+            .map(|n| {
+                n.replayed = false;
+                n.alive = false;
+                n.id
+            })
+            .collect();
+        let (empty, lost): (Vec<u32>, Vec<u32>) = earlier
+            .into_iter()
+            .partition(|&id| self.nodes[id as usize].total == 0);
+        let Some(&reused) = empty.first().filter(|_| count == 0) else {
+            let id = self.add_node(addr, pool_id, pool_addr, chunk_size, count);
+            return (id, lost);
+        };
+        let n = &mut self.nodes[reused as usize];
+        n.pool_id = pool_id;
+        n.pool_addr = pool_addr;
+        n.reserved = pool_addr;
+        n.free = FreeChunks {
+            recycled: Vec::new(),
+            next_fresh: pool_addr,
+            fresh_left: 0,
+            chunk_size,
+        };
+        n.alive = true;
+        let record = Self::node_record(n);
+        self.note(record);
+        (reused, lost)
+    }
+
     fn node_record(n: &NodeChunks) -> Record {
         Record::Node {
             id: n.id,
@@ -377,7 +423,7 @@ impl Allocator {
     }
 
     /// Live nodes that have a free chunk.
-    fn nodes_with_space(&self) -> usize {
+    pub fn nodes_with_space(&self) -> usize {
         self.nodes
             .iter()
             .filter(|x| x.alive && !x.free.is_empty())
@@ -779,5 +825,36 @@ mod tests {
             a.zeroed(node, addrs, 0);
         }
         assert_eq!(hand_everything_out(&mut a).len(), 9);
+    }
+
+    #[test]
+    fn a_metadata_node_lending_nothing_keeps_one_entry_across_restarts() {
+        let mut records = Vec::new();
+        for life in 0..5u64 {
+            let mut a = Allocator::replay(100, &records).unwrap();
+            if life == 0 {
+                a.add_node("data".into(), 7, 0, 100, 10);
+            }
+            let (own, lost) = a.add_own_pool("meta".into(), 100 + life, 1 << 40, 100, 0);
+            assert!(lost.is_empty());
+            let nodes = a.nodes(own);
+            assert_eq!(nodes.len(), 2, "life {life}: the data node and ours");
+            assert!(nodes[own as usize].alive && nodes[own as usize].meta);
+            let awaited: &[u32] = if life == 0 { &[] } else { &[0] };
+            assert_eq!(
+                a.replayed(),
+                awaited,
+                "life {life}: only the data node is awaited"
+            );
+            records = a.records();
+        }
+        // One that lent memory: its earlier pool is lost, not awaited, and the new one is new.
+        let mut a = Allocator::replay(100, &records).unwrap();
+        let (first, _) = a.add_own_pool("meta".into(), 200, 0, 100, 10);
+        let mut b = Allocator::replay(100, &a.records()).unwrap();
+        let (second, lost) = b.add_own_pool("meta".into(), 201, 0, 100, 10);
+        assert_eq!(lost, [first]);
+        assert_ne!(second, first);
+        assert!(!b.is_replayed(first) && !b.is_alive(first));
     }
 }

@@ -335,7 +335,7 @@ impl MetaService {
             );
         }
         // The pool is new whenever this process is: never one the journal names.
-        let local = alloc.add_node(
+        let (local, lost) = alloc.add_own_pool(
             advertise,
             rdmabox::random::u64(),
             pool.addr(),
@@ -375,6 +375,10 @@ impl MetaService {
             replicas: cfg.replicas as usize,
             repair: Repair::new(cfg.repair_rate),
         });
+        for id in lost {
+            log::warn!("this node's own pool before the restart (data node {id}) is gone");
+            meta.node_left(id);
+        }
         Ok((meta, wait))
     }
 
@@ -413,6 +417,12 @@ impl MetaService {
     /// restart, while some are not back yet).
     fn awaiting_nodes(&self, alloc: &Allocator) -> bool {
         self.nodes_until.is_some_and(|t| Instant::now() < t) && !alloc.replayed().is_empty()
+    }
+
+    /// Whether fewer live data nodes have space than a chunk has copies while others known
+    /// from the journal may still come back (shortly after a restart).
+    fn copies_are_coming_back(&self, alloc: &Allocator) -> bool {
+        self.awaiting_nodes(alloc) && alloc.nodes_with_space() < self.replicas
     }
 
     /// Whether clients may still take their handles again after a restart.
@@ -1016,6 +1026,12 @@ impl MetaService {
         let give_up = Instant::now() + ZEROING_WAIT;
         let mut reply = loop {
             let mut st = self.state.lock();
+            if matches!(req, Request::Allocate(_)) && self.copies_are_coming_back(&st.alloc) {
+                // Chunks allocated now would get fewer copies than the file system keeps.
+                drop(st);
+                std::thread::sleep(Duration::from_millis(5));
+                continue;
+            }
             let mut effects = Effects {
                 keep_past_size: self.reclaiming(),
                 ..Effects::default()
