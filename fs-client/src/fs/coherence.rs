@@ -16,6 +16,7 @@ use rfs_proto::message::GetAttr;
 use rfs_proto::types::{Attr, Ino, Name, ROOT};
 
 use super::backend::Backend;
+use super::stats::ClientStats;
 use super::Rfs;
 
 /// How long a callback's answer waits for the kernel to have dropped what it names. The kernel
@@ -120,21 +121,40 @@ impl<B: Backend> Rfs<B> {
                 Err(e) => log::debug!("revalidating open file {ino}: {e}"),
             }
         }
-        if self.kernel.get().is_some() {
-            self.kernel(KernelInval::Names);
-            let rest = self
-                .kernel_inodes
-                .all()
-                .into_iter()
-                .filter(|i| !open.contains(i));
-            for ino in open.iter().copied().chain(rest) {
-                self.kernel(KernelInval::Inode { ino, data: true });
-            }
-            let (done, wait) = crossbeam_channel::bounded(1);
-            self.kernel(KernelInval::Done(done));
-            let _ = wait.recv_timeout(KERNEL_INVAL_WAIT);
-        }
+        let rest = self
+            .kernel_inodes
+            .all()
+            .into_iter()
+            .filter(|i| !open.contains(i));
+        let inodes: Vec<Ino> = open.iter().copied().chain(rest).collect();
+        self.kernel_forgets(&inodes, true);
+        ClientStats::add(&self.stats.reconnections, 1);
         self.retry_owed_now();
+    }
+
+    /// The metadata connection was found lost: callbacks cannot reach us until it is back,
+    /// so the kernel is to ask before it serves a name or attributes it caches (and we answer
+    /// from the node, reconnecting). Its pages stay for descriptors already open (the next
+    /// open drops them: page versions go at the reconnection), as NFS keeps them until an
+    /// open or a lock revalidates.
+    pub(crate) fn connection_lost(&self) {
+        self.kernel_forgets(&self.kernel_inodes.all(), false);
+        ClientStats::add(&self.stats.connections_lost, 1);
+    }
+
+    /// Has the kernel drop every cached name, and the attributes (with the pages if `data`)
+    /// of `inodes`, waiting briefly for it ([`KERNEL_INVAL_WAIT`]).
+    fn kernel_forgets(&self, inodes: &[Ino], data: bool) {
+        if self.kernel.get().is_none() {
+            return;
+        }
+        self.kernel(KernelInval::Names);
+        for &ino in inodes {
+            self.kernel(KernelInval::Inode { ino, data });
+        }
+        let (done, wait) = crossbeam_channel::bounded(1);
+        self.kernel(KernelInval::Done(done));
+        let _ = wait.recv_timeout(KERNEL_INVAL_WAIT);
     }
 
     /// The kernel was given `ino` (a lookup, a create, a directory listing's entry).
@@ -213,15 +233,27 @@ impl<B: Backend> Rfs<B> {
 /// How often the metadata connection is looked at while no call comes.
 const REDIAL_EVERY: Duration = Duration::from_millis(250);
 
-/// Dials a lost metadata connection again at once rather than at the next call: a restarted
+/// Tells of a lost metadata connection ([`Rfs::connection_lost`]), and dials it again at once
+/// rather than at the next call: a restarted
 /// metadata node forgets the handles of a client that is not back within its grace period
 /// (their files then fail with EBADF), and callbacks sent while the connection was down are
 /// lost, so cached pages and attributes must be dropped soon, not whenever a call comes. Ends
 /// with the file system.
 fn keep_connected<B: Backend>(fs: Weak<Rfs<B>>) {
+    // The loss of each connection is told once: connections are counted by reconnections
+    // (a call may reconnect, and the next loss come, between two looks).
+    let mut lost_told: Option<u64> = None;
     loop {
         std::thread::sleep(REDIAL_EVERY);
         let Some(fs) = fs.upgrade() else { return };
+        let connection = fs
+            .stats
+            .reconnections
+            .load(std::sync::atomic::Ordering::Acquire);
+        if !fs.backend.metadata_connected() && lost_told != Some(connection) {
+            lost_told = Some(connection);
+            fs.connection_lost();
+        }
         if let Err(e) = fs.backend.redial() {
             log::debug!("redialling the metadata node: {e}");
         }

@@ -79,6 +79,10 @@ pub(crate) struct ClientStats {
     pub(crate) lock_waits: AtomicU64,
     /// Locks a metadata node that lost our session did not give back.
     pub(crate) locks_lost: AtomicU64,
+    /// Metadata connections found lost: the kernel's names and attributes were dropped.
+    pub(crate) connections_lost: AtomicU64,
+    /// Metadata connections back after a loss: everything cached was dropped.
+    pub(crate) reconnections: AtomicU64,
 }
 
 impl ClientStats {
@@ -194,6 +198,16 @@ impl<B: Backend> Rfs<B> {
                 "xattr_requests",
                 "Extended attribute requests from the kernel",
                 n(&s.xattr_requests),
+            ),
+            Metric::counter(
+                "connections_lost",
+                "Metadata connections found lost (the kernel's names and attributes dropped)",
+                n(&s.connections_lost),
+            ),
+            Metric::counter(
+                "reconnections",
+                "Metadata connections back after a loss (everything cached dropped)",
+                n(&s.reconnections),
             ),
             Metric::gauge(
                 "metadata_connected",
