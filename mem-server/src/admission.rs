@@ -1,13 +1,16 @@
 //! Who gets a connection slot: limits on control connections in total and per peer address,
 //! so that no peer, authenticated or not, can take every file descriptor or thread of a node.
 //! A connection holds its slot (a [`Ticket`]) until it ends. Connections still authenticating
-//! have a smaller budget of their own, so that peers without the secret can delay new
-//! connections for the setup deadline at most, never take the slots of authenticated ones.
-//! IPv6 peers count by /64, the block one host usually has.
+//! have a smaller budget of their own, so that peers without the secret never take the slots of
+//! authenticated ones; and once one address's share of that budget is full, its oldest
+//! connection still authenticating is closed to make room for the new one: a flood of silent
+//! connections from a client's address (any local user of the client host, or a NAT) cannot
+//! keep that client from connecting, since its own handshake is over long before the flood
+//! has opened as many connections again. IPv6 peers count by /64, the block one host usually has.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::net::IpAddr;
+use std::net::{IpAddr, Shutdown, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -54,6 +57,22 @@ struct Counts {
     per_peer: HashMap<IpAddr, usize>,
     pending: usize,
     pending_per_peer: HashMap<IpAddr, usize>,
+    /// Each address's connections still authenticating, oldest first, by ticket: what is
+    /// closed to make room.
+    authenticating: HashMap<IpAddr, VecDeque<(u64, TcpStream)>>,
+    next_ticket: u64,
+}
+
+impl Counts {
+    /// Forgets ticket `id` of `peer` among those still authenticating.
+    fn done_authenticating(&mut self, peer: IpAddr, id: u64) {
+        if let Some(q) = self.authenticating.get_mut(&peer) {
+            q.retain(|(t, _)| *t != id);
+            if q.is_empty() {
+                self.authenticating.remove(&peer);
+            }
+        }
+    }
 }
 
 /// The address a peer counts under: itself, or for IPv6 its /64.
@@ -87,6 +106,7 @@ pub struct Admission {
 pub struct Ticket {
     admission: Arc<Admission>,
     peer: IpAddr,
+    id: u64,
     pending: bool,
 }
 
@@ -99,7 +119,13 @@ impl Admission {
     }
 
     /// A slot for a connection from `peer`, still authenticating, or why there is none.
-    pub fn admit(self: &Arc<Self>, peer: IpAddr) -> Result<Ticket, String> {
+    /// `conn` (the connection's socket, or a handle of it) is closed if the peer's newer
+    /// connections need its slot before it authenticates.
+    pub fn admit(
+        self: &Arc<Self>,
+        peer: IpAddr,
+        conn: Option<TcpStream>,
+    ) -> Result<Ticket, String> {
         let key = peer_key(peer);
         let pending_total = (self.limits.total / PENDING_SHARE).max(1);
         let pending_per_peer = (self.limits.per_peer / PENDING_PER_PEER_SHARE).max(1);
@@ -121,17 +147,31 @@ impl Admission {
         }
         let mine_pending = c.pending_per_peer.get(&key).copied().unwrap_or(0);
         if mine_pending >= pending_per_peer {
-            return Err(format!(
-                "{mine_pending} connections from {key} still authenticating"
-            ));
+            // Its slot comes back when its thread sees the close; the new one is let in now.
+            let oldest = c.authenticating.get_mut(&key).and_then(VecDeque::pop_front);
+            let Some((_, oldest)) = oldest else {
+                return Err(format!(
+                    "{mine_pending} connections from {key} still authenticating"
+                ));
+            };
+            let _ = oldest.shutdown(Shutdown::Both);
         }
         *c.per_peer.entry(key).or_default() += 1;
         *c.pending_per_peer.entry(key).or_default() += 1;
         c.total += 1;
         c.pending += 1;
+        c.next_ticket += 1;
+        let id = c.next_ticket;
+        if let Some(conn) = conn {
+            c.authenticating
+                .entry(key)
+                .or_default()
+                .push_back((id, conn));
+        }
         Ok(Ticket {
             admission: self.clone(),
             peer: key,
+            id,
             pending: true,
         })
     }
@@ -149,6 +189,7 @@ impl Ticket {
             let mut c = self.admission.counts.lock().unwrap();
             c.pending -= 1;
             decrement(&mut c.pending_per_peer, self.peer);
+            c.done_authenticating(self.peer, self.id);
         }
     }
 }
@@ -231,7 +272,7 @@ mod tests {
     use super::*;
 
     fn admitted(a: &Arc<Admission>, ip: &str) -> Ticket {
-        let mut t = a.admit(ip.parse().unwrap()).unwrap();
+        let mut t = a.admit(ip.parse().unwrap(), None).unwrap();
         t.authenticated();
         t
     }
@@ -245,16 +286,16 @@ mod tests {
         let t1 = admitted(&a, "10.0.0.1");
         let _t2 = admitted(&a, "10.0.0.1");
         assert!(a
-            .admit("10.0.0.1".parse().unwrap())
+            .admit("10.0.0.1".parse().unwrap(), None)
             .err()
             .unwrap()
             .contains("per-peer"));
         let _t3 = admitted(&a, "10.0.0.2");
-        let full = a.admit("10.0.0.2".parse().unwrap()).err().unwrap();
+        let full = a.admit("10.0.0.2".parse().unwrap(), None).err().unwrap();
         assert!(full.contains("--max-connections"), "{full}");
         drop(t1);
         assert_eq!(a.in_use(), 2);
-        assert!(a.admit("10.0.0.1".parse().unwrap()).is_ok());
+        assert!(a.admit("10.0.0.1".parse().unwrap(), None).is_ok());
     }
 
     #[test]
@@ -265,19 +306,66 @@ mod tests {
         });
         // 64 / 32: two at a time from one peer, 64 / 8 = 8 in all.
         let lurkers: Vec<Ticket> = (0..2)
-            .map(|_| a.admit("10.0.0.9".parse().unwrap()).unwrap())
+            .map(|_| a.admit("10.0.0.9".parse().unwrap(), None).unwrap())
             .collect();
-        let refused = a.admit("10.0.0.9".parse().unwrap()).err().unwrap();
+        let refused = a.admit("10.0.0.9".parse().unwrap(), None).err().unwrap();
         assert!(refused.contains("authenticating"), "{refused}");
         let more: Vec<Ticket> = (1..=6)
-            .map(|i| a.admit(format!("10.0.1.{i}").parse().unwrap()).unwrap())
+            .map(|i| {
+                a.admit(format!("10.0.1.{i}").parse().unwrap(), None)
+                    .unwrap()
+            })
             .collect();
-        assert!(a.admit("10.0.2.1".parse().unwrap()).is_err(), "8 in all");
+        assert!(
+            a.admit("10.0.2.1".parse().unwrap(), None).is_err(),
+            "8 in all"
+        );
         // Once authenticated, a connection makes room for the next one to authenticate.
         let mut first = more.into_iter().next().unwrap();
         first.authenticated();
-        assert!(a.admit("10.0.2.1".parse().unwrap()).is_ok());
+        assert!(a.admit("10.0.2.1".parse().unwrap(), None).is_ok());
         drop(lurkers);
+    }
+
+    #[test]
+    fn a_peers_oldest_connection_still_authenticating_makes_room_for_its_newest() {
+        use std::io::Read;
+        let a = Admission::new(Limits {
+            total: 64,
+            per_peer: 64,
+        });
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let peer: IpAddr = "127.0.0.1".parse().unwrap();
+        // Two may authenticate at once from one address (64 / 32).
+        let (mut ours, mut theirs, mut served) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..3 {
+            let dialled = TcpStream::connect(addr).unwrap();
+            let (accepted, _) = listener.accept().unwrap();
+            ours.push(a.admit(peer, Some(accepted.try_clone().unwrap())).unwrap());
+            theirs.push(dialled);
+            served.push(accepted);
+        }
+        theirs[0]
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let mut b = [0u8; 1];
+        assert_eq!(theirs[0].read(&mut b).unwrap(), 0, "the oldest was closed");
+        // Its thread ends; the two newest hold the address's share.
+        drop(ours.remove(0));
+        ours[0].authenticated();
+        let dialled = TcpStream::connect(addr).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        let _fourth = a.admit(peer, Some(accepted)).unwrap();
+        theirs[1]
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        assert!(
+            theirs[1].read(&mut b).is_err(),
+            "an authenticated connection is never closed for room"
+        );
+        assert_eq!(a.in_use(), 3);
+        drop(dialled);
     }
 
     #[test]
@@ -287,11 +375,13 @@ mod tests {
             per_peer: 1,
         });
         let _t = admitted(&a, "2001:db8:1:2::1");
-        assert!(a.admit("2001:db8:1:2::ffff".parse().unwrap()).is_err());
-        assert!(a.admit("2001:db8:1:3::1".parse().unwrap()).is_ok());
+        assert!(a
+            .admit("2001:db8:1:2::ffff".parse().unwrap(), None)
+            .is_err());
+        assert!(a.admit("2001:db8:1:3::1".parse().unwrap(), None).is_ok());
         let _v4 = admitted(&a, "::ffff:10.0.0.1");
         assert!(
-            a.admit("10.0.0.1".parse().unwrap()).is_err(),
+            a.admit("10.0.0.1".parse().unwrap(), None).is_err(),
             "mapped v4 is v4"
         );
     }

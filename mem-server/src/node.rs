@@ -307,6 +307,9 @@ impl Node {
     }
 }
 
+/// How long a new connection has to answer the greeting.
+const AUTH_ANSWER_WAIT: Duration = Duration::from_secs(3);
+
 impl Shared {
     fn accept_loop(self: Arc<Self>, listener: TcpListener) {
         let mut exhausted = RateLimitedLog::new(Duration::from_secs(10));
@@ -328,7 +331,7 @@ impl Shared {
                     continue;
                 }
             };
-            let ticket = match self.admission.admit(peer.ip()) {
+            let ticket = match self.admission.admit(peer.ip(), s.try_clone().ok()) {
                 Ok(t) => t,
                 Err(why) => {
                     refused.warn(format_args!("refused a connection from {peer}: {why}"));
@@ -362,7 +365,10 @@ impl Shared {
         let deadline = Instant::now() + SETUP_DEADLINE;
         let peer = s.peer_addr()?;
         s.set_nodelay(true)?;
-        handshake::accept(&mut s, self.cfg.secret.as_deref(), deadline)?;
+        // A peer with the secret answers the greeting at once: one that stays silent holds a
+        // slot still authenticating for moments, not the whole setup deadline.
+        let answer_by = deadline.min(Instant::now() + AUTH_ANSWER_WAIT);
+        handshake::accept(&mut s, self.cfg.secret.as_deref(), answer_by)?;
         slot.authenticated();
         let hello = Hello::receive(&mut DeadlineStream::new(&s, deadline, "hello"))?;
         s.set_read_timeout(None)?;

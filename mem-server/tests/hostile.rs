@@ -499,3 +499,52 @@ fn a_client_locks_only_files_it_has_open_and_its_last_close_drops_its_locks() {
         Ok(None)
     );
 }
+
+/// A local user of a client host floods the node with connections that never answer the
+/// greeting, without pause. 32 of them used to keep every new connection from that address
+/// out for the setup deadline (a mount whose connection dropped could not come back, and its
+/// session ended); now the oldest make room for the newest, and the host's client gets in.
+#[test]
+fn a_flood_of_silent_connections_from_a_clients_address_does_not_keep_it_out() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let meta = MemServer::start(&["--memory", "4M"]);
+    let flooding = AtomicBool::new(true);
+    let (took, tries) = std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut held = std::collections::VecDeque::new();
+            while flooding.load(Ordering::Relaxed) {
+                if let Ok(c) = TcpStream::connect(meta.addr) {
+                    held.push_back(c);
+                    // As many as a user's descriptors allow, the oldest given up.
+                    if held.len() > 800 {
+                        held.pop_front();
+                    }
+                }
+            }
+        });
+        // The flood fills the address's share of connections still authenticating.
+        std::thread::sleep(Duration::from_millis(500));
+        let start = Instant::now();
+        let mut tries = 0;
+        let c = loop {
+            tries += 1;
+            match Client::connect(&meta.addr.to_string(), client_config()) {
+                Ok(c) => break c,
+                Err(e) => {
+                    assert!(
+                        start.elapsed() < Duration::from_secs(8),
+                        "kept out for {:?} ({tries} tries): {e}",
+                        start.elapsed()
+                    );
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        };
+        let took = start.elapsed();
+        assert!(tries <= 5, "in only after {tries} tries ({took:?})");
+        assert_eq!(c.call(GetAttr { ino: ROOT }).unwrap().ino, ROOT);
+        flooding.store(false, Ordering::Relaxed);
+        (took, tries)
+    });
+    println!("in after {took:?}, {tries} tries, under a flood from the same address");
+}
