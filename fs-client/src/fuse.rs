@@ -825,15 +825,21 @@ impl Filesystem for RfsFuse {
         mut reply: ReplyDirectoryPlus,
     ) {
         let ttl = self.entry_ttl;
+        let mut given = Vec::new();
         let listed = self.list(ino, offset, &self.callers.of(req), |c, n, a| {
             let full = reply.add(INodeNo(a.ino), c, n, &ttl, &self.attr(a), Generation(0));
             // The kernel counts a lookup for each entry it takes, but for "." and "..".
             if !full && n != "." && n != ".." {
-                self.fs.kernel_looked_up(a.ino);
+                given.push(a.ino);
             }
             full
         });
-        reply!("readdirplus", listed, reply, |()| reply.ok());
+        reply!("readdirplus", listed, reply, |()| {
+            for ino in given {
+                self.fs.kernel_looked_up(ino);
+            }
+            reply.ok()
+        });
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use clap::{CommandFactory, FromArgMatches, Parser};
 use std::ffi::OsStr;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 
 use fs_client::fs::{stats_json, KernelInval, Rfs, STATS_NAME};
@@ -159,10 +159,26 @@ fn tell_ready() -> bool {
     writeln!(out, "ready").and_then(|()| out.flush()).is_ok()
 }
 
-/// Whether the mount on top of `mountpoint` is still the one we made (`ours`, its id then).
-/// Without a mount table to read, it is taken to be.
-fn still_ours(mountpoint: &Path, ours: Option<u64>) -> bool {
-    ours.is_none() || mount_table::top_mount_id(mountpoint) == ours
+/// Whether the mount on top of `mountpoint` is still the one we made (`ours`, its id then,
+/// served through `connection`). Mount ids are reused once a mount is gone, so the id alone
+/// could name a mount made since: ours exists as long as its FUSE connection does, and
+/// holds its id meanwhile. Without a mount table to read, the connection decides.
+fn still_ours(mountpoint: &Path, ours: Option<u64>, connection: &OwnedFd) -> bool {
+    connection_alive(connection)
+        && (ours.is_none() || mount_table::top_mount_id(mountpoint) == ours)
+}
+
+/// Whether the kernel still serves the FUSE connection `device` (it reports an error on it
+/// once the mount is gone and the connection ended).
+fn connection_alive(device: &OwnedFd) -> bool {
+    let mut watch = libc::pollfd {
+        fd: device.as_raw_fd(),
+        events: 0,
+        revents: 0,
+    };
+    // SAFETY: one pollfd of ours, for a descriptor we own, and no waiting.
+    let ready = unsafe { libc::poll(&mut watch, 1, 0) };
+    ready == 0 || (ready > 0 && watch.revents & (libc::POLLERR | libc::POLLHUP) == 0)
 }
 
 /// The result of a session the kernel ended. fuser's session, dropped, unmounts its mount point
@@ -201,7 +217,15 @@ fn unmount_on_signal(mountpoint: &Path) -> bool {
         "files are open on {}: detached, and served until they close",
         mountpoint.display()
     );
-    // SAFETY: as above.
+    detach(mountpoint)
+}
+
+/// Detaches the mount on `mountpoint` (lazily: files open there stay usable); whether it went.
+fn detach(mountpoint: &Path) -> bool {
+    let Ok(path) = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: a valid NUL-terminated path.
     unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) == 0 }
 }
 
@@ -454,9 +478,10 @@ fn main() -> ExitCode {
     .and_then(|session| {
         // Our own descriptor of the connection, for the notices fuser does not send.
         let device = session.as_fd().try_clone_to_owned()?;
-        Ok((session.spawn()?, device))
+        let connection = session.as_fd().try_clone_to_owned()?;
+        Ok((session.spawn()?, device, connection))
     });
-    let (session, device) = match session {
+    let (session, device, connection) = match session {
         Ok(s) => s,
         Err(e) => {
             eprintln!(
@@ -493,7 +518,7 @@ fn main() -> ExitCode {
         if sig == libc::SIGUSR1 {
             fs.backend().sever();
         } else if sig != 0 {
-            if !still_ours(&mountpoint, ours) {
+            if !still_ours(&mountpoint, ours, &connection) {
                 // Unmounted (or detached) already: the session ends once the kernel lets go,
                 // and what is mounted there now is not ours to unmount.
                 log::info!(
@@ -516,6 +541,12 @@ fn main() -> ExitCode {
         }
         if session.guard.is_finished() {
             // Unmounted from outside (fusermount3 -u), or by us above.
+            if still_ours(&mountpoint, ours, &connection) {
+                // The session ended while still mounted (an error of the FUSE loop): a dead
+                // mount would answer ENOTCONN to everyone until unmounted by hand.
+                log::error!("the FUSE session ended while mounted: detaching the mount");
+                detach(&mountpoint);
+            }
             break match ended(session) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {

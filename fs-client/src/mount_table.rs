@@ -12,15 +12,24 @@ pub fn top_mount_id(dir: &Path) -> Option<u64> {
     top_in(&table, dir.as_os_str().as_bytes())
 }
 
-/// [`top_mount_id`] in a mountinfo `table`: mounts stacked on one directory are listed in the
-/// order they were made, so the last is on top.
+/// [`top_mount_id`] in a mountinfo `table`: of the mounts on `dir`, the one no other is
+/// mounted on (stacked mounts name the one below as their parent; the table's order is that
+/// of the mount ids, which a mount moved onto the directory does not follow).
 fn top_in(table: &str, dir: &[u8]) -> Option<u64> {
-    table.lines().rev().find_map(|line| {
-        let mut fields = line.split(' ');
-        let id = fields.next()?.parse().ok()?;
-        let point = fields.nth(3)?;
-        (unescape(point) == dir).then_some(id)
-    })
+    let on_dir: Vec<(u64, u64)> = table
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split(' ');
+            let id = fields.next()?.parse().ok()?;
+            let parent = fields.next()?.parse().ok()?;
+            let point = fields.nth(2)?;
+            (unescape(point) == dir).then_some((id, parent))
+        })
+        .collect();
+    on_dir
+        .iter()
+        .find(|(id, _)| !on_dir.iter().any(|(_, parent)| parent == id))
+        .map(|&(id, _)| id)
 }
 
 /// A mountinfo path: the kernel writes space, tab, newline and backslash as `\ooo`.
@@ -65,6 +74,21 @@ mod tests {
         assert_eq!(top_in(TABLE, b"/mnt/a\\040b"), None);
         assert_eq!(top_in(TABLE, b"/mnt"), None);
         assert_eq!(top_in(TABLE, b"/"), Some(22));
+    }
+
+    #[test]
+    fn a_mount_moved_onto_a_directory_is_on_top_whatever_its_id() {
+        let table = "\
+22 1 0:21 / / rw shared:1 - ext4 /dev/vda rw
+30 22 0:40 / /mnt/m rw shared:5 - fuse.rfs 127.0.0.1:7470 rw
+61 22 0:52 / /mnt/m rw shared:6 - tmpfs tmpfs rw
+";
+        // The tmpfs (61) was there first; the rfs mount (30, older) was moved onto it.
+        let moved = table.replace("30 22 0:40", "30 61 0:40");
+        assert_eq!(top_in(&moved, b"/mnt/m"), Some(30));
+        // Stacked the other way round.
+        let stacked = table.replace("61 22 0:52", "61 30 0:52");
+        assert_eq!(top_in(&stacked, b"/mnt/m"), Some(61));
     }
 
     #[test]

@@ -169,22 +169,33 @@ fn make_private(dir: &Path) -> io::Result<()> {
         .recursive(true)
         .mode(0o700)
         .create(dir)?;
-    let tighten = |path: &Path, mode: u32| -> io::Result<()> {
-        let now = fs::symlink_metadata(path)?.permissions().mode() & 0o7777;
-        if now & !mode != 0 {
-            log::warn!(
-                "{}: mode {now:o} lets others read the file system's names; made {mode:o}",
-                path.display()
-            );
-            fs::set_permissions(path, fs::Permissions::from_mode(now & mode))?;
+    // What cannot be tightened (not ours, a file system without modes) is said, not refused:
+    // the node ran with it before.
+    let tighten = |path: &Path, mode: u32| {
+        let Ok(meta) = fs::symlink_metadata(path) else {
+            return;
+        };
+        let now = meta.permissions().mode() & 0o7777;
+        if now & !mode == 0 {
+            return;
         }
-        Ok(())
+        match fs::set_permissions(path, fs::Permissions::from_mode(now & mode)) {
+            Ok(()) => log::warn!(
+                "{}: mode {now:o} let others read the file system's names; made {:o}",
+                path.display(),
+                now & mode
+            ),
+            Err(e) => log::warn!(
+                "{}: mode {now:o} lets others read the file system's names, and it could not \
+                 be changed: {e}",
+                path.display()
+            ),
+        }
     };
-    tighten(dir, 0o700)?;
-    for e in fs::read_dir(dir)? {
-        let e = e?;
-        if e.file_type()?.is_file() {
-            tighten(&e.path(), 0o600)?;
+    tighten(dir, 0o700);
+    for e in fs::read_dir(dir)?.flatten() {
+        if e.file_type().is_ok_and(|t| t.is_file()) {
+            tighten(&e.path(), 0o600);
         }
     }
     Ok(())

@@ -1024,9 +1024,16 @@ impl MetaService {
         // Space being zeroed is free space: an allocation that only it would satisfy waits
         // for the zeroer rather than failing with ENOSPC.
         let give_up = Instant::now() + ZEROING_WAIT;
+        // Fewer copies rather than none: the wait for returning nodes leaves the caller half
+        // the time it had left.
+        let left_ms = (envelope.budget_ms as u64).saturating_sub(age);
+        let copies_wait_until = Instant::now() + Duration::from_millis(left_ms / 2);
         let mut reply = loop {
             let mut st = self.state.lock();
-            if matches!(req, Request::Allocate(_)) && self.copies_are_coming_back(&st.alloc) {
+            if matches!(req, Request::Allocate(_))
+                && self.copies_are_coming_back(&st.alloc)
+                && Instant::now() < copies_wait_until
+            {
                 // Chunks allocated now would get fewer copies than the file system keeps.
                 drop(st);
                 std::thread::sleep(Duration::from_millis(5));

@@ -7,7 +7,7 @@ use std::fmt;
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use rdmabox::rpc::RpcConfig;
@@ -193,6 +193,24 @@ pub struct Client {
     down: Mutex<HashMap<u32, Instant>>,
     on_notice: Arc<OnceLock<NoticeHandler>>,
     held: OnceLock<ListHeld>,
+    /// The thread telling the notice handler of a reconnection (set before the new connection
+    /// is used): see [`Client::reconnection_settled`].
+    revalidating: Mutex<Option<std::thread::ThreadId>>,
+    revalidated: Condvar,
+}
+
+/// Puts the gate of [`Client::revalidating`] back as it was when dropped (the handler may
+/// panic; a reconnection inside the handler's own calls leaves it closed for the handler).
+struct Revalidated<'a> {
+    client: &'a Client,
+    before: Option<std::thread::ThreadId>,
+}
+
+impl Drop for Revalidated<'_> {
+    fn drop(&mut self) {
+        *self.client.revalidating.lock().unwrap() = self.before;
+        self.client.revalidated.notify_all();
+    }
 }
 
 impl MetadataChannel for Client {
@@ -233,6 +251,8 @@ impl Client {
             down: Mutex::new(HashMap::new()),
             on_notice,
             held: OnceLock::new(),
+            revalidating: Mutex::new(None),
+            revalidated: Condvar::new(),
         })
     }
 
@@ -426,13 +446,30 @@ impl Client {
         self.channel(Instant::now() + timeout).map(drop)
     }
 
+    /// Waits (up to `limit`) while another thread tells the notice handler of a
+    /// reconnection: an answer on the new connection (a lock granted, a file opened) must not
+    /// reach the application before what was cached under the old one is dropped. Called with
+    /// nothing held that the handler may need: calls themselves never wait for it.
+    pub fn reconnection_settled(&self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        let me = std::thread::current().id();
+        let mut r = self.revalidating.lock().unwrap();
+        while r.is_some_and(|t| t != me) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            r = self.revalidated.wait_timeout(r, left).unwrap().0;
+        }
+    }
+
     fn channel(&self, deadline: Instant) -> io::Result<Arc<Channel>> {
         let live = |c: &Option<Arc<Channel>>| c.as_ref().filter(|c| !c.is_broken()).cloned();
         if let Some(c) = live(&self.channel.lock().unwrap()) {
             return Ok(c);
         }
         let mut locks_lost = Vec::new();
-        let (c, broken) = {
+        let (c, broken, _gate) = {
             let _one = self.reconnecting.lock().unwrap();
             if let Some(c) = live(&self.channel.lock().unwrap()) {
                 return Ok(c); // another thread reconnected meanwhile
@@ -454,8 +491,15 @@ impl Client {
                 self.sessions_lost.fetch_add(1, Ordering::AcqRel);
                 locks_lost = self.reclaim(&c, deadline);
             }
+            let gate = Revalidated {
+                client: self,
+                before: *self.revalidating.lock().unwrap(),
+            };
+            if self.on_notice.get().is_some() {
+                *self.revalidating.lock().unwrap() = Some(std::thread::current().id());
+            }
             *self.channel.lock().unwrap() = Some(c.clone());
-            (c, broken)
+            (c, broken, gate)
         };
         // Outside the lock: the old channel's callback thread may still be busy, and the
         // handler may take a while; neither should hold up calls on the new channel.

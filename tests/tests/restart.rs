@@ -390,12 +390,13 @@ fn restarts_leave_no_node_behind_and_writes_wait_for_returning_copies() {
         3,
         "two data nodes and the metadata node's own: {nodes:?}"
     );
+    // Mounted before: the restart's wait for the data nodes (5 s) covers only the write.
+    let m = Mount::new(&meta, &[]);
     rfs_e2e::stop(b.pid());
     meta.restart();
-    let m = Mount::new(&meta, &[]);
     std::thread::scope(|s| {
         s.spawn(|| {
-            std::thread::sleep(Duration::from_millis(1000));
+            std::thread::sleep(Duration::from_millis(500));
             rfs_e2e::resume(b.pid());
         });
         fs::write(m.path("f"), content(5, 3 << 20)).unwrap();

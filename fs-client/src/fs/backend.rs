@@ -46,7 +46,14 @@ pub trait Backend: MetadataChannel + Send + Sync + 'static {
     fn metadata_connected(&self) -> bool;
     /// Dials the metadata node again now if the connection is lost (nothing if it is up).
     fn redial(&self) -> std::io::Result<()>;
+    /// Waits (briefly) while a reconnection's notice is being handled on another thread.
+    fn reconnection_settled(&self) {}
 }
+
+/// How long a lock granted, or a file opened, just after a reconnection waits for what was
+/// cached before it to be dropped: the handler's own calls are bounded by their deadlines, so
+/// this only caps a handler held up by a node that is lost again.
+const RECONNECTION_SETTLES: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The session to `chunk`'s node, or why a transfer cannot start. The session is connected
 /// beforehand ([`Backend::connect`]): a transfer holds its chunk references, and must not wait
@@ -140,6 +147,10 @@ impl Backend for Client {
 
     fn redial(&self) -> std::io::Result<()> {
         Client::redial(self)
+    }
+
+    fn reconnection_settled(&self) {
+        Client::reconnection_settled(self, RECONNECTION_SETTLES)
     }
 
     fn on_reclaim(&self, held: ListHeld) {

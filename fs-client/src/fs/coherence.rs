@@ -25,6 +25,11 @@ use super::Rfs;
 /// the answer goes and the invalidation follows when the lock is free.
 const KERNEL_INVAL_WAIT: Duration = Duration::from_millis(200);
 
+/// The same after a reconnection, whose invalidations are many and must be done before other
+/// calls go on (they wait): the kernel blocks one only while a request of ours that waits for
+/// this holds a page or inode lock, so past this the waiting ends and the rest follows.
+const RECONNECTED_INVAL_WAIT: Duration = Duration::from_secs(1);
+
 /// The inodes the kernel was given (by lookups, creates and directory listings), with how
 /// many times: the kernel holds one until it forgets as many lookups, and may cache its
 /// attributes and pages until then.
@@ -111,6 +116,8 @@ impl<B: Backend> Rfs<B> {
     /// before the call that reconnected goes on: a lock taken by that call then sees what
     /// others wrote under it.
     pub(crate) fn reconnected(&self) {
+        // First: a loss while this runs is a loss of the new connection.
+        ClientStats::add(&self.stats.reconnections, 1);
         self.chunks.forget_all();
         self.dirs.forget_all();
         self.pages_unknown();
@@ -118,6 +125,12 @@ impl<B: Backend> Rfs<B> {
         for &ino in &open {
             match self.call(GetAttr { ino }) {
                 Ok(a) => self.changed_elsewhere(&a),
+                // Lost again: the next connection asks for them all (a call each waiting out
+                // its deadline would hold the caller up once per open file).
+                Err(e) if e.is_fault() => {
+                    log::warn!("revalidating open files after a reconnection: {e}");
+                    break;
+                }
                 Err(e) => log::debug!("revalidating open file {ino}: {e}"),
             }
         }
@@ -127,8 +140,7 @@ impl<B: Backend> Rfs<B> {
             .into_iter()
             .filter(|i| !open.contains(i));
         let inodes: Vec<Ino> = open.iter().copied().chain(rest).collect();
-        self.kernel_forgets(&inodes, true);
-        ClientStats::add(&self.stats.reconnections, 1);
+        self.kernel_forgets(&inodes, true, RECONNECTED_INVAL_WAIT);
         self.retry_owed_now();
     }
 
@@ -138,13 +150,13 @@ impl<B: Backend> Rfs<B> {
     /// open drops them: page versions go at the reconnection), as NFS keeps them until an
     /// open or a lock revalidates.
     pub(crate) fn connection_lost(&self) {
-        self.kernel_forgets(&self.kernel_inodes.all(), false);
+        self.kernel_forgets(&self.kernel_inodes.all(), false, KERNEL_INVAL_WAIT);
         ClientStats::add(&self.stats.connections_lost, 1);
     }
 
     /// Has the kernel drop every cached name, and the attributes (with the pages if `data`)
-    /// of `inodes`, waiting briefly for it ([`KERNEL_INVAL_WAIT`]).
-    fn kernel_forgets(&self, inodes: &[Ino], data: bool) {
+    /// of `inodes`, waiting up to `wait` for it.
+    fn kernel_forgets(&self, inodes: &[Ino], data: bool, wait: Duration) {
         if self.kernel.get().is_none() {
             return;
         }
@@ -152,9 +164,9 @@ impl<B: Backend> Rfs<B> {
         for &ino in inodes {
             self.kernel(KernelInval::Inode { ino, data });
         }
-        let (done, wait) = crossbeam_channel::bounded(1);
+        let (done, finished) = crossbeam_channel::bounded(1);
         self.kernel(KernelInval::Done(done));
-        let _ = wait.recv_timeout(KERNEL_INVAL_WAIT);
+        let _ = finished.recv_timeout(wait);
     }
 
     /// The kernel was given `ino` (a lookup, a create, a directory listing's entry).

@@ -250,6 +250,10 @@ impl<B: Backend> Rfs<B> {
         });
         let granted = matches!(answer, Ok(None)).then_some(lock);
         self.locks.answered(ino, owner, granted, answer.is_err());
+        if granted.is_some() {
+            // What the holder reads under it must not come from a cache of before a loss.
+            self.backend.reconnection_settled();
+        }
         answer
     }
 

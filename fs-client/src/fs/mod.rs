@@ -272,10 +272,15 @@ impl<B: Backend> Rfs<B> {
 
     /// A write by `caller` that the kernel says clears the file's set-user-ID bit (and its
     /// set-group-ID bit when group-executable, as Linux clears them): writes that go around the
-    /// page cache leave that to the file system (FUSE_WRITE_KILL_SUIDGID). The mode comes from
-    /// the attribute cache, so a file without those bits costs no call.
+    /// page cache leave that to the file system (FUSE_WRITE_KILL_SUIDGID, on every such write
+    /// of a caller without CAP_FSETID). The mode of a file open here is known (its open, and
+    /// callbacks, tell it), so a file without those bits costs no call.
     pub fn write_clears_setid(self: &Arc<Self>, ino: Ino, caller: &Caller) -> Result<()> {
-        let perm = u32::from(self.getattr(ino)?.perm);
+        let perm = match self.open_perm(ino) {
+            Some(p) => p,
+            None => self.getattr(ino)?.perm,
+        };
+        let perm = u32::from(perm);
         let cleared = perm & !setid_cleared_by_write(perm);
         if cleared == perm {
             return Ok(());

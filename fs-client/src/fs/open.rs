@@ -43,6 +43,8 @@ pub(crate) struct OpenFile {
     flushed: Option<Instant>,
     /// Commits that failed: a commit that waited for another's answer takes its failure.
     commits_failed: u64,
+    /// Its permission bits, as the latest answer or callback told.
+    perm: u16,
 }
 
 impl OpenFile {
@@ -75,6 +77,7 @@ impl OpenFile {
     /// ours, overtaken by the cut) tells nothing; otherwise the size can only grow
     /// ([`Self::follow`]).
     pub(crate) fn answered(&mut self, a: &Attr) {
+        self.perm = a.perm;
         if !self.learn(a) && a.cuts == self.cuts {
             self.follow(a.size, false);
         }
@@ -133,6 +136,8 @@ impl<B: Backend> Rfs<B> {
             access,
             caller: caller.clone(),
         })?;
+        // Close-to-open: nothing cached before a loss of the connection may serve this open.
+        self.backend.reconnection_settled();
         let now = PageVersion::of(&attr);
         let keep = attr.kind == FileKind::RegularFile
             && self.page_versions.lock().unwrap().insert(ino, now) == Some(now);
@@ -615,6 +620,11 @@ impl<B: Backend> Rfs<B> {
     /// The end of `ino` as this mount knows it while the file is open here: our writes, and
     /// what other clients committed (their commits' callbacks are in before the commit
     /// returns, so under a lock this is the end the last holder left). None if not open.
+    /// The permission bits of `ino` if it is open here, as last told.
+    pub(crate) fn open_perm(&self, ino: Ino) -> Option<u16> {
+        self.open.lock().unwrap().get(&ino).map(|f| f.perm)
+    }
+
     pub fn open_end(&self, ino: Ino) -> Option<u64> {
         self.open.lock().unwrap().get(&ino).map(|f| f.size)
     }
