@@ -59,17 +59,68 @@ pub(crate) struct MetaState {
     pub(crate) frozen: HashSet<(Ino, u64)>,
     /// Every client's file locks (not journaled: clients take them again after a restart).
     locks: LockTable,
+    /// The clients holding handles open (journaled): those a restart waits for.
+    holding: HandleHolders,
+}
+
+/// The clients that hold handles open, journaled as they come and go: after a restart, those
+/// that held some are waited for (to take them back) before closed files give back what they
+/// kept past their size and files unlinked while open go.
+#[derive(Default)]
+pub(crate) struct HandleHolders {
+    clients: HashSet<u64>,
+    log: Vec<Record>,
+}
+
+impl HandleHolders {
+    /// Client `client` holds handles now (`holds`), or no more.
+    fn set(&mut self, client: u64, holds: bool) {
+        let changed = if holds {
+            self.clients.insert(client)
+        } else {
+            self.clients.remove(&client)
+        };
+        if changed {
+            self.log.push(Record::Holding { client, holds });
+        }
+    }
+
+    /// The clients that `records` leave holding handles.
+    fn replay(records: &[Record]) -> HashSet<u64> {
+        let mut clients = HashSet::new();
+        for r in records {
+            if let Record::Holding { client, holds } = *r {
+                if holds {
+                    clients.insert(client);
+                } else {
+                    clients.remove(&client);
+                }
+            }
+        }
+        clients
+    }
 }
 
 impl Durable for MetaState {
     fn take_records(&mut self, out: &mut Vec<Record>) {
+        let before = out.len();
         self.ns.take_records(out);
         self.alloc.take_records(out);
+        // Who holds handles rides along with the next change journaled anyway, rather than
+        // costing an fsync of its own at a first open and a last close: a client whose handles
+        // changed nothing journaled meanwhile has nothing a restart's grace must keep for it.
+        if out.len() > before {
+            out.append(&mut self.holding.log);
+        }
     }
 
     fn records(&self) -> Vec<Record> {
         let mut all = self.ns.records();
         all.extend(self.alloc.records());
+        all.extend(self.holding.clients.iter().map(|&client| Record::Holding {
+            client,
+            holds: true,
+        }));
         all
     }
 }
@@ -83,6 +134,9 @@ pub(crate) struct MetaService {
     /// reclaim the handles they had (files unlinked while open stay for them).
     nodes_until: Option<Instant>,
     reclaim_until: Option<Instant>,
+    /// After a restart: the clients that held handles and are not back yet (none: the grace
+    /// for what they may have written past sizes is over before its time).
+    awaited_clients: Mutex<HashSet<u64>>,
     pub(crate) zeroer: Zeroer,
     /// Bytes of entries a readdir reply may carry: pages are cut to fit a message.
     page_bytes: usize,
@@ -300,6 +354,7 @@ impl MetaService {
         chunks: u64,
         grants: &Arc<Grants>,
     ) -> io::Result<(Arc<MetaService>, Receiver<()>)> {
+        let mut awaited = HashSet::new();
         let (mut ns, mut alloc, journal, restarted) = match &cfg.state_dir {
             None => (
                 Namespace::new(cfg.chunk_size),
@@ -312,6 +367,7 @@ impl MetaService {
                     io::Error::new(e.kind(), format!("state directory {}: {e}", dir.display()))
                 })?;
                 let restarted = !records.is_empty();
+                awaited = HandleHolders::replay(&records);
                 let (ns, alloc) = if restarted {
                     Self::replay(cfg.chunk_size, &records).map_err(|e| invalid_state(dir, &e))?
                 } else {
@@ -349,6 +405,12 @@ impl MetaService {
             frees: 0,
             frozen: HashSet::new(),
             locks: LockTable::default(),
+            // Still holding until they are back, or the grace is over: a restart meanwhile
+            // waits for them too.
+            holding: HandleHolders {
+                clients: awaited.clone(),
+                log: Vec::new(),
+            },
         };
         if let Some(j) = &journal {
             // The snapshot that starts the journal has what was made here.
@@ -361,6 +423,7 @@ impl MetaService {
             local,
             nodes_until: restarted.then(|| Instant::now() + REJOIN_WAIT.min(cfg.lease * 2)),
             reclaim_until: restarted.then(|| Instant::now() + cfg.lease * 2),
+            awaited_clients: Mutex::new(awaited),
             zeroer,
             page_bytes: readdir_budget(cfg.rpc.max_msg),
             lease: cfg.lease,
@@ -425,6 +488,22 @@ impl MetaService {
         self.awaiting_nodes(alloc) && alloc.nodes_with_space() < self.replicas
     }
 
+    /// Whether clients that held handles before a restart may still come back for them:
+    /// until then, closed files keep what they hold past their size, and files unlinked while
+    /// open stay.
+    fn awaiting_clients(&self) -> bool {
+        self.reclaiming() && !self.awaited_clients.lock().unwrap().is_empty()
+    }
+
+    /// Client `client` made a call of its own after a restart (its handles are taken back by
+    /// then: that comes first on a new connection).
+    fn client_back(&self, client: u64) {
+        let mut awaited = self.awaited_clients.lock().unwrap();
+        if awaited.remove(&client) && awaited.is_empty() {
+            log::info!("every client that held handles before the restart is back");
+        }
+    }
+
     /// Whether clients may still take their handles again after a restart.
     fn reclaiming(&self) -> bool {
         self.reclaim_until
@@ -432,11 +511,11 @@ impl MetaService {
     }
 
     /// After a restart: data nodes not back in time count as gone (their chunks are copied
-    /// from others); once clients had their time to reclaim, files unlinked while open that
-    /// nobody reclaimed go.
+    /// from others); once every client that held handles is back, or their time is up, files
+    /// unlinked while open that nobody reclaimed go, and closed files give back what they
+    /// kept past their size.
     pub(crate) fn start_grace(self: &Arc<Self>) -> io::Result<()> {
-        let (Some(nodes_until), Some(reclaim_until)) = (self.nodes_until, self.reclaim_until)
-        else {
+        let (Some(nodes_until), Some(_)) = (self.nodes_until, self.reclaim_until) else {
             return Ok(());
         };
         let me = self.clone();
@@ -449,8 +528,15 @@ impl MetaService {
                     log::warn!("data node {id} did not come back after the restart");
                     me.node_left(id);
                 }
-                std::thread::sleep(reclaim_until.saturating_duration_since(Instant::now()));
+                // Until every client that held handles is back, or their time is up.
+                while me.awaiting_clients() {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
                 let mut st = me.state.lock();
+                for client in std::mem::take(&mut *me.awaited_clients.lock().unwrap()) {
+                    log::warn!("client {client:x} did not come back for its handles");
+                    st.holding.set(client, false);
+                }
                 let orphans = st.ns.reap_orphans();
                 let chunks: Vec<ChunkRef> = orphans
                     .iter()
@@ -897,7 +983,7 @@ impl MetaService {
         let mut st = self.state.lock();
         st.holders.remove(session.id);
         let mut effects = Effects {
-            keep_past_size: self.reclaiming(),
+            keep_past_size: self.awaiting_clients(),
             woken: st.locks.drop_session(session.id),
             ..Effects::default()
         };
@@ -906,6 +992,7 @@ impl MetaService {
                 Self::release(&mut st.ns, ino, &mut effects);
             }
         }
+        st.holding.set(session.client, false);
         self.settle(st, Some(session.id), effects);
         for (&node, &data) in &session.data {
             self.tell(node, RevokeSession { session: data }.into());
@@ -1021,6 +1108,13 @@ impl MetaService {
             }
         };
         let id = session.id;
+        if !matches!(
+            req,
+            Request::Reclaim(_)
+                | Request::SetLock(rfs_proto::message::SetLock { reclaim: true, .. })
+        ) {
+            self.client_back(session.client);
+        }
         // Space being zeroed is free space: an allocation that only it would satisfy waits
         // for the zeroer rather than failing with ENOSPC.
         let give_up = Instant::now() + ZEROING_WAIT;
@@ -1040,10 +1134,14 @@ impl MetaService {
                 continue;
             }
             let mut effects = Effects {
-                keep_past_size: self.reclaiming(),
+                keep_past_size: self.awaiting_clients(),
                 ..Effects::default()
             };
+            let held = session.holds_handles();
             let reply = self.apply(&mut st, &mut session, &req, &mut effects);
+            if session.holds_handles() != held {
+                st.holding.set(session.client, !held);
+            }
             // Space is also coming while data nodes known from the journal come back.
             let short = matches!(req, Request::Allocate(_))
                 && reply == encode_reply::<()>(RequestOp::Allocate as u8, &Err(Errno::ENOSPC))
@@ -1097,6 +1195,7 @@ impl MetaService {
             frees,
             frozen,
             locks,
+            ..
         } = st;
         let ClientSession {
             id: session,

@@ -46,6 +46,9 @@ pub enum Record {
     /// Nothing at or past `upto` in node `node`'s pool was ever handed out (so it is still
     /// zero: it needs no zeroing after a restart).
     Fresh { node: u32, upto: u64 },
+    /// Client `client` holds open handles (`holds`), or no more: after a restart, the grace for
+    /// taking handles back ends as soon as every client that held some is back.
+    Holding { client: u64, holds: bool },
 }
 
 /// Tags of the records with attributes. Those written before attributes counted cuts (protocol
@@ -54,6 +57,7 @@ const CREATED_BEFORE_CUTS: u8 = 2;
 const ATTR_BEFORE_CUTS: u8 = 3;
 const CREATED: u8 = 12;
 const ATTR: u8 = 13;
+const HOLDING: u8 = 14;
 
 /// Attributes as journaled before they counted cuts: every field but `cuts`, in order.
 fn attr_before_cuts(r: &mut Reader<'_>) -> Result<Attr, DecodeError> {
@@ -159,6 +163,11 @@ impl Record {
                 node.put(w);
                 upto.put(w);
             }
+            Record::Holding { client, holds } => {
+                HOLDING.put(w);
+                client.put(w);
+                holds.put(w);
+            }
         }
     }
 
@@ -210,6 +219,10 @@ impl Record {
             11 => Record::Fresh {
                 node: Wire::get(r)?,
                 upto: Wire::get(r)?,
+            },
+            HOLDING => Record::Holding {
+                client: Wire::get(r)?,
+                holds: Wire::get(r)?,
             },
             t => return bad(format!("unknown journal record {t}")),
         })
@@ -317,6 +330,10 @@ mod tests {
                 count: 512,
             },
             Record::Fresh { node: 2, upto: 77 },
+            Record::Holding {
+                client: u64::MAX,
+                holds: true,
+            },
         ];
         let mut w = Writer::default();
         for r in &all {

@@ -28,6 +28,8 @@ pub(crate) struct Handles {
 
 pub(crate) struct ClientSession {
     pub(crate) id: SessionId,
+    /// The id its client chose, which outlives restarts of the metadata node.
+    pub(crate) client: u64,
     /// Handles the client holds open, by inode.
     pub(crate) open: HashMap<Ino, Handles>,
     /// The client's data session at each node, by node id: chunks are granted to it.
@@ -40,6 +42,11 @@ pub(crate) struct ClientSession {
 }
 
 impl ClientSession {
+    /// Whether it holds a handle open.
+    pub(crate) fn holds_handles(&self) -> bool {
+        self.open.values().any(|h| h.all > 0)
+    }
+
     /// The reply already given to call `seq`, if it is a resend; replies below `oldest` (the
     /// client's oldest unanswered call) are forgotten first.
     pub(crate) fn replayed(&mut self, seq: u64, oldest: u64) -> Option<Vec<u8>> {
@@ -109,6 +116,7 @@ impl Sessions {
             Entry {
                 session: Arc::new(Mutex::new(ClientSession {
                     id: *next,
+                    client,
                     open: HashMap::new(),
                     data: HashMap::new(),
                     replies: BTreeMap::new(),

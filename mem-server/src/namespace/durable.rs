@@ -184,7 +184,10 @@ impl Namespace {
                 }
             }
             Record::NextIno(n) => self.next_ino = self.next_ino.max(*n),
-            Record::Format { .. } | Record::Node { .. } | Record::Fresh { .. } => {}
+            Record::Format { .. }
+            | Record::Node { .. }
+            | Record::Fresh { .. }
+            | Record::Holding { .. } => {}
         }
         Ok(true)
     }
