@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 use rdmabox::rpc::{RpcClient, RpcConfig};
 use rdmabox::transport::{CompletionQueue, ProtectionDomain, QueuePair};
 use rfs_proto::callback::{is_ack, Callback, EntryChange, Invalidation, CALLBACK_RPC};
+use rfs_proto::handshake::SessionKey;
+use rfs_proto::integrity;
 use rfs_proto::types::{Attr, Ino, Name};
 use rfs_proto::wire::MAX_LIST;
 
@@ -348,6 +350,8 @@ pub(crate) struct Callbacks {
     responsive: AtomicBool,
     /// Ends the whole session (its request loop watches it).
     end_session: Arc<AtomicBool>,
+    /// The connection's session key: callbacks and their answers carry MACs by it.
+    key: Option<SessionKey>,
 }
 
 impl Callbacks {
@@ -359,6 +363,7 @@ impl Callbacks {
         lease: Duration,
         client: String,
         end_session: Arc<AtomicBool>,
+        key: Option<SessionKey>,
     ) -> io::Result<Arc<Callbacks>> {
         let cfg = RpcConfig {
             timeout: lease,
@@ -374,6 +379,7 @@ impl Callbacks {
             ready: Condvar::new(),
             responsive: AtomicBool::new(true),
             end_session,
+            key,
         });
         let run = me.clone();
         std::thread::Builder::new()
@@ -479,8 +485,14 @@ impl Callbacks {
                 }
                 (batch, waiting)
             };
-            let answered = match self.rpc.call(&batch.encode()) {
-                Ok(reply) if is_ack(&reply) => {
+            let key = self.key.as_ref();
+            let sealed = integrity::seal(key, integrity::CALLBACK, 0, batch.encode());
+            let answers = integrity::number_of(&sealed);
+            let answered = match self.rpc.call(&sealed) {
+                Ok(reply)
+                    if integrity::open(key, integrity::ANSWER, answers, &reply)
+                        .is_some_and(is_ack) =>
+                {
                     if !self.responsive.swap(true, Ordering::AcqRel) {
                         log::warn!("client {} answers callbacks again", self.client);
                     }

@@ -339,7 +339,7 @@ fn join_once(
         pool_id: pool.id,
         fresh: pool.fresh,
     });
-    let mut s = dial(
+    let (mut s, _key) = dial(
         meta,
         node.cfg.secret.as_deref(),
         &hello,

@@ -18,6 +18,8 @@ use rdmabox::transport::MemoryRegion;
 use rfs_proto::clock;
 use rfs_proto::frame::send_frame;
 use rfs_proto::grant::{GrantChunks, LinkRequest, RevokeChunks, RevokeFreed, RevokeSession};
+use rfs_proto::handshake::SessionKey;
+use rfs_proto::integrity;
 use rfs_proto::locks::UNLOCK;
 use rfs_proto::message::{encode_reply, readdir_budget, unseal, Call, Made, Request, RequestOp};
 use rfs_proto::types::{
@@ -152,6 +154,15 @@ pub(crate) struct MetaService {
     /// Copies of each chunk the file system keeps.
     pub(crate) replicas: usize,
     pub(crate) repair: Repair,
+}
+
+/// The sequence number and the sealed call (envelope and call) of `frame`, if its MAC by `key`
+/// is right for that number.
+fn opened_call<'a>(key: Option<&SessionKey>, frame: &'a [u8]) -> Option<(u64, &'a [u8])> {
+    let inner = frame.get(..frame.len().checked_sub(integrity::TAG)?)?;
+    let (envelope, _) = unseal(inner)?;
+    let body = integrity::open(key, integrity::CALL, envelope.seq, frame)?;
+    Some((envelope.seq, body))
 }
 
 /// How long a restarted metadata node waits for the data nodes its journal knows (they join
@@ -889,6 +900,7 @@ impl MetaService {
         node: &Shared,
         mut s: TcpStream,
         client_id: u64,
+        key: Option<SessionKey>,
     ) -> io::Result<()> {
         let peer = s.peer_addr()?;
         let mut links = node.links(&node.pd, &mut s, 2)?;
@@ -905,6 +917,7 @@ impl MetaService {
             self.lease,
             who.clone(),
             stop.clone(),
+            key.clone(),
         )?;
         // From here on, every way out goes through the detach below.
         let attached = self.sessions.attach(client_id, stop.clone());
@@ -927,8 +940,20 @@ impl MetaService {
                     closed.store(true, Ordering::Release);
                 })
             };
-            let served = rpc::serve(&node.pd, qp, cq, node.cfg.rpc, &stop, |body| {
-                self.handle(&attached, body)
+            let served = rpc::serve(&node.pd, qp, cq, node.cfg.rpc, &stop, |frame| {
+                match opened_call(key.as_ref(), frame) {
+                    Some((seq, body)) => {
+                        let reply = self.handle(&attached, body);
+                        integrity::seal(key.as_ref(), integrity::REPLY, seq, reply)
+                    }
+                    None => {
+                        // Not the client's: whoever sent it is on the path. Nothing more is
+                        // taken from this connection.
+                        log::error!("{who}: a call without the session's MAC; connection closed");
+                        stop.store(true, Ordering::Release);
+                        Vec::new()
+                    }
+                }
             });
             let _ = s.shutdown(std::net::Shutdown::Both);
             let _ = closer.join();

@@ -16,8 +16,9 @@ use rdmabox::transport::{
 };
 use rdmabox::{connect_links, SessionConfig};
 use rfs_proto::frame::send_frame;
-use rfs_proto::handshake;
+use rfs_proto::handshake::{self, SessionKey};
 use rfs_proto::hello::{Data, Hello, PoolDescriptor};
+use rfs_proto::integrity;
 use rfs_proto::metrics::Metric;
 use rfs_proto::types::MAX_REPLICAS;
 
@@ -368,7 +369,7 @@ impl Shared {
         // A peer with the secret answers the greeting at once: one that stays silent holds a
         // slot still authenticating for moments, not the whole setup deadline.
         let answer_by = deadline.min(Instant::now() + AUTH_ANSWER_WAIT);
-        handshake::accept(&mut s, self.cfg.secret.as_deref(), answer_by)?;
+        let key = handshake::accept(&mut s, self.cfg.secret.as_deref(), answer_by)?;
         slot.authenticated();
         let hello = Hello::receive(&mut DeadlineStream::new(&s, deadline, "hello"))?;
         s.set_read_timeout(None)?;
@@ -382,8 +383,8 @@ impl Shared {
                 .ok_or_else(|| invalid(format!("{:?} sent to a data node", hello.op())))
         };
         match &hello {
-            Hello::Data(Data { qps }) => self.serve_data(s, *qps as usize),
-            Hello::Metadata(m) => meta()?.serve(self, s, m.client_id),
+            Hello::Data(Data { qps }) => self.serve_data(s, *qps as usize, key),
+            Hello::Metadata(m) => meta()?.serve(self, s, m.client_id, key),
             Hello::Join(j) => crate::join::admit(self, meta()?, s, j),
         }
     }
@@ -405,7 +406,7 @@ impl Shared {
     /// One-sided service: connect the queue pairs in a domain of the session's own (where it
     /// reaches only what it is granted), name the session, then stay out of the way until
     /// the client goes.
-    fn serve_data(&self, mut s: TcpStream, qps: usize) -> io::Result<()> {
+    fn serve_data(&self, mut s: TcpStream, qps: usize, key: Option<SessionKey>) -> io::Result<()> {
         let pd = Arc::new(self.ctx.alloc_pd()?);
         let links = self.links(&pd, &mut s, qps)?;
         let session = self.grants.open(pd);
@@ -414,7 +415,8 @@ impl Shared {
             len: self.pool.len() as u64,
             session,
         };
-        let sent = send_frame(&mut s, &pool.encode());
+        let sealed = integrity::seal(key.as_ref(), integrity::POOL, 0, pool.encode());
+        let sent = send_frame(&mut s, &sealed);
         if sent.is_ok() {
             wait_for_close(&mut s);
         }

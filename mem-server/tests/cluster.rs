@@ -125,6 +125,39 @@ fn read_chunk(c: &Client, chunk: &ChunkRef, len: usize) -> Vec<u8> {
         .unwrap()
 }
 
+/// A metadata channel set up by hand, as a peer on the path would after forwarding a real
+/// client's handshake: its call queue pair, the session key the handshake gave the real ends,
+/// and the control connection (the session lasts while it is open).
+fn raw_metadata_channel(
+    meta: &MemServer,
+) -> (
+    rdmabox::rpc::RpcClient,
+    Option<rfs_proto::handshake::SessionKey>,
+    TcpStream,
+) {
+    use rdmabox::transport::Context;
+    use rfs_proto::hello::{Hello, Metadata};
+    let ctx = Context::open(&client_config().transport).unwrap();
+    let pd = std::sync::Arc::new(ctx.alloc_pd().unwrap());
+    let hello = Hello::Metadata(Metadata {
+        client_id: rdmabox::random::u64(),
+    });
+    let (mut s, key) = rfs_proto::handshake::dial(
+        meta.addr,
+        secret().as_deref(),
+        &hello,
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    // Calls on the first queue pair; the second (callbacks) stays open, unused.
+    let mut links = rdmabox::connect_links(&ctx, &pd, &mut s, 2, Default::default()).unwrap();
+    std::mem::forget(links.pop());
+    let (qp, cq) = links.remove(0);
+    let _resumed = rfs_proto::frame::recv_frame(&mut s, 1).unwrap();
+    let rpc = rdmabox::rpc::RpcClient::new(&pd, qp, cq, Default::default()).unwrap();
+    (rpc, key, s)
+}
+
 fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
     let start = Instant::now();
     while !f() {
@@ -323,31 +356,33 @@ fn hostile_input_is_refused_and_harms_no_one() {
         let mut rest = Vec::new();
         let _ = s.read_to_end(&mut rest); // the node closes the connection
     }
-    // Malformed metadata requests get an error reply, on a raw RPC channel.
+    // Malformed metadata requests of an authenticated peer get an error reply, on a raw RPC
+    // channel (in their envelope, sealed with the session key).
     {
-        use rdmabox::transport::Context;
-        use rfs_proto::hello::{Hello, Metadata};
-        let ctx = Context::open(&client_config().transport).unwrap();
-        let pd = ctx.alloc_pd().unwrap();
-        let hello = Hello::Metadata(Metadata { client_id: 1 });
-        let mut s = rfs_proto::handshake::dial(
-            meta.addr,
-            secret().as_deref(),
-            &hello,
-            Duration::from_secs(5),
-        )
-        .unwrap();
-        // Calls on the first queue pair; the second (callbacks) stays open, unused.
-        let mut links = rdmabox::connect_links(&ctx, &pd, &mut s, 2, Default::default()).unwrap();
-        let (qp, cq) = links.remove(0);
-        let rpc = rdmabox::rpc::RpcClient::new(&pd, qp, cq, Default::default()).unwrap();
-        for garbage in [
+        use rfs_proto::integrity::{self, CALL, REPLY};
+        use rfs_proto::message::{seal, Envelope};
+        let (rpc, key, _control) = raw_metadata_channel(&meta);
+        for (seq, garbage) in [
             vec![],
             vec![rfs_proto::wire::VERSION, 42, 1, 2, 3],
             vec![rfs_proto::wire::VERSION, 2, 1, 2, 3],
             vec![9; 1000],
-        ] {
-            let raw = rpc.call(&garbage).unwrap();
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let seq = seq as u64 + 1;
+            let envelope = Envelope {
+                seq,
+                oldest: seq,
+                sent_ms: rfs_proto::clock::now_ms(),
+                budget_ms: 10_000,
+            };
+            let call = integrity::seal(key.as_ref(), CALL, seq, seal(&envelope, &garbage));
+            let sealed = rpc.call(&call).unwrap();
+            let raw = integrity::open(key.as_ref(), REPLY, seq, &sealed)
+                .expect("a reply sealed with the session key")
+                .to_vec();
             // The error answers the op the garbage claimed to be, whatever that was.
             let mut as_getattr = raw.clone();
             as_getattr[1] = GetAttr::OP as u8;
@@ -395,6 +430,55 @@ fn hostile_input_is_refused_and_harms_no_one() {
     // Everyone else is unharmed.
     let c2 = client(&meta);
     assert_eq!(c2.call(GetAttr { ino }).unwrap().ino, ino);
+}
+
+/// A peer on the path without the secret forwards a real client's handshake, then uses the
+/// authenticated connection itself: its calls carry no MAC by the session key (which the
+/// handshake never sends), so the node applies none of them, answers nothing and closes the
+/// connection. (Before, such a relay chmodded a root 0600 file to 0666: here one of 0644.)
+#[test]
+fn a_relay_that_forwarded_the_handshake_cannot_use_the_connection() {
+    use rfs_proto::message::{encode_call, seal, Envelope};
+    let meta = meta("16M");
+    if secret().is_none() {
+        return; // nothing to forge without authentication
+    }
+    let c = client(&meta);
+    let ino = create(&c, "private");
+    let mode = |c: &Client| c.call(GetAttr { ino }).unwrap().perm;
+    assert_eq!(mode(&c) & 0o777, 0o644);
+    let (rpc, _key, _control) = raw_metadata_channel(&meta);
+    let chmod = SetAttr {
+        ino,
+        changes: AttrChanges {
+            mode: Some(0o666),
+            ..AttrChanges::default()
+        },
+        caller: Caller::default(),
+    };
+    let envelope = Envelope {
+        seq: 1,
+        oldest: 1,
+        sent_ms: rfs_proto::clock::now_ms(),
+        budget_ms: 10_000,
+    };
+    // What the relay can make: a MAC of its own guessing, or none at all.
+    let mut forged = seal(&envelope, &encode_call(&chmod));
+    forged.extend_from_slice(&[7; rfs_proto::integrity::TAG]);
+    assert!(
+        rpc.call(&forged).map_or(true, |reply| reply.is_empty()),
+        "the node answered a forged call"
+    );
+    assert!(
+        rpc.call(&seal(&envelope, &encode_call(&chmod))).is_err(),
+        "the connection is closed"
+    );
+    assert_eq!(mode(&c) & 0o777, 0o644, "the chmod was not applied");
+    assert_eq!(
+        c.call(GetAttr { ino }).unwrap().ino,
+        ino,
+        "the real client is served"
+    );
 }
 
 #[test]

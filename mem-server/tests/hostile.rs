@@ -68,7 +68,7 @@ fn a_join_claiming_an_absurd_pool_is_refused_and_the_node_lives() {
             pool_id: 7,
             fresh,
         });
-        let mut s = dial(
+        let (mut s, _) = dial(
             meta.addr,
             secret().as_deref(),
             &hello,
@@ -104,6 +104,7 @@ fn a_silent_data_hello_pins_nothing_past_the_setup_deadline() {
                 Duration::from_secs(5),
             )
             .unwrap()
+            .0
         })
         .collect();
     wait_until(

@@ -16,11 +16,14 @@ use rdmabox::transport::{Context, ProtectionDomain};
 use crate::callback::{encode_ack, Callback, CALLBACK_RPC};
 use crate::client::{ClientConfig, Notice, NoticeHandler};
 use crate::frame::recv_frame;
-use crate::handshake::dial;
+use crate::handshake::{dial, SessionKey};
 use crate::hello::{Hello, Metadata};
+use crate::integrity::{self, ANSWER, CALLBACK};
 
 pub(crate) struct Channel {
     pub(crate) rpc: RpcClient,
+    /// What every call, reply, callback and answer on it is sealed with.
+    pub(crate) key: Option<SessionKey>,
     /// Whether the service still had this client's session (false: a new one).
     pub(crate) resumed: bool,
     control: TcpStream,
@@ -39,7 +42,7 @@ impl Channel {
         on_notice: &Arc<OnceLock<NoticeHandler>>,
     ) -> io::Result<Channel> {
         let hello = Hello::Metadata(Metadata { client_id });
-        let mut s = dial(addr, cfg.secret.as_deref(), &hello, cfg.connect_timeout)?;
+        let (mut s, key) = dial(addr, cfg.secret.as_deref(), &hello, cfg.connect_timeout)?;
         let mut links = connect_links(ctx, pd, &mut s, 2, cfg.session.caps)?;
         let (cb_qp, cb_cq) = links.pop().expect("two links");
         let (qp, cq) = links.pop().expect("two links");
@@ -48,17 +51,24 @@ impl Channel {
         let callbacks_stop = Arc::new(AtomicBool::new(false));
         let callbacks = {
             let (pd, on, stop) = (pd.clone(), on_notice.clone(), callbacks_stop.clone());
+            let key = key.clone();
             std::thread::Builder::new()
                 .name("rfs-callbacks".into())
                 .spawn(move || {
-                    let served = rpc::serve(&pd, cb_qp, cb_cq, CALLBACK_RPC, &stop, |body| {
+                    let served = rpc::serve(&pd, cb_qp, cb_cq, CALLBACK_RPC, &stop, |frame| {
+                        let Some(body) = integrity::open(key.as_ref(), CALLBACK, 0, frame) else {
+                            // Not from the node: neither applied nor answered.
+                            log::warn!("a callback without the session's MAC: refused");
+                            return Vec::new();
+                        };
                         match Callback::decode(body) {
                             // Nothing is cached before there is a handler: answer at once.
                             Ok(cb) => {
                                 if let Some(handle) = on.get() {
                                     handle(Notice::Callback(cb));
                                 }
-                                encode_ack()
+                                let answers = integrity::number_of(frame);
+                                integrity::seal(key.as_ref(), ANSWER, answers, encode_ack())
                             }
                             // Not an answer: the service counts it as unanswered.
                             Err(e) => {
@@ -74,6 +84,7 @@ impl Channel {
         };
         Ok(Channel {
             rpc,
+            key,
             resumed,
             control: s,
             callbacks_stop,

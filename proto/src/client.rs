@@ -19,6 +19,7 @@ use crate::channel::{backoff, Channel};
 use crate::clock;
 use crate::data::DataSession;
 use crate::errno::Errno;
+use crate::integrity;
 use crate::locks::FileLock;
 use crate::message::{
     decode_reply, encode_call, seal, AttachData, Call, Envelope, ListNodes, Reclaim, RequestOp,
@@ -333,8 +334,19 @@ impl Client {
             sent_ms: clock::now_ms(),
             budget_ms: left.as_millis().min(u32::MAX as u128) as u32,
         };
-        let sealed = seal(&envelope, request);
-        channel.rpc.call_within(&sealed, left)
+        let key = channel.key.as_ref();
+        let sealed = integrity::seal(key, integrity::CALL, seq, seal(&envelope, request));
+        let reply = channel.rpc.call_within(&sealed, left)?;
+        integrity::open(key, integrity::REPLY, seq, &reply)
+            .map(<[u8]>::to_vec)
+            .ok_or_else(|| {
+                // Not the node's: the connection is no one's to trust any more.
+                channel.sever();
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "a reply without the session's MAC: altered on the path",
+                )
+            })
     }
 
     /// A sequence number for a new call, counted as under way until [`Client::end_call`].

@@ -13,6 +13,7 @@ use rdmabox::{connect_links, AbortHandle, Session, SessionConfig};
 use crate::frame::recv_frame;
 use crate::handshake::dial;
 use crate::hello::{Data, Hello, PoolDescriptor};
+use crate::integrity;
 use crate::types::ChunkRef;
 
 /// The largest pool descriptor frame.
@@ -47,11 +48,18 @@ impl DataSession {
         let hello = Hello::Data(Data {
             qps: cfg.qps as u32,
         });
-        let mut s = dial(addr, secret, &hello, timeout)?;
+        let (mut s, key) = dial(addr, secret, &hello, timeout)?;
         // A node that goes silent during setup fails the connect instead of hanging it.
         s.set_read_timeout(Some(timeout))?;
         let links = connect_links(ctx, pd, &mut s, cfg.qps, cfg.caps)?;
-        let frame = recv_frame(&mut s, MAX_POOL_FRAME)?;
+        let sealed = recv_frame(&mut s, MAX_POOL_FRAME + integrity::TAG)?;
+        let frame =
+            integrity::open(key.as_ref(), integrity::POOL, 0, &sealed).ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "a pool descriptor without the session's MAC: altered on the path",
+                )
+            })?;
         s.set_read_timeout(None)?;
         // A host that vanishes without a FIN ends the connection too.
         rdmabox::transport::tcp::configure_socket(&s, timeout)?;
@@ -59,7 +67,7 @@ impl DataSession {
             addr: pool_addr,
             len,
             session: session_name,
-        } = PoolDescriptor::decode(&frame)
+        } = PoolDescriptor::decode(frame)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         let pool = RemoteRegion {
             addr: pool_addr,

@@ -3,7 +3,9 @@
 //! with --insecure): anyone.
 //!
 //! Greeting (server): magic, auth flag, 32-byte nonce. Answer (client): its nonce and its MAC.
-//! Verdict (server): status byte and the server's MAC, which the client checks in turn.
+//! Verdict (server): status byte and the server's MAC, which the client checks in turn. Both
+//! ends then hold a [`SessionKey`] that nobody on the path can derive: what follows on the
+//! connection is authenticated with it ([`crate::integrity`]).
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -31,6 +33,28 @@ fn mac(secret: &[u8], role: &[u8], a: &[u8], b: &[u8]) -> Hmac<Sha256> {
     m
 }
 
+/// A key both ends of an authenticated connection derive from the secret and both nonces:
+/// one per connection, never sent.
+#[derive(Clone)]
+pub struct SessionKey(pub(crate) [u8; MAC]);
+
+impl SessionKey {
+    fn derive(secret: &[u8], server_nonce: &[u8], client_nonce: &[u8]) -> SessionKey {
+        SessionKey(
+            mac(secret, b"session", server_nonce, client_nonce)
+                .finalize()
+                .into_bytes()
+                .into(),
+        )
+    }
+}
+
+impl std::fmt::Debug for SessionKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SessionKey(..)")
+    }
+}
+
 fn nonce() -> [u8; NONCE] {
     let mut n = [0u8; NONCE];
     rdmabox::random::fill(&mut n);
@@ -41,8 +65,13 @@ fn denied(why: &str) -> io::Error {
     io::Error::new(io::ErrorKind::PermissionDenied, why.to_string())
 }
 
-/// The node's side. Ok when the peer may proceed; the peer must have answered by `deadline`.
-pub fn accept(s: &mut TcpStream, secret: Option<&[u8]>, deadline: Instant) -> io::Result<()> {
+/// The node's side. The session key (none without a secret) when the peer may proceed; the
+/// peer must have answered by `deadline`.
+pub fn accept(
+    s: &mut TcpStream,
+    secret: Option<&[u8]>,
+    deadline: Instant,
+) -> io::Result<Option<SessionKey>> {
     accept_over(
         &mut DeadlineStream::new(s, deadline, "authentication"),
         secret,
@@ -50,7 +79,10 @@ pub fn accept(s: &mut TcpStream, secret: Option<&[u8]>, deadline: Instant) -> io
 }
 
 /// The node's side over any stream (the fuzzer's, a socket's).
-pub fn accept_over(s: &mut (impl Read + Write), secret: Option<&[u8]>) -> io::Result<()> {
+pub fn accept_over(
+    s: &mut (impl Read + Write),
+    secret: Option<&[u8]>,
+) -> io::Result<Option<SessionKey>> {
     let server_nonce = nonce();
     let mut greeting = MAGIC.to_vec();
     greeting.push(secret.is_some() as u8);
@@ -78,23 +110,31 @@ pub fn accept_over(s: &mut (impl Read + Write), secret: Option<&[u8]>) -> io::Re
     }
     s.write_all(&verdict)?;
     if ok {
-        Ok(())
+        Ok(secret.map(|k| SessionKey::derive(k, &server_nonce, client_nonce)))
     } else {
         Err(denied("peer failed authentication (wrong secret)"))
     }
 }
 
 /// The connecting side; the node must have answered by `deadline`.
-pub fn connect(s: &mut TcpStream, secret: Option<&[u8]>, deadline: Instant) -> io::Result<()> {
-    connect_over(
+pub fn connect(
+    s: &mut TcpStream,
+    secret: Option<&[u8]>,
+    deadline: Instant,
+) -> io::Result<Option<SessionKey>> {
+    let key = connect_over(
         &mut DeadlineStream::new(s, deadline, "authentication"),
         secret,
     )?;
-    s.set_read_timeout(None)
+    s.set_read_timeout(None)?;
+    Ok(key)
 }
 
 /// The connecting side over any stream.
-pub fn connect_over(s: &mut (impl Read + Write), secret: Option<&[u8]>) -> io::Result<()> {
+pub fn connect_over(
+    s: &mut (impl Read + Write),
+    secret: Option<&[u8]>,
+) -> io::Result<Option<SessionKey>> {
     let mut greeting = [0u8; 4 + 1 + NONCE];
     s.read_exact(&mut greeting)?;
     if &greeting[..4] != MAGIC {
@@ -127,30 +167,34 @@ pub fn connect_over(s: &mut (impl Read + Write), secret: Option<&[u8]>) -> io::R
     if verdict[0] != 1 {
         return Err(denied("the node refused our secret"));
     }
-    if let Some(k) = secret.filter(|_| needs_auth) {
-        mac(k, b"server", &client_nonce, server_nonce)
-            .verify_slice(&verdict[1..])
-            .map_err(|_| denied("the node could not prove it knows the secret"))?;
+    match secret.filter(|_| needs_auth) {
+        Some(k) => {
+            mac(k, b"server", &client_nonce, server_nonce)
+                .verify_slice(&verdict[1..])
+                .map_err(|_| denied("the node could not prove it knows the secret"))?;
+            Ok(Some(SessionKey::derive(k, server_nonce, &client_nonce)))
+        }
+        None => Ok(None),
     }
-    Ok(())
 }
 
-/// Connects, authenticates and says what the connection is for.
+/// Connects, authenticates and says what the connection is for: the connection, and its
+/// session key (none without a secret).
 pub fn dial(
     addr: SocketAddr,
     secret: Option<&[u8]>,
     hello: &Hello,
     timeout: Duration,
-) -> io::Result<TcpStream> {
+) -> io::Result<(TcpStream, Option<SessionKey>)> {
     // One deadline for connecting and authenticating: a stopped node accepts connections
     // (its kernel does) and then says nothing.
     let deadline = Instant::now() + timeout;
     let mut s = TcpStream::connect_timeout(&addr, timeout)
         .map_err(|e| io::Error::new(e.kind(), format!("connecting to {addr}: {e}")))?;
     s.set_nodelay(true)?;
-    connect(&mut s, secret, deadline)?;
+    let key = connect(&mut s, secret, deadline)?;
     send_frame(&mut s, &hello.encode())?;
-    Ok(s)
+    Ok((s, key))
 }
 
 #[cfg(test)]
@@ -158,10 +202,9 @@ mod tests {
     use super::*;
     use std::net::TcpListener;
 
-    fn run(
-        server: Option<&'static [u8]>,
-        client: Option<&'static [u8]>,
-    ) -> (io::Result<()>, io::Result<()>) {
+    type Keyed = io::Result<Option<SessionKey>>;
+
+    fn run(server: Option<&'static [u8]>, client: Option<&'static [u8]>) -> (Keyed, Keyed) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
         let t = std::thread::spawn(move || {
@@ -174,9 +217,12 @@ mod tests {
     }
 
     #[test]
-    fn matching_secrets_pass_both_ways() {
+    fn matching_secrets_pass_both_ways_with_one_new_key_each_time() {
         let (s, c) = run(Some(b"k1"), Some(b"k1"));
-        assert!(s.is_ok() && c.is_ok());
+        let (s, c) = (s.unwrap().unwrap(), c.unwrap().unwrap());
+        assert_eq!(s.0, c.0, "both ends derive the same key");
+        let (again, _) = run(Some(b"k1"), Some(b"k1"));
+        assert_ne!(again.unwrap().unwrap().0, s.0, "fresh nonces, a fresh key");
     }
 
     #[test]
@@ -201,8 +247,8 @@ mod tests {
     }
 
     #[test]
-    fn no_secret_on_either_side_passes() {
+    fn no_secret_on_either_side_passes_without_a_key() {
         let (s, c) = run(None, None);
-        assert!(s.is_ok() && c.is_ok());
+        assert!(s.unwrap().is_none() && c.unwrap().is_none());
     }
 }

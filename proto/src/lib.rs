@@ -9,6 +9,7 @@
 //! - [`hello`]: what a control connection is for; the pool descriptor.
 //! - [`frame`]: length-prefixed frames on control connections.
 //! - [`handshake`]: shared-secret authentication, and dialing a node.
+//! - [`integrity`]: MACs by the connection's session key on every frame after the handshake.
 //! - [`secret`]: where the shared secret lives, created by the first node.
 //! - [`grant`]: what a data node lets each data session reach, as the metadata node says.
 //! - [`callback`]: what the metadata service tells clients whose caches a change concerns.
@@ -28,6 +29,7 @@ pub mod frame;
 pub mod grant;
 pub mod handshake;
 pub mod hello;
+pub mod integrity;
 pub mod locks;
 pub mod logging;
 pub mod message;

@@ -20,8 +20,9 @@ use crate::errno::Errno;
 /// 12: a commit answers the attributes before it as well as after. 13: calls that look in or
 /// change a directory say who makes them (the node checks the directory's mode bits).
 /// 14: file locks (SetLock, GetLock, DropLocks). 15: lock waiters queue (SetLock.wait,
-/// CancelWait, callbacks' locks_freed).
-pub const VERSION: u8 = 15;
+/// CancelWait, callbacks' locks_freed). 16: calls, replies, callbacks, their answers and pool
+/// descriptors carry a MAC by the connection's session key ([`crate::integrity`]).
+pub const VERSION: u8 = 16;
 /// Bounds what one list (readdir page, chunk map, node list) may carry: a message is at most
 /// 64 KiB.
 pub const MAX_LIST: u32 = 256;
