@@ -18,8 +18,9 @@ use rdmabox::SessionConfig;
 use rfs_proto::data::DataSession;
 use rfs_proto::frame::{recv_frame, send_frame};
 use rfs_proto::grant::{encode_link_reply, GrantPool, LinkRequest, MAX_LINK_FRAME};
-use rfs_proto::handshake::dial;
+use rfs_proto::handshake::{dial, SessionKey};
 use rfs_proto::hello::{Hello, Join, UNKNOWN_POOL};
+use rfs_proto::integrity;
 use rfs_proto::patience::until_reachable;
 
 use crate::grants::Grants;
@@ -88,6 +89,7 @@ pub(crate) fn admit(
     meta: &MetaService,
     mut s: TcpStream,
     join: &Join,
+    key: Option<SessionKey>,
 ) -> io::Result<()> {
     if let Err(why) = check_join(join, node.cfg.chunk_size) {
         send_frame(&mut s, why.as_bytes())?;
@@ -145,7 +147,7 @@ pub(crate) fn admit(
             format!("node {addr} described its pool inconsistently"),
         ));
     }
-    let (link, pump) = RemoteLink::new(&s)?;
+    let (link, pump) = RemoteLink::new(&s, key)?;
     send_frame(&mut s, ACCEPTED)?;
     // The answers to our grants come back on this connection, and its end is the node's.
     let pumping = std::thread::Builder::new()
@@ -241,15 +243,15 @@ pub(crate) fn join(
     // One patience for both: the probe's wait counts against the join's.
     let left = node.cfg.join_timeout.saturating_sub(start.elapsed());
     let first = until_reachable(&what, left, || join_once(node, meta, &advertise, &pool))?;
-    let current = Arc::new(Mutex::new(Some(first.try_clone()?)));
+    let current = Arc::new(Mutex::new(Some(first.0.try_clone()?)));
     let membership = Membership(current.clone());
     let node = node.clone();
     std::thread::Builder::new()
         .name("join-link".into())
         .spawn(move || {
-            let mut link = first;
+            let (mut link, mut key) = first;
             loop {
-                let why = serve_link(&mut link, &node.grants);
+                let why = serve_link(&mut link, &node.grants, key.as_ref());
                 if current.lock().unwrap().is_none() {
                     return; // this node is stopping
                 }
@@ -258,8 +260,8 @@ pub(crate) fn join(
                      revoked; joining again"
                 );
                 pool.fresh = false;
-                link = match rejoin(&node, meta, &advertise, &mut pool, &current) {
-                    Some(s) => s,
+                (link, key) = match rejoin(&node, meta, &advertise, &mut pool, &current) {
+                    Some(joined) => joined,
                     None => return,
                 };
             }
@@ -280,7 +282,7 @@ fn rejoin(
     advertise: &str,
     pool: &mut PoolName,
     current: &Mutex<Option<TcpStream>>,
-) -> Option<TcpStream> {
+) -> Option<(TcpStream, Option<SessionKey>)> {
     let mut wait = Duration::from_millis(50);
     let mut tries = 0u32;
     loop {
@@ -288,7 +290,7 @@ fn rejoin(
             return None;
         }
         match join_once(node, meta, advertise, pool) {
-            Ok(s) => {
+            Ok((s, key)) => {
                 let clone = s.try_clone().ok()?;
                 let mut slot = current.lock().unwrap();
                 if slot.is_none() {
@@ -297,7 +299,7 @@ fn rejoin(
                 }
                 *slot = Some(clone);
                 log::warn!("joined the metadata node {meta} again");
-                return Some(s);
+                return Some((s, key));
             }
             Err(e) if e.kind() == io::ErrorKind::AddrNotAvailable => {
                 // Not a pool it knows: wiped, this node starts over as a new one.
@@ -324,13 +326,14 @@ fn rejoin(
     }
 }
 
-/// One join: the connection that holds the membership, once the metadata node took us.
+/// One join: the connection that holds the membership, once the metadata node took us, and
+/// its session key.
 fn join_once(
     node: &Shared,
     meta: SocketAddr,
     advertise: &str,
     pool: &PoolName,
-) -> io::Result<TcpStream> {
+) -> io::Result<(TcpStream, Option<SessionKey>)> {
     let hello = Hello::Join(Join {
         addr: advertise.to_string(),
         pool_addr: node.pool.addr(),
@@ -339,7 +342,7 @@ fn join_once(
         pool_id: pool.id,
         fresh: pool.fresh,
     });
-    let (mut s, _key) = dial(
+    let (mut s, key) = dial(
         meta,
         node.cfg.secret.as_deref(),
         &hello,
@@ -365,7 +368,7 @@ fn join_once(
         ));
     }
     s.set_read_timeout(None)?;
-    Ok(s)
+    Ok((s, key))
 }
 
 /// A data node's membership: ended (the join connection shut down, not just closed, so that
@@ -381,18 +384,29 @@ impl Drop for Membership {
 }
 
 /// The data node's end of the link: does what the metadata node asks until it goes (why).
-fn serve_link(s: &mut TcpStream, grants: &Grants) -> io::Error {
+/// Requests and answers carry MACs by the join's session key, numbered in turn: nobody on
+/// the path can grant itself chunks, or answer for us.
+fn serve_link(s: &mut TcpStream, grants: &Grants, key: Option<&SessionKey>) -> io::Error {
+    let mut number = 0u64;
     let why = loop {
-        let req = match recv_frame(s, MAX_LINK_FRAME) {
+        let frame = match recv_frame(s, MAX_LINK_FRAME + integrity::TAG) {
             Ok(f) => f,
             Err(e) => break e,
         };
-        let req = match LinkRequest::decode(&req) {
+        number += 1;
+        let Some(req) = integrity::open(key, integrity::LINK, number, &frame) else {
+            break io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "a link request without the session's MAC",
+            );
+        };
+        let req = match LinkRequest::decode(req) {
             Ok(r) => r,
             Err(e) => break io::Error::new(io::ErrorKind::InvalidData, e),
         };
         let answer = encode_link_reply(req.op(), &grants.serve(&req));
-        if let Err(e) = send_frame(s, &answer) {
+        let sealed = integrity::seal(key, integrity::LINK_ANSWER, number, answer);
+        if let Err(e) = send_frame(s, &sealed) {
             break e;
         }
     };

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use rfs_proto::frame::{recv_frame, send_frame};
 use rfs_proto::grant::{LinkOp, LinkRequest, MAX_LINK_FRAME};
+use rfs_proto::handshake::SessionKey;
+use rfs_proto::integrity;
 use rfs_proto::Errno;
 
 use crate::grants::Grants;
@@ -108,13 +110,16 @@ pub(crate) struct RemoteLink {
 impl RemoteLink {
     /// A link over the join connection `s`; the returned pump (run it on the join thread)
     /// forwards answers until the connection closes.
-    pub(crate) fn new(s: &TcpStream) -> io::Result<(Arc<RemoteLink>, Pump)> {
+    pub(crate) fn new(
+        s: &TcpStream,
+        key: Option<SessionKey>,
+    ) -> io::Result<(Arc<RemoteLink>, Pump)> {
         let (tx, rx) = crossbeam_channel::bounded(1);
         let (jobs, queue) = crossbeam_channel::unbounded();
         let out = s.try_clone()?;
         std::thread::Builder::new()
             .name("link-out".into())
-            .spawn(move || send_in_order(&out, &queue, &rx))?;
+            .spawn(move || send_in_order(&out, &queue, &rx, key.as_ref()))?;
         Ok((
             Arc::new(RemoteLink { jobs }),
             Pump {
@@ -154,13 +159,18 @@ fn gone() -> io::Error {
 
 /// The worker: each request in turn, answered or failed. A node that takes longer than
 /// [`LINK_DEADLINE`] is cut off: every later request fails at once.
-fn send_in_order(s: &TcpStream, queue: &Receiver<Job>, answers: &Receiver<Vec<u8>>) {
+fn send_in_order(
+    s: &TcpStream,
+    queue: &Receiver<Job>,
+    answers: &Receiver<Vec<u8>>,
+    key: Option<&SessionKey>,
+) {
     let mut cut = false;
-    for Job { req, answer } in queue {
+    for (number, Job { req, answer }) in (1u64..).zip(queue) {
         let result = if cut {
             Err(gone())
         } else {
-            exchange(s, &req, answers)
+            exchange(s, &req, answers, key, number)
         };
         if let Err(e) = &result {
             cut = true;
@@ -176,15 +186,32 @@ fn send_in_order(s: &TcpStream, queue: &Receiver<Job>, answers: &Receiver<Vec<u8
     }
 }
 
-fn exchange(mut s: &TcpStream, req: &LinkRequest, answers: &Receiver<Vec<u8>>) -> Answer {
-    send_frame(&mut s, &req.encode())?;
+/// Sends request `number` of the link, sealed with `key`, and takes its answer.
+fn exchange(
+    mut s: &TcpStream,
+    req: &LinkRequest,
+    answers: &Receiver<Vec<u8>>,
+    key: Option<&SessionKey>,
+    number: u64,
+) -> Answer {
+    send_frame(
+        &mut s,
+        &integrity::seal(key, integrity::LINK, number, req.encode()),
+    )?;
     let answer = answers.recv_timeout(LINK_DEADLINE).map_err(|e| {
         io::Error::new(
             io::ErrorKind::TimedOut,
             format!("data node did not answer a {:?}: {e}", req.op()),
         )
     })?;
-    req.decode_answer(&answer)
+    let answer =
+        integrity::open(key, integrity::LINK_ANSWER, number, &answer).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                "a data node's answer without the session's MAC",
+            )
+        })?;
+    req.decode_answer(answer)
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
@@ -198,7 +225,7 @@ impl Pump {
     /// Forwards answers until the connection closes (the node left) or breaks the protocol.
     pub(crate) fn run(mut self) -> io::Result<()> {
         loop {
-            let answer = recv_frame(&mut self.s, MAX_LINK_FRAME)?;
+            let answer = recv_frame(&mut self.s, MAX_LINK_FRAME + integrity::TAG)?;
             if self.answers.try_send(answer).is_err() {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
@@ -227,10 +254,12 @@ mod tests {
         let (seen, order) = crossbeam_channel::unbounded();
         std::thread::spawn(move || {
             for n in 0.. {
-                let Ok(f) = recv_frame(&mut theirs, MAX_LINK_FRAME) else {
+                let Ok(f) = recv_frame(&mut theirs, MAX_LINK_FRAME + integrity::TAG) else {
                     return;
                 };
-                let req = LinkRequest::decode(&f).unwrap();
+                let number = n as u64 + 1;
+                let req = integrity::open(None, integrity::LINK, number, &f).unwrap();
+                let req = LinkRequest::decode(req).unwrap();
                 let first = match &req {
                     LinkRequest::GrantChunks(g) => g.addrs[0],
                     LinkRequest::RevokeChunks(r) => r.addrs[0],
@@ -242,7 +271,9 @@ mod tests {
                     LinkRequest::GrantChunks(_) => Ok(vec![first as u32]),
                     _ => Ok(Vec::new()),
                 };
-                if send_frame(&mut theirs, &encode_link_reply(req.op(), &answer)).is_err() {
+                let answer = encode_link_reply(req.op(), &answer);
+                let sealed = integrity::seal(None, integrity::LINK_ANSWER, number, answer);
+                if send_frame(&mut theirs, &sealed).is_err() {
                     return;
                 }
             }
@@ -260,10 +291,47 @@ mod tests {
         .into()
     }
 
+    /// Both ends of a connection that went through the handshake, with their session keys.
+    fn authenticated_pair() -> (
+        (TcpStream, Option<SessionKey>),
+        (TcpStream, Option<SessionKey>),
+    ) {
+        use rfs_proto::handshake::{accept, connect};
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut ours = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let node = std::thread::spawn(move || {
+            let (mut theirs, _) = l.accept().unwrap();
+            let key = accept(&mut theirs, Some(b"secret"), deadline).unwrap();
+            (theirs, key)
+        });
+        let key = connect(&mut ours, Some(b"secret"), deadline).unwrap();
+        ((ours, key), node.join().unwrap())
+    }
+
+    /// Something on the path answers for the data node: without the join's session key its
+    /// answer has no valid MAC, and the grant fails instead of taking a key it made up.
+    #[test]
+    fn an_answer_without_the_sessions_mac_is_refused() {
+        let ((ours, key), (mut theirs, their_key)) = authenticated_pair();
+        std::thread::spawn(move || {
+            let f = recv_frame(&mut theirs, MAX_LINK_FRAME + integrity::TAG).unwrap();
+            assert!(integrity::open(their_key.as_ref(), integrity::LINK, 1, &f).is_some());
+            assert!(integrity::open(their_key.as_ref(), integrity::LINK, 2, &f).is_none());
+            let answer = encode_link_reply(LinkOp::GrantChunks, &Ok(vec![7]));
+            let forged = integrity::seal(None, integrity::LINK_ANSWER, 1, answer);
+            let _ = send_frame(&mut theirs, &forged);
+        });
+        let (link, pump) = RemoteLink::new(&ours, key).unwrap();
+        std::thread::spawn(move || pump.run());
+        let e = link.call(&grant(1), None).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+    }
+
     #[test]
     fn requests_reach_the_node_in_order_and_only_callers_wait() {
         let (s, order) = fake_node(|n| Duration::from_millis(if n == 0 { 300 } else { 0 }));
-        let (link, pump) = RemoteLink::new(&s).unwrap();
+        let (link, pump) = RemoteLink::new(&s, None).unwrap();
         std::thread::spawn(move || pump.run());
         let start = Instant::now();
         link.tell(
@@ -307,7 +375,7 @@ mod tests {
                     |_| Duration::from_millis(600)
                 };
                 let (s, _order) = fake_node(delay);
-                let (link, pump) = RemoteLink::new(&s).unwrap();
+                let (link, pump) = RemoteLink::new(&s, None).unwrap();
                 std::thread::spawn(move || pump.run());
                 streams.push(s); // the fake nodes live as long as the test
                 Link::Remote(link)

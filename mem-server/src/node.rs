@@ -385,7 +385,7 @@ impl Shared {
         match &hello {
             Hello::Data(Data { qps }) => self.serve_data(s, *qps as usize, key),
             Hello::Metadata(m) => meta()?.serve(self, s, m.client_id, key),
-            Hello::Join(j) => crate::join::admit(self, meta()?, s, j),
+            Hello::Join(j) => crate::join::admit(self, meta()?, s, j, key),
         }
     }
 
