@@ -8,6 +8,8 @@
 //! Nodes and mounts use the tcp provider, or the one `RFS_E2E_TRANSPORT` names (`verbs` in the
 //! Soft-RoCE VM of tests/rxe).
 
+pub mod model;
+
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -360,18 +360,6 @@ fn a_truncate_waits_for_a_stopped_holder_only_until_its_lease_and_it_refetches()
     assert!(t[MIB..].iter().all(|&x| x == 5));
 }
 
-/// A small deterministic generator (xorshift), so a failing run can be replayed by its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
-
 #[test]
 fn two_mounts_at_random_agree_with_a_model() {
     random_against_a_model(0x5eed_0001, &[]);
@@ -384,100 +372,12 @@ fn two_mounts_at_random_agree_with_a_model_with_every_mechanism_off() {
 }
 
 /// Two mounts (with `opts`) take turns at random operations on three names; whatever either
-/// reads must be what a model of inodes and contents says.
+/// reads or stats must be what a model of inodes and contents says.
 fn random_against_a_model(seed: u64, opts: &[&str]) {
     // Small chunks, so files span several and freed chunks are reused at once.
     let server = MemServer::meta("8M", "64K");
     let mounts = [Mount::new(&server, opts), Mount::new(&server, opts)];
-    let names = ["a", "b", "c"];
-    // The model: inodes' contents, which inode each name leads to.
-    let mut files: Vec<Vec<u8>> = Vec::new();
-    let mut at: std::collections::HashMap<&str, usize> = Default::default();
-    // Descriptors kept open across steps: (mount, inode, file).
-    let mut held: Vec<(usize, usize, fs::File)> = Vec::new();
-    let mut rng = Rng(seed);
-    const MAX: u64 = 200 << 10;
-    for step in 0..400 {
-        let m = rng.below(2) as usize;
-        let name = names[rng.below(3) as usize];
-        let path = mounts[m].path(name);
-        let ctx = format!("seed {seed:#x} step {step} mount {m} {name}");
-        match rng.below(8) {
-            0 | 1 => {
-                let (off, len) = (rng.below(MAX), 1 + rng.below(70_000) as usize);
-                let data = vec![(step % 251) as u8 + 1; len];
-                let f = OpenOptions::new()
-                    .create(true)
-                    .truncate(false)
-                    .write(true)
-                    .open(&path);
-                f.unwrap().write_all_at(&data, off).unwrap();
-                let ino = *at.entry(name).or_insert_with(|| {
-                    files.push(Vec::new());
-                    files.len() - 1
-                });
-                let c = &mut files[ino];
-                c.resize(c.len().max(off as usize + len), 0);
-                c[off as usize..off as usize + len].copy_from_slice(&data);
-            }
-            2 => {
-                let Some(&ino) = at.get(name) else { continue };
-                let size = rng.below(MAX);
-                let f = OpenOptions::new().write(true).open(&path).unwrap();
-                f.set_len(size).unwrap();
-                files[ino].resize(size as usize, 0);
-            }
-            3 => {
-                let got = fs::read(&path).ok();
-                let want = at.get(name).map(|&i| &files[i]);
-                assert!(got.as_ref() == want, "{ctx}: contents differ");
-            }
-            4 => {
-                if at.remove(name).is_some() {
-                    fs::remove_file(&path).unwrap();
-                }
-            }
-            5 => {
-                let to = names[rng.below(3) as usize];
-                if let Some(ino) = at.remove(name) {
-                    fs::rename(&path, mounts[m].path(to)).unwrap();
-                    at.insert(to, ino);
-                }
-            }
-            6 => {
-                if let (Some(&ino), true) = (at.get(name), held.len() < 4) {
-                    let f = OpenOptions::new().write(true).open(&path).unwrap();
-                    held.push((m, ino, f));
-                } else if !held.is_empty() {
-                    held.remove(rng.below(held.len() as u64) as usize);
-                }
-            }
-            _ => {
-                // A write through a descriptor opened steps ago, maybe on the other mount,
-                // maybe of a file since truncated, renamed or unlinked; committed at once.
-                if held.is_empty() {
-                    continue;
-                }
-                let (hm, ino, f) = &held[rng.below(held.len() as u64) as usize];
-                let (off, len) = (rng.below(MAX), 1 + rng.below(70_000) as usize);
-                let data = vec![(step % 251) as u8 + 1; len];
-                f.write_all_at(&data, off)
-                    .unwrap_or_else(|e| panic!("{ctx}: held write on mount {hm}: {e}"));
-                f.sync_all().unwrap();
-                let c = &mut files[*ino];
-                c.resize(c.len().max(off as usize + len), 0);
-                c[off as usize..off as usize + len].copy_from_slice(&data);
-            }
-        }
-    }
-    drop(held);
-    for name in names {
-        for (m, mount) in mounts.iter().enumerate() {
-            let got = fs::read(mount.path(name)).ok();
-            let want = at.get(name).map(|&i| &files[i]);
-            assert!(got.as_ref() == want, "end: mount {m} {name}");
-        }
-    }
+    rfs_e2e::model::agree_with_a_model(&mounts, seed, 400, |_| {});
 }
 
 #[test]
