@@ -530,48 +530,62 @@ impl MetaService {
             return Ok(());
         };
         let me = self.clone();
+        // The two ends are apart: clients are back within moments of a restart, and what
+        // waits for them must not wait for a data node that is not coming back (nor for the
+        // next restart, which begins both again).
         std::thread::Builder::new()
             .name("grace".into())
             .spawn(move || {
-                std::thread::sleep(nodes_until.saturating_duration_since(Instant::now()));
-                let away = me.state.lock().alloc.replayed();
-                for id in away {
-                    log::warn!("data node {id} did not come back after the restart");
-                    me.node_left(id);
-                }
-                // Until every client that held handles is back, or their time is up.
-                while me.awaiting_clients() {
+                let (mut nodes_done, mut clients_done) = (false, false);
+                while !(nodes_done && clients_done) {
+                    if !clients_done && !me.awaiting_clients() {
+                        me.clients_back();
+                        clients_done = true;
+                    }
+                    if !nodes_done && Instant::now() >= nodes_until {
+                        let away = me.state.lock().alloc.replayed();
+                        for id in away {
+                            log::warn!("data node {id} did not come back after the restart");
+                            me.node_left(id);
+                        }
+                        nodes_done = true;
+                    }
                     std::thread::sleep(Duration::from_millis(10));
                 }
-                let mut st = me.state.lock();
-                for client in std::mem::take(&mut *me.awaited_clients.lock().unwrap()) {
-                    log::warn!("client {client:x} did not come back for its handles");
-                    st.holding.set(client, false);
-                }
-                let orphans = st.ns.reap_orphans();
-                let chunks: Vec<ChunkRef> = orphans
-                    .iter()
-                    .flat_map(|(_, c)| c.iter().copied())
-                    .collect();
-                // Nobody was granted them since the restart (only reclaimed files are).
-                st.alloc.release(chunks);
-                drop(st);
-                if !orphans.is_empty() {
-                    log::info!(
-                        "{} files unlinked while open before the restart were not reclaimed: gone",
-                        orphans.len()
-                    );
-                    me.zeroer.kick();
-                }
-                // What files closed meanwhile kept past their size (see `keep_past_size`).
-                let mut st = me.state.lock();
-                let mut effects = Effects::default();
-                for (ino, from, chunks) in st.ns.trim_closed() {
-                    effects.trimmed(ino, from, chunks);
-                }
-                me.settle(st, None, effects);
             })?;
         Ok(())
+    }
+
+    /// Every client that held handles before the restart is back, or its time is up: files
+    /// unlinked while open that nobody took back go, and closed files give back what they
+    /// kept past their size.
+    fn clients_back(&self) {
+        let mut st = self.state.lock();
+        for client in std::mem::take(&mut *self.awaited_clients.lock().unwrap()) {
+            log::warn!("client {client:x} did not come back for its handles");
+            st.holding.set(client, false);
+        }
+        let orphans = st.ns.reap_orphans();
+        let chunks: Vec<ChunkRef> = orphans
+            .iter()
+            .flat_map(|(_, c)| c.iter().copied())
+            .collect();
+        // Nobody was granted them since the restart (only reclaimed files are).
+        st.alloc.release(chunks);
+        drop(st);
+        if !orphans.is_empty() {
+            log::info!(
+                "{} files unlinked while open before the restart were not reclaimed: gone",
+                orphans.len()
+            );
+            self.zeroer.kick();
+        }
+        let mut st = self.state.lock();
+        let mut effects = Effects::default();
+        for (ino, from, chunks) in st.ns.trim_closed() {
+            effects.trimmed(ino, from, chunks);
+        }
+        self.settle(st, None, effects);
     }
 
     /// Data node `id` left (its join connection closed): nothing more is allocated there, and
