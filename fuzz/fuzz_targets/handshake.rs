@@ -33,7 +33,7 @@ fuzz_target!(|data: &[u8]| {
     assert!(accept_over(&mut peer, Some(b"secret")).is_err());
     let mut peer = Scripted(data);
     if accept_over(&mut peer, None).is_ok() {
-        let _ = Hello::receive(&mut peer);
+        let _ = Hello::receive(&mut peer, None);
     }
     let _ = connect_over(&mut Scripted(data), Some(b"secret"));
     let _ = connect_over(&mut Scripted(data), None);

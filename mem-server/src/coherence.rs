@@ -464,6 +464,9 @@ impl Callbacks {
     }
 
     fn run(&self) {
+        // Callbacks are numbered in turn (one at a time), and each answer names its number:
+        // an old one replayed, or an old answer, is refused.
+        let mut sent = 0u64;
         loop {
             let (batch, waiting) = {
                 let mut q = self.queue.lock().unwrap();
@@ -486,11 +489,11 @@ impl Callbacks {
                 (batch, waiting)
             };
             let key = self.key.as_ref();
-            let sealed = integrity::seal(key, integrity::CALLBACK, 0, batch.encode());
-            let answers = integrity::number_of(&sealed);
+            sent += 1;
+            let sealed = integrity::seal_numbered(key, integrity::CALLBACK, sent, batch.encode());
             let answered = match self.rpc.call(&sealed) {
                 Ok(reply)
-                    if integrity::open(key, integrity::ANSWER, answers, &reply)
+                    if integrity::open(key, integrity::ANSWER, sent, &reply)
                         .is_some_and(is_ack) =>
                 {
                     if !self.responsive.swap(true, Ordering::AcqRel) {

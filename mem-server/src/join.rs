@@ -44,9 +44,18 @@ const MAX_ADDR_LEN: usize = 255;
 const REJOIN_BACKOFF: Duration = Duration::from_millis(250);
 
 /// Tells a joining node why it is refused (it gives up rather than try again), and says so.
-fn refuse(s: &mut TcpStream, why: String) -> io::Error {
-    let _ = send_frame(s, why.as_bytes());
+fn refuse(s: &mut TcpStream, key: Option<&SessionKey>, why: String) -> io::Error {
+    let _ = answer(s, key, why.as_bytes());
     invalid(format!("refused a join: {why}"))
+}
+
+/// The metadata node's answer to a join, sealed with the join's session key: a refusal that
+/// says the pool is unknown makes the node wipe it, so no one on the path may say it.
+fn answer(s: &mut TcpStream, key: Option<&SessionKey>, what: &[u8]) -> io::Result<()> {
+    send_frame(
+        s,
+        &integrity::seal(key, integrity::JOIN_ANSWER, 0, what.to_vec()),
+    )
 }
 
 /// The longest answer to a join: a refusal's reason.
@@ -92,12 +101,12 @@ pub(crate) fn admit(
     key: Option<SessionKey>,
 ) -> io::Result<()> {
     if let Err(why) = check_join(join, node.cfg.chunk_size) {
-        send_frame(&mut s, why.as_bytes())?;
+        answer(&mut s, key.as_ref(), why.as_bytes())?;
         return Err(invalid(format!("refused a join: {why}")));
     }
     let (live, all) = meta.state.lock().alloc.node_counts();
     if live >= MAX_NODES || all >= MAX_JOINS {
-        send_frame(&mut s, b"too many data nodes")?;
+        answer(&mut s, key.as_ref(), b"too many data nodes")?;
         return Err(invalid(format!(
             "refused a join: {live} live data nodes, {all} joins so far (at most {MAX_NODES} and {MAX_JOINS})"
         )));
@@ -112,14 +121,18 @@ pub(crate) fn admit(
     } = join;
     let chunks = pool_len / chunk_size;
     if !fresh && !meta.state.lock().alloc.is_replayed_pool(*pool_id) {
-        send_frame(&mut s, UNKNOWN_POOL)?;
+        answer(&mut s, key.as_ref(), UNKNOWN_POOL)?;
         return Err(invalid(format!(
             "refused a join from {addr}: its pool holds data this node does not know of"
         )));
     }
     // Our own session to the node, to zero its freed chunks one-sidedly.
     let Ok(target) = addr.parse::<SocketAddr>() else {
-        return Err(refuse(&mut s, format!("a bad advertised address {addr:?}")));
+        return Err(refuse(
+            &mut s,
+            key.as_ref(),
+            format!("a bad advertised address {addr:?}"),
+        ));
     };
     // No deadline: a node that is stopped for a while is zeroed once it resumes (a broken
     // zeroing session would lose every chunk freed on it until it joined again); a dead one
@@ -139,16 +152,23 @@ pub(crate) fn admit(
         Duration::from_secs(5),
     ) {
         Ok(session) => session,
-        Err(e) => return Err(refuse(&mut s, format!("cannot reach it at {addr}: {e}"))),
+        Err(e) => {
+            return Err(refuse(
+                &mut s,
+                key.as_ref(),
+                format!("cannot reach it at {addr}: {e}"),
+            ))
+        }
     };
     if session.pool.addr != *pool_addr || session.pool.len != *pool_len {
         return Err(refuse(
             &mut s,
+            key.as_ref(),
             format!("node {addr} described its pool inconsistently"),
         ));
     }
-    let (link, pump) = RemoteLink::new(&s, key)?;
-    send_frame(&mut s, ACCEPTED)?;
+    let (link, pump) = RemoteLink::new(&s, key.clone())?;
+    answer(&mut s, key.as_ref(), ACCEPTED)?;
     // The answers to our grants come back on this connection, and its end is the node's.
     let pumping = std::thread::Builder::new()
         .name("join-link".into())
@@ -350,7 +370,9 @@ fn join_once(
     )?;
     // The metadata node connects back to us (a zeroing session) before it answers.
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
-    let answer = recv_frame(&mut s, MAX_JOIN_ANSWER)?;
+    let sealed = recv_frame(&mut s, MAX_JOIN_ANSWER + integrity::TAG)?;
+    let answer = integrity::open(key.as_ref(), integrity::JOIN_ANSWER, 0, &sealed)
+        .ok_or_else(|| invalid("an answer to our join without the session's MAC".into()))?;
     if answer == UNKNOWN_POOL {
         return Err(io::Error::new(
             io::ErrorKind::AddrNotAvailable,
@@ -363,7 +385,7 @@ fn join_once(
             io::ErrorKind::InvalidInput,
             format!(
                 "metadata node refused the join: {}",
-                String::from_utf8_lossy(&answer)
+                String::from_utf8_lossy(answer)
             ),
         ));
     }

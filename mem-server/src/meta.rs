@@ -1126,6 +1126,13 @@ impl MetaService {
             log::debug!("call {seq} resent: answered from the reply cache");
             return reply;
         }
+        if session.is_stale(seq, envelope.oldest) {
+            log::warn!(
+                "call {seq} of session {} was answered before: a copy, not applied",
+                session.id
+            );
+            return encode_reply::<()>(op, &Err(Errno::EIO));
+        }
         // Its age now, with the wait for the session's lock (another call of its) counted.
         let age = session.clock.age(envelope.sent_ms, read) + (clock::now_ms() - read);
         if clock::too_late(age, envelope.budget_ms as u64) {

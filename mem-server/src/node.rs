@@ -371,7 +371,10 @@ impl Shared {
         let answer_by = deadline.min(Instant::now() + AUTH_ANSWER_WAIT);
         let key = handshake::accept(&mut s, self.cfg.secret.as_deref(), answer_by)?;
         slot.authenticated();
-        let hello = Hello::receive(&mut DeadlineStream::new(&s, deadline, "hello"))?;
+        let hello = Hello::receive(
+            &mut DeadlineStream::new(&s, deadline, "hello"),
+            key.as_ref(),
+        )?;
         s.set_read_timeout(None)?;
         // The connection lives as long as the session; a peer host that dies without a word
         // must not hold its slot (and queue pairs) forever.

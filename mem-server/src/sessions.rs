@@ -39,6 +39,9 @@ pub(crate) struct ClientSession {
     replies: BTreeMap<u64, Vec<u8>>,
     /// How the client's clock relates to ours: how long its calls took to reach us.
     pub(crate) clock: PeerClock,
+    /// The highest "oldest call still unanswered" the client has said: a call numbered below
+    /// it was answered, so it is never applied (again).
+    floor: u64,
 }
 
 impl ClientSession {
@@ -52,6 +55,15 @@ impl ClientSession {
     pub(crate) fn replayed(&mut self, seq: u64, oldest: u64) -> Option<Vec<u8>> {
         self.replies = self.replies.split_off(&oldest);
         self.replies.get(&seq).cloned()
+    }
+
+    /// Whether call `seq` (saying `oldest`) was answered before and its reply forgotten: a
+    /// copy of an old call (replayed by someone on the path), never to be applied. The client
+    /// numbers its calls upwards and never says a call is answered before it has the reply.
+    pub(crate) fn is_stale(&mut self, seq: u64, oldest: u64) -> bool {
+        let stale = seq < self.floor;
+        self.floor = self.floor.max(oldest);
+        stale
     }
 
     /// Keeps the reply to call `seq` in case it is resent (the oldest go first past
@@ -121,6 +133,7 @@ impl Sessions {
                     data: HashMap::new(),
                     replies: BTreeMap::new(),
                     clock: PeerClock::default(),
+                    floor: 0,
                 })),
                 id: *next,
                 epoch: Arc::default(),

@@ -481,6 +481,76 @@ fn a_relay_that_forwarded_the_handshake_cannot_use_the_connection() {
     );
 }
 
+/// A copy of a call the client made before, sent again on its own connection by someone on
+/// the path (the MAC is right: it is the client's): an unlink replayed after the client made
+/// the name again is not applied.
+#[test]
+fn a_call_replayed_after_it_was_answered_is_not_applied() {
+    use rfs_proto::integrity::{self, CALL, REPLY};
+    use rfs_proto::message::{encode_call, seal, Envelope};
+    let meta = meta("16M");
+    let (rpc, key, _control) = raw_metadata_channel(&meta);
+    let frame = |seq: u64, call: Vec<u8>| {
+        let envelope = Envelope {
+            seq,
+            oldest: seq,
+            sent_ms: rfs_proto::clock::now_ms(),
+            budget_ms: 10_000,
+        };
+        integrity::seal(key.as_ref(), CALL, seq, seal(&envelope, &call))
+    };
+    let ask = |seq: u64, sealed: &[u8]| {
+        let reply = rpc.call(sealed).unwrap();
+        integrity::open(key.as_ref(), REPLY, seq, &reply)
+            .expect("sealed by the session key")
+            .to_vec()
+    };
+    let owner = Owner {
+        perm: 0o644,
+        uid: 0,
+        gid: 0,
+    };
+    let create = |seq| {
+        let call = Create {
+            parent: ROOT,
+            name: "again".into(),
+            owner,
+            access: RW,
+            caller: Caller::default(),
+        };
+        let r = ask(seq, &frame(seq, encode_call(&call)));
+        decode_reply::<Create>(&r).unwrap().unwrap().attr.ino
+    };
+    create(1);
+    let unlink = frame(
+        2,
+        encode_call(&Unlink {
+            parent: ROOT,
+            name: "again".into(),
+            caller: Caller::default(),
+        }),
+    );
+    decode_reply::<Unlink>(&ask(2, &unlink)).unwrap().unwrap();
+    let ino = create(3);
+    let replayed = ask(2, &unlink);
+    assert_eq!(
+        decode_reply::<Unlink>(&replayed).unwrap(),
+        Err(Errno::EIO),
+        "the copy is refused"
+    );
+    let c = client(&meta);
+    let found = c.call(Lookup {
+        parent: ROOT,
+        name: "again".into(),
+        caller: Caller::default(),
+    });
+    assert_eq!(
+        found.unwrap().ino,
+        ino,
+        "the name made again is still there"
+    );
+}
+
 #[test]
 fn bad_flags_fail_with_a_message() {
     // A secret anyone may read is no secret.

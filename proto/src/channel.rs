@@ -55,11 +55,20 @@ impl Channel {
             std::thread::Builder::new()
                 .name("rfs-callbacks".into())
                 .spawn(move || {
+                    let mut last = 0u64;
                     let served = rpc::serve(&pd, cb_qp, cb_cq, CALLBACK_RPC, &stop, |frame| {
-                        let Some(body) = integrity::open(key.as_ref(), CALLBACK, 0, frame) else {
-                            // Not from the node: neither applied nor answered.
-                            log::warn!("a callback without the session's MAC: refused");
-                            return Vec::new();
+                        // Not from the node, or one it sent before: neither applied nor answered.
+                        let body = match integrity::open_numbered(key.as_ref(), CALLBACK, frame) {
+                            Some((number, body)) if number > last => {
+                                last = number;
+                                body
+                            }
+                            _ => {
+                                log::warn!(
+                                    "a callback without the session's MAC, or an old one: refused"
+                                );
+                                return Vec::new();
+                            }
                         };
                         match Callback::decode(body) {
                             // Nothing is cached before there is a handler: answer at once.
@@ -67,8 +76,7 @@ impl Channel {
                                 if let Some(handle) = on.get() {
                                     handle(Notice::Callback(cb));
                                 }
-                                let answers = integrity::number_of(frame);
-                                integrity::seal(key.as_ref(), ANSWER, answers, encode_ack())
+                                integrity::seal(key.as_ref(), ANSWER, last, encode_ack())
                             }
                             // Not an answer: the service counts it as unanswered.
                             Err(e) => {

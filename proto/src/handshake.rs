@@ -16,7 +16,9 @@ use rdmabox::transport::DeadlineStream;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-const MAGIC: &[u8; 4] = b"RFS1";
+/// "RFS" and the generation of the handshake: 2 since what follows it is sealed with the
+/// session key (protocol 16).
+const MAGIC: &[u8; 4] = b"RFS2";
 const NONCE: usize = 32;
 const MAC: usize = 32;
 /// How long the node waits for a node to answer its greeting.
@@ -24,6 +26,7 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 use crate::frame::send_frame;
 use crate::hello::Hello;
+use crate::integrity;
 
 fn mac(secret: &[u8], role: &[u8], a: &[u8], b: &[u8]) -> Hmac<Sha256> {
     let mut m = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes any key length");
@@ -138,13 +141,22 @@ pub fn connect_over(
     let mut greeting = [0u8; 4 + 1 + NONCE];
     s.read_exact(&mut greeting)?;
     if &greeting[..4] != MAGIC {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "not an rfs node",
-        ));
+        let why = if greeting[..3] == MAGIC[..3] {
+            "the node runs another version of rfs: upgrade the nodes and clients together"
+        } else {
+            "not an rfs node"
+        };
+        return Err(io::Error::new(io::ErrorKind::InvalidData, why));
     }
     let needs_auth = greeting[4] == 1;
     let server_nonce = &greeting[5..];
+    if !needs_auth && secret.is_some() {
+        // Else anyone on the path could pose as the node: nothing after it would be sealed.
+        return Err(denied(
+            "the node asks for no secret, and we hold one: a node run with --insecure (its \
+             peers must hold no secret), or someone on the path posing as the node",
+        ));
+    }
     if needs_auth && secret.is_none() {
         return Err(denied(&format!(
             "the node requires its shared secret: copy the node's secret file to {} (mode 0600) or pass --secret-file",
@@ -193,7 +205,10 @@ pub fn dial(
         .map_err(|e| io::Error::new(e.kind(), format!("connecting to {addr}: {e}")))?;
     s.set_nodelay(true)?;
     let key = connect(&mut s, secret, deadline)?;
-    send_frame(&mut s, &hello.encode())?;
+    send_frame(
+        &mut s,
+        &integrity::seal(key.as_ref(), integrity::HELLO, 0, hello.encode()),
+    )?;
     Ok((s, key))
 }
 
@@ -244,6 +259,13 @@ mod tests {
         assert!(e.to_string().contains("--secret-file"));
         drop(c);
         assert!(t.join().unwrap().is_err());
+    }
+
+    #[test]
+    fn a_peer_holding_a_secret_refuses_a_node_that_asks_for_none() {
+        let (_, c) = run(None, Some(b"k1"));
+        let e = c.unwrap_err();
+        assert!(e.to_string().contains("posing as the node"), "{e}");
     }
 
     #[test]

@@ -4,6 +4,8 @@
 use std::io::{self, Read};
 
 use crate::frame::recv_frame;
+use crate::handshake::SessionKey;
+use crate::integrity;
 use crate::wire::{bad, DecodeError, Reader, Wire, Writer};
 use crate::{wire_enum, wire_struct};
 
@@ -71,9 +73,17 @@ impl Hello {
     }
 
     /// Reads the peer's hello from the control connection.
-    pub fn receive(s: &mut impl Read) -> io::Result<Hello> {
-        let frame = recv_frame(s, MAX_HELLO)?;
-        Hello::parse(&frame).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    /// The hello on `s`, sealed with the connection's session `key` (what it says decides
+    /// which session, node or pool the connection is for).
+    pub fn receive(s: &mut impl Read, key: Option<&SessionKey>) -> io::Result<Hello> {
+        let frame = recv_frame(s, MAX_HELLO + integrity::TAG)?;
+        let hello = integrity::open(key, integrity::HELLO, 0, &frame).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "a hello without the session's MAC",
+            )
+        })?;
+        Hello::parse(hello).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
     }
 }
 

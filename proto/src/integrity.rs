@@ -11,13 +11,17 @@ use crate::handshake::SessionKey;
 /// Bytes of MAC at the end of each frame.
 pub const TAG: usize = 16;
 
+/// What a connection is for, right after the handshake.
+pub const HELLO: &[u8] = b"hello";
+/// The metadata node's answer to a join.
+pub const JOIN_ANSWER: &[u8] = b"join answer";
 /// A metadata call, bound to its sequence number.
 pub const CALL: &[u8] = b"call";
 /// The reply to the call with the same sequence number.
 pub const REPLY: &[u8] = b"reply";
-/// A callback of the metadata service.
+/// A callback of the metadata service, numbered in turn on its connection.
 pub const CALLBACK: &[u8] = b"callback";
-/// The answer to the callback whose MAC starts with the number.
+/// The answer to the callback with the same number.
 pub const ANSWER: &[u8] = b"answer";
 /// A data node's pool descriptor, which names the data session.
 pub const POOL: &[u8] = b"pool";
@@ -68,13 +72,28 @@ pub fn open<'a>(
     }
 }
 
-/// The number an answer to `frame` (a sealed frame) is bound to: the start of its MAC.
-pub fn number_of(frame: &[u8]) -> u64 {
-    let at = frame.len().saturating_sub(TAG);
-    frame
-        .get(at..at + 8)
-        .and_then(|b| b.try_into().ok())
-        .map_or(0, u64::from_le_bytes)
+/// `body` after its `number` (which the receiver cannot know otherwise), sealed with it.
+pub fn seal_numbered(
+    key: Option<&SessionKey>,
+    label: &[u8],
+    number: u64,
+    body: Vec<u8>,
+) -> Vec<u8> {
+    let mut numbered = number.to_le_bytes().to_vec();
+    numbered.extend_from_slice(&body);
+    seal(key, label, number, numbered)
+}
+
+/// The number and the body of a frame made by [`seal_numbered`], if its MAC is right: the
+/// caller checks that the number is one it expects (above the last, say).
+pub fn open_numbered<'a>(
+    key: Option<&SessionKey>,
+    label: &[u8],
+    frame: &'a [u8],
+) -> Option<(u64, &'a [u8])> {
+    let number = u64::from_le_bytes(frame.get(..8)?.try_into().ok()?);
+    let numbered = open(key, label, number, frame)?;
+    Some((number, &numbered[8..]))
 }
 
 #[cfg(test)]
@@ -112,6 +131,15 @@ mod tests {
         // Without a key nothing is checked: the node said so at the handshake.
         let plain = seal(None, CALL, 7, b"x".to_vec());
         assert_eq!(open(None, CALL, 9, &plain), Some(&b"x"[..]));
-        assert_ne!(number_of(&frame), 0);
+        // A numbered frame carries its number, and opens only with it.
+        let numbered = seal_numbered(Some(&k), CALLBACK, 42, b"cb".to_vec());
+        assert_eq!(
+            open_numbered(Some(&k), CALLBACK, &numbered),
+            Some((42, &b"cb"[..]))
+        );
+        let mut renumbered = numbered.clone();
+        renumbered[0] = 43;
+        assert!(open_numbered(Some(&k), CALLBACK, &renumbered).is_none());
+        assert!(open_numbered(Some(&k), CALLBACK, &numbered[..7]).is_none());
     }
 }
