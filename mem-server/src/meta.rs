@@ -108,10 +108,13 @@ impl Durable for MetaState {
         let before = out.len();
         self.ns.take_records(out);
         self.alloc.take_records(out);
-        // Who holds handles rides along with the next change journaled anyway, rather than
-        // costing an fsync of its own at a first open and a last close: a client whose handles
-        // changed nothing journaled meanwhile has nothing a restart's grace must keep for it.
-        if out.len() > before {
+        // A client that now holds handles is journaled before the call that made it so is
+        // answered: a restart that did not know it would end its grace without it, trimming
+        // what it wrote past sizes. One that holds none any more rides along with the next
+        // change journaled anyway (lost, it is only waited for in vain until the grace ends),
+        // rather than costing an fsync at every last close.
+        let holds = |r: &Record| matches!(r, Record::Holding { holds: true, .. });
+        if out.len() > before || self.holding.log.iter().any(holds) {
             out.append(&mut self.holding.log);
         }
     }
