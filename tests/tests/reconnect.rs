@@ -9,6 +9,7 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::os::unix::io::AsRawFd;
 use std::time::Duration;
 
+use rfs_e2e::model::{agree_with_a_model, Rng};
 use rfs_e2e::{errno, within, MemServer, Mount};
 
 fn open_rw(path: impl AsRef<std::path::Path>) -> File {
@@ -194,18 +195,6 @@ fn nothing_cached_before_a_lost_connection_is_served_after_it() {
     assert!(b.path("moved/inside").exists());
 }
 
-/// A tiny deterministic generator.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
-
 /// A counter of `m`'s stats file.
 fn counter(stats: &File, name: &str) -> u64 {
     let mut text = vec![0; 1 << 16];
@@ -250,114 +239,16 @@ fn three_mounts_agree_with_a_model_while_one_is_severed_again_and_again() {
         Mount::new(&server, &[]),
     ];
     let stats = File::open(mounts[2].path(".rfs-stats")).unwrap();
-    let names = ["a", "b", "c"];
-    let mut files: Vec<Vec<u8>> = Vec::new();
-    let mut at: std::collections::HashMap<&str, usize> = Default::default();
-    let mut held: Vec<(usize, usize, File)> = Vec::new();
-    let mut rng = Rng(0x5eed_0036);
-    let mut severs = 0;
-    let mut next_sever = 3;
-    const MAX: u64 = 200 << 10;
-    for step in 0..steps {
+    let mut rng = Rng(0x5e7e_0036);
+    let (mut severs, mut next_sever) = (0, 3);
+    agree_with_a_model(&mounts, 0x5eed_0036, steps, |step| {
         if step == next_sever {
-            severs += u32::from(sever_now(&mounts[2], &stats));
+            severs += u64::from(sever_now(&mounts[2], &stats));
             next_sever = step + 2 + rng.below(15);
         }
-        let m = rng.below(3) as usize;
-        let name = names[rng.below(3) as usize];
-        let path = mounts[m].path(name);
-        let ctx = format!("step {step} mount {m} {name} (after {severs} severs)");
-        let want_len = |at: &std::collections::HashMap<&str, usize>| {
-            at.get(name).map(|&i| files[i].len() as u64)
-        };
-        match rng.below(11) {
-            0 | 1 => {
-                let (off, len) = (rng.below(MAX), 1 + rng.below(70_000) as usize);
-                let data = vec![(step % 251) as u8 + 1; len];
-                let f = OpenOptions::new()
-                    .create(true)
-                    .truncate(false)
-                    .write(true)
-                    .open(&path);
-                f.unwrap().write_all_at(&data, off).unwrap();
-                let ino = *at.entry(name).or_insert_with(|| {
-                    files.push(Vec::new());
-                    files.len() - 1
-                });
-                let c = &mut files[ino];
-                c.resize(c.len().max(off as usize + len), 0);
-                c[off as usize..off as usize + len].copy_from_slice(&data);
-            }
-            2 => {
-                let Some(&ino) = at.get(name) else { continue };
-                let size = rng.below(MAX);
-                let f = OpenOptions::new().write(true).open(&path).unwrap();
-                f.set_len(size).unwrap();
-                files[ino].resize(size as usize, 0);
-            }
-            3 => {
-                let got = fs::read(&path).ok();
-                let want = at.get(name).map(|&i| &files[i]);
-                assert!(got.as_ref() == want, "{ctx}: contents differ");
-            }
-            4 => {
-                if at.remove(name).is_some() {
-                    fs::remove_file(&path).unwrap();
-                }
-            }
-            5 => {
-                let to = names[rng.below(3) as usize];
-                if let Some(ino) = at.remove(name) {
-                    fs::rename(&path, mounts[m].path(to)).unwrap();
-                    at.insert(to, ino);
-                }
-            }
-            6 => {
-                if let (Some(&ino), true) = (at.get(name), held.len() < 4) {
-                    let f = OpenOptions::new().write(true).open(&path).unwrap();
-                    held.push((m, ino, f));
-                } else if !held.is_empty() {
-                    held.remove(rng.below(held.len() as u64) as usize);
-                }
-            }
-            7 => {
-                let got = fs::metadata(&path).ok().map(|md| md.len());
-                assert_eq!(got, want_len(&at), "{ctx}: stat");
-            }
-            8 => {
-                if held.is_empty() {
-                    continue;
-                }
-                let (hm, ino, f) = &held[rng.below(held.len() as u64) as usize];
-                let len = f.metadata().unwrap().len();
-                assert_eq!(len, files[*ino].len() as u64, "{ctx}: fstat on mount {hm}");
-            }
-            _ => {
-                if held.is_empty() {
-                    continue;
-                }
-                let (hm, ino, f) = &held[rng.below(held.len() as u64) as usize];
-                let (off, len) = (rng.below(MAX), 1 + rng.below(70_000) as usize);
-                let data = vec![(step % 251) as u8 + 1; len];
-                f.write_all_at(&data, off)
-                    .unwrap_or_else(|e| panic!("{ctx}: held write on mount {hm}: {e}"));
-                f.sync_all().unwrap();
-                let c = &mut files[*ino];
-                c.resize(c.len().max(off as usize + len), 0);
-                c[off as usize..off as usize + len].copy_from_slice(&data);
-            }
-        }
-    }
-    drop(held);
-    for name in names {
-        for (m, mount) in mounts.iter().enumerate() {
-            let got = fs::read(mount.path(name)).ok();
-            let want = at.get(name).map(|&i| &files[i]);
-            assert!(got.as_ref() == want, "end: mount {m} {name}");
-        }
-    }
+    });
     println!("{steps} steps, {severs} severs of mount 2: no divergence");
-    assert!(u64::from(severs) >= steps / 20, "only {severs} severs");
+    assert!(severs >= steps / 20, "only {severs} severs");
 }
 
 /// Processes on two mounts append numbered lines to one file under a lock, each through a
