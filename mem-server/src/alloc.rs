@@ -51,6 +51,16 @@ struct FreeChunks {
 }
 
 impl FreeChunks {
+    /// `count` chunks of `chunk_size` from `from`, none used yet.
+    fn fresh(from: u64, count: u64, chunk_size: u64) -> FreeChunks {
+        FreeChunks {
+            recycled: Vec::new(),
+            next_fresh: from,
+            fresh_left: count,
+            chunk_size,
+        }
+    }
+
     fn len(&self) -> u64 {
         self.recycled.len() as u64 + self.fresh_left
     }
@@ -114,12 +124,7 @@ impl Allocator {
             alive: true,
             replayed: false,
             reserved: pool_addr,
-            free: FreeChunks {
-                recycled: Vec::new(),
-                next_fresh: pool_addr,
-                fresh_left: count,
-                chunk_size,
-            },
+            free: FreeChunks::fresh(pool_addr, count, chunk_size),
             dirty: Vec::new(),
             zeroing: 0,
             current: 0,
@@ -164,12 +169,7 @@ impl Allocator {
         n.pool_id = pool_id;
         n.pool_addr = pool_addr;
         n.reserved = pool_addr;
-        n.free = FreeChunks {
-            recycled: Vec::new(),
-            next_fresh: pool_addr,
-            fresh_left: 0,
-            chunk_size,
-        };
+        n.free = FreeChunks::fresh(pool_addr, 0, chunk_size);
         n.alive = true;
         let record = Self::node_record(n);
         self.note(record);
@@ -299,12 +299,7 @@ impl Allocator {
             .filter(|a| !in_use.contains(a))
             .collect();
         let end = n.pool_addr + n.total * cs;
-        n.free = FreeChunks {
-            recycled: Vec::new(),
-            next_fresh: n.reserved,
-            fresh_left: (end - n.reserved) / cs,
-            chunk_size: cs,
-        };
+        n.free = FreeChunks::fresh(n.reserved, (end - n.reserved) / cs, cs);
         n.zeroing = 0;
         n.current = 0;
         n.alive = true;

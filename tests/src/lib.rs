@@ -50,6 +50,14 @@ fn starting_child<T>(start: impl FnOnce() -> T) -> T {
     start()
 }
 
+/// The numbers the lines of `text` start with ("N who"): a file that writers append to in
+/// turn, each numbering its line after the last.
+pub fn line_numbers(text: &str) -> Vec<usize> {
+    text.lines()
+        .map(|l| l.split(' ').next().unwrap().parse().unwrap())
+        .collect()
+}
+
 /// Runs `cmd` to its end, as a test that starts processes must ([`no_children_started`]).
 pub fn run_child(cmd: &mut Command) -> std::io::Result<std::process::Output> {
     starting_child(|| cmd.output())

@@ -73,10 +73,7 @@ fn two_mounts_never_hold_one_flock_at_once_and_each_sees_what_the_other_wrote_un
         s.spawn(|| append(&b, 'b'));
     });
     let text = fs::read_to_string(b.path("counter")).unwrap();
-    let numbers: Vec<usize> = text
-        .lines()
-        .map(|l| l.split(' ').next().unwrap().parse().unwrap())
-        .collect();
+    let numbers = rfs_e2e::line_numbers(&text);
     assert_eq!(
         numbers,
         (0..2 * ROUNDS).collect::<Vec<_>>(),

@@ -301,10 +301,7 @@ fn lines_appended_under_locks_on_two_mounts_survive_severs_of_one() {
         });
         stop.store(false, std::sync::atomic::Ordering::Relaxed);
         let text = fs::read_to_string(a.path(&name)).unwrap();
-        let numbers: Vec<usize> = text
-            .lines()
-            .map(|l| l.split(' ').next().unwrap().parse().unwrap())
-            .collect();
+        let numbers = rfs_e2e::line_numbers(&text);
         assert_eq!(
             numbers,
             (0..4 * PER_WORKER).collect::<Vec<_>>(),

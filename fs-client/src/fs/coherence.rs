@@ -25,9 +25,10 @@ use super::Rfs;
 /// the answer goes and the invalidation follows when the lock is free.
 const KERNEL_INVAL_WAIT: Duration = Duration::from_millis(200);
 
-/// The same after a reconnection, whose invalidations are many and must be done before other
-/// calls go on (they wait): the kernel blocks one only while a request of ours that waits for
-/// this holds a page or inode lock, so past this the waiting ends and the rest follows.
+/// The same after a reconnection, whose invalidations are many and must be done before a lock
+/// granted or a file opened meanwhile is answered (they wait for this): the kernel blocks one
+/// only while a request of ours holds a page or inode lock, so past this the waiting ends and
+/// the rest follows.
 const RECONNECTED_INVAL_WAIT: Duration = Duration::from_secs(1);
 
 /// The inodes the kernel was given (by lookups, creates and directory listings), with how
@@ -134,11 +135,13 @@ impl<B: Backend> Rfs<B> {
                 Err(e) => log::debug!("revalidating open file {ino}: {e}"),
             }
         }
+        // Open files first: the kernel may hold many more.
+        let first: std::collections::HashSet<Ino> = open.iter().copied().collect();
         let rest = self
             .kernel_inodes
             .all()
             .into_iter()
-            .filter(|i| !open.contains(i));
+            .filter(|i| !first.contains(i));
         let inodes: Vec<Ino> = open.iter().copied().chain(rest).collect();
         self.kernel_forgets(&inodes, true, RECONNECTED_INVAL_WAIT);
         self.retry_owed_now();
