@@ -1,4 +1,5 @@
-//! Who gets a connection slot: limits on control connections in total and per peer address,
+//! Who gets a connection slot: limits on connections (control connections, and on tcp each
+//! queue pair's) in total and per peer address,
 //! so that no peer, authenticated or not, can take every file descriptor or thread of a node.
 //! A connection holds its slot (a [`Ticket`]) until it ends. Connections still authenticating
 //! have a smaller budget of their own, so that peers without the secret never take the slots of
@@ -36,9 +37,9 @@ impl Default for Limits {
 const PENDING_SHARE: usize = 8;
 const PENDING_PER_PEER_SHARE: usize = 32;
 
-/// File descriptors one connection may need: its control socket, and on the tcp provider one
-/// socket per queue pair plus its listener while it connects.
-const FDS_PER_CONNECTION: u64 = 8;
+/// File descriptors one connection may need: its socket, and room for what else the node opens
+/// as it serves it.
+const FDS_PER_CONNECTION: u64 = 2;
 
 impl Limits {
     /// The limits, lowered where the process's descriptor limit could not serve them.
@@ -389,8 +390,8 @@ mod tests {
     #[test]
     fn limits_fit_the_descriptor_limit() {
         let l = Limits::default().within_fd_limit(1024);
-        assert_eq!(l.total, 128);
-        assert_eq!(l.per_peer, 128);
+        assert_eq!(l.total, 512);
+        assert_eq!(l.per_peer, 512);
         assert_eq!(
             Limits::default().within_fd_limit(1 << 20),
             Limits::default()

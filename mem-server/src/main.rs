@@ -72,8 +72,9 @@ struct Args {
     /// io_timeout, so keep it above the clients' io_timeout.
     #[arg(long, default_value = "10", value_parser = parse_secs)]
     lease: Duration,
-    /// Most control connections (clients' metadata channels and data sessions, joined nodes,
-    /// and peers still authenticating) taken at once; more are refused.
+    /// Most connections taken at once: clients' metadata channels and data sessions, joined
+    /// nodes, on tcp each of their queue pairs (a connection of its own), and peers still
+    /// authenticating; more are refused.
     #[arg(long, default_value_t = Limits::default().total)]
     max_connections: usize,
     /// Treat root (uid 0) on clients as nobody (65534), as NFS's root_squash does. Root then
@@ -101,7 +102,7 @@ struct Args {
     /// its restart: give it --memory 0 (or --replicas 2 or more) so that no file relies on it.
     #[arg(long, value_name = "DIR", conflicts_with = "join")]
     state_dir: Option<std::path::PathBuf>,
-    /// Most control connections from one peer address.
+    /// Most connections from one peer address (counted as for --max-connections).
     #[arg(long, default_value_t = Limits::default().per_peer)]
     max_connections_per_peer: usize,
 }

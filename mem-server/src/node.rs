@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use rdmabox::rpc::RpcConfig;
 use rdmabox::transport::{
-    Access, CompletionQueue, Context, DeadlineStream, MemoryRegion, ProtectionDomain, QueuePair,
-    TransportConfig,
+    Access, Arrivals, CompletionQueue, Context, DeadlineStream, MemoryRegion, ProtectionDomain,
+    QpRoute, QueuePair, TransportConfig,
 };
 use rdmabox::{connect_links, SessionConfig};
 use rfs_proto::frame::send_frame;
@@ -59,7 +59,7 @@ pub struct NodeConfig {
     /// How long a client may take to answer a callback before its chunk references are taken
     /// as dropped (clients refetch maps older than this, less their I/O deadline).
     pub lease: Duration,
-    /// How many control connections the node takes, in total and per peer address.
+    /// How many connections the node takes, in total and per peer address.
     pub limits: Limits,
     /// How the metadata service treats callers (root squash).
     pub policy: Policy,
@@ -156,6 +156,8 @@ pub(crate) struct Shared {
     /// Present on the metadata node only.
     meta: Option<Arc<MetaService>>,
     admission: Arc<Admission>,
+    /// Queue pairs waiting for their peers' connections, which come to the node's one port.
+    arrivals: Arc<Arrivals>,
     pub(crate) stop: AtomicBool,
 }
 
@@ -174,12 +176,8 @@ pub(crate) fn invalid(msg: String) -> io::Error {
 
 impl Node {
     /// Allocates and registers the pool, listens, and joins the metadata node if asked to.
-    pub fn start(mut cfg: NodeConfig) -> io::Result<Node> {
+    pub fn start(cfg: NodeConfig) -> io::Result<Node> {
         cfg.validate()?;
-        // Queue pairs listen where the node does (a node told to listen everywhere: everywhere).
-        if cfg.transport.tcp.bind_ip.is_unspecified() {
-            cfg.transport.tcp.bind_ip = cfg.listen.ip();
-        }
         // Listen before the pool is made: pre-faulting a large pool takes seconds, and peers
         // that connect meanwhile wait in the kernel's backlog (and retry) instead of being
         // refused.
@@ -230,6 +228,7 @@ impl Node {
             grants,
             meta,
             admission: Admission::new(limits),
+            arrivals: Arrivals::new(),
             stop: AtomicBool::new(false),
         });
         if let (Some(meta), Some(wait)) = (&shared.meta, zero_wait) {
@@ -386,6 +385,8 @@ impl Shared {
                 .ok_or_else(|| invalid(format!("{:?} sent to a data node", hello.op())))
         };
         match &hello {
+            // It holds its slot as long as the queue pair lives.
+            Hello::QueuePair(_) => self.arrivals.deliver(s, deadline, Box::new(slot)),
             Hello::Data(Data { qps }) => self.serve_data(s, *qps as usize, key),
             Hello::Metadata(m) => meta()?.serve(self, s, m.client_id, key),
             Hello::Join(j) => crate::join::admit(self, meta()?, s, j, key),
@@ -401,7 +402,8 @@ impl Shared {
         n: usize,
     ) -> io::Result<Vec<(QueuePair, CompletionQueue)>> {
         s.set_read_timeout(Some(SETUP_DEADLINE))?;
-        let links = connect_links(&self.ctx, pd, s, n, SessionConfig::default().caps)?;
+        let route = QpRoute::Arrive(self.arrivals.clone());
+        let links = connect_links(&self.ctx, pd, s, n, SessionConfig::default().caps, &route)?;
         s.set_read_timeout(None)?;
         Ok(links)
     }

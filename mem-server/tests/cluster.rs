@@ -150,7 +150,9 @@ fn raw_metadata_channel(
     )
     .unwrap();
     // Calls on the first queue pair; the second (callbacks) stays open, unused.
-    let mut links = rdmabox::connect_links(&ctx, &pd, &mut s, 2, Default::default()).unwrap();
+    let route = rfs_proto::handshake::queue_pair_route(secret().as_deref());
+    let mut links =
+        rdmabox::connect_links(&ctx, &pd, &mut s, 2, Default::default(), &route).unwrap();
     std::mem::forget(links.pop());
     let (qp, cq) = links.remove(0);
     let _resumed = rfs_proto::frame::recv_frame(&mut s, 1).unwrap();

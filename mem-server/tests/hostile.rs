@@ -165,8 +165,9 @@ fn a_flood_of_idle_connections_is_bounded_and_drains() {
 
 #[test]
 fn connections_past_the_per_peer_limit_are_refused_at_once() {
-    let meta = MemServer::start(&["--memory", "4M", "--max-connections-per-peer", "3"]);
-    // A client's metadata channel is one connection.
+    let meta = MemServer::start(&["--memory", "4M", "--max-connections-per-peer", "9"]);
+    // A client's metadata channel is three connections: control, and a queue pair each for
+    // calls and callbacks.
     let c = client(&meta);
     let _c2 = client(&meta);
     let c3 = client(&meta);

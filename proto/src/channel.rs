@@ -16,7 +16,7 @@ use rdmabox::transport::{Context, ProtectionDomain};
 use crate::callback::{encode_ack, Callback, CALLBACK_RPC};
 use crate::client::{ClientConfig, Notice, NoticeHandler};
 use crate::frame::recv_frame;
-use crate::handshake::{dial, SessionKey};
+use crate::handshake::{dial, queue_pair_route, SessionKey};
 use crate::hello::{Hello, Metadata};
 use crate::integrity::{self, ANSWER, CALLBACK};
 
@@ -43,7 +43,8 @@ impl Channel {
     ) -> io::Result<Channel> {
         let hello = Hello::Metadata(Metadata { client_id });
         let (mut s, key) = dial(addr, cfg.secret.as_deref(), &hello, cfg.connect_timeout)?;
-        let mut links = connect_links(ctx, pd, &mut s, 2, cfg.session.caps)?;
+        let route = queue_pair_route(cfg.secret.as_deref());
+        let mut links = connect_links(ctx, pd, &mut s, 2, cfg.session.caps, &route)?;
         let (cb_qp, cb_cq) = links.pop().expect("two links");
         let (qp, cq) = links.pop().expect("two links");
         let resumed = matches!(recv_frame(&mut s, 1)?.as_slice(), [1]);

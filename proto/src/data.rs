@@ -11,7 +11,7 @@ use rdmabox::transport::{Context, ProtectionDomain, RemoteAddr, RemoteRegion};
 use rdmabox::{connect_links, AbortHandle, Session, SessionConfig};
 
 use crate::frame::recv_frame;
-use crate::handshake::dial;
+use crate::handshake::{dial, queue_pair_route};
 use crate::hello::{Data, Hello, PoolDescriptor};
 use crate::integrity;
 use crate::types::ChunkRef;
@@ -51,7 +51,8 @@ impl DataSession {
         let (mut s, key) = dial(addr, secret, &hello, timeout)?;
         // A node that goes silent during setup fails the connect instead of hanging it.
         s.set_read_timeout(Some(timeout))?;
-        let links = connect_links(ctx, pd, &mut s, cfg.qps, cfg.caps)?;
+        let route = queue_pair_route(secret);
+        let links = connect_links(ctx, pd, &mut s, cfg.qps, cfg.caps, &route)?;
         let sealed = recv_frame(&mut s, MAX_POOL_FRAME + integrity::TAG)?;
         let frame =
             integrity::open(key.as_ref(), integrity::POOL, 0, &sealed).ok_or_else(|| {

@@ -9,9 +9,10 @@
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdmabox::transport::DeadlineStream;
+use rdmabox::transport::{DeadlineStream, QpRoute};
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -25,7 +26,7 @@ const MAC: usize = 32;
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 use crate::frame::send_frame;
-use crate::hello::Hello;
+use crate::hello::{Hello, QueuePair};
 use crate::integrity;
 
 fn mac(secret: &[u8], role: &[u8], a: &[u8], b: &[u8]) -> Hmac<Sha256> {
@@ -210,6 +211,16 @@ pub fn dial(
         &integrity::seal(key.as_ref(), integrity::HELLO, 0, hello.encode()),
     )?;
     Ok((s, key))
+}
+
+/// The route of the queue pairs of a connection we dialed: each dials the node's one port
+/// too, authenticated like any connection, and says it is a queue pair.
+pub fn queue_pair_route(secret: Option<&[u8]>) -> QpRoute {
+    let secret: Option<Arc<[u8]>> = secret.map(Arc::from);
+    let hello = Hello::QueuePair(QueuePair {});
+    QpRoute::Dial(Arc::new(move |addr, timeout| {
+        dial(addr, secret.as_deref(), &hello, timeout).map(|(s, _)| s)
+    }))
 }
 
 #[cfg(test)]

@@ -50,13 +50,21 @@ wire_struct! {
     }
 }
 
+wire_struct! {
+    /// One queue pair of a session set up on another connection (the tcp provider's hello,
+    /// naming it by token, follows): every connection of a node comes to its one port.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct QueuePair {}
+}
+
 wire_enum! {
-    /// The first message on a control connection.
+    /// The first message on a connection.
     #[derive(Clone, Debug, PartialEq, Eq)]
     pub enum Hello / HelloOp {
         1 => Metadata,
         2 => Data,
         3 => Join,
+        4 => QueuePair,
     }
 }
 

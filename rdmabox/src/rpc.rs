@@ -456,14 +456,16 @@ mod tests {
     use super::*;
     use std::net::{TcpListener, TcpStream};
 
-    use crate::transport::{connect_links, Context, ProviderKind, QpCaps, TransportConfig};
+    use crate::transport::{
+        connect_links, Context, ProviderKind, QpCaps, QpRoute, TransportConfig,
+    };
 
     fn one_link(
         ctx: &Context,
         pd: &ProtectionDomain,
         s: &mut TcpStream,
     ) -> (QueuePair, CompletionQueue) {
-        connect_links(ctx, pd, s, 1, QpCaps::default())
+        connect_links(ctx, pd, s, 1, QpCaps::default(), &QpRoute::OwnPort)
             .unwrap()
             .pop()
             .unwrap()

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use rdmabox::transport::{
     exchange_endpoints, Access, Completion, CompletionQueue, Context, MemoryRegion, PostError,
-    ProtectionDomain, ProviderKind, QpCaps, QpState, QueuePair, RecvWr, RemoteAddr, RemoteRegion,
-    SendOp, SendWr, TransportConfig, WcOpcode, WcStatus,
+    ProtectionDomain, ProviderKind, QpCaps, QpRoute, QpState, QueuePair, RecvWr, RemoteAddr,
+    RemoteRegion, SendOp, SendWr, TransportConfig, WcOpcode, WcStatus,
 };
 
 fn provider() -> ProviderKind {
@@ -52,7 +52,9 @@ fn half(caps: QpCaps) -> Half {
     let pd = ctx.alloc_pd().unwrap();
     let scq = ctx.create_cq(4096).unwrap();
     let rcq = ctx.create_cq(4096).unwrap();
-    let prepared = ctx.create_qp(&pd, &scq, &rcq, caps).unwrap();
+    let prepared = ctx
+        .create_qp(&pd, &scq, &rcq, caps, &QpRoute::OwnPort)
+        .unwrap();
     Half {
         ctx,
         pd,

@@ -192,3 +192,66 @@ fn another_users_write_truncate_or_fallocate_clears_the_set_id_bits() {
     assert!(ok, "{err}");
     assert_eq!(mode(&f), 0o6777);
 }
+
+/// The TCP sockets process `pid` holds, from /proc/net/tcp{,6}: (local port, remote port,
+/// listening).
+fn tcp_sockets(pid: u32) -> Vec<(u16, u16, bool)> {
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|l| {
+            let l = l.to_string_lossy().into_owned();
+            Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+        })
+        .collect();
+    let port = |addr: &str| u16::from_str_radix(addr.rsplit(':').next().unwrap(), 16).unwrap();
+    let mut out = Vec::new();
+    for table in ["tcp", "tcp6"] {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap();
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if inodes.contains(f[9]) {
+                out.push((port(f[1]), port(f[2]), f[3] == "0A"));
+            }
+        }
+    }
+    out
+}
+
+/// Every connection of a node comes to its one listen port, a node's own links to another
+/// node included, and a mount listens on nothing: a firewall names one port per node, and no
+/// listener exists for a local user to connect to before the peer it waits for.
+#[test]
+fn every_connection_goes_to_a_nodes_one_port_and_a_mount_listens_on_nothing() {
+    let meta = MemServer::meta("8M", "1M");
+    let data = MemServer::data(&meta, "8M", "1M");
+    let m = Mount::new(&meta, &[]);
+    // Chunks on both nodes: a data session to each.
+    let bytes: Vec<u8> = (0..6 << 20).map(|i| (i % 251) as u8).collect();
+    std::fs::write(m.path("f"), &bytes).unwrap();
+    assert!(std::fs::read(m.path("f")).unwrap() == bytes);
+    let ports = [meta.addr.port(), data.addr.port()];
+    let mount = tcp_sockets(m.pid() as u32);
+    assert!(mount.iter().all(|s| !s.2), "the mount listens: {mount:?}");
+    assert!(
+        mount.iter().all(|s| ports.contains(&s.1)),
+        "a mount's connection goes elsewhere than a node's port: {mount:?} (ports {ports:?})"
+    );
+    assert!(
+        mount.len() >= 3 + 2 * 2,
+        "queue pairs of their own: {mount:?}"
+    );
+    for node in [&meta, &data] {
+        let socks = tcp_sockets(node.pid());
+        let listening: Vec<_> = socks.iter().filter(|s| s.2).collect();
+        assert_eq!(listening.len(), 1, "node {}: {socks:?}", node.addr);
+        assert_eq!(listening[0].0, node.addr.port());
+        assert!(
+            socks
+                .iter()
+                .all(|s| s.2 || ports.contains(&s.0) || ports.contains(&s.1)),
+            "node {}: a connection to neither node's port: {socks:?}",
+            node.addr
+        );
+    }
+}

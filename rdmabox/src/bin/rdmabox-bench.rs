@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use clap::{Parser, Subcommand};
 use rdmabox::size::parse_size;
 use rdmabox::transport::{
-    Access, Context, ProviderKind, RemoteAddr, RemoteRegion, TransportConfig,
+    Access, Context, ProviderKind, QpRoute, RemoteAddr, RemoteRegion, TransportConfig,
 };
 use rdmabox::{connect_links, PollMode, Session, SessionConfig, Snapshot, WindowConfig};
 
@@ -73,7 +73,14 @@ fn serve(kind: ProviderKind, listen: SocketAddr, memory: u64) -> std::io::Result
             let mut n = [0u8; 4];
             s.read_exact(&mut n)?;
             let qps = u32::from_le_bytes(n).clamp(1, 64) as usize;
-            let links = connect_links(&ctx, &pd, &mut s, qps, SessionConfig::default().caps)?;
+            let links = connect_links(
+                &ctx,
+                &pd,
+                &mut s,
+                qps,
+                SessionConfig::default().caps,
+                &QpRoute::OwnPort,
+            )?;
             let r = mem.remote();
             let mut msg = r.addr.to_le_bytes().to_vec();
             msg.extend_from_slice(&r.len.to_le_bytes());
@@ -166,7 +173,8 @@ fn open_session(
     let pd = Arc::new(ctx.alloc_pd().expect("pd"));
     let mut s = TcpStream::connect(lender.addr).expect("connect to lender");
     s.write_all(&(cfg.qps as u32).to_le_bytes()).unwrap();
-    let links = connect_links(&ctx, &pd, &mut s, cfg.qps, cfg.caps).expect("connect qps");
+    let links = connect_links(&ctx, &pd, &mut s, cfg.qps, cfg.caps, &QpRoute::OwnPort)
+        .expect("connect qps");
     let mut m = [0u8; 20];
     s.read_exact(&mut m).unwrap();
     let r = RemoteRegion {

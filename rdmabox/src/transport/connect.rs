@@ -5,22 +5,27 @@
 use std::io;
 use std::net::TcpStream;
 
-use super::{exchange_endpoints, CompletionQueue, Context, ProtectionDomain, QpCaps, QueuePair};
+use super::{
+    exchange_endpoints, CompletionQueue, Context, ProtectionDomain, QpCaps, QpRoute, QueuePair,
+};
 
 /// Creates `n` queue pairs (each with its own CQ) and connects them to the peer's over a
-/// control connection. Both sides call it with the same `n`.
+/// control connection. Both sides call it with the same `n`, and with routes that match: both
+/// [`QpRoute::OwnPort`], or one side dialing (the one that dialed the control connection) and
+/// the other taking arrivals.
 pub fn connect_links(
     ctx: &Context,
     pd: &ProtectionDomain,
     control: &mut TcpStream,
     n: usize,
     caps: QpCaps,
+    route: &QpRoute,
 ) -> io::Result<Vec<(QueuePair, CompletionQueue)>> {
     let mut prepared = Vec::with_capacity(n);
     let mut local = Vec::with_capacity(n);
     for _ in 0..n {
         let cq = ctx.create_cq((caps.max_send_wr + caps.max_recv_wr) as usize)?;
-        let qp = ctx.create_qp(pd, &cq, &cq, caps)?;
+        let qp = ctx.create_qp(pd, &cq, &cq, caps, route)?;
         local.push(qp.endpoint()?);
         prepared.push((qp, cq));
     }

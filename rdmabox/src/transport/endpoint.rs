@@ -97,7 +97,9 @@ impl Endpoint {
 /// it; each writes before it reads (the messages are tiny, so neither blocks the other).
 ///
 /// A tcp endpoint listening on the unspecified address is reachable at whatever address the
-/// peer used to reach us, so it is rewritten to the control connection's peer address.
+/// peer used to reach us, so it is rewritten to the control connection's peer address; one with
+/// no port of its own (port 0) is reached where the control connection was, so its whole
+/// address becomes the control connection's peer address.
 ///
 /// When the stream has a read timeout, it bounds the whole exchange, not each read: a server
 /// sets one so that a peer that goes silent (or drips) cannot pin its queue pairs.
@@ -144,7 +146,7 @@ pub fn exchange_endpoints(stream: &mut TcpStream, local: &[Endpoint]) -> io::Res
             "peer sent too many endpoints",
         ));
     }
-    let peer_ip = stream.peer_addr()?.ip();
+    let peer = stream.peer_addr()?;
     let mut out = Vec::with_capacity(count);
     for _ in 0..count {
         let mut len = [0u8; 1];
@@ -153,8 +155,10 @@ pub fn exchange_endpoints(stream: &mut TcpStream, local: &[Endpoint]) -> io::Res
         input.read_exact(&mut b)?;
         let mut e = Endpoint::decode(&b)?;
         if let Endpoint::Tcp(t) = &mut e {
-            if t.addr.ip().is_unspecified() {
-                t.addr.set_ip(peer_ip);
+            if t.addr.port() == 0 {
+                t.addr = peer;
+            } else if t.addr.ip().is_unspecified() {
+                t.addr.set_ip(peer.ip());
             }
         }
         out.push(e);

@@ -28,7 +28,7 @@ pub use connect::connect_links;
 pub use deadline::DeadlineStream;
 pub use endpoint::{exchange_endpoints, Endpoint};
 pub use memory::MemoryRegion;
-pub use tcp::{InlineConsumer, TcpConfig};
+pub use tcp::{Arrivals, Dialer, InlineConsumer, QpRoute, TcpConfig};
 pub use types::{
     Access, Completion, PostError, QpCaps, QpState, RecvWr, RemoteAddr, RemoteRegion, SendOp,
     SendWr, Sge, WcOpcode, WcStatus,
@@ -195,19 +195,21 @@ impl Context {
         Ok(CompletionQueue { imp })
     }
 
-    /// An RC queue pair in `pd`, completing into `send_cq` and `recv_cq`, not yet connected.
-    /// All objects must come from this context's provider.
+    /// An RC queue pair in `pd`, completing into `send_cq` and `recv_cq`, not yet connected;
+    /// on tcp its connection comes by `route` (verbs queue pairs need no connection of their
+    /// own). All objects must come from this context's provider.
     pub fn create_qp(
         &self,
         pd: &ProtectionDomain,
         send_cq: &CompletionQueue,
         recv_cq: &CompletionQueue,
         caps: QpCaps,
+        route: &QpRoute,
     ) -> io::Result<PreparedQueuePair> {
         let mismatch = || io::Error::new(io::ErrorKind::InvalidInput, "objects of two providers");
         let imp = match (&self.imp, &pd.imp, &send_cq.imp, &recv_cq.imp) {
             (CtxImpl::Tcp(c), PdImpl::Tcp(pd), CqImpl::Tcp(s), CqImpl::Tcp(r)) => {
-                PreparedImpl::Tcp(c.create_qp(pd, s.clone(), r.clone(), caps)?)
+                PreparedImpl::Tcp(c.create_qp(pd, (s.clone(), r.clone()), caps, route)?)
             }
             (CtxImpl::Verbs(c), PdImpl::Verbs(pd), CqImpl::Verbs(s), CqImpl::Verbs(r)) => {
                 PreparedImpl::Verbs(c.create_qp(pd, s.clone(), r.clone(), caps)?)

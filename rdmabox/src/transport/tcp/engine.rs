@@ -125,6 +125,7 @@ impl Engine {
             while self.reader.discard(64 * 1024).is_ok() {}
         }
         self.qp.close();
+        self.qp.hold.lock().unwrap().take();
     }
 
     /// Queues a response for the writer thread; a READ still in its region is copied out
@@ -619,10 +620,12 @@ mod tests {
     use std::net::TcpStream;
     use std::time::Duration;
 
-    use super::super::qp::hello;
+    use super::super::route::hello;
     use super::super::wire::{Header, Kind, NakReason, HEADER_LEN};
     use super::super::TcpEndpoint;
-    use crate::transport::{Access, Context, Endpoint, ProviderKind, QpCaps, TransportConfig};
+    use crate::transport::{
+        Access, Context, Endpoint, ProviderKind, QpCaps, QpRoute, TransportConfig,
+    };
 
     /// A peer connected to a fresh tcp queue pair over `pd`, as a raw socket that speaks the
     /// wire protocol, and the queue pair.
@@ -631,7 +634,9 @@ mod tests {
         pd: &crate::transport::ProtectionDomain,
     ) -> (TcpStream, crate::transport::QueuePair) {
         let cq = ctx.create_cq(16).unwrap();
-        let prepared = ctx.create_qp(pd, &cq, &cq, QpCaps::default()).unwrap();
+        let prepared = ctx
+            .create_qp(pd, &cq, &cq, QpCaps::default(), &QpRoute::OwnPort)
+            .unwrap();
         let Endpoint::Tcp(ep) = prepared.endpoint().unwrap() else {
             panic!("a tcp endpoint")
         };

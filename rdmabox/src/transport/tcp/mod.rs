@@ -15,6 +15,7 @@ pub use cq::InlineConsumer;
 mod engine;
 mod io;
 mod qp;
+mod route;
 pub mod wire;
 
 use std::collections::HashMap;
@@ -25,6 +26,7 @@ use std::time::Duration;
 
 pub use cq::Cq;
 pub use qp::{configure_socket, PreparedQp, Qp};
+pub use route::{Arrivals, Dialer, QpRoute};
 
 use super::memory::{Backing, MemoryRegion, MrInner, Registration as AnyRegistration};
 use super::types::{Access, QpCaps};
@@ -32,7 +34,7 @@ use super::types::{Access, QpCaps};
 /// Settings of the tcp provider.
 #[derive(Clone, Debug)]
 pub struct TcpConfig {
-    /// Address the queue pairs' listening sockets bind to.
+    /// Address the listening sockets of queue pairs with a port of their own bind to.
     pub bind_ip: IpAddr,
     /// How long an incoming SEND waits for a RECV before failing (a NIC's RNR retry window).
     pub rnr_timeout: Duration,
@@ -57,7 +59,9 @@ impl Default for TcpConfig {
 /// What a peer needs to connect to one of our queue pairs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TcpEndpoint {
-    /// Where the queue pair's provider listens for the peer's connection.
+    /// Where the queue pair listens for the peer's connection; port 0 where it has no port
+    /// of its own (the peer dials the address it reached us at, or does not dial: see
+    /// [`QpRoute`]).
     pub addr: SocketAddr,
     /// The queue pair's number.
     pub qpn: u32,
@@ -104,23 +108,16 @@ impl Context {
         Cq::new(capacity).map(Arc::new)
     }
 
-    /// A queue pair listening for its peer's connection, not yet connected.
+    /// A queue pair not yet connected, whose connection comes by `route`.
     pub fn create_qp(
         &self,
         pd: &Pd,
-        send_cq: Arc<Cq>,
-        recv_cq: Arc<Cq>,
+        cqs: (Arc<Cq>, Arc<Cq>),
         caps: QpCaps,
+        route: &QpRoute,
     ) -> std::io::Result<PreparedQp> {
         let qpn = self.next_qpn.fetch_add(1, Ordering::Relaxed);
-        PreparedQp::new(
-            self.cfg.clone(),
-            pd.shared.clone(),
-            send_cq,
-            recv_cq,
-            caps,
-            qpn,
-        )
+        PreparedQp::new(self.cfg.clone(), pd.shared.clone(), cqs, caps, qpn, route)
     }
 }
 

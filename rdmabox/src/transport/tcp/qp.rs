@@ -1,13 +1,16 @@
-//! tcp queue pairs: connection setup, the requester side of posting, and the error state.
+//! tcp queue pairs: the requester side of posting, and the error state.
 
+use std::any::Any;
 use std::collections::VecDeque;
-use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::io;
+use std::net::{Shutdown, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+use super::route::{QpRoute, Setup};
 
 use super::cq::Cq;
 use super::io::{iovec, writev_all};
@@ -19,9 +22,7 @@ use crate::transport::types::{
     SendOp, SendWr, WcOpcode, WcStatus,
 };
 
-const HELLO_MAGIC: u32 = 0x5242_5150; // "RBQP"
-
-/// A queue pair that is not connected yet: it listens for its peer and knows its endpoint.
+/// A queue pair that is not connected yet: it knows its endpoint and how its connection comes.
 pub struct PreparedQp {
     cfg: TcpConfig,
     pd: Arc<PdShared>,
@@ -30,19 +31,20 @@ pub struct PreparedQp {
     caps: QpCaps,
     qpn: u32,
     token: u64,
-    listener: TcpListener,
+    setup: Setup,
 }
 
 impl PreparedQp {
     pub(super) fn new(
         cfg: TcpConfig,
         pd: Arc<PdShared>,
-        send_cq: Arc<Cq>,
-        recv_cq: Arc<Cq>,
+        (send_cq, recv_cq): (Arc<Cq>, Arc<Cq>),
         caps: QpCaps,
         qpn: u32,
+        route: &QpRoute,
     ) -> io::Result<PreparedQp> {
-        let listener = TcpListener::bind(SocketAddr::new(cfg.bind_ip, 0))?;
+        let token = crate::random::u64();
+        let setup = Setup::new(route, cfg.bind_ip, token)?;
         Ok(PreparedQp {
             cfg,
             pd,
@@ -50,8 +52,8 @@ impl PreparedQp {
             recv_cq,
             caps,
             qpn,
-            token: crate::random::u64(),
-            listener,
+            token,
+            setup,
         })
     }
 
@@ -60,92 +62,52 @@ impl PreparedQp {
         self.qpn
     }
 
-    /// Where the peer connects to: the listener's address, our number and the token.
+    /// What the peer needs: where we listen (if on a port of our own), our number and token.
     pub fn endpoint(&self) -> io::Result<TcpEndpoint> {
         Ok(TcpEndpoint {
-            addr: self.listener.local_addr()?,
+            addr: self.setup.addr()?,
             qpn: self.qpn,
             token: self.token,
         })
     }
 
-    /// Connects to the peer's queue pair. Both sides call this with each other's endpoint; the
-    /// one with the smaller (token, qpn) dials, the other accepts.
+    /// Connects to the peer's queue pair, the way the route said (see [`QpRoute`]).
     pub fn connect(self, remote: &TcpEndpoint) -> io::Result<Qp> {
         let deadline = Instant::now() + self.cfg.connect_timeout;
-        let stream = if (self.token, self.qpn) < (remote.token, remote.qpn) {
-            self.dial(remote, deadline)?
-        } else {
-            self.accept(remote, deadline)?
-        };
-        configure_socket(&stream, self.cfg.dead_peer_timeout)?;
-        Ok(Qp::start(self, stream, remote.qpn))
+        let PreparedQp {
+            cfg,
+            pd,
+            send_cq,
+            recv_cq,
+            caps,
+            qpn,
+            token,
+            setup,
+        } = self;
+        let (stream, hold) = setup.connect(qpn, token, remote, deadline)?;
+        configure_socket(&stream, cfg.dead_peer_timeout)?;
+        let shared = Arc::new(QpShared {
+            qpn,
+            caps,
+            pd,
+            send_cq,
+            recv_cq,
+            rnr_timeout: cfg.rnr_timeout,
+            stream,
+            state: AtomicU8::new(STATE_RTS),
+            tx: Mutex::new(TxState::default()),
+            responses_queued: AtomicUsize::new(0),
+            outstanding: Mutex::new(VecDeque::new()),
+            recvs: Mutex::new(VecDeque::new()),
+            recv_ready: Condvar::new(),
+            post_calls: AtomicU64::new(0),
+            wire_writes: AtomicU64::new(0),
+            hold: Mutex::new(hold),
+        });
+        log::debug!("tcp qp {qpn} connected to remote qp {}", remote.qpn);
+        let threads = engine::spawn(shared.clone());
+        Ok(Qp { shared, threads })
     }
-
-    fn dial(&self, remote: &TcpEndpoint, deadline: Instant) -> io::Result<TcpStream> {
-        let mut s = TcpStream::connect_timeout(&remote.addr, remaining(deadline)?)?;
-        s.set_read_timeout(Some(remaining(deadline)?))?;
-        s.write_all(&hello(self.token, remote.token))?;
-        let mut reply = [0u8; 20];
-        s.read_exact(&mut reply)?;
-        if reply != hello(remote.token, self.token) {
-            return Err(io::Error::new(
-                io::ErrorKind::ConnectionRefused,
-                "queue pair handshake: peer answered with the wrong tokens",
-            ));
-        }
-        s.set_read_timeout(None)?;
-        Ok(s)
-    }
-
-    fn accept(&self, remote: &TcpEndpoint, deadline: Instant) -> io::Result<TcpStream> {
-        self.listener.set_nonblocking(true)?;
-        loop {
-            let wait = remaining(deadline)?;
-            if !crate::transport::poll_readable(self.listener.as_raw_fd(), Some(wait))? {
-                continue;
-            }
-            let mut s = match self.listener.accept() {
-                Ok((s, _)) => s,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                Err(e) => return Err(e),
-            };
-            s.set_nonblocking(false)?;
-            s.set_read_timeout(Some(remaining(deadline)?))?;
-            let mut got = [0u8; 20];
-            // A stray connection that does not say the right thing is dropped; keep waiting.
-            if s.read_exact(&mut got).is_err() || got != hello(remote.token, self.token) {
-                log::warn!(
-                    "queue pair {}: dropped a connection with a bad handshake",
-                    self.qpn
-                );
-                continue;
-            }
-            s.write_all(&hello(self.token, remote.token))?;
-            s.set_read_timeout(None)?;
-            return Ok(s);
-        }
-    }
-}
-
-pub(super) fn hello(from: u64, to: u64) -> [u8; 20] {
-    let mut b = [0u8; 20];
-    b[..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
-    b[4..12].copy_from_slice(&from.to_le_bytes());
-    b[12..].copy_from_slice(&to.to_le_bytes());
-    b
-}
-
-fn remaining(deadline: Instant) -> io::Result<Duration> {
-    deadline
-        .checked_duration_since(Instant::now())
-        .filter(|d| !d.is_zero())
-        .ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::TimedOut,
-                "queue pair connection timed out: is the peer running and reachable?",
-            )
-        })
 }
 
 /// No Nagle delay, and a peer that stops acknowledging or answering keepalives for
@@ -246,6 +208,9 @@ pub(crate) struct QpShared {
     pub recv_ready: Condvar,
     pub post_calls: AtomicU64,
     pub wire_writes: AtomicU64,
+    /// What the connection's arrival came with (a node's admission ticket): let go when the
+    /// connection ends.
+    pub hold: Mutex<Option<Box<dyn Any + Send + Sync>>>,
 }
 
 impl QpShared {
@@ -382,29 +347,6 @@ fn opcode_of(op: &SendOp) -> (Kind, WcOpcode) {
 }
 
 impl Qp {
-    fn start(prep: PreparedQp, stream: TcpStream, remote_qpn: u32) -> Qp {
-        let shared = Arc::new(QpShared {
-            qpn: prep.qpn,
-            caps: prep.caps,
-            pd: prep.pd,
-            send_cq: prep.send_cq,
-            recv_cq: prep.recv_cq,
-            rnr_timeout: prep.cfg.rnr_timeout,
-            stream,
-            state: AtomicU8::new(STATE_RTS),
-            tx: Mutex::new(TxState::default()),
-            responses_queued: AtomicUsize::new(0),
-            outstanding: Mutex::new(VecDeque::new()),
-            recvs: Mutex::new(VecDeque::new()),
-            recv_ready: Condvar::new(),
-            post_calls: AtomicU64::new(0),
-            wire_writes: AtomicU64::new(0),
-        });
-        log::debug!("tcp qp {} connected to remote qp {remote_qpn}", prep.qpn);
-        let threads = engine::spawn(shared.clone());
-        Qp { shared, threads }
-    }
-
     /// The queue pair's number.
     pub fn qp_num(&self) -> u32 {
         self.shared.qpn

@@ -1,0 +1,387 @@
+//! How a tcp queue pair's connection is made: on a port of its own, or through the one
+//! listening socket of a node.
+//!
+//! A node that listens for its peers already has a socket everyone reaches it at; its queue
+//! pairs take their connections from that socket ([`QpRoute::Arrive`]) and the peer that
+//! dialed the node dials its queue pairs too ([`QpRoute::Dial`]). So a firewall names one port
+//! per node, no client listens at all, and no stray listener exists for a local user to
+//! connect to first. Whoever dials may authenticate each connection before the queue pair's
+//! own hello (the [`Dialer`]), and the node hands over a connection only once it has.
+//!
+//! Either way the queue pair's hello follows: the dialer names its token and ours, the other
+//! side answers with both in turn, so a connection reaches the queue pair whose token it names
+//! and only from the peer whose token it carries.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+
+use super::TcpEndpoint;
+
+const HELLO_MAGIC: u32 = 0x5242_5150; // "RBQP"
+const HELLO_LEN: usize = 20;
+
+/// Dials a peer's listening socket for one queue pair within the time given, doing whatever
+/// the peer asks before the queue pair's hello (authentication, saying what it is for).
+pub type Dialer = Arc<dyn Fn(SocketAddr, Duration) -> io::Result<TcpStream> + Send + Sync>;
+
+/// How the queue pairs of one setup get their connections.
+#[derive(Clone)]
+pub enum QpRoute {
+    /// Each queue pair listens on a port of its own and the side with the smaller token
+    /// dials: for peers without a listening socket to share (tools, tests).
+    OwnPort,
+    /// We dial the peer's listening socket (where it was reached at), through the dialer.
+    Dial(Dialer),
+    /// The peer dials our listening socket; its connections come through the arrivals.
+    Arrive(Arc<Arrivals>),
+}
+
+/// A connection handed to a waiting queue pair, and what it holds while it lives.
+pub(super) struct Arrival {
+    stream: TcpStream,
+    from: u64,
+    hold: Box<dyn Any + Send + Sync>,
+}
+
+/// The queue pairs of a node waiting for their peers' connections, by token: the node's
+/// accept loop hands each queue-pair connection in ([`Arrivals::deliver`]).
+#[derive(Default)]
+pub struct Arrivals {
+    waiting: Mutex<HashMap<u64, Sender<Arrival>>>,
+}
+
+impl Arrivals {
+    /// No queue pair waiting yet.
+    pub fn new() -> Arc<Arrivals> {
+        Arc::default()
+    }
+
+    /// Reads a queue-pair connection's hello (by `deadline`) and hands the connection to the
+    /// queue pair it names, with `hold`, kept as long as the queue pair (a node's admission
+    /// ticket). Fails, closing the connection, when no queue pair of ours waits for it.
+    pub fn deliver(
+        &self,
+        mut stream: TcpStream,
+        deadline: Instant,
+        hold: Box<dyn Any + Send + Sync>,
+    ) -> io::Result<()> {
+        stream.set_read_timeout(Some(remaining(deadline)?))?;
+        let mut got = [0u8; HELLO_LEN];
+        stream.read_exact(&mut got)?;
+        let (from, to) = parse_hello(&got)?;
+        let waiting = self.waiting.lock().unwrap().get(&to).cloned();
+        let Some(qp) = waiting else {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "a queue-pair connection for no queue pair of ours (finished, or never made)",
+            ));
+        };
+        qp.try_send(Arrival { stream, from, hold }).map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                "a second connection for one queue pair",
+            )
+        })
+    }
+
+    fn expect(self: &Arc<Self>, token: u64) -> Awaiting {
+        let (tx, rx) = crossbeam_channel::bounded(4);
+        self.waiting.lock().unwrap().insert(token, tx);
+        Awaiting {
+            arrivals: self.clone(),
+            token,
+            rx,
+        }
+    }
+}
+
+/// A queue pair's place among the arrivals, given up when it is connected or dropped.
+pub(super) struct Awaiting {
+    arrivals: Arc<Arrivals>,
+    token: u64,
+    rx: Receiver<Arrival>,
+}
+
+impl Drop for Awaiting {
+    fn drop(&mut self) {
+        self.arrivals.waiting.lock().unwrap().remove(&self.token);
+    }
+}
+
+/// A prepared queue pair's way to its connection.
+pub(super) enum Setup {
+    OwnPort(TcpListener),
+    Dial(Dialer),
+    Arrive(Awaiting),
+}
+
+impl Setup {
+    pub(super) fn new(route: &QpRoute, bind_ip: IpAddr, token: u64) -> io::Result<Setup> {
+        Ok(match route {
+            QpRoute::OwnPort => Setup::OwnPort(TcpListener::bind(SocketAddr::new(bind_ip, 0))?),
+            QpRoute::Dial(d) => Setup::Dial(d.clone()),
+            QpRoute::Arrive(a) => Setup::Arrive(a.expect(token)),
+        })
+    }
+
+    /// The address the peer is told: our own port's, or none (port 0) where the peer reaches
+    /// us at the address it dialed (or never dials us).
+    pub(super) fn addr(&self) -> io::Result<SocketAddr> {
+        match self {
+            Setup::OwnPort(l) => l.local_addr(),
+            Setup::Dial(_) | Setup::Arrive(_) => {
+                Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0))
+            }
+        }
+    }
+
+    /// The connection to the peer's queue pair, its hello exchanged, and what it holds.
+    pub(super) fn connect(
+        self,
+        qpn: u32,
+        token: u64,
+        remote: &TcpEndpoint,
+        deadline: Instant,
+    ) -> io::Result<(TcpStream, Option<Box<dyn Any + Send + Sync>>)> {
+        match self {
+            Setup::OwnPort(listener) if (token, qpn) < (remote.token, remote.qpn) => {
+                drop(listener);
+                let s = TcpStream::connect_timeout(&remote.addr, remaining(deadline)?)?;
+                Ok((say_hello(s, token, remote.token, deadline)?, None))
+            }
+            Setup::OwnPort(listener) => {
+                Ok((accept_own(&listener, qpn, token, remote, deadline)?, None))
+            }
+            Setup::Dial(dial) => {
+                if remote.addr.port() == 0 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        "the peer's queue pair has no address to dial",
+                    ));
+                }
+                let s = dial(remote.addr, remaining(deadline)?)?;
+                Ok((say_hello(s, token, remote.token, deadline)?, None))
+            }
+            Setup::Arrive(awaiting) => loop {
+                let a = awaiting
+                    .rx
+                    .recv_timeout(remaining(deadline)?)
+                    .map_err(|_| timed_out())?;
+                if a.from != remote.token {
+                    log::warn!("queue pair {qpn}: dropped a connection from another peer");
+                    continue;
+                }
+                let mut s = a.stream;
+                s.write_all(&hello(token, remote.token))?;
+                s.set_read_timeout(None)?;
+                return Ok((s, Some(a.hold)));
+            },
+        }
+    }
+}
+
+/// Dialer's side of the hello: ours first, then the peer's answer.
+fn say_hello(
+    mut s: TcpStream,
+    token: u64,
+    remote: u64,
+    deadline: Instant,
+) -> io::Result<TcpStream> {
+    s.set_read_timeout(Some(remaining(deadline)?))?;
+    s.write_all(&hello(token, remote))?;
+    let mut reply = [0u8; HELLO_LEN];
+    s.read_exact(&mut reply)?;
+    if reply != hello(remote, token) {
+        return Err(io::Error::new(
+            io::ErrorKind::ConnectionRefused,
+            "queue pair handshake: peer answered with the wrong tokens",
+        ));
+    }
+    s.set_read_timeout(None)?;
+    Ok(s)
+}
+
+fn accept_own(
+    listener: &TcpListener,
+    qpn: u32,
+    token: u64,
+    remote: &TcpEndpoint,
+    deadline: Instant,
+) -> io::Result<TcpStream> {
+    listener.set_nonblocking(true)?;
+    loop {
+        let wait = remaining(deadline)?;
+        if !crate::transport::poll_readable(listener.as_raw_fd(), Some(wait))? {
+            continue;
+        }
+        let mut s = match listener.accept() {
+            Ok((s, _)) => s,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        };
+        s.set_nonblocking(false)?;
+        s.set_read_timeout(Some(remaining(deadline)?))?;
+        let mut got = [0u8; HELLO_LEN];
+        // A stray connection that does not say the right thing is dropped; keep waiting.
+        if s.read_exact(&mut got).is_err() || got != hello(remote.token, token) {
+            log::warn!("queue pair {qpn}: dropped a connection with a bad handshake");
+            continue;
+        }
+        s.write_all(&hello(token, remote.token))?;
+        s.set_read_timeout(None)?;
+        return Ok(s);
+    }
+}
+
+pub(super) fn hello(from: u64, to: u64) -> [u8; HELLO_LEN] {
+    let mut b = [0u8; HELLO_LEN];
+    b[..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
+    b[4..12].copy_from_slice(&from.to_le_bytes());
+    b[12..].copy_from_slice(&to.to_le_bytes());
+    b
+}
+
+/// (from, to) of a dialer's hello.
+fn parse_hello(b: &[u8; HELLO_LEN]) -> io::Result<(u64, u64)> {
+    if b[..4] != HELLO_MAGIC.to_le_bytes() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "not a queue-pair hello",
+        ));
+    }
+    let word = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"));
+    Ok((word(4), word(12)))
+}
+
+fn timed_out() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        "queue pair connection timed out: is the peer running and reachable?",
+    )
+}
+
+pub(super) fn remaining(deadline: Instant) -> io::Result<Duration> {
+    deadline
+        .checked_duration_since(Instant::now())
+        .filter(|d| !d.is_zero())
+        .ok_or_else(timed_out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{TcpListener, TcpStream};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use super::{hello, Arrivals, QpRoute};
+    use crate::transport::{
+        connect_links, Access, Context, ProviderKind, QpCaps, RemoteAddr, SendOp, SendWr, Sge,
+        TransportConfig, WcStatus,
+    };
+
+    /// A node's listening socket: the control connection and then every queue-pair
+    /// connection come to it; the accept loop hands the latter to the arrivals.
+    fn node(
+        arrivals: Arc<Arrivals>,
+    ) -> (std::net::SocketAddr, std::sync::mpsc::Receiver<TcpStream>) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut first = true;
+            for s in l.incoming() {
+                let s = s.unwrap();
+                if first {
+                    first = false;
+                    tx.send(s).unwrap();
+                    continue;
+                }
+                let arrivals = arrivals.clone();
+                std::thread::spawn(move || {
+                    let deadline = Instant::now() + Duration::from_secs(2);
+                    let _ = arrivals.deliver(s, deadline, Box::new(()));
+                });
+            }
+        });
+        (addr, rx)
+    }
+
+    /// Queue pairs set up through one listening socket carry one-sided traffic, and a
+    /// connection that names a token nobody waits for is turned away.
+    #[test]
+    fn queue_pairs_come_through_the_node_socket() {
+        let ctx = Context::open(&TransportConfig::with_provider(ProviderKind::Tcp)).unwrap();
+        let arrivals = Arrivals::new();
+        let (addr, controls) = node(arrivals.clone());
+        let dial: super::Dialer =
+            Arc::new(|addr, timeout| TcpStream::connect_timeout(&addr, timeout));
+        let client = {
+            let ctx = Context::open(&TransportConfig::with_provider(ProviderKind::Tcp)).unwrap();
+            std::thread::spawn(move || {
+                let pd = ctx.alloc_pd().unwrap();
+                let mut s = TcpStream::connect(addr).unwrap();
+                let links = connect_links(
+                    &ctx,
+                    &pd,
+                    &mut s,
+                    2,
+                    QpCaps::default(),
+                    &QpRoute::Dial(dial),
+                )
+                .unwrap();
+                (ctx, pd, links, s)
+            })
+        };
+        let pd = ctx.alloc_pd().unwrap();
+        let mem = pd.alloc_region(4096, Access::ALL).unwrap();
+        let mut control = controls.recv().unwrap();
+        let _node_links = connect_links(
+            &ctx,
+            &pd,
+            &mut control,
+            2,
+            QpCaps::default(),
+            &QpRoute::Arrive(arrivals.clone()),
+        )
+        .unwrap();
+        let (_ctx, cpd, links, _s) = client.join().unwrap();
+        assert!(
+            arrivals.waiting.lock().unwrap().is_empty(),
+            "none left waiting"
+        );
+
+        let src = cpd.alloc_region(64, Access::ALL).unwrap();
+        src.write_at(0, &[7u8; 64]).unwrap();
+        let sge = [Sge::new(&src, 0, 64).unwrap()];
+        let to = RemoteAddr {
+            addr: mem.addr() + 100,
+            rkey: mem.rkey(),
+        };
+        for (qp, cq) in &links {
+            qp.post_send(&[SendWr::new(1, SendOp::Write(to), &sge)])
+                .unwrap();
+            let mut wc = [crate::transport::Completion::EMPTY; 1];
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while cq.poll(&mut wc).unwrap() == 0 {
+                assert!(Instant::now() < deadline, "no completion");
+            }
+            assert_eq!(wc[0].status, WcStatus::Success);
+        }
+        assert_eq!(mem.to_vec()[100..164], [7u8; 64]);
+
+        let mut stray = TcpStream::connect(addr).unwrap();
+        use std::io::{Read, Write};
+        stray.write_all(&hello(1, 2)).unwrap();
+        stray
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        assert_eq!(stray.read(&mut [0u8; 1]).unwrap_or(0), 0, "turned away");
+    }
+}
