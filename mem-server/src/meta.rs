@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
 use rdmabox::rpc;
-use rdmabox::transport::MemoryRegion;
+use rdmabox::transport::{MemoryRegion, QpCaps};
 use rfs_proto::clock;
 use rfs_proto::frame::send_frame;
 use rfs_proto::grant::{GrantChunks, LinkRequest, RevokeChunks, RevokeFreed, RevokeSession};
@@ -920,7 +920,7 @@ impl MetaService {
         key: Option<SessionKey>,
     ) -> io::Result<()> {
         let peer = s.peer_addr()?;
-        let mut links = node.links(&node.pd, &mut s, 2)?;
+        let mut links = node.links(&node.pd, &mut s, 2, QpCaps::default())?;
         let (cb_qp, cb_cq) = links.pop().expect("two links");
         let (qp, cq) = links.pop().expect("two links");
         let closed = Arc::new(AtomicBool::new(false));

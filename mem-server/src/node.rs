@@ -9,12 +9,12 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use rdmabox::connect_links;
 use rdmabox::rpc::RpcConfig;
 use rdmabox::transport::{
     Access, Arrivals, CompletionQueue, Context, DeadlineStream, MemoryRegion, ProtectionDomain,
-    QpRoute, QueuePair, TransportConfig,
+    QpCaps, QpRoute, QueuePair, TransportConfig,
 };
-use rdmabox::{connect_links, SessionConfig};
 use rfs_proto::frame::send_frame;
 use rfs_proto::handshake::{self, SessionKey};
 use rfs_proto::hello::{Data, Hello, PoolDescriptor};
@@ -400,10 +400,11 @@ impl Shared {
         pd: &ProtectionDomain,
         s: &mut TcpStream,
         n: usize,
+        caps: QpCaps,
     ) -> io::Result<Vec<(QueuePair, CompletionQueue)>> {
         s.set_read_timeout(Some(SETUP_DEADLINE))?;
         let route = QpRoute::Arrive(self.arrivals.clone());
-        let links = connect_links(&self.ctx, pd, s, n, SessionConfig::default().caps, &route)?;
+        let links = connect_links(&self.ctx, pd, s, n, caps, &route)?;
         s.set_read_timeout(None)?;
         Ok(links)
     }
@@ -413,7 +414,8 @@ impl Shared {
     /// the client goes.
     fn serve_data(&self, mut s: TcpStream, qps: usize, key: Option<SessionKey>) -> io::Result<()> {
         let pd = Arc::new(self.ctx.alloc_pd()?);
-        let links = self.links(&pd, &mut s, qps)?;
+        // The node never posts on them: on tcp they cost it no threads of their own.
+        let links = self.links(&pd, &mut s, qps, QpCaps::RESPONDER)?;
         let session = self.grants.open(pd);
         let pool = PoolDescriptor {
             addr: self.pool.addr(),

@@ -79,10 +79,15 @@ impl Half {
 /// Two connected sides in this process, set up over a loopback control connection the way two
 /// hosts would.
 fn pair_with(caps: QpCaps) -> (Side, Side) {
+    pair_of(caps, caps)
+}
+
+/// Like [`pair_with`], each side with caps of its own.
+fn pair_of(caps: QpCaps, b_caps: QpCaps) -> (Side, Side) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
     let b = std::thread::spawn(move || {
-        let h = half(caps);
+        let h = half(b_caps);
         let mut c = TcpStream::connect(addr).unwrap();
         let remote = exchange_endpoints(&mut c, &[h.prepared.endpoint().unwrap()]).unwrap();
         h.connect(&remote[0])
@@ -186,6 +191,61 @@ fn multi_sge_write_then_read_back_byte_for_byte() {
     local.read_at(40_000, &mut got[..4000]).unwrap();
     local.read_at(50_000, &mut got[4000..]).unwrap();
     assert_eq!(got, data);
+}
+
+/// A queue pair its side never posts on (on tcp: served by the responder loop, with no
+/// threads of its own) serves READs and WRITEs like any: many in flight, byte for byte, and a
+/// bad key is refused.
+#[test]
+fn a_responder_only_queue_pair_serves_reads_and_writes() {
+    let (a, b) = pair_of(QpCaps::default(), QpCaps::RESPONDER);
+    let local = region(&a, 256 * 1024);
+    let remote = region(&b, 256 * 1024);
+    let data = pattern(256 * 1024, 3);
+    local.write_at(0, &data).unwrap();
+    let r = remote.remote();
+    let sges: Vec<_> = (0..64)
+        .map(|i| [local.slice(i * 4096, 4096).unwrap()])
+        .collect();
+    let writes: Vec<_> = (0..64)
+        .map(|i| SendWr::new(i as u64, SendOp::Write(at(&r, i as u64 * 4096)), &sges[i]))
+        .collect();
+    a.qp.post_send(&writes).unwrap();
+    let done = wait_for(&a.scq, 64, Duration::from_secs(20));
+    assert!(
+        done.iter().all(|c| c.status == WcStatus::Success),
+        "{done:?}"
+    );
+    assert_eq!(remote.to_vec(), data);
+    let back: Vec<_> = (0..64)
+        .map(|i| [local.slice(128 * 1024 + i * 2048, 2048).unwrap()])
+        .collect();
+    let reads: Vec<_> = (0..64)
+        .map(|i| {
+            SendWr::new(
+                100 + i as u64,
+                SendOp::Read(at(&r, i as u64 * 2048)),
+                &back[i],
+            )
+        })
+        .collect();
+    a.qp.post_send(&reads).unwrap();
+    let done = wait_for(&a.scq, 64, Duration::from_secs(20));
+    assert!(
+        done.iter().all(|c| c.status == WcStatus::Success),
+        "{done:?}"
+    );
+    let mut got = vec![0u8; 128 * 1024];
+    local.read_at(128 * 1024, &mut got).unwrap();
+    assert_eq!(got, data[..128 * 1024]);
+    let wrong = RemoteAddr {
+        rkey: r.rkey ^ 0x5a5a,
+        ..at(&r, 0)
+    };
+    a.qp.post_send(&[SendWr::new(999, SendOp::Read(wrong), &back[0])])
+        .unwrap();
+    let c = wait_one(&a.scq);
+    assert_eq!((c.wr_id, c.status), (999, WcStatus::RemoteAccessError));
 }
 
 #[test]

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use clap::{Parser, Subcommand};
 use rdmabox::size::parse_size;
 use rdmabox::transport::{
-    Access, Context, ProviderKind, QpRoute, RemoteAddr, RemoteRegion, TransportConfig,
+    Access, Context, ProviderKind, QpCaps, QpRoute, RemoteAddr, RemoteRegion, TransportConfig,
 };
 use rdmabox::{connect_links, PollMode, Session, SessionConfig, Snapshot, WindowConfig};
 
@@ -35,7 +35,7 @@ struct Cli {
     /// Use a lender already running at this address instead of starting one.
     #[arg(long)]
     connect: Option<SocketAddr>,
-    /// Which tables to print: all, or a list of table1, polling, window, qps, mr.
+    /// Which tables to print: all, or a list of table1, polling, window, qps, mr, scale.
     #[arg(long, default_value = "all")]
     only: String,
     /// Remote memory used by the workload.
@@ -54,11 +54,31 @@ enum Cmd {
     },
 }
 
+/// A thousand queue pairs take a thousand descriptors on each side: lift the soft limit to the
+/// hard one (the lender, our child, inherits it).
+fn raise_fd_limit() {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid rlimit on our stack.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) == 0 && l.rlim_cur < l.rlim_max {
+            l.rlim_cur = l.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &l);
+        }
+    }
+}
+
 fn transport(kind: ProviderKind) -> TransportConfig {
     TransportConfig::with_provider(kind)
 }
 
-/// The lender: one region, any number of sessions; each connection says how many QPs it wants.
+/// Set in a session's queue-pair count: the lender's side of its queue pairs is responder-only.
+const RESPONDER_FLAG: u32 = 1 << 31;
+
+/// The lender: one region, any number of sessions; each connection says how many QPs it wants,
+/// and whether the lender's side of them is responder-only.
 fn serve(kind: ProviderKind, listen: SocketAddr, memory: u64) -> std::io::Result<()> {
     let ctx = Arc::new(Context::open(&transport(kind))?);
     let pd = Arc::new(ctx.alloc_pd()?);
@@ -72,15 +92,14 @@ fn serve(kind: ProviderKind, listen: SocketAddr, memory: u64) -> std::io::Result
         std::thread::spawn(move || -> std::io::Result<()> {
             let mut n = [0u8; 4];
             s.read_exact(&mut n)?;
-            let qps = u32::from_le_bytes(n).clamp(1, 64) as usize;
-            let links = connect_links(
-                &ctx,
-                &pd,
-                &mut s,
-                qps,
-                SessionConfig::default().caps,
-                &QpRoute::OwnPort,
-            )?;
+            let asked = u32::from_le_bytes(n);
+            let qps = (asked & !RESPONDER_FLAG).clamp(1, 64) as usize;
+            let caps = if asked & RESPONDER_FLAG != 0 {
+                QpCaps::RESPONDER
+            } else {
+                SessionConfig::default().caps
+            };
+            let links = connect_links(&ctx, &pd, &mut s, qps, caps, &QpRoute::OwnPort)?;
             let r = mem.remote();
             let mut msg = r.addr.to_le_bytes().to_vec();
             msg.extend_from_slice(&r.len.to_le_bytes());
@@ -168,11 +187,13 @@ fn open_session(
     lender: &Lender,
     kind: ProviderKind,
     cfg: SessionConfig,
+    lender_responder: bool,
 ) -> (Session, RemoteRegion, TcpStream) {
     let ctx = Context::open(&transport(kind)).expect("open transport");
     let pd = Arc::new(ctx.alloc_pd().expect("pd"));
     let mut s = TcpStream::connect(lender.addr).expect("connect to lender");
-    s.write_all(&(cfg.qps as u32).to_le_bytes()).unwrap();
+    let flag = if lender_responder { RESPONDER_FLAG } else { 0 };
+    s.write_all(&(cfg.qps as u32 | flag).to_le_bytes()).unwrap();
     let links = connect_links(&ctx, &pd, &mut s, cfg.qps, cfg.caps, &QpRoute::OwnPort)
         .expect("connect qps");
     let mut m = [0u8; 20];
@@ -234,6 +255,18 @@ fn run_cell(
     load: Load,
     secs: f64,
 ) -> Cell {
+    let (session, r, _control) = open_session(lender, kind, cfg, false);
+    drive(lender, &[Arc::new(session)], r, load, secs)
+}
+
+/// Runs `load` over `sessions` (worker `t` on session `t % len`) for `secs`.
+fn drive(
+    lender: &Lender,
+    sessions: &[Arc<Session>],
+    r: RemoteRegion,
+    load: Load,
+    secs: f64,
+) -> Cell {
     let Load {
         threads,
         depth,
@@ -242,8 +275,7 @@ fn run_cell(
         op,
         think,
     } = load;
-    let (session, r, _control) = open_session(lender, kind, cfg);
-    let session = Arc::new(session);
+    let session = &sessions[0];
     let span = (r.len as usize / size).max(1) as u64;
     let cursor = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
@@ -252,7 +284,8 @@ fn run_cell(
     let t0 = Instant::now();
     let workers: Vec<_> = (0..threads)
         .map(|t| {
-            let (session, cursor, stop) = (session.clone(), cursor.clone(), stop.clone());
+            let session = sessions[t % sessions.len()].clone();
+            let (cursor, stop) = (cursor.clone(), stop.clone());
             std::thread::spawn(move || {
                 let mut lat = Vec::new();
                 let mut rng = 0x9e37_79b9u64 ^ ((t as u64 + 1) * 0x1234_5678_9abc);
@@ -530,6 +563,76 @@ fn qps(cli: &Cli, lender: &Lender) {
     }
 }
 
+/// (threads, resident KiB) of process `pid`.
+fn threads_and_rss(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("Threads:"), field("VmRSS:"))
+}
+
+fn scale(cli: &Cli, lender: &Lender) {
+    let Some(pid) = lender.child.as_ref().map(|c| c.id()) else {
+        println!("\n(scale: needs a lender of our own, not --connect)");
+        return;
+    };
+    println!("\n## Lender cost per queue pair: N queue pairs held open in sessions of 50, 16 threads of 4 KiB random reads over them\n");
+    println!(
+        "| QPs | lender side | lender threads | lender RSS MiB | IOPS | p99 us | lender CPU s |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for n in [10usize, 100, 1000] {
+        for (name, responder) in [
+            ("engine (2 threads per QP)", false),
+            ("responder loop", true),
+        ] {
+            let (t0, _) = threads_and_rss(pid);
+            let mut held = Vec::new();
+            let mut left = n;
+            let mut r = None;
+            while left > 0 {
+                let cfg = SessionConfig {
+                    qps: left.min(50),
+                    ..SessionConfig::default()
+                };
+                left -= cfg.qps;
+                let (session, region, control) =
+                    open_session(lender, cli.transport, cfg, responder);
+                r = Some(region);
+                held.push((Arc::new(session), control));
+            }
+            std::thread::sleep(Duration::from_millis(300));
+            let (threads, rss) = threads_and_rss(pid);
+            let sessions: Vec<_> = held.iter().map(|(s, _)| s.clone()).collect();
+            let load = Load {
+                threads: 16,
+                depth: 1,
+                size: 4096,
+                pattern: Pattern::Rand,
+                op: Op::Read,
+                think: Duration::ZERO,
+            };
+            let c = drive(lender, &sessions, r.expect("a session"), load, cli.secs);
+            println!(
+                "| {n} | {name} | {} | {:.0} | {:.0} | {:.0} | {:.2} |",
+                threads - t0,
+                rss as f64 / 1024.0,
+                c.iops,
+                c.p99,
+                c.cpu_lender
+            );
+            drop(sessions);
+            drop(held);
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+}
+
 fn mr(cli: &Cli, lender: &Lender) {
     println!("\n## preMR (copy into a registered slot) vs dynMR (register the caller's buffer): 4 threads, sequential writes\n");
     header("size | buffers");
@@ -556,6 +659,7 @@ fn mr(cli: &Cli, lender: &Lender) {
 fn main() {
     env_logger::init();
     let cli = Cli::parse();
+    raise_fd_limit();
     if let Some(Cmd::Serve { listen, memory }) = cli.cmd {
         if let Err(e) = serve(cli.transport, listen, memory) {
             eprintln!("rdmabox-bench serve: {e}");
@@ -587,5 +691,8 @@ fn main() {
     }
     if want("mr") {
         mr(&cli, &lender);
+    }
+    if want("scale") {
+        scale(&cli, &lender);
     }
 }

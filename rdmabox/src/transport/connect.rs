@@ -24,7 +24,7 @@ pub fn connect_links(
     let mut prepared = Vec::with_capacity(n);
     let mut local = Vec::with_capacity(n);
     for _ in 0..n {
-        let cq = ctx.create_cq((caps.max_send_wr + caps.max_recv_wr) as usize)?;
+        let cq = ctx.create_cq((caps.max_send_wr + caps.max_recv_wr).max(1) as usize)?;
         let qp = ctx.create_qp(pd, &cq, &cq, caps, route)?;
         local.push(qp.endpoint()?);
         prepared.push((qp, cq));

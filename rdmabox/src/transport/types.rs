@@ -311,15 +311,34 @@ pub struct QpCaps {
     pub max_inline_data: u32,
 }
 
+impl QpCaps {
+    /// What [`Default`] gives.
+    pub const DEFAULT: QpCaps = QpCaps {
+        max_send_wr: 512,
+        max_recv_wr: 256,
+        max_send_sge: 16,
+        max_recv_sge: 4,
+        max_inline_data: 64,
+    };
+
+    /// A queue pair the local side never posts on: it only answers its peer's READs and
+    /// WRITEs. On tcp it has no threads of its own (a responder loop of the process serves
+    /// it).
+    pub const RESPONDER: QpCaps = QpCaps {
+        max_send_wr: 0,
+        max_recv_wr: 0,
+        ..QpCaps::DEFAULT
+    };
+
+    /// Whether it is [`QpCaps::RESPONDER`]'s kind: no send and no receive queue.
+    pub fn is_responder(&self) -> bool {
+        self.max_send_wr == 0 && self.max_recv_wr == 0
+    }
+}
+
 impl Default for QpCaps {
     fn default() -> Self {
-        QpCaps {
-            max_send_wr: 512,
-            max_recv_wr: 256,
-            max_send_sge: 16,
-            max_recv_sge: 4,
-            max_inline_data: 64,
-        }
+        QpCaps::DEFAULT
     }
 }
 

@@ -15,7 +15,10 @@ pub use cq::InlineConsumer;
 mod engine;
 mod io;
 mod qp;
+mod responder;
 mod route;
+#[cfg(test)]
+mod tests;
 pub mod wire;
 
 use std::collections::HashMap;
@@ -26,6 +29,7 @@ use std::time::Duration;
 
 pub use cq::Cq;
 pub use qp::{configure_socket, PreparedQp, Qp};
+pub use responder::responder_threads;
 pub use route::{Arrivals, Dialer, QpRoute};
 
 use super::memory::{Backing, MemoryRegion, MrInner, Registration as AnyRegistration};

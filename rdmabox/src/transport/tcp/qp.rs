@@ -15,7 +15,7 @@ use super::route::{QpRoute, Setup};
 use super::cq::Cq;
 use super::io::{iovec, writev_all};
 use super::wire::{Header, Kind, HEADER_LEN};
-use super::{engine, PdShared, TcpConfig, TcpEndpoint};
+use super::{engine, responder, PdShared, TcpConfig, TcpEndpoint};
 use crate::transport::memory::MrInner;
 use crate::transport::types::{
     check_recv_chain, check_send_chain, Access, Completion, PostError, QpCaps, QpState, RecvWr,
@@ -105,7 +105,13 @@ impl PreparedQp {
             hold: Mutex::new(hold),
         });
         log::debug!("tcp qp {qpn} connected to remote qp {}", remote.qpn);
-        let threads = engine::spawn(shared.clone());
+        // A queue pair we never post on needs no threads of its own.
+        let threads = if caps.is_responder() {
+            responder::serve(shared.clone())?;
+            Vec::new()
+        } else {
+            engine::spawn(shared.clone())
+        };
         Ok(Qp { shared, threads })
     }
 }

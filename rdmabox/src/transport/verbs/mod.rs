@@ -317,9 +317,11 @@ impl Context {
             send_cq: send_cq.cq,
             recv_cq: recv_cq.cq,
             srq: ptr::null_mut(),
+            // A responder-only queue pair still gets queues of one entry: not every NIC takes
+            // a queue pair without them, and a NIC answers READs and WRITEs by itself anyway.
             cap: ffi::ibv_qp_cap {
-                max_send_wr: caps.max_send_wr,
-                max_recv_wr: caps.max_recv_wr,
+                max_send_wr: caps.max_send_wr.max(1),
+                max_recv_wr: caps.max_recv_wr.max(1),
                 max_send_sge: caps.max_send_sge,
                 max_recv_sge: caps.max_recv_sge,
                 max_inline_data: caps.max_inline_data,

@@ -1,0 +1,601 @@
+//! The responder loop: passive queue pairs, on which the local side never posts (created with
+//! no send and no receive queue), are served by a few threads of the process with an epoll set
+//! each, instead of two threads per queue pair. A node's data sessions are such queue pairs:
+//! their peers READ and WRITE the pool and the node never posts. So a thousand of them cost the
+//! node a handful of threads and no more than a few buffers each.
+//!
+//! What a passive queue pair can be sent is served as the engine (`engine.rs`) serves it:
+//! - a WRITE's payload lands in the region as it arrives, each piece while the region is
+//!   registered (a peer that drips a payload past a deregistration lands nothing after it);
+//! - a READ is answered from the region while it is registered: straight from it when the
+//!   socket takes the response at once, else from a copy taken then;
+//! - responses go in request order; responses to requests that arrived together go out in one
+//!   write, and a run of ACKs as its last; READs held for that are answered before any WRITE
+//!   behind them lands;
+//! - a refused request is answered with a NAK, after which nothing more is taken from the
+//!   connection; a SEND or a WRITE with immediate finds no receive (none is ever posted) and
+//!   is refused as a NIC refuses it once its RNR retries run out; a response (we sent no
+//!   request) is a protocol violation, and the connection is closed without a word.
+//!
+//! A peer that does not read its responses stops being read once [`MAX_BACKLOG`] bytes of them
+//! wait for its socket, so it holds at most that much of our memory.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::engine::check_remote;
+use super::io::iovec;
+use super::qp::QpShared;
+use super::wire::{Header, Kind, NakReason, HEADER_LEN};
+use crate::transport::memory::MrInner;
+use crate::transport::types::Access;
+
+/// At most this many responses, and this many bytes of READ data, are held back to go out
+/// together (as the engine holds them).
+const MAX_HELD: usize = 64;
+const MAX_HELD_BYTES: usize = 256 << 10;
+/// Responses waiting for a peer's socket past which its requests are not read.
+pub(super) const MAX_BACKLOG: usize = 4 << 20;
+/// The bytes read off a socket at a time.
+const INPUT_BUFFER: usize = 16 << 10;
+
+/// The process's responder loops, started with the first passive queue pair.
+static LOOPS: Mutex<Vec<Arc<Loop>>> = Mutex::new(Vec::new());
+static NEXT_LOOP: AtomicUsize = AtomicUsize::new(0);
+
+/// How many loop threads serve the process's passive queue pairs.
+pub fn responder_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .clamp(1, 4)
+}
+
+/// Hands a connected passive queue pair to a responder loop, which serves it until its
+/// connection ends.
+pub(super) fn serve(qp: Arc<QpShared>) -> io::Result<()> {
+    let l = {
+        let mut loops = LOOPS.lock().unwrap();
+        while loops.len() < responder_threads() {
+            let i = loops.len();
+            loops.push(Loop::start(i)?);
+        }
+        loops[NEXT_LOOP.fetch_add(1, Ordering::Relaxed) % loops.len()].clone()
+    };
+    l.add(qp)
+}
+
+struct Loop {
+    epoll: OwnedFd,
+    conns: Mutex<HashMap<u64, Conn>>,
+    next_id: AtomicU64,
+}
+
+impl Loop {
+    fn start(i: usize) -> io::Result<Arc<Loop>> {
+        // SAFETY: plain syscall; the descriptor is owned at once.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let l = Arc::new(Loop {
+            // SAFETY: a fresh descriptor nobody else owns.
+            epoll: unsafe { OwnedFd::from_raw_fd(fd) },
+            conns: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+        });
+        let run = l.clone();
+        std::thread::Builder::new()
+            .name(format!("tcp-responder-{i}"))
+            .spawn(move || run.run())?;
+        Ok(l)
+    }
+
+    fn add(&self, qp: Arc<QpShared>) -> io::Result<()> {
+        qp.stream.set_nonblocking(true)?;
+        let fd = qp.stream.as_raw_fd();
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let conn = Conn::new(qp);
+        let interest = conn.interest();
+        self.conns.lock().unwrap().insert(id, conn);
+        if let Err(e) = self.ctl(libc::EPOLL_CTL_ADD, fd, id, interest) {
+            if let Some(c) = self.conns.lock().unwrap().remove(&id) {
+                c.finish();
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    fn ctl(&self, op: libc::c_int, fd: RawFd, id: u64, events: u32) -> io::Result<()> {
+        let mut ev = libc::epoll_event { events, u64: id };
+        // SAFETY: an epoll_event on our stack for the call; fd is a socket a Conn keeps open.
+        if unsafe { libc::epoll_ctl(self.epoll.as_raw_fd(), op, fd, &mut ev) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    fn run(&self) {
+        let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 64];
+        loop {
+            // SAFETY: the buffer holds `events.len()` entries for the kernel to fill.
+            let n = unsafe {
+                libc::epoll_wait(
+                    self.epoll.as_raw_fd(),
+                    events.as_mut_ptr(),
+                    events.len() as libc::c_int,
+                    -1,
+                )
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    log::error!("responder loop: epoll_wait: {e}");
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+                continue;
+            }
+            for ev in &events[..n as usize] {
+                let (id, ready) = (ev.u64, ev.events);
+                let mut conns = self.conns.lock().unwrap();
+                let Some(conn) = conns.get_mut(&id) else {
+                    continue;
+                };
+                let before = conn.interest();
+                let fd = conn.qp.stream.as_raw_fd();
+                if conn.serve(ready) {
+                    let _ = self.ctl(libc::EPOLL_CTL_DEL, fd, id, 0);
+                    let conn = conns.remove(&id).expect("present");
+                    drop(conns);
+                    conn.finish();
+                    continue;
+                }
+                let after = conn.interest();
+                if after != before {
+                    if let Err(e) = self.ctl(libc::EPOLL_CTL_MOD, fd, id, after) {
+                        log::warn!("qp {}: epoll: {e}", conn.qp.qpn);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A response waiting to go out with the others of its burst.
+enum Held {
+    Ack(u32),
+    /// A READ, answered from the region when it goes (zero-length: no region).
+    Read {
+        psn: u32,
+        region: Option<(Arc<MrInner>, usize)>,
+        len: usize,
+    },
+}
+
+/// A WRITE whose payload is still arriving.
+struct Payload {
+    psn: u32,
+    mr: Arc<MrInner>,
+    offset: usize,
+    left: usize,
+}
+
+/// Why serving a connection stopped.
+enum End {
+    /// It closed or broke.
+    Disconnected,
+    /// The peer broke the protocol: closed without a word.
+    Violation(String),
+}
+
+struct Conn {
+    qp: Arc<QpShared>,
+    input: Box<[u8]>,
+    start: usize,
+    end: usize,
+    payload: Option<Payload>,
+    held: Vec<Held>,
+    held_bytes: usize,
+    /// Frames the socket did not take yet, from `out_sent` on.
+    out: Vec<u8>,
+    out_sent: usize,
+    /// A request was refused: its NAK is (or was) the last frame; input is discarded.
+    refused: bool,
+    /// The write side is shut after the NAK went out.
+    shut: bool,
+}
+
+impl Conn {
+    fn new(qp: Arc<QpShared>) -> Conn {
+        Conn {
+            qp,
+            input: vec![0u8; INPUT_BUFFER].into_boxed_slice(),
+            start: 0,
+            end: 0,
+            payload: None,
+            held: Vec::new(),
+            held_bytes: 0,
+            out: Vec::new(),
+            out_sent: 0,
+            refused: false,
+            shut: false,
+        }
+    }
+
+    fn backlog(&self) -> usize {
+        self.out.len() - self.out_sent
+    }
+
+    /// What to wait for: input unless its responses are backed up, the socket's room while
+    /// any are.
+    fn interest(&self) -> u32 {
+        let mut e = 0;
+        if self.backlog() < MAX_BACKLOG {
+            e |= libc::EPOLLIN as u32;
+        }
+        if self.backlog() > 0 {
+            e |= libc::EPOLLOUT as u32;
+        }
+        e
+    }
+
+    /// Serves what `ready` says is ready; true when the connection is done.
+    fn serve(&mut self, ready: u32) -> bool {
+        let result = self.flush_out().and_then(|()| {
+            if ready & ((libc::EPOLLERR | libc::EPOLLHUP) as u32) != 0 {
+                return Err(End::Disconnected);
+            }
+            self.read_requests()
+        });
+        match result {
+            Ok(()) => false,
+            Err(End::Disconnected) => true,
+            Err(End::Violation(why)) => {
+                log::warn!("qp {}: peer broke the protocol: {why}", self.qp.qpn);
+                true
+            }
+        }
+    }
+
+    fn finish(self) {
+        self.qp.enter_error();
+        self.qp.close();
+        self.qp.hold.lock().unwrap().take();
+    }
+
+    /// Serves requests until the socket has no more for now, then sends the responses held.
+    fn read_requests(&mut self) -> Result<(), End> {
+        loop {
+            if self.backlog() >= MAX_BACKLOG {
+                return self.flush_held();
+            }
+            if self.refused {
+                return self.discard();
+            }
+            if self.payload.is_some() {
+                if !self.land_payload()? {
+                    return self.flush_held();
+                }
+                continue;
+            }
+            if self.end - self.start < HEADER_LEN {
+                if !self.fill()? {
+                    return self.flush_held();
+                }
+                continue;
+            }
+            let raw: [u8; HEADER_LEN] = self.input[self.start..self.start + HEADER_LEN]
+                .try_into()
+                .expect("header length");
+            self.start += HEADER_LEN;
+            let h = Header::decode(&raw).map_err(End::Violation)?;
+            self.on_request(&h)?;
+            if self.held.len() >= MAX_HELD || self.held_bytes >= MAX_HELD_BYTES {
+                self.flush_held()?;
+            }
+        }
+    }
+
+    fn on_request(&mut self, h: &Header) -> Result<(), End> {
+        match h.kind {
+            Kind::Write => match check_remote(&self.qp, h, Access::REMOTE_WRITE) {
+                None => self.refuse(h.psn, NakReason::RemoteAccess),
+                Some(None) => {
+                    self.held.push(Held::Ack(h.psn));
+                    Ok(())
+                }
+                Some(Some((mr, offset))) => {
+                    // Held READs are answered before this WRITE lands anything.
+                    self.flush_held()?;
+                    self.payload = Some(Payload {
+                        psn: h.psn,
+                        mr,
+                        offset,
+                        left: h.len as usize,
+                    });
+                    Ok(())
+                }
+            },
+            Kind::ReadRequest => match check_remote(&self.qp, h, Access::REMOTE_READ) {
+                None => self.refuse(h.psn, NakReason::RemoteAccess),
+                Some(region) => {
+                    self.held_bytes += h.len as usize;
+                    self.held.push(Held::Read {
+                        psn: h.psn,
+                        region,
+                        len: h.len as usize,
+                    });
+                    Ok(())
+                }
+            },
+            Kind::WriteWithImm | Kind::Send | Kind::SendWithImm => {
+                self.refuse(h.psn, NakReason::ReceiverNotReady)
+            }
+            Kind::Ack | Kind::Nak | Kind::ReadResponse => Err(End::Violation(format!(
+                "a {:?} on a queue pair that sent no request",
+                h.kind
+            ))),
+        }
+    }
+
+    /// Moves the WRITE's payload into its region: what is buffered, then straight off the
+    /// socket. False when the socket has no more for now.
+    fn land_payload(&mut self) -> Result<bool, End> {
+        let p = self.payload.as_mut().expect("a payload under way");
+        while p.left > 0 {
+            let registered = self.qp.pd.hold_registrations();
+            if !registered.contains(&p.mr) {
+                drop(registered);
+                let psn = p.psn;
+                self.payload = None;
+                self.refuse(psn, NakReason::RemoteAccess)?;
+                return Ok(true);
+            }
+            let buffered = self.end - self.start;
+            // SAFETY: check_remote proved offset+len lies inside the region, whose memory the
+            // Arc keeps mapped, and `registered` keeps it registered across these calls, which
+            // do not wait (the socket is non-blocking).
+            let moved = unsafe {
+                let dst = p.mr.ptr().add(p.offset);
+                if buffered > 0 {
+                    let n = buffered.min(p.left);
+                    std::ptr::copy_nonoverlapping(self.input[self.start..].as_ptr(), dst, n);
+                    self.start += n;
+                    n
+                } else {
+                    match recv_now(self.qp.stream.as_raw_fd(), dst, p.left) {
+                        Ok(0) => return Err(End::Disconnected),
+                        Ok(n) => n,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                        Err(_) => return Err(End::Disconnected),
+                    }
+                }
+            };
+            drop(registered);
+            p.offset += moved;
+            p.left -= moved;
+        }
+        let psn = p.psn;
+        self.payload = None;
+        self.held.push(Held::Ack(psn));
+        Ok(true)
+    }
+
+    /// Reads more input; false when the socket has none for now.
+    fn fill(&mut self) -> Result<bool, End> {
+        if self.start > 0 {
+            self.input.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        let room = self.input.len() - self.end;
+        let dst = self.input[self.end..].as_mut_ptr();
+        match recv_now(self.qp.stream.as_raw_fd(), dst, room) {
+            Ok(0) => Err(End::Disconnected),
+            Ok(n) => {
+                self.end += n;
+                Ok(true)
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(false),
+            Err(_) => Err(End::Disconnected),
+        }
+    }
+
+    /// After a refusal: whatever the peer had in flight is read and dropped, touching no
+    /// memory, until it closes.
+    fn discard(&mut self) -> Result<(), End> {
+        self.start = 0;
+        self.end = 0;
+        loop {
+            let dst = self.input.as_mut_ptr();
+            match recv_now(self.qp.stream.as_raw_fd(), dst, self.input.len()) {
+                Ok(0) => return Err(End::Disconnected),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(_) => return Err(End::Disconnected),
+            }
+        }
+    }
+
+    /// Answers every request before `psn` and refuses `psn`: the NAK is the last frame.
+    fn refuse(&mut self, psn: u32, why: NakReason) -> Result<(), End> {
+        self.flush_held()?;
+        let mut h = Header::new(Kind::Nak, psn);
+        h.imm = why as u32;
+        self.out.extend_from_slice(&h.encode());
+        self.refused = true;
+        self.payload = None;
+        self.flush_out()
+    }
+
+    /// Sends the held responses in one write (or queues them behind those still waiting for
+    /// the socket), each READ read from its region now, while it is registered; a READ whose
+    /// region went since its request is refused, and nothing after it is answered.
+    fn flush_held(&mut self) -> Result<(), End> {
+        if self.held.is_empty() {
+            return Ok(());
+        }
+        let held = std::mem::take(&mut self.held);
+        self.held_bytes = 0;
+        let qp = self.qp.clone();
+        let registered = qp.pd.hold_registrations();
+        let lost = held.iter().position(|r| match r {
+            Held::Read {
+                region: Some((mr, _)),
+                ..
+            } => !registered.contains(mr),
+            _ => false,
+        });
+        let answered = &held[..lost.unwrap_or(held.len())];
+        let mut headers = Vec::with_capacity(answered.len());
+        for (i, r) in answered.iter().enumerate() {
+            match r {
+                // An ACK acknowledges every request before it: a run goes as its last.
+                Held::Ack(_) if matches!(answered.get(i + 1), Some(Held::Ack(_))) => {}
+                Held::Ack(psn) => headers.push(Header::new(Kind::Ack, *psn).encode()),
+                Held::Read { psn, len, .. } => {
+                    let mut h = Header::new(Kind::ReadResponse, *psn);
+                    h.len = *len as u32;
+                    headers.push(h.encode());
+                }
+            }
+        }
+        let mut iovs = Vec::with_capacity(headers.len() * 2);
+        let mut next_header = headers.iter();
+        for (i, r) in answered.iter().enumerate() {
+            match r {
+                Held::Ack(_) if matches!(answered.get(i + 1), Some(Held::Ack(_))) => {}
+                Held::Ack(_) => {
+                    let h = next_header.next().expect("a header each");
+                    iovs.push(iovec(h.as_ptr(), HEADER_LEN));
+                }
+                Held::Read { region, len, .. } => {
+                    let h = next_header.next().expect("a header each");
+                    iovs.push(iovec(h.as_ptr(), HEADER_LEN));
+                    if let Some((mr, offset)) = region {
+                        iovs.push(iovec(mr.ptr().wrapping_add(*offset), *len));
+                    }
+                }
+            }
+        }
+        // SAFETY: the headers live in `headers`, READ data in regions that `registered` keeps
+        // registered (so mapped) until after the call; the unsent rest is copied out before
+        // `registered` goes.
+        let sent = unsafe { self.send_or_queue(&iovs) };
+        drop(registered);
+        sent?;
+        if let Some(i) = lost {
+            let Held::Read { psn, .. } = held[i] else {
+                unreachable!("only READs lose their region")
+            };
+            return self.refuse(psn, NakReason::RemoteAccess);
+        }
+        Ok(())
+    }
+
+    /// Sends `iovs` now as far as the socket takes them, when nothing waits before them, and
+    /// keeps a copy of the rest.
+    ///
+    /// # Safety
+    /// The iovecs must point at memory valid for reads during the call.
+    unsafe fn send_or_queue(&mut self, iovs: &[libc::iovec]) -> Result<(), End> {
+        let mut sent = 0;
+        if self.backlog() == 0 {
+            self.out.clear();
+            self.out_sent = 0;
+            // SAFETY: forwarded from the caller.
+            sent = match unsafe { sendmsg_now(self.qp.stream.as_raw_fd(), iovs) } {
+                Ok(n) => {
+                    self.qp.wire_writes.fetch_add(1, Ordering::Relaxed);
+                    n
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
+                Err(_) => return Err(End::Disconnected),
+            };
+        }
+        for v in iovs {
+            if sent >= v.iov_len {
+                sent -= v.iov_len;
+                continue;
+            }
+            // SAFETY: the unsent part of a caller's iovec, valid per the caller.
+            let rest = unsafe {
+                std::slice::from_raw_parts(v.iov_base.cast::<u8>().add(sent), v.iov_len - sent)
+            };
+            self.out.extend_from_slice(rest);
+            sent = 0;
+        }
+        Ok(())
+    }
+
+    /// Sends what waits for the socket, as far as it takes it; once a refusal's NAK is out,
+    /// shuts the write side (the peer reads the NAK, then sees the end).
+    fn flush_out(&mut self) -> Result<(), End> {
+        while self.backlog() > 0 {
+            let rest = &self.out[self.out_sent..];
+            // SAFETY: one iovec over our own buffer, alive for the call.
+            match unsafe {
+                sendmsg_now(
+                    self.qp.stream.as_raw_fd(),
+                    &[iovec(rest.as_ptr(), rest.len())],
+                )
+            } {
+                Ok(n) => {
+                    self.qp.wire_writes.fetch_add(1, Ordering::Relaxed);
+                    self.out_sent += n;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(_) => return Err(End::Disconnected),
+            }
+        }
+        self.out.clear();
+        self.out_sent = 0;
+        if self.refused && !self.shut {
+            self.shut = true;
+            let _ = self.qp.stream.shutdown(std::net::Shutdown::Write);
+        }
+        Ok(())
+    }
+}
+
+/// `recv` without waiting, again when interrupted; Ok(0) at the end of the stream.
+fn recv_now(fd: RawFd, dst: *mut u8, len: usize) -> io::Result<usize> {
+    loop {
+        // SAFETY: callers pass memory valid for `len` bytes of writes.
+        let n = unsafe { libc::recv(fd, dst.cast(), len, libc::MSG_DONTWAIT) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// `sendmsg` without waiting, again when interrupted: the bytes the socket took.
+///
+/// # Safety
+/// The iovecs must point at memory valid for reads during the call.
+unsafe fn sendmsg_now(fd: RawFd, iovs: &[libc::iovec]) -> io::Result<usize> {
+    loop {
+        // SAFETY: a msghdr over the caller's iovecs; sendmsg never writes through them.
+        let n = unsafe {
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = iovs.as_ptr() as *mut libc::iovec;
+            msg.msg_iovlen = iovs.len();
+            libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+        };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}

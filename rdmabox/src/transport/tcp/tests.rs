@@ -1,0 +1,376 @@
+//! The responder sides of the tcp provider, driven by a raw socket that speaks the wire
+//! protocol: the engine of a queue pair that posts (two threads of its own) and the responder
+//! loop of a passive one (no send or receive queue) are held to the same behaviour.
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use super::route::hello;
+use super::wire::{Header, Kind, NakReason, HEADER_LEN};
+use super::TcpEndpoint;
+use crate::transport::{Access, Context, Endpoint, ProviderKind, QpCaps, QpRoute, TransportConfig};
+
+/// Both kinds of responder: a queue pair's engine, and the loop that serves passive ones.
+const BOTH: [QpCaps; 2] = [QpCaps::DEFAULT, QpCaps::RESPONDER];
+
+/// A peer connected to a fresh tcp queue pair over `pd`, as a raw socket that speaks the
+/// wire protocol, and the queue pair.
+fn raw_peer(
+    ctx: &Context,
+    pd: &crate::transport::ProtectionDomain,
+    caps: QpCaps,
+) -> (TcpStream, crate::transport::QueuePair) {
+    let cq = ctx.create_cq(16).unwrap();
+    let prepared = ctx
+        .create_qp(pd, &cq, &cq, caps, &QpRoute::OwnPort)
+        .unwrap();
+    let Endpoint::Tcp(ep) = prepared.endpoint().unwrap() else {
+        panic!("a tcp endpoint")
+    };
+    // With the smaller token we dial, as a peer provider would.
+    let fake = TcpEndpoint {
+        addr: ep.addr,
+        qpn: 1,
+        token: 0,
+    };
+    let accepting = std::thread::spawn(move || prepared.connect(&Endpoint::Tcp(fake)));
+    let mut s = TcpStream::connect(ep.addr).unwrap();
+    s.write_all(&hello(0, ep.token)).unwrap();
+    let mut answer = [0u8; 20];
+    s.read_exact(&mut answer).unwrap();
+    (s, accepting.join().unwrap().unwrap())
+}
+
+/// A READ request frame for `len` bytes at `addr` of the region `rkey` names.
+fn read_request(psn: u32, addr: u64, rkey: u32, len: u32) -> [u8; HEADER_LEN] {
+    let mut h = Header::new(Kind::ReadRequest, psn);
+    h.remote_addr = addr;
+    h.rkey = rkey;
+    h.len = len;
+    h.encode()
+}
+
+/// READ requests that arrive together are answered together, in order: one socket write
+/// for 16 responses instead of 16.
+#[test]
+fn reads_that_arrive_together_are_answered_in_one_write() {
+    for caps in BOTH {
+        let ctx = Context::open(&TransportConfig::with_provider(ProviderKind::Tcp)).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let region = pd.alloc_region(1 << 16, Access::ALL).unwrap();
+        let pattern: Vec<u8> = (0..1 << 16).map(|i| (i * 7 % 251) as u8).collect();
+        region.write_at(0, &pattern).unwrap();
+        let (mut s, qp) = raw_peer(&ctx, &pd, caps);
+        let mut requests = Vec::new();
+        for psn in 0..16u32 {
+            let at = region.addr() + psn as u64 * 1000;
+            requests.extend_from_slice(&read_request(psn, at, region.rkey(), 256));
+        }
+        let writes = || qp.wire_writes().expect("tcp").1;
+        let writes_before = writes();
+        s.write_all(&requests).unwrap();
+        for psn in 0..16u32 {
+            let mut raw = [0u8; HEADER_LEN];
+            s.read_exact(&mut raw).unwrap();
+            let h = Header::decode(&raw).unwrap();
+            assert_eq!((h.kind, h.psn, h.len), (Kind::ReadResponse, psn, 256));
+            let mut data = [0u8; 256];
+            s.read_exact(&mut data).unwrap();
+            let at = psn as usize * 1000;
+            assert_eq!(data[..], pattern[at..at + 256], "response {psn}");
+        }
+        // The engine counts a write after it returned, maybe after we read it.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while writes() == writes_before && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(
+            writes() - writes_before,
+            1,
+            "socket writes for 16 responses"
+        );
+    }
+}
+
+/// The hold is bounded: 200 READs that arrive together go out in batches of at most
+/// MAX_HELD responses (or MAX_HELD_BYTES of data), still in order and whole.
+#[test]
+fn held_responses_go_out_once_there_are_enough_of_them() {
+    for caps in BOTH {
+        let ctx = Context::open(&TransportConfig::with_provider(ProviderKind::Tcp)).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let region = pd.alloc_region(1 << 20, Access::ALL).unwrap();
+        let pattern: Vec<u8> = (0..1 << 20).map(|i| (i * 13 % 253) as u8).collect();
+        region.write_at(0, &pattern).unwrap();
+        let (mut s, qp) = raw_peer(&ctx, &pd, caps);
+        let writes = || qp.wire_writes().expect("tcp").1;
+        for (count, len, fewest) in [(200u32, 64u32, 4), (16, 64 << 10, 4)] {
+            let mut requests = Vec::new();
+            for psn in 0..count {
+                let at = region.addr() + (psn as u64 * 4099) % (1 << 19);
+                requests.extend_from_slice(&read_request(psn, at, region.rkey(), len));
+            }
+            let before = writes();
+            s.write_all(&requests).unwrap();
+            let mut data = vec![0u8; len as usize];
+            for psn in 0..count {
+                let mut raw = [0u8; HEADER_LEN];
+                s.read_exact(&mut raw).unwrap();
+                let h = Header::decode(&raw).unwrap();
+                assert_eq!((h.kind, h.psn, h.len), (Kind::ReadResponse, psn, len));
+                s.read_exact(&mut data).unwrap();
+                let at = (psn as usize * 4099) % (1 << 19);
+                assert!(data[..] == pattern[at..at + len as usize], "response {psn}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+            let sent = writes() - before;
+            assert!(
+                sent >= fewest,
+                "{count} READs of {len} bytes went out in {sent} socket writes"
+            );
+        }
+    }
+}
+
+/// A READ request followed by an ACK (the peer acknowledging our own WRITE) in one
+/// segment: the READ's response, held while the ACK was served, goes out once nothing
+/// quick follows, not when some later request comes.
+#[test]
+fn a_response_held_for_an_ack_behind_it_is_not_kept_waiting() {
+    use crate::transport::{RemoteAddr, SendOp, SendWr, Sge};
+    let ctx = Context::open(&TransportConfig::with_provider(ProviderKind::Tcp)).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let region = pd.alloc_region(4096, Access::ALL).unwrap();
+    let (mut s, qp) = raw_peer(&ctx, &pd, QpCaps::DEFAULT);
+    let sge = [Sge::new(&region, 0, 64).unwrap()];
+    let target = RemoteAddr { addr: 0, rkey: 1 };
+    qp.post_send(&[SendWr::new(7, SendOp::Write(target), &sge)])
+        .unwrap();
+    let mut raw = [0u8; HEADER_LEN];
+    s.read_exact(&mut raw).unwrap();
+    let write = Header::decode(&raw).unwrap();
+    assert_eq!(write.kind, Kind::Write);
+    s.read_exact(&mut [0u8; 64]).unwrap();
+
+    let mut frames = read_request(0, region.addr(), region.rkey(), 16).to_vec();
+    frames.extend_from_slice(&Header::new(Kind::Ack, write.psn).encode());
+    s.write_all(&frames).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    s.read_exact(&mut raw)
+        .expect("the READ response, with nothing more sent");
+    let h = Header::decode(&raw).unwrap();
+    assert_eq!((h.kind, h.psn, h.len), (Kind::ReadResponse, 0, 16));
+}
+
+/// A peer that asks for far more READ data than the socket holds and does not read it:
+/// taking the grant back must not wait for that peer, and no byte written to the memory
+/// after it was taken back may reach the peer. Every READ is answered with the bytes the
+/// grant had, until one the engine came to after it was taken back is refused (the half
+/// sent after it, at the latest; the engine is given time to answer the first half, which
+/// then waits on the socket, but how many it answered does not matter).
+#[test]
+fn reads_a_peer_does_not_take_neither_hold_up_a_deregistration_nor_see_past_it() {
+    for caps in BOTH {
+        let ctx = Context::open(&TransportConfig::with_provider(ProviderKind::Tcp)).unwrap();
+        let pool_pd = ctx.alloc_pd().unwrap();
+        let pool = pool_pd.alloc_region(1 << 16, Access::ALL).unwrap();
+        let pattern: Vec<u8> = (0..LEN).map(|i| (i % 249) as u8 + 1).collect();
+        pool.write_at(0, &pattern).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let grant = pd.register_within(&pool, 0, LEN, Access::ALL).unwrap();
+        let (mut s, _qp) = raw_peer(&ctx, &pd, caps);
+        const READS: u32 = 1024;
+        const LEN: usize = 1 << 16; // 64 MiB of answers, far more than loopback buffers hold
+        let mut requests = Vec::new();
+        for psn in 0..READS {
+            requests.extend_from_slice(&read_request(psn, grant.addr(), grant.rkey(), LEN as u32));
+        }
+        s.write_all(&requests[..requests.len() / 2]).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            drop(grant);
+            let _ = tx.send(());
+        });
+        rx.recv_timeout(Duration::from_secs(5))
+            .expect("the grant is taken back while the peer reads nothing");
+        pool.write_at(0, &[0xee; LEN]).unwrap();
+        s.write_all(&requests[requests.len() / 2..]).unwrap();
+
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut data = vec![0u8; LEN];
+        let refused = (0..READS).find(|&psn| {
+            let mut raw = [0u8; HEADER_LEN];
+            s.read_exact(&mut raw).unwrap();
+            let h = Header::decode(&raw).unwrap();
+            if h.kind == Kind::Nak {
+                assert_eq!((h.psn, h.imm), (psn, NakReason::RemoteAccess as u32));
+                return true;
+            }
+            assert_eq!(
+                (h.kind, h.psn, h.len),
+                (Kind::ReadResponse, psn, LEN as u32)
+            );
+            s.read_exact(&mut data).unwrap();
+            assert!(
+                data == pattern,
+                "READ {psn} saw memory written after deregistration"
+            );
+            false
+        });
+        assert!(refused.is_some(), "no READ was refused ({caps:?})");
+    }
+}
+
+/// A peer that starts a WRITE through a grant, stalls mid-payload while the grant is
+/// revoked (and the memory could go to another file), then sends the rest: what came
+/// before may have landed (a NIC writes packets as they come), nothing after it may, and
+/// the WRITE is refused.
+#[test]
+fn a_payload_dripped_past_a_deregistration_lands_nothing_after_it() {
+    for caps in BOTH {
+        let ctx = Context::open(&TransportConfig::with_provider(ProviderKind::Tcp)).unwrap();
+        let pool_pd = ctx.alloc_pd().unwrap();
+        let pool = pool_pd.alloc_region(1 << 16, Access::ALL).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let grant = pd.register_within(&pool, 0, 8192, Access::ALL).unwrap();
+        let (mut s, _qp) = raw_peer(&ctx, &pd, caps);
+        let mut h = Header::new(Kind::Write, 0);
+        h.remote_addr = grant.addr();
+        h.rkey = grant.rkey();
+        h.len = 8192;
+        s.write_all(&h.encode()).unwrap();
+        s.write_all(&[0xab; 4096]).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        drop(grant);
+        s.write_all(&[0xcd; 4096]).unwrap();
+        let mut raw = [0u8; HEADER_LEN];
+        s.read_exact(&mut raw).unwrap();
+        let nak = Header::decode(&raw).unwrap();
+        assert_eq!(
+            (nak.kind, nak.imm),
+            (Kind::Nak, NakReason::RemoteAccess as u32)
+        );
+        let pool = pool.to_vec();
+        assert!(pool[..4096].iter().all(|&b| b == 0 || b == 0xab));
+        assert!(pool[4096..].iter().all(|&b| b == 0), "nothing landed after");
+    }
+}
+
+/// Names of this process's threads.
+fn thread_names() -> Vec<String> {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|n| n.trim().to_string())
+        .collect()
+}
+
+/// Passive queue pairs have no threads of their own: a hundred of them, each serving a WRITE
+/// and a READ, are served by the process's few responder loops.
+#[test]
+fn passive_queue_pairs_share_the_responder_loops() {
+    let ctx = Context::open(&TransportConfig::with_provider(ProviderKind::Tcp)).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let region = pd.alloc_region(100 * 64, Access::ALL).unwrap();
+    let peers: Vec<_> = (0..100)
+        .map(|_| raw_peer(&ctx, &pd, QpCaps::RESPONDER))
+        .collect();
+    for (i, (s, _)) in peers.iter().enumerate() {
+        let mut s = s;
+        let at = region.addr() + i as u64 * 64;
+        let mut h = Header::new(Kind::Write, 0);
+        h.remote_addr = at;
+        h.rkey = region.rkey();
+        h.len = 64;
+        s.write_all(&h.encode()).unwrap();
+        s.write_all(&[i as u8; 64]).unwrap();
+        s.write_all(&read_request(1, at, region.rkey(), 64))
+            .unwrap();
+    }
+    for (i, (s, _)) in peers.iter().enumerate() {
+        let mut s = s;
+        let mut raw = [0u8; HEADER_LEN];
+        s.read_exact(&mut raw).unwrap();
+        let h = Header::decode(&raw).unwrap();
+        // The READ's response may follow the ACK, or stand for it (RC: a READ response
+        // acknowledges what came before).
+        let h = if h.kind == Kind::Ack {
+            s.read_exact(&mut raw).unwrap();
+            Header::decode(&raw).unwrap()
+        } else {
+            h
+        };
+        assert_eq!((h.kind, h.psn, h.len), (Kind::ReadResponse, 1, 64));
+        let mut data = [0u8; 64];
+        s.read_exact(&mut data).unwrap();
+        assert_eq!(data, [i as u8; 64]);
+    }
+    // Other tests' queue pairs (numbered alike, in contexts of their own) may have theirs:
+    // a few, not the two hundred these would need.
+    let names = thread_names();
+    let engines = names.iter().filter(|n| n.starts_with("tcp-qp")).count();
+    assert!(engines < 50, "{engines} queue-pair threads");
+    let loops = names
+        .iter()
+        .filter(|n| n.starts_with("tcp-responder"))
+        .count();
+    assert!(
+        (1..=super::responder_threads()).contains(&loops),
+        "{loops} responder threads"
+    );
+}
+
+/// What a passive queue pair cannot serve: a SEND finds no receive (refused as RNR, then the
+/// connection ends); a response to a request it never sent closes the connection without a
+/// word; a READ that arrives before a WRITE to the same bytes reads them as they were.
+#[test]
+fn a_passive_queue_pair_refuses_sends_and_stray_responses_and_keeps_request_order() {
+    let ctx = Context::open(&TransportConfig::with_provider(ProviderKind::Tcp)).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let region = pd.alloc_region(4096, Access::ALL).unwrap();
+    region.write_at(0, &[1u8; 64]).unwrap();
+    let read_until_end = |s: &mut TcpStream| {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut rest = Vec::new();
+        s.read_to_end(&mut rest).unwrap();
+        rest
+    };
+
+    let (mut s, _qp) = raw_peer(&ctx, &pd, QpCaps::RESPONDER);
+    let mut send = Header::new(Kind::Send, 0);
+    send.len = 8;
+    s.write_all(&send.encode()).unwrap();
+    s.write_all(&[0u8; 8]).unwrap();
+    let rest = read_until_end(&mut s);
+    let nak = Header::decode(rest[..HEADER_LEN].try_into().unwrap()).unwrap();
+    assert_eq!(
+        (nak.kind, nak.psn, nak.imm, rest.len()),
+        (Kind::Nak, 0, NakReason::ReceiverNotReady as u32, HEADER_LEN)
+    );
+
+    let (mut s, _qp) = raw_peer(&ctx, &pd, QpCaps::RESPONDER);
+    s.write_all(&Header::new(Kind::Ack, 0).encode()).unwrap();
+    assert!(read_until_end(&mut s).is_empty(), "closed without a word");
+
+    let (mut s, _qp) = raw_peer(&ctx, &pd, QpCaps::RESPONDER);
+    let mut frames = read_request(0, region.addr(), region.rkey(), 64).to_vec();
+    let mut write = Header::new(Kind::Write, 1);
+    write.remote_addr = region.addr();
+    write.rkey = region.rkey();
+    write.len = 64;
+    frames.extend_from_slice(&write.encode());
+    frames.extend_from_slice(&[2u8; 64]);
+    s.write_all(&frames).unwrap();
+    let mut raw = [0u8; HEADER_LEN];
+    s.read_exact(&mut raw).unwrap();
+    let h = Header::decode(&raw).unwrap();
+    assert_eq!((h.kind, h.psn), (Kind::ReadResponse, 0));
+    let mut data = [0u8; 64];
+    s.read_exact(&mut data).unwrap();
+    assert_eq!(data, [1u8; 64], "the READ saw the WRITE behind it");
+    s.read_exact(&mut raw).unwrap();
+    assert_eq!(Header::decode(&raw).unwrap().kind, Kind::Ack);
+    assert_eq!(region.to_vec()[..64], [2u8; 64]);
+}
