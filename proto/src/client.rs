@@ -571,7 +571,7 @@ impl Client {
     /// The data session to `node` if it is connected: never a metadata call.
     pub fn connected(&self, node: u32) -> Option<Arc<DataSession>> {
         let data = self.data.lock().unwrap();
-        data.get(&node).filter(|d| d.session.is_open()).cloned()
+        data.get(&node).filter(|d| serves_well(d)).cloned()
     }
 
     /// The data session to `node`, connected on first use, and attached to this client's
@@ -685,7 +685,7 @@ impl Client {
         // Another thread may have connected meanwhile: keep the first live session, since
         // dropping a session fails the requests in flight on it.
         let mut data = self.data.lock().unwrap();
-        if let Some(existing) = data.get(&node).filter(|e| e.session.is_open()) {
+        if let Some(existing) = data.get(&node).filter(|e| serves_well(e)) {
             return Ok(existing.clone());
         }
         let d = Arc::new(d);
@@ -708,4 +708,11 @@ impl Client {
         data.values()
             .fold(retired, |acc, d| acc.plus(&d.session.counters()))
     }
+}
+
+/// Whether a data session is worth using: open, and not left with fewer than half its queue
+/// pairs by refused transfers (then a new one is dialled, and the old one serves what it has
+/// until it goes).
+fn serves_well(d: &DataSession) -> bool {
+    d.session.is_open() && !d.session.is_degraded()
 }

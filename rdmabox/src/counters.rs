@@ -172,6 +172,11 @@ counters! {
     /// idle one, whose threads would have had to wake (providers that serve queue pairs with
     /// threads: tcp).
     joined_busy: sum,
+    /// Work requests the peer refused (a stale or revoked key): each failed alone and took its
+    /// queue pair to the error state; the session went on over the others.
+    transfers_refused: sum,
+    /// Requests flushed off a queue pair a refusal took, sent again over another.
+    requests_resent: sum,
 
     // Effects first: completions and byte counts, then what caused them.
     read order:
@@ -198,6 +203,8 @@ counters! {
         spins_given_way,
         deadline_expiries,
         joined_busy,
+        transfers_refused,
+        requests_resent,
 }
 
 impl Counters {
@@ -220,7 +227,7 @@ mod tests {
     use super::*;
 
     /// The text names, in the order tools have always seen them.
-    const NAMES: [&str; 23] = [
+    const NAMES: [&str; 25] = [
         "requests",
         "requests_merged",
         "requests_chained",
@@ -244,9 +251,11 @@ mod tests {
         "spins_given_way",
         "completed_inline",
         "joined_busy",
+        "transfers_refused",
+        "requests_resent",
     ];
 
-    /// Every counter set, each to a different value (1 to 23, in `NAMES` order). No
+    /// Every counter set, each to a different value (1 to 25, in `NAMES` order). No
     /// `..Default::default()`: a new counter must be added here.
     fn distinct() -> Snapshot {
         Snapshot {
@@ -273,6 +282,8 @@ mod tests {
             spins_given_way: 21,
             completed_inline: 22,
             joined_busy: 23,
+            transfers_refused: 24,
+            requests_resent: 25,
         }
     }
 
@@ -299,7 +310,7 @@ mod tests {
         let values: Vec<u64> = rows.iter().map(|&(_, v)| v).collect();
         assert_eq!(
             values,
-            (1..=23).collect::<Vec<_>>(),
+            (1..=25).collect::<Vec<_>>(),
             "each line its own counter"
         );
     }
@@ -365,6 +376,8 @@ mod tests {
             spins_given_way: AtomicU64::new(want.spins_given_way),
             completed_inline: AtomicU64::new(want.completed_inline),
             joined_busy: AtomicU64::new(want.joined_busy),
+            transfers_refused: AtomicU64::new(want.transfers_refused),
+            requests_resent: AtomicU64::new(want.requests_resent),
         };
         assert_eq!(live.snapshot(), want);
     }

@@ -597,16 +597,74 @@ fn out_of_bounds_requests_fail_alone() {
         .unwrap()
         .is_empty());
     // A key is the peer's to check (it may have granted any number of them): a wrong one is
-    // refused there, which ends the session as it ends an RC queue pair.
+    // refused there, which ends its RC queue pair; the session goes on over the others until
+    // none is left.
     let wrong_key = RemoteAddr {
         addr: r.addr,
         rkey: r.rkey ^ 1,
     };
+    for refused in 1..=4 {
+        assert_eq!(
+            session.write_pending(wrong_key, vec![1; 8]).wait(),
+            Err(IoError::Transport(WcStatus::RemoteAccessError))
+        );
+        assert_eq!(session.is_open(), refused < 4, "after {refused} refusals");
+        assert_eq!(
+            session.is_degraded(),
+            refused > 2,
+            "after {refused} refusals"
+        );
+    }
+}
+
+/// A stale key fails the one transfer that used it: the requests in flight beside it on its
+/// queue pair, flushed when the peer's refusal took that queue pair down, are sent again over
+/// the others and succeed, byte for byte.
+#[test]
+fn a_refused_transfer_fails_alone_and_what_it_flushed_goes_again() {
+    let cfg = SessionConfig {
+        qps: 2,
+        ..SessionConfig::default()
+    };
+    let (lender, session) = setup(8 << 20, cfg);
+    let r = lender.mem.remote();
+    let wrong_key = RemoteAddr {
+        addr: r.addr,
+        rkey: r.rkey ^ 1,
+    };
+    let data: Vec<Vec<u8>> = (0..512).map(|i| pattern(4096, i)).collect();
+    // Writes to scattered blocks (nothing merges), a refused one among them.
+    let blocks = |i: u64| (i * 7919) % 2048 * 4096;
+    let writes: Vec<_> = data
+        .iter()
+        .enumerate()
+        .map(|(i, d)| session.write_pending(at(&lender, blocks(i as u64)), d.clone()))
+        .collect();
+    let refused = session.write_pending(wrong_key, vec![1; 4096]);
+    let more: Vec<_> = (0..256u64)
+        .map(|i| session.read_pending(at(&lender, blocks(i)), vec![0; 4096]))
+        .collect();
     assert_eq!(
-        session.write_pending(wrong_key, vec![1; 8]).wait(),
+        refused.wait(),
         Err(IoError::Transport(WcStatus::RemoteAccessError))
     );
-    assert!(!session.is_open());
+    for (i, w) in writes.into_iter().enumerate() {
+        w.wait().unwrap_or_else(|e| panic!("write {i}: {e}"));
+    }
+    for r in more {
+        r.wait().expect("a read beside the refused write");
+    }
+    for (i, d) in data.iter().enumerate() {
+        let got = session
+            .read_pending(at(&lender, blocks(i as u64)), vec![0; 4096])
+            .wait()
+            .unwrap();
+        assert!(got == *d, "block {i}");
+    }
+    assert!(session.is_open());
+    let c = session.counters();
+    assert_eq!(c.transfers_refused, 1);
+    assert_eq!(c.requests_failed, 1, "only the refused one");
 }
 
 /// A write's result with its buffer, as `write_keeping` gives it.

@@ -167,7 +167,7 @@ impl Inner {
         for c in &wc[..n] {
             let w = link.inflight.lock().unwrap().try_remove(c.wr_id as usize);
             match w {
-                Some(w) => self.finish(w, c.status),
+                Some(w) => self.finish_on(link, w, c.status),
                 None => log::error!("completion for unknown work request {}", c.wr_id),
             }
         }
@@ -188,6 +188,49 @@ impl Inner {
             Counters::add(&self.counters.deadline_expiries, 1);
             self.break_with(IoError::TimedOut(limit));
         }
+    }
+
+    /// Answers a work request completed on `link`. A request the peer refused (a stale or
+    /// revoked key: the caller refetches and retries) fails alone while another queue pair is
+    /// left to carry on: its own queue pair is out of service from then on, and what that
+    /// flushed is sent again over the others. Any other failure breaks the session.
+    fn finish_on(&self, link: &Link, w: InflightWr, status: WcStatus) {
+        let going_on = !self.closed.load(Ordering::Acquire) && self.cause.get().is_none();
+        let refusal = matches!(
+            status,
+            WcStatus::RemoteAccessError
+                | WcStatus::RemoteInvalidRequest
+                | WcStatus::RemoteOperationError
+        );
+        if going_on && refusal {
+            let others = self
+                .links
+                .iter()
+                .any(|l| !std::ptr::eq(l, link) && !l.refused.load(Ordering::Acquire));
+            if others {
+                if !link.refused.swap(true, Ordering::AcqRel) {
+                    log::info!(
+                        "the peer refused a transfer ({status:?}); its queue pair is out of \
+                         service, the session goes on over the others"
+                    );
+                }
+                Counters::add(&self.counters.transfers_refused, 1);
+                self.counters.retire(w.cost);
+                Counters::add(&self.counters.completions, 1);
+                for (r, _) in w.members {
+                    self.fail(r, IoError::Transport(status));
+                }
+                return;
+            }
+        }
+        if going_on && status == WcStatus::WrFlushError && link.refused.load(Ordering::Acquire) {
+            self.counters.retire(w.cost);
+            Counters::add(&self.counters.completions, 1);
+            Counters::add(&self.counters.requests_resent, w.members.len() as u64);
+            self.queues[w.dir as usize].requeue_front(w.members.into_iter().map(|(r, _)| r));
+            return;
+        }
+        self.finish(w, status);
     }
 
     /// Answers the member requests of a completed (or flushed) work request. A failure breaks

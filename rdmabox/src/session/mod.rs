@@ -151,6 +151,9 @@ struct Link {
     inflight: Mutex<InFlight>,
     /// Its poller is spinning: a lone request sent here is seen the moment it completes.
     spinning: AtomicBool,
+    /// The peer refused one of its work requests, which took its queue pair to the error
+    /// state: nothing more is posted here.
+    refused: AtomicBool,
 }
 
 /// The state a session shares with its poller threads.
@@ -242,6 +245,7 @@ impl Session {
                     cq,
                     inflight: Mutex::default(),
                     spinning: AtomicBool::new(false),
+                    refused: AtomicBool::new(false),
                 })
                 .collect(),
             next_link: AtomicUsize::new(0),
@@ -288,6 +292,18 @@ impl Session {
     /// False once a transport error broke the session or it was closed.
     pub fn is_open(&self) -> bool {
         !self.inner.closed.load(Ordering::Acquire)
+    }
+
+    /// Whether refused transfers (stale keys) took more than half of its queue pairs: it
+    /// still works, over the rest, but a new session would serve better.
+    pub fn is_degraded(&self) -> bool {
+        let refused = self
+            .inner
+            .links
+            .iter()
+            .filter(|l| l.refused.load(Ordering::Acquire))
+            .count();
+        refused * 2 > self.inner.links.len()
     }
 
     /// Why the session was broken on purpose (its deadline passed, it was aborted), if it was.

@@ -101,8 +101,10 @@ impl Inner {
     /// round-robin: the queue pairs a NIC serves are spread over, to engage its processing
     /// units.
     fn link_room(&self, n: usize, bytes: u64) -> Option<(usize, bool)> {
-        let fits =
-            |l: &Link, inflight: &InFlight| inflight.len() + n <= l.qp.caps().max_send_wr as usize;
+        let fits = |l: &Link, inflight: &InFlight| {
+            !l.refused.load(Ordering::Acquire)
+                && inflight.len() + n <= l.qp.caps().max_send_wr as usize
+        };
         let busy = self.links.iter().position(|l| {
             l.qp.served_by_threads() && {
                 let inflight = l.inflight.lock().unwrap();
@@ -115,7 +117,9 @@ impl Inner {
             return Some((i, true));
         }
         let hot = self.links.iter().position(|l| {
-            l.spinning.load(Ordering::Relaxed) && l.inflight.lock().unwrap().is_empty()
+            l.spinning.load(Ordering::Relaxed)
+                && !l.refused.load(Ordering::Acquire)
+                && l.inflight.lock().unwrap().is_empty()
         });
         if let Some(i) = hot {
             return Some((i, false));
@@ -140,10 +144,10 @@ impl Inner {
         let inflight = self.counters.inflight_bytes.load(Ordering::Relaxed);
         admits(inflight, charge(front.len), self.policy.limit())
             && (self.is_dynamic(front) || self.pool.available() > 0)
-            && self
-                .links
-                .iter()
-                .any(|l| l.inflight.lock().unwrap().len() < l.qp.caps().max_send_wr as usize)
+            && self.links.iter().any(|l| {
+                !l.refused.load(Ordering::Acquire)
+                    && l.inflight.lock().unwrap().len() < l.qp.caps().max_send_wr as usize
+            })
     }
 
     /// One drain pass: admit, register, plan, post; requeue what could not be posted.
