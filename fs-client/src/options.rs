@@ -41,6 +41,8 @@ pub struct MountConfig {
     pub gid_index: Option<u8>,
     /// The nodes' shared secret.
     pub secret_file: Option<PathBuf>,
+    /// Encrypt every queue pair's connection (tcp).
+    pub encrypt: bool,
     /// How long a storage node may stay silent before its I/O fails with EIO.
     pub io_timeout: Duration,
     /// The rdmabox tunables of every data session.
@@ -73,6 +75,7 @@ impl Default for MountConfig {
             device: None,
             gid_index: None,
             secret_file: None,
+            encrypt: false,
             io_timeout,
             session: SessionConfig::default(),
             rpc: RpcConfig {
@@ -202,6 +205,14 @@ pub const OPTIONS: &[MountOption] = &[
         value: Value::Takes("auto|verbs|tcp"),
         help: "Transport: auto (verbs when an RDMA device exists), verbs or tcp",
         set: |c, v| v.parse().map(|x| c.transport = x),
+    },
+    MountOption {
+        name: "encrypt",
+        value: Value::Switch,
+        help: "tcp: encrypt every byte between this mount and the nodes (AES-256-GCM, keys \
+               from the shared secret): calls, callbacks and file data. Costs CPU per byte; \
+               a node run with --encrypt takes no other mounts",
+        set: |c, v| on_off(v).map(|x| c.encrypt = x),
     },
     MountOption {
         name: "device",
@@ -442,6 +453,7 @@ impl MountConfig {
             },
             rpc: self.rpc,
             connect_timeout: self.io_timeout,
+            encrypt: self.encrypt,
         }
     }
 

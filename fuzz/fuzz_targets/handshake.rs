@@ -30,9 +30,9 @@ impl Write for Scripted<'_> {
 fuzz_target!(|data: &[u8]| {
     // The nonce is random, so a scripted answer can only pass by forging a MAC.
     let mut peer = Scripted(data);
-    assert!(accept_over(&mut peer, Some(b"secret")).is_err());
+    assert!(accept_over(&mut peer, Some(b"secret"), false).is_err());
     let mut peer = Scripted(data);
-    if accept_over(&mut peer, None).is_ok() {
+    if accept_over(&mut peer, None, false).is_ok() {
         let _ = Hello::receive(&mut peer, None);
     }
     let _ = connect_over(&mut Scripted(data), Some(b"secret"));

@@ -1,7 +1,10 @@
-//! Who gets a connection slot: limits on connections (control connections, and on tcp each
-//! queue pair's) in total and per peer address,
-//! so that no peer, authenticated or not, can take every file descriptor or thread of a node.
-//! A connection holds its slot (a [`Ticket`]) until it ends. Connections still authenticating
+//! Who gets a slot: limits on what peers hold of a node, in total and per peer address, so that
+//! no peer, authenticated or not, can take every file descriptor or thread of a node.
+//! A connection holds a [`Ticket`] until it ends. Once it has authenticated and said what it is
+//! for, the ticket holds a slot for the connection and one for each queue pair it sets up
+//! ([`Ticket::reserve`]): those hold a descriptor or two of the node each for as long as the
+//! connection lives, whatever becomes of their own connections (which, on tcp, come in
+//! beside it, and are counted with it once handed over). Connections still authenticating
 //! have a smaller budget of their own, so that peers without the secret never take the slots of
 //! authenticated ones; and once one address's share of that budget is full, its oldest
 //! connection still authenticating is closed to make room for the new one: a flood of silent
@@ -109,6 +112,8 @@ pub struct Ticket {
     peer: IpAddr,
     id: u64,
     pending: bool,
+    /// Slots held since it authenticated ([`Ticket::reserve`]).
+    reserved: usize,
 }
 
 impl Admission {
@@ -131,16 +136,10 @@ impl Admission {
         let pending_total = (self.limits.total / PENDING_SHARE).max(1);
         let pending_per_peer = (self.limits.per_peer / PENDING_PER_PEER_SHARE).max(1);
         let mut c = self.counts.lock().unwrap();
-        if c.total >= self.limits.total {
+        if c.total + c.pending >= self.limits.total {
             return Err(format!(
-                "{} connections already (--max-connections)",
-                c.total
-            ));
-        }
-        let mine = c.per_peer.get(&key).copied().unwrap_or(0);
-        if mine >= self.limits.per_peer {
-            return Err(format!(
-                "{mine} connections from {key} already (--max-connections-per-peer)"
+                "{} slots taken already (--max-connections)",
+                c.total + c.pending
             ));
         }
         if c.pending >= pending_total {
@@ -157,9 +156,7 @@ impl Admission {
             };
             let _ = oldest.shutdown(Shutdown::Both);
         }
-        *c.per_peer.entry(key).or_default() += 1;
         *c.pending_per_peer.entry(key).or_default() += 1;
-        c.total += 1;
         c.pending += 1;
         c.next_ticket += 1;
         let id = c.next_ticket;
@@ -174,12 +171,14 @@ impl Admission {
             peer: key,
             id,
             pending: true,
+            reserved: 0,
         })
     }
 
-    /// Connections holding a slot now.
+    /// Slots held now, by connections still authenticating too.
     pub fn in_use(&self) -> usize {
-        self.counts.lock().unwrap().total
+        let c = self.counts.lock().unwrap();
+        c.total + c.pending
     }
 }
 
@@ -195,12 +194,41 @@ impl Ticket {
     }
 }
 
+impl Ticket {
+    /// Holds `n` slots, for the authenticated connection and the queue pairs it sets up;
+    /// refused past the limits.
+    pub fn reserve(&mut self, n: usize) -> Result<(), String> {
+        let mut c = self.admission.counts.lock().unwrap();
+        let limits = self.admission.limits;
+        if c.total + n > limits.total {
+            return Err(format!(
+                "{} connections and queue pairs already, {n} more asked (--max-connections)",
+                c.total
+            ));
+        }
+        let mine = c.per_peer.get(&self.peer).copied().unwrap_or(0);
+        if mine + n > limits.per_peer {
+            return Err(format!(
+                "{mine} connections and queue pairs from {} already, {n} more asked \
+                 (--max-connections-per-peer)",
+                self.peer
+            ));
+        }
+        c.total += n;
+        *c.per_peer.entry(self.peer).or_default() += n;
+        self.reserved += n;
+        Ok(())
+    }
+}
+
 impl Drop for Ticket {
     fn drop(&mut self) {
         self.authenticated();
         let mut c = self.admission.counts.lock().unwrap();
-        c.total -= 1;
-        decrement(&mut c.per_peer, self.peer);
+        for _ in 0..self.reserved {
+            c.total -= 1;
+            decrement(&mut c.per_peer, self.peer);
+        }
     }
 }
 
@@ -272,9 +300,15 @@ impl RateLimitedLog {
 mod tests {
     use super::*;
 
-    fn admitted(a: &Arc<Admission>, ip: &str) -> Ticket {
+    fn authenticated(a: &Arc<Admission>, ip: &str) -> Ticket {
         let mut t = a.admit(ip.parse().unwrap(), None).unwrap();
         t.authenticated();
+        t
+    }
+
+    fn admitted(a: &Arc<Admission>, ip: &str) -> Ticket {
+        let mut t = authenticated(a, ip);
+        t.reserve(1).unwrap();
         t
     }
 
@@ -286,17 +320,33 @@ mod tests {
         });
         let t1 = admitted(&a, "10.0.0.1");
         let _t2 = admitted(&a, "10.0.0.1");
-        assert!(a
-            .admit("10.0.0.1".parse().unwrap(), None)
-            .err()
-            .unwrap()
-            .contains("per-peer"));
+        let refused = authenticated(&a, "10.0.0.1").reserve(1).unwrap_err();
+        assert!(refused.contains("per-peer"), "{refused}");
         let _t3 = admitted(&a, "10.0.0.2");
         let full = a.admit("10.0.0.2".parse().unwrap(), None).err().unwrap();
         assert!(full.contains("--max-connections"), "{full}");
         drop(t1);
         assert_eq!(a.in_use(), 2);
         assert!(a.admit("10.0.0.1".parse().unwrap(), None).is_ok());
+    }
+
+    /// A session's queue pairs hold slots of its connection's, for as long as it lives.
+    #[test]
+    fn queue_pairs_hold_slots_of_their_connections() {
+        let a = Admission::new(Limits {
+            total: 64,
+            per_peer: 10,
+        });
+        let mut data = authenticated(&a, "10.0.0.1");
+        data.reserve(1 + 4).unwrap();
+        let mut meta = authenticated(&a, "10.0.0.1");
+        meta.reserve(1 + 2).unwrap();
+        assert_eq!(a.in_use(), 8);
+        let refused = authenticated(&a, "10.0.0.1").reserve(1 + 4).unwrap_err();
+        assert!(refused.contains("per-peer"), "{refused}");
+        drop(data);
+        assert_eq!(a.in_use(), 3);
+        authenticated(&a, "10.0.0.1").reserve(1 + 4).unwrap();
     }
 
     #[test]
@@ -355,6 +405,7 @@ mod tests {
         // Its thread ends; the two newest hold the address's share.
         drop(ours.remove(0));
         ours[0].authenticated();
+        ours[0].reserve(1).unwrap();
         let dialled = TcpStream::connect(addr).unwrap();
         let (accepted, _) = listener.accept().unwrap();
         let _fourth = a.admit(peer, Some(accepted)).unwrap();
@@ -376,13 +427,11 @@ mod tests {
             per_peer: 1,
         });
         let _t = admitted(&a, "2001:db8:1:2::1");
-        assert!(a
-            .admit("2001:db8:1:2::ffff".parse().unwrap(), None)
-            .is_err());
-        assert!(a.admit("2001:db8:1:3::1".parse().unwrap(), None).is_ok());
+        assert!(authenticated(&a, "2001:db8:1:2::ffff").reserve(1).is_err());
+        assert!(authenticated(&a, "2001:db8:1:3::1").reserve(1).is_ok());
         let _v4 = admitted(&a, "::ffff:10.0.0.1");
         assert!(
-            a.admit("10.0.0.1".parse().unwrap(), None).is_err(),
+            authenticated(&a, "10.0.0.1").reserve(1).is_err(),
             "mapped v4 is v4"
         );
     }

@@ -148,6 +148,7 @@ pub(crate) fn admit(
         &node.pd,
         target,
         node.cfg.secret.as_deref(),
+        node.cfg.encrypt,
         &zero_cfg,
         Duration::from_secs(5),
     ) {

@@ -302,10 +302,10 @@ mod tests {
         let deadline = Instant::now() + Duration::from_secs(5);
         let node = std::thread::spawn(move || {
             let (mut theirs, _) = l.accept().unwrap();
-            let key = accept(&mut theirs, Some(b"secret"), deadline).unwrap();
+            let key = accept(&mut theirs, Some(b"secret"), false, deadline).unwrap();
             (theirs, key)
         });
-        let key = connect(&mut ours, Some(b"secret"), deadline).unwrap();
+        let (key, _) = connect(&mut ours, Some(b"secret"), deadline).unwrap();
         ((ours, key), node.join().unwrap())
     }
 

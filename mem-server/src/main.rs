@@ -63,6 +63,11 @@ struct Args {
     /// file. Only for isolated test networks.
     #[arg(long, conflicts_with = "secret_file")]
     insecure: bool,
+    /// tcp: take only encrypted queue pairs (mounts with -o encrypt), and encrypt this node's
+    /// own (AES-256-GCM, keys from the shared secret): calls, callbacks and file data. Costs
+    /// CPU per byte.
+    #[arg(long, conflicts_with = "insecure")]
+    encrypt: bool,
     /// HOST:PORT that clients should use to reach this node (default: from --listen).
     #[arg(long)]
     advertise: Option<String>,
@@ -245,6 +250,7 @@ fn main() -> ExitCode {
         },
         secret,
         insecure: args.insecure,
+        encrypt: args.encrypt,
         join: args.join,
         join_timeout: args.join_timeout,
         advertise: args.advertise,

@@ -13,7 +13,7 @@ use rdmabox::connect_links;
 use rdmabox::rpc::RpcConfig;
 use rdmabox::transport::{
     Access, Arrivals, CompletionQueue, Context, DeadlineStream, MemoryRegion, ProtectionDomain,
-    QpCaps, QpRoute, QueuePair, TransportConfig,
+    ProviderKind, QpCaps, QpRoute, QueuePair, TransportConfig,
 };
 use rfs_proto::frame::send_frame;
 use rfs_proto::handshake::{self, SessionKey};
@@ -48,6 +48,8 @@ pub struct NodeConfig {
     pub secret: Option<Vec<u8>>,
     /// Run without authentication: anyone who reaches the node has every peer's reach.
     pub insecure: bool,
+    /// Take only encrypted queue pairs, and encrypt this node's own (tcp).
+    pub encrypt: bool,
     /// Join this metadata node as a data node instead of running the metadata service.
     pub join: Option<SocketAddr>,
     /// How long a joining node keeps trying to reach a metadata node that is not up yet.
@@ -85,6 +87,7 @@ impl NodeConfig {
             transport: TransportConfig::default(),
             secret: None,
             insecure: false,
+            encrypt: false,
             join: None,
             join_timeout: Duration::from_secs(60),
             advertise: None,
@@ -115,6 +118,11 @@ impl NodeConfig {
         if self.secret.is_none() && !self.insecure {
             return Err(invalid(
                 "no shared secret: give one, or run insecure on purpose".into(),
+            ));
+        }
+        if self.encrypt && self.secret.is_none() {
+            return Err(invalid(
+                "encryption needs the shared secret: its keys come from it".into(),
             ));
         }
         if self.limits.total == 0 || self.limits.per_peer == 0 {
@@ -186,6 +194,13 @@ impl Node {
         let addr = listener.local_addr()?;
         let chunks = cfg.memory / cfg.chunk_size;
         let ctx = Context::open(&cfg.transport)?;
+        if cfg.encrypt && ctx.provider() != ProviderKind::Tcp {
+            return Err(invalid(format!(
+                "--encrypt is for the tcp transport, and this node uses {}: an RDMA NIC moves \
+                 file data without us (use the network's own encryption, IPsec or MACsec)",
+                ctx.describe()
+            )));
+        }
         let pd = Arc::new(ctx.alloc_pd()?);
         log::info!(
             "listening on {addr}; preparing a pool of {} MiB",
@@ -368,7 +383,12 @@ impl Shared {
         // A peer with the secret answers the greeting at once: one that stays silent holds a
         // slot still authenticating for moments, not the whole setup deadline.
         let answer_by = deadline.min(Instant::now() + AUTH_ANSWER_WAIT);
-        let key = handshake::accept(&mut s, self.cfg.secret.as_deref(), answer_by)?;
+        let key = handshake::accept(
+            &mut s,
+            self.cfg.secret.as_deref(),
+            self.cfg.encrypt,
+            answer_by,
+        )?;
         slot.authenticated();
         let hello = Hello::receive(
             &mut DeadlineStream::new(&s, deadline, "hello"),
@@ -384,9 +404,37 @@ impl Shared {
                 .as_ref()
                 .ok_or_else(|| invalid(format!("{:?} sent to a data node", hello.op())))
         };
+        // A connection and the queue pairs it sets up hold slots as long as it lives; a queue
+        // pair's own connection is counted with them once handed over.
+        let slots = match &hello {
+            Hello::Data(Data { qps }) => 1 + *qps as usize,
+            Hello::Metadata(_) => 1 + 2,
+            Hello::Join(_) => 1,
+            Hello::QueuePair(_) => 0,
+        };
+        slot.reserve(slots).map_err(|why| {
+            io::Error::new(io::ErrorKind::ResourceBusy, format!("refused: {why}"))
+        })?;
         match &hello {
-            // It holds its slot as long as the queue pair lives.
-            Hello::QueuePair(_) => self.arrivals.deliver(s, deadline, Box::new(slot)),
+            Hello::QueuePair(q) => {
+                let keys = match (q.encrypt, &key) {
+                    (true, Some(key)) => Some(key.wire_keys(false)),
+                    (true, None) => {
+                        return Err(invalid(
+                            "an encrypted queue pair asked of a node without a secret".into(),
+                        ))
+                    }
+                    (false, _) if self.cfg.encrypt => {
+                        return Err(invalid(
+                            "an unencrypted queue pair: this node takes only encrypted ones \
+                             (--encrypt); mount with -o encrypt"
+                                .into(),
+                        ))
+                    }
+                    (false, _) => None,
+                };
+                self.arrivals.deliver(s, deadline, keys)
+            }
             Hello::Data(Data { qps }) => self.serve_data(s, *qps as usize, key),
             Hello::Metadata(m) => meta()?.serve(self, s, m.client_id, key),
             Hello::Join(j) => crate::join::admit(self, meta()?, s, j, key),

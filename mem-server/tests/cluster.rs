@@ -150,7 +150,7 @@ fn raw_metadata_channel(
     )
     .unwrap();
     // Calls on the first queue pair; the second (callbacks) stays open, unused.
-    let route = rfs_proto::handshake::queue_pair_route(secret().as_deref());
+    let route = rfs_proto::handshake::queue_pair_route(secret().as_deref(), false).unwrap();
     let mut links =
         rdmabox::connect_links(&ctx, &pd, &mut s, 2, Default::default(), &route).unwrap();
     std::mem::forget(links.pop());

@@ -107,10 +107,12 @@ fn a_silent_data_hello_pins_nothing_past_the_setup_deadline() {
             .0
         })
         .collect();
+    // Each holds its socket and the completion queue its 64 queue pairs share (they need no
+    // descriptor of their own until their connections come).
     wait_until(
         "the node to prepare the queue pairs",
         Duration::from_secs(5),
-        || open_fds(pid) >= fds + 4 * 64,
+        || open_fds(pid) >= fds + 4 * 2,
     );
     let start = Instant::now();
     for s in &mut silent {
@@ -165,12 +167,23 @@ fn a_flood_of_idle_connections_is_bounded_and_drains() {
 
 #[test]
 fn connections_past_the_per_peer_limit_are_refused_at_once() {
-    let meta = MemServer::start(&["--memory", "4M", "--max-connections-per-peer", "9"]);
-    // A client's metadata channel is three connections: control, and a queue pair each for
-    // calls and callbacks.
+    let meta = MemServer::start(&[
+        "--memory",
+        "4M",
+        "--max-connections-per-peer",
+        "9",
+        "--max-connections",
+        "10",
+    ]);
+    // A client's metadata channel holds three slots: its connection, and a queue pair each
+    // for calls and callbacks.
     let c = client(&meta);
     let _c2 = client(&meta);
     let c3 = client(&meta);
+    assert!(Client::connect(&meta.addr.to_string(), client_config()).is_err());
+    // A connection past every slot is closed before a word.
+    let _lurker = TcpStream::connect(meta.addr).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
     let mut refused = TcpStream::connect(meta.addr).unwrap();
     refused
         .set_read_timeout(Some(Duration::from_secs(5)))
@@ -181,7 +194,6 @@ fn connections_past_the_per_peer_limit_are_refused_at_once() {
         0,
         "closed without a greeting"
     );
-    assert!(Client::connect(&meta.addr.to_string(), client_config()).is_err());
     // Slots come back when connections end.
     drop(c3);
     wait_until("a slot to free up", Duration::from_secs(5), || {

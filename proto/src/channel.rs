@@ -43,7 +43,7 @@ impl Channel {
     ) -> io::Result<Channel> {
         let hello = Hello::Metadata(Metadata { client_id });
         let (mut s, key) = dial(addr, cfg.secret.as_deref(), &hello, cfg.connect_timeout)?;
-        let route = queue_pair_route(cfg.secret.as_deref());
+        let route = queue_pair_route(cfg.secret.as_deref(), cfg.encrypt)?;
         let mut links = connect_links(ctx, pd, &mut s, 2, cfg.session.caps, &route)?;
         let (cb_qp, cb_cq) = links.pop().expect("two links");
         let (qp, cq) = links.pop().expect("two links");

@@ -42,6 +42,8 @@ pub struct ClientConfig {
     pub rpc: RpcConfig,
     /// How long a node may take to accept a connection.
     pub connect_timeout: Duration,
+    /// Encrypt every queue pair's connection (tcp; needs the secret).
+    pub encrypt: bool,
 }
 
 impl Default for ClientConfig {
@@ -52,6 +54,7 @@ impl Default for ClientConfig {
             session: SessionConfig::default(),
             rpc: RpcConfig::default(),
             connect_timeout: Duration::from_secs(5),
+            encrypt: false,
         }
     }
 }
@@ -675,6 +678,7 @@ impl Client {
             &self.pd,
             addr,
             self.cfg.secret.as_deref(),
+            self.cfg.encrypt,
             &self.cfg.session,
             self.cfg.connect_timeout,
         )

@@ -36,12 +36,14 @@ pub struct DataSession {
 }
 
 impl DataSession {
-    /// Connects `cfg.qps` queue pairs to the node at `addr` and learns its pool.
+    /// Connects `cfg.qps` queue pairs to the node at `addr` (encrypted with `encrypt`) and
+    /// learns its pool.
     pub fn connect(
         ctx: &Context,
         pd: &Arc<ProtectionDomain>,
         addr: SocketAddr,
         secret: Option<&[u8]>,
+        encrypt: bool,
         cfg: &SessionConfig,
         timeout: Duration,
     ) -> io::Result<DataSession> {
@@ -51,7 +53,7 @@ impl DataSession {
         let (mut s, key) = dial(addr, secret, &hello, timeout)?;
         // A node that goes silent during setup fails the connect instead of hanging it.
         s.set_read_timeout(Some(timeout))?;
-        let route = queue_pair_route(secret);
+        let route = queue_pair_route(secret, encrypt)?;
         let links = connect_links(ctx, pd, &mut s, cfg.qps, cfg.caps, &route)?;
         let sealed = recv_frame(&mut s, MAX_POOL_FRAME + integrity::TAG)?;
         let frame =

@@ -12,7 +12,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdmabox::transport::{DeadlineStream, QpRoute};
+use rdmabox::transport::{DeadlineStream, QpRoute, WireKeys};
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -51,6 +51,29 @@ impl SessionKey {
                 .into(),
         )
     }
+
+    /// The keys that encrypt a queue pair's connection authenticated with this key, as the
+    /// side that dialed it (`dialer`) or the node sees them: one key each way.
+    pub fn wire_keys(&self, dialer: bool) -> WireKeys {
+        let key = |direction: &[u8]| -> [u8; 32] {
+            mac(&self.0, b"wire", direction, &[])
+                .finalize()
+                .into_bytes()
+                .into()
+        };
+        let (up, down) = (key(b"dialer to node"), key(b"node to dialer"));
+        if dialer {
+            WireKeys {
+                send: up,
+                receive: down,
+            }
+        } else {
+            WireKeys {
+                send: down,
+                receive: up,
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for SessionKey {
@@ -74,22 +97,33 @@ fn denied(why: &str) -> io::Error {
 pub fn accept(
     s: &mut TcpStream,
     secret: Option<&[u8]>,
+    encrypted_only: bool,
     deadline: Instant,
 ) -> io::Result<Option<SessionKey>> {
     accept_over(
         &mut DeadlineStream::new(s, deadline, "authentication"),
         secret,
+        encrypted_only,
     )
 }
 
-/// The node's side over any stream (the fuzzer's, a socket's).
+/// The greeting's flags: the node asks for the secret; it takes only encrypted queue pairs.
+const NEEDS_AUTH: u8 = 1;
+const ENCRYPTED_ONLY: u8 = 2;
+
+/// The node's side over any stream (the fuzzer's, a socket's). A node that takes only
+/// encrypted queue pairs says so in its greeting, so that a peer that would not encrypt
+/// learns why before it is refused.
 pub fn accept_over(
     s: &mut (impl Read + Write),
     secret: Option<&[u8]>,
+    encrypted_only: bool,
 ) -> io::Result<Option<SessionKey>> {
     let server_nonce = nonce();
     let mut greeting = MAGIC.to_vec();
-    greeting.push(secret.is_some() as u8);
+    let flags = if secret.is_some() { NEEDS_AUTH } else { 0 }
+        | if encrypted_only { ENCRYPTED_ONLY } else { 0 };
+    greeting.push(flags);
     greeting.extend_from_slice(&server_nonce);
     s.write_all(&greeting)?;
     let mut answer = [0u8; NONCE + MAC];
@@ -120,12 +154,13 @@ pub fn accept_over(
     }
 }
 
-/// The connecting side; the node must have answered by `deadline`.
+/// The connecting side; the node must have answered by `deadline`. The session key, and
+/// whether the node takes only encrypted queue pairs.
 pub fn connect(
     s: &mut TcpStream,
     secret: Option<&[u8]>,
     deadline: Instant,
-) -> io::Result<Option<SessionKey>> {
+) -> io::Result<(Option<SessionKey>, bool)> {
     let key = connect_over(
         &mut DeadlineStream::new(s, deadline, "authentication"),
         secret,
@@ -138,7 +173,7 @@ pub fn connect(
 pub fn connect_over(
     s: &mut (impl Read + Write),
     secret: Option<&[u8]>,
-) -> io::Result<Option<SessionKey>> {
+) -> io::Result<(Option<SessionKey>, bool)> {
     let mut greeting = [0u8; 4 + 1 + NONCE];
     s.read_exact(&mut greeting)?;
     if &greeting[..4] != MAGIC {
@@ -149,7 +184,8 @@ pub fn connect_over(
         };
         return Err(io::Error::new(io::ErrorKind::InvalidData, why));
     }
-    let needs_auth = greeting[4] == 1;
+    let needs_auth = greeting[4] & NEEDS_AUTH != 0;
+    let encrypted_only = greeting[4] & ENCRYPTED_ONLY != 0;
     let server_nonce = &greeting[5..];
     if !needs_auth && secret.is_some() {
         // Else anyone on the path could pose as the node: nothing after it would be sealed.
@@ -185,9 +221,12 @@ pub fn connect_over(
             mac(k, b"server", &client_nonce, server_nonce)
                 .verify_slice(&verdict[1..])
                 .map_err(|_| denied("the node could not prove it knows the secret"))?;
-            Ok(Some(SessionKey::derive(k, server_nonce, &client_nonce)))
+            Ok((
+                Some(SessionKey::derive(k, server_nonce, &client_nonce)),
+                encrypted_only,
+            ))
         }
-        None => Ok(None),
+        None => Ok((None, encrypted_only)),
     }
 }
 
@@ -205,7 +244,12 @@ pub fn dial(
     let mut s = TcpStream::connect_timeout(&addr, timeout)
         .map_err(|e| io::Error::new(e.kind(), format!("connecting to {addr}: {e}")))?;
     s.set_nodelay(true)?;
-    let key = connect(&mut s, secret, deadline)?;
+    let (key, encrypted_only) = connect(&mut s, secret, deadline)?;
+    if encrypted_only && matches!(hello, Hello::QueuePair(QueuePair { encrypt: false })) {
+        return Err(denied(
+            "the node takes only encrypted connections (--encrypt): mount with -o encrypt",
+        ));
+    }
     send_frame(
         &mut s,
         &integrity::seal(key.as_ref(), integrity::HELLO, 0, hello.encode()),
@@ -214,13 +258,21 @@ pub fn dial(
 }
 
 /// The route of the queue pairs of a connection we dialed: each dials the node's one port
-/// too, authenticated like any connection, and says it is a queue pair.
-pub fn queue_pair_route(secret: Option<&[u8]>) -> QpRoute {
+/// too, authenticated like any connection, and says it is a queue pair; with `encrypt`,
+/// everything on it after the queue pair's hello is encrypted with keys of its own.
+pub fn queue_pair_route(secret: Option<&[u8]>, encrypt: bool) -> io::Result<QpRoute> {
+    if encrypt && secret.is_none() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "encryption needs the shared secret: its keys come from it",
+        ));
+    }
     let secret: Option<Arc<[u8]>> = secret.map(Arc::from);
-    let hello = Hello::QueuePair(QueuePair {});
-    QpRoute::Dial(Arc::new(move |addr, timeout| {
-        dial(addr, secret.as_deref(), &hello, timeout).map(|(s, _)| s)
-    }))
+    let hello = Hello::QueuePair(QueuePair { encrypt });
+    Ok(QpRoute::Dial(Arc::new(move |addr, timeout| {
+        let (s, key) = dial(addr, secret.as_deref(), &hello, timeout)?;
+        Ok((s, key.filter(|_| encrypt).map(|k| k.wire_keys(true))))
+    })))
 }
 
 #[cfg(test)]
@@ -235,10 +287,10 @@ mod tests {
         let addr = l.local_addr().unwrap();
         let t = std::thread::spawn(move || {
             let (mut s, _) = l.accept().unwrap();
-            accept(&mut s, server, Instant::now() + HANDSHAKE_TIMEOUT)
+            accept(&mut s, server, false, Instant::now() + HANDSHAKE_TIMEOUT)
         });
         let mut c = TcpStream::connect(addr).unwrap();
-        let cr = connect(&mut c, client, Instant::now() + HANDSHAKE_TIMEOUT);
+        let cr = connect(&mut c, client, Instant::now() + HANDSHAKE_TIMEOUT).map(|(k, _)| k);
         (t.join().unwrap(), cr)
     }
 
@@ -263,7 +315,12 @@ mod tests {
         let addr = l.local_addr().unwrap();
         let t = std::thread::spawn(move || {
             let (mut s, _) = l.accept().unwrap();
-            accept(&mut s, Some(b"k"), Instant::now() + HANDSHAKE_TIMEOUT)
+            accept(
+                &mut s,
+                Some(b"k"),
+                false,
+                Instant::now() + HANDSHAKE_TIMEOUT,
+            )
         });
         let mut c = TcpStream::connect(addr).unwrap();
         let e = connect(&mut c, None, Instant::now() + HANDSHAKE_TIMEOUT).unwrap_err();
@@ -277,6 +334,25 @@ mod tests {
         let (_, c) = run(None, Some(b"k1"));
         let e = c.unwrap_err();
         assert!(e.to_string().contains("posing as the node"), "{e}");
+    }
+
+    /// A node that takes only encrypted queue pairs says so, and a peer dialing a queue pair
+    /// it would not encrypt is told what to do instead of being cut off.
+    #[test]
+    fn a_node_taking_only_encrypted_queue_pairs_says_so() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for _ in 0..2 {
+                let (mut s, _) = l.accept().unwrap();
+                let _ = accept(&mut s, Some(b"k"), true, Instant::now() + HANDSHAKE_TIMEOUT);
+            }
+        });
+        let clear = Hello::QueuePair(QueuePair { encrypt: false });
+        let e = dial(addr, Some(b"k"), &clear, HANDSHAKE_TIMEOUT).unwrap_err();
+        assert!(e.to_string().contains("-o encrypt"), "{e}");
+        let sealed = Hello::QueuePair(QueuePair { encrypt: true });
+        assert!(dial(addr, Some(b"k"), &sealed, HANDSHAKE_TIMEOUT).is_ok());
     }
 
     #[test]

@@ -54,7 +54,11 @@ wire_struct! {
     /// One queue pair of a session set up on another connection (the tcp provider's hello,
     /// naming it by token, follows): every connection of a node comes to its one port.
     #[derive(Clone, Debug, PartialEq, Eq)]
-    pub struct QueuePair {}
+    pub struct QueuePair {
+        /// Everything after the queue pair's hello is encrypted, with keys derived from this
+        /// connection's session key.
+        pub encrypt: bool,
+    }
 }
 
 wire_enum! {

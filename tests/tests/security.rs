@@ -255,3 +255,41 @@ fn every_connection_goes_to_a_nodes_one_port_and_a_mount_listens_on_nothing() {
         );
     }
 }
+
+/// A node run with --encrypt serves a mount that encrypts (a file through a data node of its
+/// own too: the node's own queue pairs to it are encrypted as well), and a mount that would
+/// not is refused with what to do. On verbs the node refuses --encrypt at start.
+#[test]
+fn an_encrypting_node_serves_encrypting_mounts_and_tells_others_what_to_do() {
+    if transport() != "tcp" {
+        return;
+    }
+    let meta = MemServer::start(&["--memory", "4M", "--chunk-size", "1M", "--encrypt"]);
+    let m = meta.addr.to_string();
+    let _data = MemServer::start(&[
+        "--memory",
+        "8M",
+        "--chunk-size",
+        "1M",
+        "--join",
+        &m,
+        "--encrypt",
+    ]);
+    let mount = Mount::new(&meta, &["encrypt"]);
+    let bytes: Vec<u8> = (0..9 << 20).map(|i| (i * 31 % 253) as u8).collect();
+    std::fs::write(mount.path("f"), &bytes).unwrap();
+    assert!(std::fs::read(mount.path("f")).unwrap() == bytes);
+
+    let dir = std::env::temp_dir().join(format!("rfs-clear-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = Command::new(bin("fs-client"))
+        .arg(&m)
+        .arg(&dir)
+        .args(["-o", &format!("transport={},mount_timeout=2", transport())])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("-o encrypt"), "{said}");
+    let _ = std::fs::remove_dir(&dir);
+}

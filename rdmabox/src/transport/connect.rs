@@ -23,8 +23,16 @@ pub fn connect_links(
 ) -> io::Result<Vec<(QueuePair, CompletionQueue)>> {
     let mut prepared = Vec::with_capacity(n);
     let mut local = Vec::with_capacity(n);
+    // Queue pairs we never post on complete nothing but flushes: they share one queue.
+    let shared = match caps.is_responder() {
+        true => Some(ctx.create_cq(n.max(1))?),
+        false => None,
+    };
     for _ in 0..n {
-        let cq = ctx.create_cq((caps.max_send_wr + caps.max_recv_wr).max(1) as usize)?;
+        let cq = match &shared {
+            Some(cq) => cq.clone(),
+            None => ctx.create_cq((caps.max_send_wr + caps.max_recv_wr) as usize)?,
+        };
         let qp = ctx.create_qp(pd, &cq, &cq, caps, route)?;
         local.push(qp.endpoint()?);
         prepared.push((qp, cq));

@@ -28,7 +28,7 @@ pub use connect::connect_links;
 pub use deadline::DeadlineStream;
 pub use endpoint::{exchange_endpoints, Endpoint};
 pub use memory::MemoryRegion;
-pub use tcp::{Arrivals, Dialer, InlineConsumer, QpRoute, TcpConfig};
+pub use tcp::{Arrivals, Dialer, InlineConsumer, QpRoute, TcpConfig, WireKeys};
 pub use types::{
     Access, Completion, PostError, QpCaps, QpState, RecvWr, RemoteAddr, RemoteRegion, SendOp,
     SendWr, Sge, WcOpcode, WcStatus,

@@ -98,7 +98,10 @@ struct Engine {
 
 impl Engine {
     fn new(qp: Arc<QpShared>, responses: Sender<Response>) -> Engine {
-        let reader = FrameReader::new(std::os::fd::AsRawFd::as_raw_fd(&qp.stream));
+        let reader = FrameReader::new(
+            std::os::fd::AsRawFd::as_raw_fd(&qp.stream),
+            qp.keys.as_ref(),
+        );
         Engine {
             qp,
             responses,
@@ -125,7 +128,6 @@ impl Engine {
             while self.reader.discard(64 * 1024).is_ok() {}
         }
         self.qp.close();
-        self.qp.hold.lock().unwrap().take();
     }
 
     /// Queues a response for the writer thread; a READ still in its region is copied out

@@ -4,6 +4,8 @@
 use std::io;
 use std::os::fd::RawFd;
 
+use super::seal::{Opener, WireKeys};
+
 /// Linux caps one `writev` at this many elements.
 const IOV_MAX: usize = 1024;
 
@@ -47,6 +49,29 @@ pub(crate) unsafe fn writev_all(fd: RawFd, iovs: &mut [libc::iovec]) -> io::Resu
     Ok(calls)
 }
 
+/// `sendmsg` without waiting, again when interrupted: the bytes the socket took.
+///
+/// # Safety
+/// The iovecs must point at memory valid for reads during the call.
+pub(crate) unsafe fn send_now(fd: RawFd, iovs: &[libc::iovec]) -> io::Result<usize> {
+    loop {
+        // SAFETY: a msghdr over the caller's iovecs; sendmsg never writes through them.
+        let n = unsafe {
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = iovs.as_ptr() as *mut libc::iovec;
+            msg.msg_iovlen = iovs.len();
+            libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+        };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
 /// An iovec for `len` bytes at `ptr`; building one is safe, using it is where validity counts.
 pub(crate) fn iovec(ptr: *const u8, len: usize) -> libc::iovec {
     libc::iovec {
@@ -61,24 +86,32 @@ pub(crate) struct FrameReader {
     buf: Box<[u8]>,
     start: usize,
     end: usize,
+    /// On an encrypted connection, what the socket's bytes are opened with.
+    opener: Option<Opener>,
 }
 
 /// Payloads at least this long bypass the buffer.
 const DIRECT_READ_MIN: usize = 16 * 1024;
 
 impl FrameReader {
-    /// A reader over `fd` with an empty 64 KiB buffer; it does not own the descriptor.
-    pub(crate) fn new(fd: RawFd) -> FrameReader {
+    /// A reader over `fd` with an empty 64 KiB buffer; it does not own the descriptor. With
+    /// keys, the socket's bytes are opened with them.
+    pub(crate) fn new(fd: RawFd, keys: Option<&WireKeys>) -> FrameReader {
         FrameReader {
             fd,
             buf: vec![0u8; 64 * 1024].into_boxed_slice(),
             start: 0,
             end: 0,
+            opener: keys.map(Opener::new),
         }
     }
 
     /// `recv` with `flags`, again when interrupted; Ok(0) at the end of the stream.
-    fn raw_read(&self, dst: *mut u8, len: usize, flags: libc::c_int) -> io::Result<usize> {
+    fn raw_read(&mut self, dst: *mut u8, len: usize, flags: libc::c_int) -> io::Result<usize> {
+        if let Some(o) = self.opener.as_mut() {
+            // SAFETY: callers pass memory valid for `len` bytes of writes.
+            return unsafe { o.recv(self.fd, dst, len, flags) };
+        }
         loop {
             // SAFETY: callers pass memory valid for `len` bytes of writes.
             let n = unsafe { libc::recv(self.fd, dst.cast(), len, flags) };
@@ -181,7 +214,7 @@ impl FrameReader {
     }
 
     /// What the socket has, up to `len` bytes into `dst`, without waiting (Ok(0): nothing).
-    fn recv_now(&self, dst: *mut u8, len: usize) -> io::Result<usize> {
+    fn recv_now(&mut self, dst: *mut u8, len: usize) -> io::Result<usize> {
         match self.raw_read(dst, len, libc::MSG_DONTWAIT) {
             Ok(0) => Err(io::ErrorKind::UnexpectedEof.into()),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(0),
@@ -189,8 +222,12 @@ impl FrameReader {
         }
     }
 
-    /// Waits until the socket has bytes (or its end, or an error) to read.
+    /// Waits until the socket has bytes (or its end, or an error) to read, unless what it
+    /// sent is already here to be opened.
     pub(crate) fn wait_readable(&self) -> io::Result<()> {
+        if self.opener.as_ref().is_some_and(Opener::has_buffered) {
+            return Ok(());
+        }
         let mut fds = libc::pollfd {
             fd: self.fd,
             events: libc::POLLIN,

@@ -17,6 +17,7 @@ mod io;
 mod qp;
 mod responder;
 mod route;
+mod seal;
 #[cfg(test)]
 mod tests;
 pub mod wire;
@@ -31,6 +32,7 @@ pub use cq::Cq;
 pub use qp::{configure_socket, PreparedQp, Qp};
 pub use responder::responder_threads;
 pub use route::{Arrivals, Dialer, QpRoute};
+pub use seal::WireKeys;
 
 use super::memory::{Backing, MemoryRegion, MrInner, Registration as AnyRegistration};
 use super::types::{Access, QpCaps};

@@ -1,6 +1,5 @@
 //! tcp queue pairs: the requester side of posting, and the error state.
 
-use std::any::Any;
 use std::collections::VecDeque;
 use std::io;
 use std::net::{Shutdown, TcpStream};
@@ -13,9 +12,11 @@ use std::time::{Duration, Instant};
 use super::route::{QpRoute, Setup};
 
 use super::cq::Cq;
+use super::io::send_now;
 use super::io::{iovec, writev_all};
+use super::seal::Sealer;
 use super::wire::{Header, Kind, HEADER_LEN};
-use super::{engine, responder, PdShared, TcpConfig, TcpEndpoint};
+use super::{engine, responder, PdShared, TcpConfig, TcpEndpoint, WireKeys};
 use crate::transport::memory::MrInner;
 use crate::transport::types::{
     check_recv_chain, check_send_chain, Access, Completion, PostError, QpCaps, QpState, RecvWr,
@@ -84,7 +85,7 @@ impl PreparedQp {
             token,
             setup,
         } = self;
-        let (stream, hold) = setup.connect(qpn, token, remote, deadline)?;
+        let (stream, keys) = setup.connect(qpn, token, remote, deadline)?;
         configure_socket(&stream, cfg.dead_peer_timeout)?;
         let shared = Arc::new(QpShared {
             qpn,
@@ -95,14 +96,18 @@ impl PreparedQp {
             rnr_timeout: cfg.rnr_timeout,
             stream,
             state: AtomicU8::new(STATE_RTS),
-            tx: Mutex::new(TxState::default()),
+            keys,
+            tx: Mutex::new(TxState {
+                psn: 0,
+                pending: Vec::new(),
+                sealer: keys.as_ref().map(Sealer::new),
+            }),
             responses_queued: AtomicUsize::new(0),
             outstanding: Mutex::new(VecDeque::new()),
             recvs: Mutex::new(VecDeque::new()),
             recv_ready: Condvar::new(),
             post_calls: AtomicU64::new(0),
             wire_writes: AtomicU64::new(0),
-            hold: Mutex::new(hold),
         });
         log::debug!("tcp qp {qpn} connected to remote qp {}", remote.qpn);
         // A queue pair we never post on needs no threads of its own.
@@ -182,13 +187,14 @@ impl PostedRecv {
 }
 
 /// What the transmit lock protects.
-#[derive(Default)]
 pub(crate) struct TxState {
     /// PSN of the next request.
     pub psn: u32,
     /// The tail of a frame the engine began with a non-blocking send: it goes out before any
-    /// other frame.
+    /// other frame. Sealed bytes on an encrypted connection.
     pub pending: Vec<u8>,
+    /// Seals what is sent, on an encrypted connection: in the order it goes out.
+    pub sealer: Option<Sealer>,
 }
 
 const STATE_RTS: u8 = 0;
@@ -204,6 +210,8 @@ pub(crate) struct QpShared {
     pub rnr_timeout: Duration,
     pub stream: TcpStream,
     state: AtomicU8,
+    /// The keys of an encrypted connection: readers open what they read with them.
+    pub keys: Option<WireKeys>,
     /// Serializes whole frames onto the socket.
     pub tx: Mutex<TxState>,
     /// Responses handed to the writer thread and not yet on the wire: while any are, the engine
@@ -214,9 +222,6 @@ pub(crate) struct QpShared {
     pub recv_ready: Condvar,
     pub post_calls: AtomicU64,
     pub wire_writes: AtomicU64,
-    /// What the connection's arrival came with (a node's admission ticket): let go when the
-    /// connection ends.
-    pub hold: Mutex<Option<Box<dyn Any + Send + Sync>>>,
 }
 
 impl QpShared {
@@ -268,6 +273,18 @@ impl QpShared {
         tx: &mut TxState,
         iovs: &mut [libc::iovec],
     ) -> io::Result<()> {
+        if let Some(sealer) = tx.sealer.as_mut() {
+            let mut wire = std::mem::take(&mut tx.pending);
+            // SAFETY: forwarded from the caller.
+            unsafe { sealer.seal(iovs, &mut wire) };
+            let mut all = [iovec(wire.as_ptr(), wire.len())];
+            // SAFETY: `wire` is alive for the call.
+            let calls = unsafe { writev_all(self.stream.as_raw_fd(), &mut all)? };
+            self.wire_writes.fetch_add(calls, Ordering::Relaxed);
+            wire.clear();
+            tx.pending = wire;
+            return Ok(());
+        }
         let mut calls = 0;
         if !tx.pending.is_empty() {
             let mut head = [iovec(tx.pending.as_ptr(), tx.pending.len())];
@@ -297,6 +314,24 @@ impl QpShared {
         };
         if !tx.pending.is_empty() {
             return Ok(None);
+        }
+        if let Some(sealer) = tx.sealer.as_mut() {
+            // Sealed, the records must go, now or by the writer thread.
+            let mut wire = Vec::new();
+            // SAFETY: forwarded from the caller.
+            unsafe { sealer.seal(iovs, &mut wire) };
+            let records = [iovec(wire.as_ptr(), wire.len())];
+            // SAFETY: one iovec over `wire`, alive for the call.
+            let sent = match unsafe { send_now(self.stream.as_raw_fd(), &records) } {
+                Ok(n) => {
+                    self.wire_writes.fetch_add(1, Ordering::Relaxed);
+                    n
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
+                Err(e) => return Err(e),
+            };
+            tx.pending.extend_from_slice(&wire[sent..]);
+            return Ok(Some(sent < wire.len()));
         }
         // SAFETY: a msghdr over the caller's iovecs; send never writes through them.
         let n = unsafe {

@@ -18,7 +18,10 @@
 //!   request) is a protocol violation, and the connection is closed without a word.
 //!
 //! A peer that does not read its responses stops being read once [`MAX_BACKLOG`] bytes of them
-//! wait for its socket, so it holds at most that much of our memory.
+//! wait for its socket: it holds at most that, and one batch of responses more (256 KiB and one
+//! READ, which may be as long as what it was granted), of our memory. And each connection is
+//! served a turn at a time (64 requests, 1 MiB of payload), so that one that keeps its socket
+//! full cannot keep the others of its loop waiting.
 
 use std::collections::HashMap;
 use std::io;
@@ -27,8 +30,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::engine::check_remote;
-use super::io::iovec;
+use super::io::{iovec, send_now};
 use super::qp::QpShared;
+use super::seal::Opener;
 use super::wire::{Header, Kind, NakReason, HEADER_LEN};
 use crate::transport::memory::MrInner;
 use crate::transport::types::Access;
@@ -70,7 +74,9 @@ pub(super) fn serve(qp: Arc<QpShared>) -> io::Result<()> {
 
 struct Loop {
     epoll: OwnedFd,
-    conns: Mutex<HashMap<u64, Conn>>,
+    /// Served by the loop thread alone; the map's lock is held only to look one up or add
+    /// one, never while serving.
+    conns: Mutex<HashMap<u64, Arc<Mutex<Conn>>>>,
     next_id: AtomicU64,
 }
 
@@ -100,10 +106,13 @@ impl Loop {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let conn = Conn::new(qp);
         let interest = conn.interest();
-        self.conns.lock().unwrap().insert(id, conn);
+        self.conns
+            .lock()
+            .unwrap()
+            .insert(id, Arc::new(Mutex::new(conn)));
         if let Err(e) = self.ctl(libc::EPOLL_CTL_ADD, fd, id, interest) {
             if let Some(c) = self.conns.lock().unwrap().remove(&id) {
-                c.finish();
+                c.lock().unwrap().finish();
             }
             return Err(e);
         }
@@ -119,16 +128,20 @@ impl Loop {
         Ok(())
     }
 
+    /// Serves what epoll reports, and the connections that used up their turn with work left
+    /// (whose input may wait in an opener, where epoll does not see it).
     fn run(&self) {
         let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 64];
+        let mut again: Vec<u64> = Vec::new();
         loop {
+            let wait = if again.is_empty() { -1 } else { 0 };
             // SAFETY: the buffer holds `events.len()` entries for the kernel to fill.
             let n = unsafe {
                 libc::epoll_wait(
                     self.epoll.as_raw_fd(),
                     events.as_mut_ptr(),
                     events.len() as libc::c_int,
-                    -1,
+                    wait,
                 )
             };
             if n < 0 {
@@ -139,20 +152,25 @@ impl Loop {
                 }
                 continue;
             }
-            for ev in &events[..n as usize] {
-                let (id, ready) = (ev.u64, ev.events);
-                let mut conns = self.conns.lock().unwrap();
-                let Some(conn) = conns.get_mut(&id) else {
+            let reported = events[..n as usize].iter().map(|e| (e.u64, e.events));
+            let turns: Vec<(u64, u32)> =
+                reported.chain(again.drain(..).map(|id| (id, 0))).collect();
+            for (id, ready) in turns {
+                let Some(conn) = self.conns.lock().unwrap().get(&id).cloned() else {
                     continue;
                 };
+                let mut conn = conn.lock().unwrap();
                 let before = conn.interest();
                 let fd = conn.qp.stream.as_raw_fd();
-                if conn.serve(ready) {
-                    let _ = self.ctl(libc::EPOLL_CTL_DEL, fd, id, 0);
-                    let conn = conns.remove(&id).expect("present");
-                    drop(conns);
-                    conn.finish();
-                    continue;
+                match conn.serve(ready) {
+                    Turn::Done => {
+                        let _ = self.ctl(libc::EPOLL_CTL_DEL, fd, id, 0);
+                        self.conns.lock().unwrap().remove(&id);
+                        conn.finish();
+                        continue;
+                    }
+                    Turn::More => again.push(id),
+                    Turn::Waiting => {}
                 }
                 let after = conn.interest();
                 if after != before {
@@ -184,6 +202,21 @@ struct Payload {
     left: usize,
 }
 
+/// How a connection's turn ended.
+enum Turn {
+    /// It waits for its socket.
+    Waiting,
+    /// It used up its turn with requests left: others go first, then it again.
+    More,
+    /// It is over.
+    Done,
+}
+
+/// Requests, and bytes of WRITE payload, one connection is served in a turn: a peer that
+/// keeps its socket full cannot keep its loop's other connections waiting.
+const TURN_REQUESTS: usize = 64;
+const TURN_BYTES: usize = 1 << 20;
+
 /// Why serving a connection stopped.
 enum End {
     /// It closed or broke.
@@ -194,6 +227,8 @@ enum End {
 
 struct Conn {
     qp: Arc<QpShared>,
+    /// On an encrypted connection, what the socket's bytes are opened with.
+    opener: Option<Opener>,
     input: Box<[u8]>,
     start: usize,
     end: usize,
@@ -212,6 +247,7 @@ struct Conn {
 impl Conn {
     fn new(qp: Arc<QpShared>) -> Conn {
         Conn {
+            opener: qp.keys.as_ref().map(Opener::new),
             qp,
             input: vec![0u8; INPUT_BUFFER].into_boxed_slice(),
             start: 0,
@@ -243,8 +279,8 @@ impl Conn {
         e
     }
 
-    /// Serves what `ready` says is ready; true when the connection is done.
-    fn serve(&mut self, ready: u32) -> bool {
+    /// Serves what `ready` says is ready, for one turn.
+    fn serve(&mut self, ready: u32) -> Turn {
         let result = self.flush_out().and_then(|()| {
             if ready & ((libc::EPOLLERR | libc::EPOLLHUP) as u32) != 0 {
                 return Err(End::Disconnected);
@@ -252,42 +288,52 @@ impl Conn {
             self.read_requests()
         });
         match result {
-            Ok(()) => false,
-            Err(End::Disconnected) => true,
+            Ok(true) => Turn::More,
+            Ok(false) => Turn::Waiting,
+            Err(End::Disconnected) => Turn::Done,
             Err(End::Violation(why)) => {
                 log::warn!("qp {}: peer broke the protocol: {why}", self.qp.qpn);
-                true
+                Turn::Done
             }
         }
     }
 
-    fn finish(self) {
+    fn finish(&self) {
         self.qp.enter_error();
         self.qp.close();
-        self.qp.hold.lock().unwrap().take();
     }
 
-    /// Serves requests until the socket has no more for now, then sends the responses held.
-    fn read_requests(&mut self) -> Result<(), End> {
+    /// Serves requests until the socket has no more for now, or the turn is used up, then
+    /// sends the responses held. True when requests may be left.
+    fn read_requests(&mut self) -> Result<bool, End> {
+        let mut requests = 0;
+        let mut landed = 0;
         loop {
             if self.backlog() >= MAX_BACKLOG {
-                return self.flush_held();
+                return self.flush_held().map(|()| false);
             }
             if self.refused {
                 return self.discard();
             }
-            if self.payload.is_some() {
-                if !self.land_payload()? {
-                    return self.flush_held();
+            if requests >= TURN_REQUESTS || landed >= TURN_BYTES {
+                return self.flush_held().map(|()| true);
+            }
+            if let Some(p) = &self.payload {
+                let before = p.left;
+                let more = self.land_payload()?;
+                landed += before - self.payload.as_ref().map_or(0, |p| p.left);
+                if !more {
+                    return self.flush_held().map(|()| false);
                 }
                 continue;
             }
             if self.end - self.start < HEADER_LEN {
                 if !self.fill()? {
-                    return self.flush_held();
+                    return self.flush_held().map(|()| false);
                 }
                 continue;
             }
+            requests += 1;
             let raw: [u8; HEADER_LEN] = self.input[self.start..self.start + HEADER_LEN]
                 .try_into()
                 .expect("header length");
@@ -367,7 +413,7 @@ impl Conn {
                     self.start += n;
                     n
                 } else {
-                    match recv_now(self.qp.stream.as_raw_fd(), dst, p.left) {
+                    match recv(&mut self.opener, self.qp.stream.as_raw_fd(), dst, p.left) {
                         Ok(0) => return Err(End::Disconnected),
                         Ok(n) => n,
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
@@ -394,7 +440,8 @@ impl Conn {
         }
         let room = self.input.len() - self.end;
         let dst = self.input[self.end..].as_mut_ptr();
-        match recv_now(self.qp.stream.as_raw_fd(), dst, room) {
+        // SAFETY: `room` bytes of our input buffer from `end` on.
+        match unsafe { recv(&mut self.opener, self.qp.stream.as_raw_fd(), dst, room) } {
             Ok(0) => Err(End::Disconnected),
             Ok(n) => {
                 self.end += n;
@@ -406,19 +453,21 @@ impl Conn {
     }
 
     /// After a refusal: whatever the peer had in flight is read and dropped, touching no
-    /// memory, until it closes.
-    fn discard(&mut self) -> Result<(), End> {
+    /// memory, until it closes (a turn's worth at a time). True when more may wait.
+    fn discard(&mut self) -> Result<bool, End> {
         self.start = 0;
         self.end = 0;
-        loop {
+        let mut dropped = 0;
+        while dropped < TURN_BYTES {
             let dst = self.input.as_mut_ptr();
             match recv_now(self.qp.stream.as_raw_fd(), dst, self.input.len()) {
                 Ok(0) => return Err(End::Disconnected),
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Ok(n) => dropped += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
                 Err(_) => return Err(End::Disconnected),
             }
         }
+        Ok(true)
     }
 
     /// Answers every request before `psn` and refuses `psn`: the NAK is the last frame.
@@ -426,9 +475,11 @@ impl Conn {
         self.flush_held()?;
         let mut h = Header::new(Kind::Nak, psn);
         h.imm = why as u32;
-        self.out.extend_from_slice(&h.encode());
+        let nak = h.encode();
         self.refused = true;
         self.payload = None;
+        // SAFETY: one iovec over `nak`, alive for the call.
+        unsafe { self.send_or_queue(&[iovec(nak.as_ptr(), nak.len())])? };
         self.flush_out()
     }
 
@@ -503,12 +554,21 @@ impl Conn {
     /// # Safety
     /// The iovecs must point at memory valid for reads during the call.
     unsafe fn send_or_queue(&mut self, iovs: &[libc::iovec]) -> Result<(), End> {
+        let mut sealed = Vec::new();
+        let iovs = match self.qp.tx.lock().unwrap().sealer.as_mut() {
+            Some(sealer) => {
+                // SAFETY: forwarded from the caller.
+                unsafe { sealer.seal(iovs, &mut sealed) };
+                &[iovec(sealed.as_ptr(), sealed.len())][..]
+            }
+            None => iovs,
+        };
         let mut sent = 0;
         if self.backlog() == 0 {
             self.out.clear();
             self.out_sent = 0;
             // SAFETY: forwarded from the caller.
-            sent = match unsafe { sendmsg_now(self.qp.stream.as_raw_fd(), iovs) } {
+            sent = match unsafe { send_now(self.qp.stream.as_raw_fd(), iovs) } {
                 Ok(n) => {
                     self.qp.wire_writes.fetch_add(1, Ordering::Relaxed);
                     n
@@ -539,7 +599,7 @@ impl Conn {
             let rest = &self.out[self.out_sent..];
             // SAFETY: one iovec over our own buffer, alive for the call.
             match unsafe {
-                sendmsg_now(
+                send_now(
                     self.qp.stream.as_raw_fd(),
                     &[iovec(rest.as_ptr(), rest.len())],
                 )
@@ -562,34 +622,29 @@ impl Conn {
     }
 }
 
+/// `recv` without waiting, through `opener` on an encrypted connection: Ok(0) at the end of
+/// the stream, WouldBlock while no (whole record of) input is here.
+///
+/// # Safety
+/// `dst` must be valid for `len` bytes of writes for the duration of the call.
+unsafe fn recv(
+    opener: &mut Option<Opener>,
+    fd: RawFd,
+    dst: *mut u8,
+    len: usize,
+) -> io::Result<usize> {
+    match opener {
+        // SAFETY: forwarded from the caller.
+        Some(o) => unsafe { o.recv(fd, dst, len, libc::MSG_DONTWAIT) },
+        None => recv_now(fd, dst, len),
+    }
+}
+
 /// `recv` without waiting, again when interrupted; Ok(0) at the end of the stream.
 fn recv_now(fd: RawFd, dst: *mut u8, len: usize) -> io::Result<usize> {
     loop {
         // SAFETY: callers pass memory valid for `len` bytes of writes.
         let n = unsafe { libc::recv(fd, dst.cast(), len, libc::MSG_DONTWAIT) };
-        if n >= 0 {
-            return Ok(n as usize);
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
-}
-
-/// `sendmsg` without waiting, again when interrupted: the bytes the socket took.
-///
-/// # Safety
-/// The iovecs must point at memory valid for reads during the call.
-unsafe fn sendmsg_now(fd: RawFd, iovs: &[libc::iovec]) -> io::Result<usize> {
-    loop {
-        // SAFETY: a msghdr over the caller's iovecs; sendmsg never writes through them.
-        let n = unsafe {
-            let mut msg: libc::msghdr = std::mem::zeroed();
-            msg.msg_iov = iovs.as_ptr() as *mut libc::iovec;
-            msg.msg_iovlen = iovs.len();
-            libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
-        };
         if n >= 0 {
             return Ok(n as usize);
         }

@@ -12,7 +12,6 @@
 //! side answers with both in turn, so a connection reaches the queue pair whose token it names
 //! and only from the peer whose token it carries.
 
-use std::any::Any;
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
@@ -22,14 +21,16 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 
-use super::TcpEndpoint;
+use super::{TcpEndpoint, WireKeys};
 
 const HELLO_MAGIC: u32 = 0x5242_5150; // "RBQP"
 const HELLO_LEN: usize = 20;
 
 /// Dials a peer's listening socket for one queue pair within the time given, doing whatever
-/// the peer asks before the queue pair's hello (authentication, saying what it is for).
-pub type Dialer = Arc<dyn Fn(SocketAddr, Duration) -> io::Result<TcpStream> + Send + Sync>;
+/// the peer asks before the queue pair's hello (authentication, saying what it is for); with
+/// keys, everything after the hello is encrypted with them.
+pub type Dialer =
+    Arc<dyn Fn(SocketAddr, Duration) -> io::Result<(TcpStream, Option<WireKeys>)> + Send + Sync>;
 
 /// How the queue pairs of one setup get their connections.
 #[derive(Clone)]
@@ -47,7 +48,7 @@ pub enum QpRoute {
 pub(super) struct Arrival {
     stream: TcpStream,
     from: u64,
-    hold: Box<dyn Any + Send + Sync>,
+    keys: Option<WireKeys>,
 }
 
 /// The queue pairs of a node waiting for their peers' connections, by token: the node's
@@ -64,13 +65,13 @@ impl Arrivals {
     }
 
     /// Reads a queue-pair connection's hello (by `deadline`) and hands the connection to the
-    /// queue pair it names, with `hold`, kept as long as the queue pair (a node's admission
-    /// ticket). Fails, closing the connection, when no queue pair of ours waits for it.
+    /// queue pair it names, encrypted after the hello with `keys` if given. Fails, closing
+    /// the connection, when no queue pair of ours waits for it.
     pub fn deliver(
         &self,
         mut stream: TcpStream,
         deadline: Instant,
-        hold: Box<dyn Any + Send + Sync>,
+        keys: Option<WireKeys>,
     ) -> io::Result<()> {
         stream.set_read_timeout(Some(remaining(deadline)?))?;
         let mut got = [0u8; HELLO_LEN];
@@ -83,7 +84,7 @@ impl Arrivals {
                 "a queue-pair connection for no queue pair of ours (finished, or never made)",
             ));
         };
-        qp.try_send(Arrival { stream, from, hold }).map_err(|_| {
+        qp.try_send(Arrival { stream, from, keys }).map_err(|_| {
             io::Error::new(
                 io::ErrorKind::AlreadyExists,
                 "a second connection for one queue pair",
@@ -115,6 +116,9 @@ impl Drop for Awaiting {
     }
 }
 
+/// A queue pair's connection, and the keys that encrypt it (if they do).
+pub(super) type Connected = (TcpStream, Option<WireKeys>);
+
 /// A prepared queue pair's way to its connection.
 pub(super) enum Setup {
     OwnPort(TcpListener),
@@ -142,14 +146,15 @@ impl Setup {
         }
     }
 
-    /// The connection to the peer's queue pair, its hello exchanged, and what it holds.
+    /// The connection to the peer's queue pair, its hello exchanged, and the keys that
+    /// encrypt what follows (if it is).
     pub(super) fn connect(
         self,
         qpn: u32,
         token: u64,
         remote: &TcpEndpoint,
         deadline: Instant,
-    ) -> io::Result<(TcpStream, Option<Box<dyn Any + Send + Sync>>)> {
+    ) -> io::Result<Connected> {
         match self {
             Setup::OwnPort(listener) if (token, qpn) < (remote.token, remote.qpn) => {
                 drop(listener);
@@ -166,8 +171,8 @@ impl Setup {
                         "the peer's queue pair has no address to dial",
                     ));
                 }
-                let s = dial(remote.addr, remaining(deadline)?)?;
-                Ok((say_hello(s, token, remote.token, deadline)?, None))
+                let (s, keys) = dial(remote.addr, remaining(deadline)?)?;
+                Ok((say_hello(s, token, remote.token, deadline)?, keys))
             }
             Setup::Arrive(awaiting) => loop {
                 let a = awaiting
@@ -181,7 +186,7 @@ impl Setup {
                 let mut s = a.stream;
                 s.write_all(&hello(token, remote.token))?;
                 s.set_read_timeout(None)?;
-                return Ok((s, Some(a.hold)));
+                return Ok((s, a.keys));
             },
         }
     }
@@ -306,7 +311,7 @@ mod tests {
                 let arrivals = arrivals.clone();
                 std::thread::spawn(move || {
                     let deadline = Instant::now() + Duration::from_secs(2);
-                    let _ = arrivals.deliver(s, deadline, Box::new(()));
+                    let _ = arrivals.deliver(s, deadline, None);
                 });
             }
         });
@@ -321,7 +326,7 @@ mod tests {
         let arrivals = Arrivals::new();
         let (addr, controls) = node(arrivals.clone());
         let dial: super::Dialer =
-            Arc::new(|addr, timeout| TcpStream::connect_timeout(&addr, timeout));
+            Arc::new(|addr, timeout| Ok((TcpStream::connect_timeout(&addr, timeout)?, None)));
         let client = {
             let ctx = Context::open(&TransportConfig::with_provider(ProviderKind::Tcp)).unwrap();
             std::thread::spawn(move || {
@@ -383,5 +388,142 @@ mod tests {
             .set_read_timeout(Some(Duration::from_secs(5)))
             .unwrap();
         assert_eq!(stray.read(&mut [0u8; 1]).unwrap_or(0), 0, "turned away");
+    }
+
+    /// Bytes that pass through a relay from its port to `to`, client to node, recorded.
+    fn relay(to: std::net::SocketAddr) -> (std::net::SocketAddr, Arc<std::sync::Mutex<Vec<u8>>>) {
+        use std::io::{Read, Write};
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let record = seen.clone();
+        std::thread::spawn(move || {
+            for c in l.incoming() {
+                let mut c = c.unwrap();
+                let mut n = TcpStream::connect(to).unwrap();
+                let (mut c2, mut n2) = (c.try_clone().unwrap(), n.try_clone().unwrap());
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut n2, &mut c2);
+                });
+                let record = record.clone();
+                std::thread::spawn(move || {
+                    let mut b = [0u8; 65536];
+                    while let Ok(k) = c.read(&mut b) {
+                        if k == 0 || n.write_all(&b[..k]).is_err() {
+                            break;
+                        }
+                        record.lock().unwrap().extend_from_slice(&b[..k]);
+                    }
+                });
+            }
+        });
+        (addr, seen)
+    }
+
+    /// With keys, a queue pair's connection carries WRITEs and READs whole, to a node's
+    /// engine and to its responder loop, and what crosses the wire is not the file's bytes.
+    #[test]
+    fn encrypted_queue_pairs_carry_data_and_show_none_of_it() {
+        use crate::transport::WireKeys;
+        let client_keys = WireKeys {
+            send: [3; 32],
+            receive: [4; 32],
+        };
+        let node_keys = WireKeys {
+            send: client_keys.receive,
+            receive: client_keys.send,
+        };
+        for caps in [QpCaps::default(), QpCaps::RESPONDER] {
+            let ctx = Context::open(&TransportConfig::with_provider(ProviderKind::Tcp)).unwrap();
+            let arrivals = Arrivals::new();
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let node_addr = l.local_addr().unwrap();
+            let (relay_addr, seen) = relay(node_addr);
+            let (controls_tx, controls) = std::sync::mpsc::channel();
+            {
+                let arrivals = arrivals.clone();
+                std::thread::spawn(move || {
+                    let mut first = true;
+                    for s in l.incoming() {
+                        let s = s.unwrap();
+                        if std::mem::take(&mut first) {
+                            controls_tx.send(s).unwrap();
+                            continue;
+                        }
+                        let deadline = Instant::now() + Duration::from_secs(2);
+                        let _ = arrivals.deliver(s, deadline, Some(node_keys));
+                    }
+                });
+            }
+            let dial: super::Dialer = Arc::new(move |_, timeout| {
+                Ok((
+                    TcpStream::connect_timeout(&relay_addr, timeout)?,
+                    Some(client_keys),
+                ))
+            });
+            let client = std::thread::spawn(move || {
+                let ctx =
+                    Context::open(&TransportConfig::with_provider(ProviderKind::Tcp)).unwrap();
+                let pd = ctx.alloc_pd().unwrap();
+                let mut s = TcpStream::connect(node_addr).unwrap();
+                let links = connect_links(
+                    &ctx,
+                    &pd,
+                    &mut s,
+                    1,
+                    QpCaps::default(),
+                    &QpRoute::Dial(dial),
+                )
+                .unwrap();
+                (ctx, pd, links, s)
+            });
+            let pd = ctx.alloc_pd().unwrap();
+            let mem = pd.alloc_region(1 << 20, Access::ALL).unwrap();
+            let mut control = controls.recv().unwrap();
+            let _node = connect_links(&ctx, &pd, &mut control, 1, caps, &QpRoute::Arrive(arrivals))
+                .unwrap();
+            let (_ctx, cpd, links, _s) = client.join().unwrap();
+            let (qp, cq) = &links[0];
+            let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
+            let src = cpd
+                .register_vec(data.clone(), Access::ALL)
+                .map_err(|e| e.0)
+                .unwrap();
+            let back = cpd.alloc_region(data.len(), Access::ALL).unwrap();
+            let to = RemoteAddr {
+                addr: mem.addr() + 4096,
+                rkey: mem.rkey(),
+            };
+            let wait = |id: u64| {
+                let mut wc = [crate::transport::Completion::EMPTY; 1];
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while cq.poll(&mut wc).unwrap() == 0 {
+                    assert!(Instant::now() < deadline, "no completion");
+                }
+                assert_eq!((wc[0].wr_id, wc[0].status), (id, WcStatus::Success));
+            };
+            let whole = [Sge::new(&src, 0, data.len()).unwrap()];
+            qp.post_send(&[SendWr::new(1, SendOp::Write(to), &whole)])
+                .unwrap();
+            wait(1);
+            let into = [Sge::new(&back, 0, data.len()).unwrap()];
+            qp.post_send(&[SendWr::new(2, SendOp::Read(to), &into)])
+                .unwrap();
+            wait(2);
+            assert!(back.to_vec() == data, "{caps:?}: read back");
+            assert!(
+                mem.to_vec()[4096..4096 + data.len()] == data[..],
+                "{caps:?}: landed"
+            );
+            let seen = seen.lock().unwrap();
+            assert!(
+                seen.len() > data.len(),
+                "the payload went through the relay"
+            );
+            assert!(
+                !seen.windows(32).any(|w| w == &data[1000..1032]),
+                "{caps:?}: file bytes in the clear on the wire"
+            );
+        }
     }
 }

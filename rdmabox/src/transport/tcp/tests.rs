@@ -374,3 +374,56 @@ fn a_passive_queue_pair_refuses_sends_and_stray_responses_and_keeps_request_orde
     assert_eq!(Header::decode(&raw).unwrap().kind, Kind::Ack);
     assert_eq!(region.to_vec()[..64], [2u8; 64]);
 }
+
+/// A peer that keeps its socket full of requests (zero-length WRITEs, which need no grant)
+/// and reads its answers cannot keep the other passive queue pairs of its responder loop
+/// waiting: each of them is answered at once all along.
+#[test]
+fn a_greedy_peer_does_not_starve_the_others_of_its_loop() {
+    let ctx = Context::open(&TransportConfig::with_provider(ProviderKind::Tcp)).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let region = pd.alloc_region(4096, Access::ALL).unwrap();
+    let (greedy, _g) = raw_peer(&ctx, &pd, QpCaps::RESPONDER);
+    // Victims on every loop, whichever the greedy one landed on.
+    let victims: Vec<_> = (0..2 * super::responder_threads())
+        .map(|_| raw_peer(&ctx, &pd, QpCaps::RESPONDER))
+        .collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut drain = greedy.try_clone().unwrap();
+    std::thread::spawn(move || {
+        let mut b = vec![0u8; 1 << 16];
+        while matches!(drain.read(&mut b), Ok(n) if n > 0) {}
+    });
+    let flood = {
+        let (mut s, stop) = (greedy, stop.clone());
+        std::thread::spawn(move || {
+            let burst: Vec<u8> = (0..1024u32)
+                .flat_map(|psn| Header::new(Kind::Write, psn).encode())
+                .collect();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if s.write_all(&burst).is_err() {
+                    break;
+                }
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    for round in 0..5u32 {
+        for (i, (s, _)) in victims.iter().enumerate() {
+            let mut s = s;
+            let asked = std::time::Instant::now();
+            s.write_all(&read_request(round, region.addr(), region.rkey(), 8))
+                .unwrap();
+            let mut raw = [0u8; HEADER_LEN + 8];
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            s.read_exact(&mut raw).unwrap();
+            let took = asked.elapsed();
+            assert!(
+                took < Duration::from_secs(2),
+                "victim {i} waited {took:?} behind the greedy peer"
+            );
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = flood.join();
+}
