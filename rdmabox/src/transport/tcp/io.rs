@@ -72,6 +72,28 @@ pub(crate) unsafe fn send_now(fd: RawFd, iovs: &[libc::iovec]) -> io::Result<usi
     }
 }
 
+/// Appends to `out` what of the iovecs' bytes lies past the first `sent`; whether there was any.
+///
+/// # Safety
+/// Every iovec must describe readable memory, valid for the duration of the call.
+pub(crate) unsafe fn keep_unsent(iovs: &[libc::iovec], mut sent: usize, out: &mut Vec<u8>) -> bool {
+    let mut kept = false;
+    for v in iovs {
+        if sent >= v.iov_len {
+            sent -= v.iov_len;
+            continue;
+        }
+        // SAFETY: the unsent part of a caller's iovec, valid per the caller.
+        let rest = unsafe {
+            std::slice::from_raw_parts(v.iov_base.cast::<u8>().add(sent), v.iov_len - sent)
+        };
+        out.extend_from_slice(rest);
+        sent = 0;
+        kept = true;
+    }
+    kept
+}
+
 /// An iovec for `len` bytes at `ptr`; building one is safe, using it is where validity counts.
 pub(crate) fn iovec(ptr: *const u8, len: usize) -> libc::iovec {
     libc::iovec {

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use super::route::{QpRoute, Setup};
 
 use super::cq::Cq;
-use super::io::send_now;
 use super::io::{iovec, writev_all};
+use super::io::{keep_unsent, send_now};
 use super::seal::Sealer;
 use super::wire::{Header, Kind, HEADER_LEN};
 use super::{engine, responder, PdShared, TcpConfig, TcpEndpoint, WireKeys};
@@ -333,41 +333,15 @@ impl QpShared {
             tx.pending.extend_from_slice(&wire[sent..]);
             return Ok(Some(sent < wire.len()));
         }
-        // SAFETY: a msghdr over the caller's iovecs; send never writes through them.
-        let n = unsafe {
-            let mut msg: libc::msghdr = std::mem::zeroed();
-            msg.msg_iov = iovs.as_ptr() as *mut libc::iovec;
-            msg.msg_iovlen = iovs.len();
-            libc::sendmsg(
-                self.stream.as_raw_fd(),
-                &msg,
-                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-            )
+        // SAFETY: forwarded from the caller.
+        let sent = match unsafe { send_now(self.stream.as_raw_fd(), iovs) } {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+            Err(e) => return Err(e),
         };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            return match e.kind() {
-                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(None),
-                _ => Err(e),
-            };
-        }
         self.wire_writes.fetch_add(1, Ordering::Relaxed);
-        let mut sent = n as usize;
-        let mut partial = false;
-        for v in iovs {
-            if sent >= v.iov_len {
-                sent -= v.iov_len;
-                continue;
-            }
-            // SAFETY: the unsent part of a caller's iovec, valid per the caller.
-            let rest = unsafe {
-                std::slice::from_raw_parts(v.iov_base.cast::<u8>().add(sent), v.iov_len - sent)
-            };
-            tx.pending.extend_from_slice(rest);
-            sent = 0;
-            partial = true;
-        }
-        Ok(Some(partial))
+        // SAFETY: forwarded from the caller.
+        Ok(Some(unsafe { keep_unsent(iovs, sent, &mut tx.pending) }))
     }
 }
 

@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::engine::check_remote;
-use super::io::{iovec, send_now};
+use super::io::{iovec, keep_unsent, send_now};
 use super::qp::QpShared;
 use super::seal::Opener;
 use super::wire::{Header, Kind, NakReason, HEADER_LEN};
@@ -577,18 +577,8 @@ impl Conn {
                 Err(_) => return Err(End::Disconnected),
             };
         }
-        for v in iovs {
-            if sent >= v.iov_len {
-                sent -= v.iov_len;
-                continue;
-            }
-            // SAFETY: the unsent part of a caller's iovec, valid per the caller.
-            let rest = unsafe {
-                std::slice::from_raw_parts(v.iov_base.cast::<u8>().add(sent), v.iov_len - sent)
-            };
-            self.out.extend_from_slice(rest);
-            sent = 0;
-        }
+        // SAFETY: forwarded from the caller.
+        unsafe { keep_unsent(iovs, sent, &mut self.out) };
         Ok(())
     }
 

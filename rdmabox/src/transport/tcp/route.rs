@@ -318,6 +318,33 @@ mod tests {
         (addr, rx)
     }
 
+    /// What a client that dialed the node at `addr` keeps: its provider, domain, `n` queue
+    /// pairs dialled through `dial`, and the control connection.
+    type Client = (
+        Context,
+        crate::transport::ProtectionDomain,
+        Vec<(
+            crate::transport::QueuePair,
+            crate::transport::CompletionQueue,
+        )>,
+        TcpStream,
+    );
+
+    fn client(
+        addr: std::net::SocketAddr,
+        n: usize,
+        dial: super::Dialer,
+    ) -> std::thread::JoinHandle<Client> {
+        std::thread::spawn(move || {
+            let ctx = Context::open(&TransportConfig::with_provider(ProviderKind::Tcp)).unwrap();
+            let pd = ctx.alloc_pd().unwrap();
+            let mut s = TcpStream::connect(addr).unwrap();
+            let route = QpRoute::Dial(dial);
+            let links = connect_links(&ctx, &pd, &mut s, n, QpCaps::default(), &route).unwrap();
+            (ctx, pd, links, s)
+        })
+    }
+
     /// Queue pairs set up through one listening socket carry one-sided traffic, and a
     /// connection that names a token nobody waits for is turned away.
     #[test]
@@ -327,23 +354,7 @@ mod tests {
         let (addr, controls) = node(arrivals.clone());
         let dial: super::Dialer =
             Arc::new(|addr, timeout| Ok((TcpStream::connect_timeout(&addr, timeout)?, None)));
-        let client = {
-            let ctx = Context::open(&TransportConfig::with_provider(ProviderKind::Tcp)).unwrap();
-            std::thread::spawn(move || {
-                let pd = ctx.alloc_pd().unwrap();
-                let mut s = TcpStream::connect(addr).unwrap();
-                let links = connect_links(
-                    &ctx,
-                    &pd,
-                    &mut s,
-                    2,
-                    QpCaps::default(),
-                    &QpRoute::Dial(dial),
-                )
-                .unwrap();
-                (ctx, pd, links, s)
-            })
-        };
+        let client = client(addr, 2, dial);
         let pd = ctx.alloc_pd().unwrap();
         let mem = pd.alloc_region(4096, Access::ALL).unwrap();
         let mut control = controls.recv().unwrap();
@@ -461,22 +472,7 @@ mod tests {
                     Some(client_keys),
                 ))
             });
-            let client = std::thread::spawn(move || {
-                let ctx =
-                    Context::open(&TransportConfig::with_provider(ProviderKind::Tcp)).unwrap();
-                let pd = ctx.alloc_pd().unwrap();
-                let mut s = TcpStream::connect(node_addr).unwrap();
-                let links = connect_links(
-                    &ctx,
-                    &pd,
-                    &mut s,
-                    1,
-                    QpCaps::default(),
-                    &QpRoute::Dial(dial),
-                )
-                .unwrap();
-                (ctx, pd, links, s)
-            });
+            let client = client(node_addr, 1, dial);
             let pd = ctx.alloc_pd().unwrap();
             let mem = pd.alloc_region(1 << 20, Access::ALL).unwrap();
             let mut control = controls.recv().unwrap();
