@@ -2,7 +2,8 @@
 //! runs the metadata service (namespace, chunk maps, chunk allocation across nodes). The
 //! protocol it speaks lives in `rfs-proto`.
 //!
-//! - [`node`]: the node (pool, listener, connection roles, data sessions).
+//! - [`node`]: the node (pool, listener, connection roles, data sessions); [`hangups`]: one
+//!   thread that ends the data sessions whose clients go.
 //! - [`meta`]: the metadata service: one RPC channel per client.
 //! - [`namespace`]: POSIX namespace semantics, pure.
 //! - [`locks`]: every client's file locks.
@@ -21,6 +22,7 @@ pub mod admission;
 pub mod alloc;
 mod coherence;
 mod grants;
+mod hangups;
 mod join;
 pub mod journal;
 mod link;

@@ -25,6 +25,7 @@ use rfs_proto::types::MAX_REPLICAS;
 use crate::access::Policy;
 use crate::admission::{self, Admission, Limits, RateLimitedLog, Ticket};
 use crate::grants::Grants;
+use crate::hangups::Hangups;
 use crate::meta::MetaService;
 
 /// From accept to an authenticated hello, and again for the queue-pair exchange: a peer that
@@ -166,6 +167,8 @@ pub(crate) struct Shared {
     admission: Arc<Admission>,
     /// Queue pairs waiting for their peers' connections, which come to the node's one port.
     arrivals: Arc<Arrivals>,
+    /// Ends data sessions whose clients go.
+    hangups: Arc<Hangups>,
     pub(crate) stop: AtomicBool,
 }
 
@@ -244,6 +247,7 @@ impl Node {
             meta,
             admission: Admission::new(limits),
             arrivals: Arrivals::new(),
+            hangups: Hangups::start()?,
             stop: AtomicBool::new(false),
         });
         if let (Some(meta), Some(wait)) = (&shared.meta, zero_wait) {
@@ -435,7 +439,7 @@ impl Shared {
                 };
                 self.arrivals.deliver(s, deadline, keys)
             }
-            Hello::Data(Data { qps }) => self.serve_data(s, *qps as usize, key),
+            Hello::Data(Data { qps }) => self.serve_data(s, *qps as usize, key, slot),
             Hello::Metadata(m) => meta()?.serve(self, s, m.client_id, key),
             Hello::Join(j) => crate::join::admit(self, meta()?, s, j, key),
         }
@@ -459,8 +463,14 @@ impl Shared {
 
     /// One-sided service: connect the queue pairs in a domain of the session's own (where it
     /// reaches only what it is granted), name the session, then stay out of the way until
-    /// the client goes.
-    fn serve_data(&self, mut s: TcpStream, qps: usize, key: Option<SessionKey>) -> io::Result<()> {
+    /// the client goes (the hangups thread ends it then, holding `slot` till that).
+    fn serve_data(
+        &self,
+        mut s: TcpStream,
+        qps: usize,
+        key: Option<SessionKey>,
+        slot: Ticket,
+    ) -> io::Result<()> {
         let pd = Arc::new(self.ctx.alloc_pd()?);
         // The node never posts on them: on tcp they cost it no threads of their own.
         let links = self.links(&pd, &mut s, qps, QpCaps::RESPONDER)?;
@@ -471,13 +481,22 @@ impl Shared {
             session,
         };
         let sealed = integrity::seal(key.as_ref(), integrity::POOL, 0, pool.encode());
-        let sent = send_frame(&mut s, &sealed);
-        if sent.is_ok() {
-            wait_for_close(&mut s);
+        let grants = self.grants.clone();
+        let end: crate::hangups::End = Box::new(move || {
+            drop(links);
+            grants.close(session);
+            drop(slot);
+        });
+        match send_frame(&mut s, &sealed) {
+            Ok(()) => {
+                self.hangups.watch(s, end);
+                Ok(())
+            }
+            Err(e) => {
+                end();
+                Err(e)
+            }
         }
-        drop(links);
-        self.grants.close(session);
-        sent
     }
 }
 

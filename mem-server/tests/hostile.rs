@@ -87,6 +87,67 @@ fn a_join_claiming_an_absurd_pool_is_refused_and_the_node_lives() {
     );
 }
 
+/// Data sessions cost the node no threads of their own: 40 of them, 160 queue pairs, add
+/// at most its responder loops; and once they go, their slots come back.
+#[test]
+fn data_sessions_cost_the_node_no_threads_of_their_own() {
+    use rfs_proto::data::DataSession;
+    let meta = MemServer::start(&["--memory", "4M", "--max-connections-per-peer", "250"]);
+    let c = client(&meta);
+    let pid = meta.pid();
+    let threads = status(pid, "Threads:");
+    let ctx = rdmabox::transport::Context::open(&client_config().transport).unwrap();
+    let pd = std::sync::Arc::new(ctx.alloc_pd().unwrap());
+    let cfg = rdmabox::SessionConfig {
+        qps: 4,
+        ..rdmabox::SessionConfig::default()
+    };
+    let connect = || {
+        DataSession::connect(
+            &ctx,
+            &pd,
+            meta.addr,
+            secret().as_deref(),
+            false,
+            &cfg,
+            Duration::from_secs(5),
+        )
+    };
+    let sessions: Vec<DataSession> = (0..40).map(|_| connect().unwrap()).collect();
+    // The threads that set them up end moments after.
+    let most = threads + rdmabox::transport::tcp::responder_threads() as u64;
+    let names = || {
+        let mut n: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .map(|c| c.trim().to_string())
+            .collect();
+        n.sort();
+        n
+    };
+    let start = Instant::now();
+    while status(pid, "Threads:") > most {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{threads} threads before 40 data sessions, then: {:?}",
+            names()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // 3 slots for the client, 5 each for 40 sessions, of 250: a 10th more is refused.
+    let extra: Vec<_> = (0..10).map(|_| connect()).collect();
+    let refused = extra.iter().filter(|r| r.is_err()).count();
+    assert!(refused > 0, "past the per-peer slots");
+    drop(extra);
+    drop(sessions);
+    wait_until(
+        "the sessions' slots to come back",
+        Duration::from_secs(5),
+        || (0..40).map(|_| connect()).all(|r| r.is_ok()),
+    );
+    still_serves(&meta, &c);
+}
+
 #[test]
 fn a_silent_data_hello_pins_nothing_past_the_setup_deadline() {
     let meta = MemServer::start(&["--memory", "4M"]);
