@@ -1,8 +1,8 @@
 //! Who gets a slot: limits on what peers hold of a node, in total and per peer address, so that
 //! no peer, authenticated or not, can take every file descriptor or thread of a node.
-//! A connection holds a [`Ticket`] until it ends. Once it has authenticated and said what it is
-//! for, the ticket holds a slot for the connection and one for each queue pair it sets up
-//! ([`Ticket::reserve`]): those hold a descriptor or two of the node each for as long as the
+//! A connection holds a [`Ticket`] until it ends. Once it has authenticated, the ticket holds a
+//! slot for the connection ([`Ticket::authenticate`]), and once it has said what it is for, one
+//! more for each queue pair it sets up ([`Ticket::reserve`]): those hold a descriptor or two of the node each for as long as the
 //! connection lives, whatever becomes of their own connections (which, on tcp, come in
 //! beside it, and are counted with it once handed over). Connections still authenticating
 //! have a smaller budget of their own, so that peers without the secret never take the slots of
@@ -183,8 +183,14 @@ impl Admission {
 }
 
 impl Ticket {
-    /// The peer proved it knows the secret: its slot leaves the authenticating budget.
-    pub fn authenticated(&mut self) {
+    /// The peer proved it knows the secret: its connection leaves the authenticating budget
+    /// for a slot of its own, if the limits leave one.
+    pub fn authenticate(&mut self) -> Result<(), String> {
+        self.leave_pending();
+        self.reserve(1)
+    }
+
+    fn leave_pending(&mut self) {
         if std::mem::take(&mut self.pending) {
             let mut c = self.admission.counts.lock().unwrap();
             c.pending -= 1;
@@ -195,7 +201,7 @@ impl Ticket {
 }
 
 impl Ticket {
-    /// Holds `n` slots, for the authenticated connection and the queue pairs it sets up;
+    /// Holds `n` slots more, for the queue pairs the authenticated connection sets up;
     /// refused past the limits.
     pub fn reserve(&mut self, n: usize) -> Result<(), String> {
         let mut c = self.admission.counts.lock().unwrap();
@@ -223,7 +229,7 @@ impl Ticket {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        self.authenticated();
+        self.leave_pending();
         let mut c = self.admission.counts.lock().unwrap();
         for _ in 0..self.reserved {
             c.total -= 1;
@@ -300,16 +306,16 @@ impl RateLimitedLog {
 mod tests {
     use super::*;
 
-    fn authenticated(a: &Arc<Admission>, ip: &str) -> Ticket {
+    fn admitted(a: &Arc<Admission>, ip: &str) -> Ticket {
         let mut t = a.admit(ip.parse().unwrap(), None).unwrap();
-        t.authenticated();
+        t.authenticate().unwrap();
         t
     }
 
-    fn admitted(a: &Arc<Admission>, ip: &str) -> Ticket {
-        let mut t = authenticated(a, ip);
-        t.reserve(1).unwrap();
-        t
+    /// Whether a peer at `ip` that authenticates gets a slot.
+    fn authenticates(a: &Arc<Admission>, ip: &str) -> Result<Ticket, String> {
+        let mut t = a.admit(ip.parse().unwrap(), None)?;
+        t.authenticate().map(|()| t)
     }
 
     #[test]
@@ -320,7 +326,7 @@ mod tests {
         });
         let t1 = admitted(&a, "10.0.0.1");
         let _t2 = admitted(&a, "10.0.0.1");
-        let refused = authenticated(&a, "10.0.0.1").reserve(1).unwrap_err();
+        let refused = authenticates(&a, "10.0.0.1").err().unwrap();
         assert!(refused.contains("per-peer"), "{refused}");
         let _t3 = admitted(&a, "10.0.0.2");
         let full = a.admit("10.0.0.2".parse().unwrap(), None).err().unwrap();
@@ -337,16 +343,16 @@ mod tests {
             total: 64,
             per_peer: 10,
         });
-        let mut data = authenticated(&a, "10.0.0.1");
-        data.reserve(1 + 4).unwrap();
-        let mut meta = authenticated(&a, "10.0.0.1");
-        meta.reserve(1 + 2).unwrap();
+        let mut data = admitted(&a, "10.0.0.1");
+        data.reserve(4).unwrap();
+        let mut meta = admitted(&a, "10.0.0.1");
+        meta.reserve(2).unwrap();
         assert_eq!(a.in_use(), 8);
-        let refused = authenticated(&a, "10.0.0.1").reserve(1 + 4).unwrap_err();
+        let refused = admitted(&a, "10.0.0.1").reserve(4).unwrap_err();
         assert!(refused.contains("per-peer"), "{refused}");
         drop(data);
         assert_eq!(a.in_use(), 3);
-        authenticated(&a, "10.0.0.1").reserve(1 + 4).unwrap();
+        admitted(&a, "10.0.0.1").reserve(4).unwrap();
     }
 
     #[test]
@@ -373,7 +379,7 @@ mod tests {
         );
         // Once authenticated, a connection makes room for the next one to authenticate.
         let mut first = more.into_iter().next().unwrap();
-        first.authenticated();
+        first.authenticate().unwrap();
         assert!(a.admit("10.0.2.1".parse().unwrap(), None).is_ok());
         drop(lurkers);
     }
@@ -404,8 +410,7 @@ mod tests {
         assert_eq!(theirs[0].read(&mut b).unwrap(), 0, "the oldest was closed");
         // Its thread ends; the two newest hold the address's share.
         drop(ours.remove(0));
-        ours[0].authenticated();
-        ours[0].reserve(1).unwrap();
+        ours[0].authenticate().unwrap();
         let dialled = TcpStream::connect(addr).unwrap();
         let (accepted, _) = listener.accept().unwrap();
         let _fourth = a.admit(peer, Some(accepted)).unwrap();
@@ -427,13 +432,10 @@ mod tests {
             per_peer: 1,
         });
         let _t = admitted(&a, "2001:db8:1:2::1");
-        assert!(authenticated(&a, "2001:db8:1:2::ffff").reserve(1).is_err());
-        assert!(authenticated(&a, "2001:db8:1:3::1").reserve(1).is_ok());
+        assert!(authenticates(&a, "2001:db8:1:2::ffff").is_err());
+        assert!(authenticates(&a, "2001:db8:1:3::1").is_ok());
         let _v4 = admitted(&a, "::ffff:10.0.0.1");
-        assert!(
-            authenticated(&a, "10.0.0.1").reserve(1).is_err(),
-            "mapped v4 is v4"
-        );
+        assert!(authenticates(&a, "10.0.0.1").is_err(), "mapped v4 is v4");
     }
 
     #[test]

@@ -393,7 +393,11 @@ impl Shared {
             self.cfg.encrypt,
             answer_by,
         )?;
-        slot.authenticated();
+        // From here the connection holds a slot of its own: a peer with the secret that then
+        // says nothing (or, for a queue pair, names none of ours) counts against its limits.
+        let refused =
+            |why: String| io::Error::new(io::ErrorKind::ResourceBusy, format!("refused: {why}"));
+        slot.authenticate().map_err(refused)?;
         let hello = Hello::receive(
             &mut DeadlineStream::new(&s, deadline, "hello"),
             key.as_ref(),
@@ -408,17 +412,14 @@ impl Shared {
                 .as_ref()
                 .ok_or_else(|| invalid(format!("{:?} sent to a data node", hello.op())))
         };
-        // A connection and the queue pairs it sets up hold slots as long as it lives; a queue
-        // pair's own connection is counted with them once handed over.
-        let slots = match &hello {
-            Hello::Data(Data { qps }) => 1 + *qps as usize,
-            Hello::Metadata(_) => 1 + 2,
-            Hello::Join(_) => 1,
-            Hello::QueuePair(_) => 0,
+        // The queue pairs a connection sets up hold a slot each as long as it lives; a queue
+        // pair's own connection gives its slot back once handed over: it is counted with them.
+        let queue_pairs = match &hello {
+            Hello::Data(Data { qps }) => *qps as usize,
+            Hello::Metadata(_) => 2,
+            Hello::Join(_) | Hello::QueuePair(_) => 0,
         };
-        slot.reserve(slots).map_err(|why| {
-            io::Error::new(io::ErrorKind::ResourceBusy, format!("refused: {why}"))
-        })?;
+        slot.reserve(queue_pairs).map_err(refused)?;
         match &hello {
             Hello::QueuePair(q) => {
                 let keys = match (q.encrypt, &key) {

@@ -598,16 +598,20 @@ fn out_of_bounds_requests_fail_alone() {
         .is_empty());
     // A key is the peer's to check (it may have granted any number of them): a wrong one is
     // refused there, which ends its RC queue pair; the session goes on over the others until
-    // none is left.
-    let wrong_key = RemoteAddr {
+    // none is left. A key refused once fails at once after, without taking another.
+    let wrong = |k: u32| RemoteAddr {
         addr: r.addr,
-        rkey: r.rkey ^ 1,
+        rkey: r.rkey ^ k,
     };
-    for refused in 1..=4 {
-        assert_eq!(
-            session.write_pending(wrong_key, vec![1; 8]).wait(),
-            Err(IoError::Transport(WcStatus::RemoteAccessError))
-        );
+    for refused in 1..=4u32 {
+        // The last queue pair's refusal closes the session: nothing is tried again after.
+        for _ in 0..if refused < 4 { 2 } else { 1 } {
+            assert_eq!(
+                session.write_pending(wrong(refused), vec![1; 8]).wait(),
+                Err(IoError::Transport(WcStatus::RemoteAccessError))
+            );
+        }
+        assert_eq!(session.counters().transfers_refused, refused.min(3) as u64);
         assert_eq!(session.is_open(), refused < 4, "after {refused} refusals");
         assert_eq!(
             session.is_degraded(),
@@ -1027,4 +1031,41 @@ fn small_transfers_join_a_busy_queue_pair_and_large_ones_spread() {
         joined,
         "1 MiB reads joined a queue pair busy with another"
     );
+}
+
+/// Requests that carry a key the peer refused are not sent again: each would take out another
+/// queue pair. Three writes with one stale key, then 64 good ones: the good ones all land, the
+/// stale ones fail, and the session keeps most of its queue pairs.
+#[test]
+fn one_stale_key_takes_out_one_queue_pair_not_one_per_request() {
+    for round in 0..5 {
+        let (lender, session) = setup(4 << 20, SessionConfig::default());
+        let r = lender.mem.remote();
+        let wrong_key = RemoteAddr {
+            addr: r.addr,
+            rkey: r.rkey ^ 1,
+        };
+        let stale: Vec<_> = (0..3)
+            .map(|_| session.write_pending(wrong_key, vec![1; 4096]))
+            .collect();
+        let good: Vec<_> = (0..64u64)
+            .map(|i| session.write_pending(at(&lender, i * 8192), pattern(4096, i)))
+            .collect();
+        for s in stale {
+            assert_eq!(
+                s.wait(),
+                Err(IoError::Transport(WcStatus::RemoteAccessError))
+            );
+        }
+        for (i, g) in good.into_iter().enumerate() {
+            g.wait()
+                .unwrap_or_else(|e| panic!("round {round}: good write {i}: {e}"));
+        }
+        assert!(session.is_open(), "round {round}");
+        assert!(
+            !session.is_degraded(),
+            "round {round}: {} queue pairs refused",
+            session.counters().transfers_refused
+        );
+    }
 }

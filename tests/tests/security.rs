@@ -237,10 +237,12 @@ fn every_connection_goes_to_a_nodes_one_port_and_a_mount_listens_on_nothing() {
         mount.iter().all(|s| ports.contains(&s.1)),
         "a mount's connection goes elsewhere than a node's port: {mount:?} (ports {ports:?})"
     );
-    assert!(
-        mount.len() >= 3 + 2 * 2,
-        "queue pairs of their own: {mount:?}"
-    );
+    if transport() == "tcp" {
+        assert!(
+            mount.len() >= 3 + 2 * 2,
+            "queue pairs of their own: {mount:?}"
+        );
+    }
     for node in [&meta, &data] {
         let socks = tcp_sockets(node.pid());
         let listening: Vec<_> = socks.iter().filter(|s| s.2).collect();

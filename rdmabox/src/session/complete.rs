@@ -203,16 +203,22 @@ impl Inner {
                 | WcStatus::RemoteOperationError
         );
         if going_on && refusal {
-            let others = self
-                .links
-                .iter()
-                .any(|l| !std::ptr::eq(l, link) && !l.refused.load(Ordering::Acquire));
-            if others {
-                if !link.refused.swap(true, Ordering::AcqRel) {
+            // One count, so that the last two links refused at once cannot both think the
+            // other is left.
+            let first = !link.refused.swap(true, Ordering::AcqRel);
+            let left = match first {
+                true => self.live_links.fetch_sub(1, Ordering::AcqRel) - 1,
+                false => self.live_links.load(Ordering::Acquire),
+            };
+            if left > 0 {
+                if first {
                     log::info!(
                         "the peer refused a transfer ({status:?}); its queue pair is out of \
-                         service, the session goes on over the others"
+                         service, the session goes on over the other {left}"
                     );
+                }
+                if let Some((r, _)) = w.members.first() {
+                    self.key_refused(r.remote.rkey, w.dir);
                 }
                 Counters::add(&self.counters.transfers_refused, 1);
                 self.counters.retire(w.cost);
@@ -226,8 +232,17 @@ impl Inner {
         if going_on && status == WcStatus::WrFlushError && link.refused.load(Ordering::Acquire) {
             self.counters.retire(w.cost);
             Counters::add(&self.counters.completions, 1);
-            Counters::add(&self.counters.requests_resent, w.members.len() as u64);
-            self.queues[w.dir as usize].requeue_front(w.members.into_iter().map(|(r, _)| r));
+            // Those with a key the peer refused would only be refused again, elsewhere.
+            let (stale, again): (Vec<_>, Vec<_>) = w
+                .members
+                .into_iter()
+                .map(|(r, _)| r)
+                .partition(|r| self.is_refused(r.remote.rkey, w.dir));
+            for r in stale {
+                self.fail(r, IoError::Transport(WcStatus::RemoteAccessError));
+            }
+            Counters::add(&self.counters.requests_resent, again.len() as u64);
+            self.queues[w.dir as usize].requeue_front(again.into_iter());
             return;
         }
         self.finish(w, status);

@@ -163,6 +163,13 @@ struct Inner {
     pd: Arc<ProtectionDomain>,
     links: Vec<Link>,
     next_link: AtomicUsize,
+    /// Links no refusal has taken out of service yet.
+    live_links: AtomicUsize,
+    /// The latest keys the peer refused, each for reads or for writes (a key may be good for
+    /// one and not the other), at most [`REFUSED_KEYS`]: requests that carry one the same way
+    /// fail without being sent, so that one stale key takes out one queue pair, not one per
+    /// request that carried it.
+    refused_keys: Mutex<std::collections::VecDeque<(u32, Dir)>>,
     queues: [MergeQueue<Request>; 2],
     pool: Arc<MrPool>,
     policy: Box<dyn AdmissionPolicy>,
@@ -249,6 +256,8 @@ impl Session {
                 })
                 .collect(),
             next_link: AtomicUsize::new(0),
+            live_links: AtomicUsize::new(0),
+            refused_keys: Mutex::default(),
             queues: [MergeQueue::default(), MergeQueue::default()],
             pool,
             counters: Counters::default(),
@@ -260,6 +269,7 @@ impl Session {
             stopping: AtomicBool::new(false),
             cfg,
         });
+        inner.live_links.store(inner.links.len(), Ordering::Release);
         if inner.cfg.polling.sleeps() {
             inner.complete_inline();
         }
@@ -521,7 +531,26 @@ impl AbortHandle {
     }
 }
 
+/// Refused keys a session remembers.
+const REFUSED_KEYS: usize = 64;
+
 impl Inner {
+    /// Remembers that the peer refused `rkey` for `dir`.
+    fn key_refused(&self, rkey: u32, dir: Dir) {
+        let mut keys = self.refused_keys.lock().unwrap();
+        if !keys.contains(&(rkey, dir)) {
+            if keys.len() == REFUSED_KEYS {
+                keys.pop_front();
+            }
+            keys.push_back((rkey, dir));
+        }
+    }
+
+    /// Whether the peer refused `rkey` for `dir` lately.
+    fn is_refused(&self, rkey: u32, dir: Dir) -> bool {
+        self.refused_keys.lock().unwrap().contains(&(rkey, dir))
+    }
+
     /// Breaks the session on purpose: records why (what flushed requests will report), closes
     /// it to new requests and moves every queue pair to the error state, which flushes what
     /// is in flight through the pollers. The first cause wins.

@@ -161,7 +161,7 @@ impl Inner {
             }
             return true;
         }
-        let batch = self.admit_batch(q);
+        let batch = self.admit_batch(dir, q);
         let taken = batch.len();
         if taken == 0 {
             return true;
@@ -177,16 +177,24 @@ impl Inner {
     }
 
     /// Takes requests from the head of the queue while the window admits them (and at most
-    /// `max_drain`), and charges them to the in-flight count.
-    fn admit_batch(&self, q: &MergeQueue<Request>) -> Vec<Request> {
+    /// `max_drain`), and charges them to the in-flight count; fails those that carry a key the
+    /// peer refused.
+    fn admit_batch(&self, dir: Dir, q: &MergeQueue<Request>) -> Vec<Request> {
         let limit = self.policy.limit();
         let inflight = self.counters.inflight_bytes.load(Ordering::Relaxed);
         let mut batch = Vec::new();
+        // Those carrying a key the peer refused: answered once the queue is let go (their
+        // callbacks may submit more).
+        let mut stale = Vec::new();
         let mut cost = 0;
         {
             let mut pending = q.pending();
             while batch.len() < self.cfg.max_drain {
                 let Some(front) = pending.front() else { break };
+                if self.is_refused(front.remote.rkey, dir) {
+                    stale.push(pending.pop_front().expect("front exists"));
+                    continue;
+                }
                 let c = charge(front.len);
                 if !admits(inflight + cost, c, limit) {
                     Counters::add(&self.counters.window_stalls, 1);
@@ -198,6 +206,9 @@ impl Inner {
         }
         if !batch.is_empty() {
             self.counters.admit(cost);
+        }
+        for r in stale {
+            self.fail(r, IoError::Transport(WcStatus::RemoteAccessError));
         }
         batch
     }

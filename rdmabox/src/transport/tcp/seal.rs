@@ -110,14 +110,13 @@ impl Sealer {
 pub(crate) struct Opener {
     cipher: LessSafeKey,
     seq: u64,
-    /// Bytes read off the socket: the record being handed out (opened in place), then what
-    /// came after it.
+    /// Bytes read off the socket, consumed up to `start`: the records opened (in place), then
+    /// sealed bytes. Compacted only when more must be read, not per record.
     sealed: Vec<u8>,
-    /// The opened record's plaintext not yet handed out (`sealed[at..end]`), and where the
-    /// record ends; (0, 0, 0) when none is open.
+    start: usize,
+    /// The plaintext of the last record opened not yet handed out: `sealed[at..end]`.
     at: usize,
     end: usize,
-    record_end: usize,
 }
 
 impl Opener {
@@ -126,9 +125,9 @@ impl Opener {
             cipher: cipher(&keys.receive),
             seq: 0,
             sealed: Vec::with_capacity(LEN + MAX_RECORD + TAG),
+            start: 0,
             at: 0,
             end: 0,
-            record_end: 0,
         }
     }
 
@@ -138,15 +137,14 @@ impl Opener {
         self.at < self.end
             || self
                 .next_record_len()
-                .is_some_and(|n| self.sealed.len() >= self.record_end + n)
+                .is_some_and(|n| self.sealed.len() - self.start >= n)
     }
 
-    /// The whole length of the record after the open one, if its start is buffered.
+    /// The whole length of the next record, if its start is buffered.
     fn next_record_len(&self) -> Option<usize> {
-        let start = self.record_end;
         let head: [u8; LEN] = self
             .sealed
-            .get(start..start + LEN)?
+            .get(self.start..self.start + LEN)?
             .try_into()
             .expect("4 bytes");
         Some(LEN + u32::from_le_bytes(head) as usize)
@@ -155,7 +153,8 @@ impl Opener {
     /// `recv(fd, dst, len, flags)` with the socket's bytes opened: up to `len` bytes of
     /// plaintext (Ok(0) at the end of the stream). Waits for a whole record unless `flags`
     /// says not to (then WouldBlock until one is here). A record that does not open (altered,
-    /// replayed, out of order) is an error: the connection is not to be trusted any more.
+    /// replayed, out of order), or an empty one (we never seal one: a peer that sends them
+    /// only makes us work), is an error: the connection is not to be trusted any more.
     ///
     /// # Safety
     /// `dst` must be valid for `len` bytes of writes for the duration of the call.
@@ -174,18 +173,18 @@ impl Opener {
                 self.at += n;
                 return Ok(n);
             }
-            if self.record_end > 0 {
-                self.sealed.drain(..self.record_end);
-                (self.at, self.end, self.record_end) = (0, 0, 0);
-            }
             if let Some(whole) = self.next_record_len() {
-                if !(LEN + TAG..=LEN + MAX_RECORD + TAG).contains(&whole) {
+                if !(LEN + TAG + 1..=LEN + MAX_RECORD + TAG).contains(&whole) {
                     return Err(broken("a record of impossible length"));
                 }
-                if self.sealed.len() >= whole {
+                if self.sealed.len() - self.start >= whole {
                     self.open_record(whole)?;
                     continue;
                 }
+            }
+            if self.start > 0 {
+                self.sealed.drain(..self.start);
+                (self.start, self.at, self.end) = (0, 0, 0);
             }
             // Whatever the socket has, up to a record and more: what is beyond this record
             // stays for the next.
@@ -210,23 +209,25 @@ impl Opener {
             let got = got?;
             // SAFETY: recv wrote `got` bytes at the start of the spare capacity.
             unsafe { self.sealed.set_len(self.sealed.len() + got) };
-            match got {
-                0 => return Ok(0),
-                _ => continue,
+            if got == 0 {
+                return Ok(0);
             }
         }
     }
 
-    /// Opens the record of `whole` bytes at the start of `sealed`, in place.
+    /// Opens the record of `whole` bytes at `start`, in place.
     fn open_record(&mut self, whole: usize) -> io::Result<()> {
-        let (head, rest) = self.sealed[..whole].split_at_mut(LEN);
+        let record = &mut self.sealed[self.start..self.start + whole];
+        let (head, rest) = record.split_at_mut(LEN);
         let opened = self
             .cipher
             .open_in_place(nonce(self.seq), Aad::from(&*head), rest)
             .map_err(|_| broken("a record that does not open: altered, replayed or reordered"))?
             .len();
         self.seq += 1;
-        (self.at, self.end, self.record_end) = (LEN, LEN + opened, whole);
+        self.at = self.start + LEN;
+        self.end = self.at + opened;
+        self.start += whole;
         Ok(())
     }
 }
@@ -336,5 +337,22 @@ mod tests {
         let mut long = seal(&a, 1);
         long[..4].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(try_open(long, &b, 1).is_err(), "impossible length");
+        // An empty record, sealed properly by someone with the key: never ours, refused.
+        let mut empty = (TAG as u32).to_le_bytes().to_vec();
+        let tag = cipher(&a.send)
+            .seal_in_place_separate_tag(nonce(0), Aad::from(&empty[..LEN]), &mut [])
+            .unwrap();
+        empty.extend_from_slice(tag.as_ref());
+        // What follows it is sealed as record 1: without the refusal, both would open.
+        let mut next = Sealer::new(&a);
+        next.seq = 1;
+        let mut then = Vec::new();
+        let data = [7u8; 100];
+        // SAFETY: one iovec over `data`.
+        unsafe { next.seal(&[iovec(data.as_ptr(), data.len())], &mut then) };
+        assert!(
+            try_open([empty, then].concat(), &b, 1).is_err(),
+            "empty record"
+        );
     }
 }
