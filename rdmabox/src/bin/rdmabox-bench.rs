@@ -247,6 +247,16 @@ struct Load {
     think: Duration,
 }
 
+/// 16 synchronous callers reading 4 KiB at random places.
+const RANDOM_4K_READS: Load = Load {
+    threads: 16,
+    depth: 1,
+    size: 4096,
+    pattern: Pattern::Rand,
+    op: Op::Read,
+    think: Duration::ZERO,
+};
+
 /// `threads` closed-loop workers with `depth` requests in flight each, for `secs`.
 fn run_cell(
     lender: &Lender,
@@ -550,15 +560,7 @@ fn qps(cli: &Cli, lender: &Lender) {
             qps: n,
             ..SessionConfig::default()
         };
-        let load = Load {
-            threads: 16,
-            depth: 1,
-            size: 4096,
-            pattern: Pattern::Rand,
-            op: Op::Read,
-            think: Duration::ZERO,
-        };
-        let c = run_cell(lender, cli.transport, cfg, load, cli.secs);
+        let c = run_cell(lender, cli.transport, cfg, RANDOM_4K_READS, cli.secs);
         row(&format!("{n}"), &c);
     }
 }
@@ -609,15 +611,13 @@ fn scale(cli: &Cli, lender: &Lender) {
             std::thread::sleep(Duration::from_millis(300));
             let (threads, rss) = threads_and_rss(pid);
             let sessions: Vec<_> = held.iter().map(|(s, _)| s.clone()).collect();
-            let load = Load {
-                threads: 16,
-                depth: 1,
-                size: 4096,
-                pattern: Pattern::Rand,
-                op: Op::Read,
-                think: Duration::ZERO,
-            };
-            let c = drive(lender, &sessions, r.expect("a session"), load, cli.secs);
+            let c = drive(
+                lender,
+                &sessions,
+                r.expect("a session"),
+                RANDOM_4K_READS,
+                cli.secs,
+            );
             println!(
                 "| {n} | {name} | {} | {:.0} | {:.0} | {:.0} | {:.2} |",
                 threads - t0,
