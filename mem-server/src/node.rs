@@ -438,7 +438,9 @@ impl Shared {
                     }
                     (false, _) => None,
                 };
-                self.arrivals.deliver(s, deadline, keys)
+                // Counted with its session once handed over: its slot goes back first, so
+                // that the peer's next queue pair never finds it still held.
+                self.arrivals.deliver(s, deadline, keys, move || drop(slot))
             }
             Hello::Data(Data { qps }) => self.serve_data(s, *qps as usize, key, slot),
             Hello::Metadata(m) => meta()?.serve(self, s, m.client_id, key),

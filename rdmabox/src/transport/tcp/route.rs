@@ -65,13 +65,16 @@ impl Arrivals {
     }
 
     /// Reads a queue-pair connection's hello (by `deadline`) and hands the connection to the
-    /// queue pair it names, encrypted after the hello with `keys` if given. Fails, closing
-    /// the connection, when no queue pair of ours waits for it.
+    /// queue pair it names, encrypted after the hello with `keys` if given; `named` runs once
+    /// it is known whose it is, before the queue pair (and so its peer) can see it (a node
+    /// gives back what it held for the connection). Fails, closing the connection, when no
+    /// queue pair of ours waits for it.
     pub fn deliver(
         &self,
         mut stream: TcpStream,
         deadline: Instant,
         keys: Option<WireKeys>,
+        named: impl FnOnce(),
     ) -> io::Result<()> {
         stream.set_read_timeout(Some(remaining(deadline)?))?;
         let mut got = [0u8; HELLO_LEN];
@@ -84,6 +87,7 @@ impl Arrivals {
                 "a queue-pair connection for no queue pair of ours (finished, or never made)",
             ));
         };
+        named();
         qp.try_send(Arrival { stream, from, keys }).map_err(|_| {
             io::Error::new(
                 io::ErrorKind::AlreadyExists,
@@ -311,7 +315,7 @@ mod tests {
                 let arrivals = arrivals.clone();
                 std::thread::spawn(move || {
                     let deadline = Instant::now() + Duration::from_secs(2);
-                    let _ = arrivals.deliver(s, deadline, None);
+                    let _ = arrivals.deliver(s, deadline, None, || ());
                 });
             }
         });
@@ -462,7 +466,7 @@ mod tests {
                             continue;
                         }
                         let deadline = Instant::now() + Duration::from_secs(2);
-                        let _ = arrivals.deliver(s, deadline, Some(node_keys));
+                        let _ = arrivals.deliver(s, deadline, Some(node_keys), || ());
                     }
                 });
             }
