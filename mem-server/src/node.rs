@@ -29,7 +29,7 @@ use crate::hangups::Hangups;
 use crate::meta::MetaService;
 
 /// From accept to an authenticated hello, and again for the queue-pair exchange: a peer that
-/// takes longer is dropped, and whatever it pinned (a thread, listening sockets) is freed.
+/// takes longer is dropped, and whatever it pinned (a thread, queue pairs waiting) is freed.
 pub const SETUP_DEADLINE: Duration = Duration::from_secs(5);
 /// How long the accept loop pauses when the process is out of descriptors or memory.
 const EXHAUSTED_BACKOFF: Duration = Duration::from_millis(100);

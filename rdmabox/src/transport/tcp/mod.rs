@@ -1,13 +1,16 @@
 //! The `tcp` provider: software RDMA for hosts without an RDMA NIC.
 //!
-//! It keeps the semantics, not just the API. Each queue pair is one TCP connection. On the
-//! responder, an engine thread per QP executes READ and WRITE directly against registered memory
-//! (rkey, bounds and access checked like a NIC) without the application seeing the request; a
-//! violation is answered with a NAK that completes the request with a remote-access error and moves
-//! both QPs to the error state. A posted chain leaves as one `writev`. A lost connection flushes
-//! every outstanding work request. SEND consumes a posted RECV; when none is posted the engine
-//! waits up to `rnr_timeout` (the RNR retry window of a NIC) and then fails the SEND with
-//! `RnrRetryExceeded`. Registration pins memory with `mlock` (best effort).
+//! It keeps the semantics, not just the API. Each queue pair is one TCP connection (on a port of
+//! its own, or through a node's one listening socket: `route`), encrypted if its peers say so
+//! (`seal`). On the responder, an engine (two threads per QP; for a QP its side never posts on,
+//! a responder loop shared by the process: `responder`) executes READ and WRITE directly against
+//! registered memory (rkey, bounds and access checked like a NIC) without the application seeing
+//! the request; a violation is answered with a NAK that completes the request with a
+//! remote-access error and moves both QPs to the error state. A posted chain leaves as one
+//! `writev`. A lost connection flushes every outstanding work request. SEND consumes a posted
+//! RECV; when none is posted the engine waits up to `rnr_timeout` (the RNR retry window of a NIC)
+//! and then fails the SEND with `RnrRetryExceeded`. Registration pins memory with `mlock` (best
+//! effort).
 
 mod cq;
 
