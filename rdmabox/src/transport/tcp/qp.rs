@@ -315,23 +315,29 @@ impl QpShared {
         if !tx.pending.is_empty() {
             return Ok(None);
         }
-        if let Some(sealer) = tx.sealer.as_mut() {
-            // Sealed, the records must go, now or by the writer thread.
-            let mut wire = Vec::new();
+        let TxState {
+            sealer, pending, ..
+        } = &mut *tx;
+        if let Some(sealer) = sealer.as_mut() {
+            // Sealed (into the empty tail buffer, whose room is reused), the records must go,
+            // now or by the writer thread.
             // SAFETY: forwarded from the caller.
-            unsafe { sealer.seal(iovs, &mut wire) };
-            let records = [iovec(wire.as_ptr(), wire.len())];
-            // SAFETY: one iovec over `wire`, alive for the call.
+            unsafe { sealer.seal(iovs, pending) };
+            let records = [iovec(pending.as_ptr(), pending.len())];
+            // SAFETY: one iovec over `pending`, alive for the call.
             let sent = match unsafe { send_now(self.stream.as_raw_fd(), &records) } {
                 Ok(n) => {
                     self.wire_writes.fetch_add(1, Ordering::Relaxed);
                     n
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
-                Err(e) => return Err(e),
+                Err(e) => {
+                    pending.clear();
+                    return Err(e);
+                }
             };
-            tx.pending.extend_from_slice(&wire[sent..]);
-            return Ok(Some(sent < wire.len()));
+            pending.drain(..sent);
+            return Ok(Some(!pending.is_empty()));
         }
         // SAFETY: forwarded from the caller.
         let sent = match unsafe { send_now(self.stream.as_raw_fd(), iovs) } {

@@ -227,8 +227,10 @@ enum End {
 
 struct Conn {
     qp: Arc<QpShared>,
-    /// On an encrypted connection, what the socket's bytes are opened with.
+    /// On an encrypted connection, what the socket's bytes are opened with, and the room
+    /// responses are sealed in (kept from one batch to the next).
     opener: Option<Opener>,
+    sealing: Vec<u8>,
     input: Box<[u8]>,
     start: usize,
     end: usize,
@@ -248,6 +250,7 @@ impl Conn {
     fn new(qp: Arc<QpShared>) -> Conn {
         Conn {
             opener: qp.keys.as_ref().map(Opener::new),
+            sealing: Vec::new(),
             qp,
             input: vec![0u8; INPUT_BUFFER].into_boxed_slice(),
             start: 0,
@@ -554,7 +557,8 @@ impl Conn {
     /// # Safety
     /// The iovecs must point at memory valid for reads during the call.
     unsafe fn send_or_queue(&mut self, iovs: &[libc::iovec]) -> Result<(), End> {
-        let mut sealed = Vec::new();
+        let mut sealed = std::mem::take(&mut self.sealing);
+        sealed.clear();
         let iovs = match self.qp.tx.lock().unwrap().sealer.as_mut() {
             Some(sealer) => {
                 // SAFETY: forwarded from the caller.
@@ -579,6 +583,7 @@ impl Conn {
         }
         // SAFETY: forwarded from the caller.
         unsafe { keep_unsent(iovs, sent, &mut self.out) };
+        self.sealing = sealed;
         Ok(())
     }
 
