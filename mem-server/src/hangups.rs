@@ -8,15 +8,17 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::TcpStream;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
+use rdmabox::epoll::Epoll;
 
 /// What ends a session: drops its queue pairs, takes its grants back, gives its slots back.
 pub(crate) type End = Box<dyn FnOnce() + Send>;
 
 pub(crate) struct Hangups {
-    epoll: OwnedFd,
+    epoll: Epoll,
     watched: Mutex<HashMap<u64, (TcpStream, End)>>,
     next: AtomicU64,
 }
@@ -24,14 +26,8 @@ pub(crate) struct Hangups {
 impl Hangups {
     /// Starts the watching thread.
     pub(crate) fn start() -> io::Result<Arc<Hangups>> {
-        // SAFETY: plain syscall; the descriptor is owned at once.
-        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
         let me = Arc::new(Hangups {
-            // SAFETY: a fresh descriptor nobody else owns.
-            epoll: unsafe { OwnedFd::from_raw_fd(fd) },
+            epoll: Epoll::new()?,
             watched: Mutex::new(HashMap::new()),
             next: AtomicU64::new(1),
         });
@@ -48,18 +44,9 @@ impl Hangups {
         let fd = s.as_raw_fd();
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         self.watched.lock().unwrap().insert(id, (s, end));
-        let mut ev = libc::epoll_event {
-            events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32,
-            u64: id,
-        };
-        // SAFETY: an epoll_event on our stack; the socket stays open while it is watched.
-        let added =
-            unsafe { libc::epoll_ctl(self.epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) };
-        if added != 0 {
-            log::warn!(
-                "cannot watch a data session's connection: {}; ending it",
-                io::Error::last_os_error()
-            );
+        let events = (libc::EPOLLIN | libc::EPOLLRDHUP) as u32;
+        if let Err(e) = self.epoll.add(fd, id, events) {
+            log::warn!("cannot watch a data session's connection: {e}; ending it");
             self.end(id);
         }
     }
@@ -68,41 +55,21 @@ impl Hangups {
         let Some((s, end)) = self.watched.lock().unwrap().remove(&id) else {
             return;
         };
-        // SAFETY: deregisters our own socket, still open (closed when `s` drops below).
-        unsafe {
-            libc::epoll_ctl(
-                self.epoll.as_raw_fd(),
-                libc::EPOLL_CTL_DEL,
-                s.as_raw_fd(),
-                std::ptr::null_mut(),
-            )
-        };
+        // Out of the set while still open (it closes when `s` drops below).
+        let _ = self.epoll.remove(s.as_raw_fd());
         let _ = s.shutdown(std::net::Shutdown::Both);
         end();
     }
 
     fn run(&self) {
-        let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 64];
+        let mut ready = Vec::new();
         loop {
-            // SAFETY: the buffer holds `events.len()` entries for the kernel to fill.
-            let n = unsafe {
-                libc::epoll_wait(
-                    self.epoll.as_raw_fd(),
-                    events.as_mut_ptr(),
-                    events.len() as libc::c_int,
-                    -1,
-                )
-            };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() != io::ErrorKind::Interrupted {
-                    log::error!("hangups: epoll_wait: {e}");
-                    std::thread::sleep(std::time::Duration::from_millis(100));
-                }
-                continue;
+            if let Err(e) = self.epoll.wait(-1, &mut ready) {
+                log::error!("hangups: epoll_wait: {e}");
+                std::thread::sleep(std::time::Duration::from_millis(100));
             }
-            for ev in &events[..n as usize] {
-                self.end(ev.u64);
+            for (id, _) in ready.drain(..) {
+                self.end(id);
             }
         }
     }

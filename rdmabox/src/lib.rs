@@ -13,6 +13,7 @@
 //! - [`poller`]: busy, event, event-batch and adaptive completion polling, and the poll loop that
 //!   the session's pollers and the RPC pumps share.
 //! - [`counters`]: live counters and snapshots.
+//! - [`epoll`]: an epoll set, for threads that each watch many sockets.
 //! - [`rpc`]: request/response messaging over SEND/RECV, for control and metadata.
 //! - [`random`] and [`size`]: kernel random bytes (keys, tokens, nonces) and "64K"-style sizes.
 
@@ -20,6 +21,7 @@
 
 pub mod batching;
 pub mod counters;
+pub mod epoll;
 pub mod merge_queue;
 pub mod mr_pool;
 pub mod poller;

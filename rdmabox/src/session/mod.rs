@@ -307,13 +307,9 @@ impl Session {
     /// Whether refused transfers (stale keys) took more than half of its queue pairs: it
     /// still works, over the rest, but a new session would serve better.
     pub fn is_degraded(&self) -> bool {
-        let refused = self
-            .inner
-            .links
-            .iter()
-            .filter(|l| l.refused.load(Ordering::Acquire))
-            .count();
-        refused * 2 > self.inner.links.len()
+        let links = self.inner.links.len();
+        let refused = links - self.inner.live_links.load(Ordering::Acquire);
+        refused * 2 > links
     }
 
     /// Why the session was broken on purpose (its deadline passed, it was aborted), if it was.
@@ -546,9 +542,11 @@ impl Inner {
         }
     }
 
-    /// Whether the peer refused `rkey` for `dir` lately.
+    /// Whether the peer refused `rkey` for `dir` lately. Asked of every request: costs a
+    /// load until a queue pair was refused (keys are remembered only then).
     fn is_refused(&self, rkey: u32, dir: Dir) -> bool {
-        self.refused_keys.lock().unwrap().contains(&(rkey, dir))
+        self.live_links.load(Ordering::Acquire) < self.links.len()
+            && self.refused_keys.lock().unwrap().contains(&(rkey, dir))
     }
 
     /// Breaks the session on purpose: records why (what flushed requests will report), closes

@@ -25,15 +25,16 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::engine::check_remote;
 use super::io::{iovec, keep_unsent, send_now};
 use super::qp::QpShared;
-use super::seal::Opener;
+use super::seal::{Opener, Sealer};
 use super::wire::{Header, Kind, NakReason, HEADER_LEN};
+use crate::epoll::{Epoll, Ready};
 use crate::transport::memory::MrInner;
 use crate::transport::types::Access;
 
@@ -73,7 +74,7 @@ pub(super) fn serve(qp: Arc<QpShared>) -> io::Result<()> {
 }
 
 struct Loop {
-    epoll: OwnedFd,
+    epoll: Epoll,
     /// Served by the loop thread alone; the map's lock is held only to look one up or add
     /// one, never while serving.
     conns: Mutex<HashMap<u64, Arc<Mutex<Conn>>>>,
@@ -82,14 +83,8 @@ struct Loop {
 
 impl Loop {
     fn start(i: usize) -> io::Result<Arc<Loop>> {
-        // SAFETY: plain syscall; the descriptor is owned at once.
-        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
         let l = Arc::new(Loop {
-            // SAFETY: a fresh descriptor nobody else owns.
-            epoll: unsafe { OwnedFd::from_raw_fd(fd) },
+            epoll: Epoll::new()?,
             conns: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
         });
@@ -110,7 +105,7 @@ impl Loop {
             .lock()
             .unwrap()
             .insert(id, Arc::new(Mutex::new(conn)));
-        if let Err(e) = self.ctl(libc::EPOLL_CTL_ADD, fd, id, interest) {
+        if let Err(e) = self.epoll.add(fd, id, interest) {
             if let Some(c) = self.conns.lock().unwrap().remove(&id) {
                 c.lock().unwrap().finish();
             }
@@ -119,43 +114,19 @@ impl Loop {
         Ok(())
     }
 
-    fn ctl(&self, op: libc::c_int, fd: RawFd, id: u64, events: u32) -> io::Result<()> {
-        let mut ev = libc::epoll_event { events, u64: id };
-        // SAFETY: an epoll_event on our stack for the call; fd is a socket a Conn keeps open.
-        if unsafe { libc::epoll_ctl(self.epoll.as_raw_fd(), op, fd, &mut ev) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
-    }
-
     /// Serves what epoll reports, and the connections that used up their turn with work left
     /// (whose input may wait in an opener, where epoll does not see it).
     fn run(&self) {
-        let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 64];
+        let mut turns: Vec<Ready> = Vec::new();
         let mut again: Vec<u64> = Vec::new();
         loop {
             let wait = if again.is_empty() { -1 } else { 0 };
-            // SAFETY: the buffer holds `events.len()` entries for the kernel to fill.
-            let n = unsafe {
-                libc::epoll_wait(
-                    self.epoll.as_raw_fd(),
-                    events.as_mut_ptr(),
-                    events.len() as libc::c_int,
-                    wait,
-                )
-            };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() != io::ErrorKind::Interrupted {
-                    log::error!("responder loop: epoll_wait: {e}");
-                    std::thread::sleep(std::time::Duration::from_millis(100));
-                }
-                continue;
+            if let Err(e) = self.epoll.wait(wait, &mut turns) {
+                log::error!("responder loop: epoll_wait: {e}");
+                std::thread::sleep(std::time::Duration::from_millis(100));
             }
-            let reported = events[..n as usize].iter().map(|e| (e.u64, e.events));
-            let turns: Vec<(u64, u32)> =
-                reported.chain(again.drain(..).map(|id| (id, 0))).collect();
-            for (id, ready) in turns {
+            turns.extend(again.drain(..).map(|id| (id, 0)));
+            for (id, ready) in turns.drain(..) {
                 let Some(conn) = self.conns.lock().unwrap().get(&id).cloned() else {
                     continue;
                 };
@@ -164,7 +135,7 @@ impl Loop {
                 let fd = conn.qp.stream.as_raw_fd();
                 match conn.serve(ready) {
                     Turn::Done => {
-                        let _ = self.ctl(libc::EPOLL_CTL_DEL, fd, id, 0);
+                        let _ = self.epoll.remove(fd);
                         self.conns.lock().unwrap().remove(&id);
                         conn.finish();
                         continue;
@@ -174,7 +145,7 @@ impl Loop {
                 }
                 let after = conn.interest();
                 if after != before {
-                    if let Err(e) = self.ctl(libc::EPOLL_CTL_MOD, fd, id, after) {
+                    if let Err(e) = self.epoll.modify(fd, id, after) {
                         log::warn!("qp {}: epoll: {e}", conn.qp.qpn);
                     }
                 }
@@ -227,9 +198,11 @@ enum End {
 
 struct Conn {
     qp: Arc<QpShared>,
-    /// On an encrypted connection, what the socket's bytes are opened with, and the room
-    /// responses are sealed in (kept from one batch to the next).
+    /// On an encrypted connection, what the socket's bytes are opened with, what responses
+    /// are sealed with (nobody else sends here: the queue pair posts nothing), and the room
+    /// they are sealed in (kept from one batch to the next).
     opener: Option<Opener>,
+    sealer: Option<Sealer>,
     sealing: Vec<u8>,
     input: Box<[u8]>,
     start: usize,
@@ -248,8 +221,10 @@ struct Conn {
 
 impl Conn {
     fn new(qp: Arc<QpShared>) -> Conn {
+        let sealer = qp.tx.lock().unwrap().sealer.take();
         Conn {
             opener: qp.keys.as_ref().map(Opener::new),
+            sealer,
             sealing: Vec::new(),
             qp,
             input: vec![0u8; INPUT_BUFFER].into_boxed_slice(),
@@ -559,7 +534,7 @@ impl Conn {
     unsafe fn send_or_queue(&mut self, iovs: &[libc::iovec]) -> Result<(), End> {
         let mut sealed = std::mem::take(&mut self.sealing);
         sealed.clear();
-        let iovs = match self.qp.tx.lock().unwrap().sealer.as_mut() {
+        let iovs = match self.sealer.as_mut() {
             Some(sealer) => {
                 // SAFETY: forwarded from the caller.
                 unsafe { sealer.seal(iovs, &mut sealed) };
