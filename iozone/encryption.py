@@ -4,7 +4,10 @@ mount over tcp, with the node and the mount run plain and then with --encrypt / 
 alternating, so that both meet the same machine. Prints MB/s, the CPU seconds node and mount
 spent per GiB, and the ratios.
 
-    sudo python3 iozone/encryption.py [--size 1G] [--rounds 3]
+    sudo python3 iozone/encryption.py [--size 1G] [--rounds 3] [--pin]
+
+--pin puts the node on CPU 0 and the mount and dd on CPU 1, as if each side had a host (of one
+core) to itself; without it all three share every core.
 
 Needs the release binaries (cargo build --release) and fuse3; runs as root (drops caches)."""
 
@@ -28,14 +31,15 @@ def is_mounted(path):
     return any(line.split()[1] == str(path) for line in Path("/proc/mounts").read_text().splitlines())
 
 
-def dd(args):
+def dd(args, pin):
     start = time.monotonic()
-    subprocess.run(["dd", *args, "status=none"], check=True)
+    subprocess.run([*pin, "dd", *args, "status=none"], check=True)
     return time.monotonic() - start
 
 
-def one(size_mib, encrypt, port):
-    node_args = [str(BIN / "mem-server"), "--listen", f"127.0.0.1:{port}", "--memory",
+def one(size_mib, encrypt, port, pinned):
+    node_pin, mount_pin = (["taskset", "-c", "0"], ["taskset", "-c", "1"]) if pinned else ([], [])
+    node_args = [*node_pin, str(BIN / "mem-server"), "--listen", f"127.0.0.1:{port}", "--memory",
                  f"{size_mib + 256}M", "--transport", "tcp"]
     mount_opts = "transport=tcp" + (",encrypt" if encrypt else "")
     if encrypt:
@@ -46,7 +50,7 @@ def one(size_mib, encrypt, port):
         node = subprocess.Popen(node_args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             time.sleep(1.5)
-            client = subprocess.Popen([str(BIN / "fs-client"), f"127.0.0.1:{port}", str(mnt),
+            client = subprocess.Popen([*mount_pin, str(BIN / "fs-client"), f"127.0.0.1:{port}", str(mnt),
                                        "-o", mount_opts],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             try:
@@ -57,10 +61,11 @@ def one(size_mib, encrypt, port):
                 else:
                     sys.exit("the mount did not appear")
                 cpu0 = cpu_secs(node.pid) + cpu_secs(client.pid)
-                w = dd(["if=/dev/zero", f"of={mnt}/f", "bs=1M", f"count={size_mib}", "conv=fsync"])
+                w = dd(["if=/dev/zero", f"of={mnt}/f", "bs=1M", f"count={size_mib}", "conv=fsync"],
+                       mount_pin)
                 cpu1 = cpu_secs(node.pid) + cpu_secs(client.pid)
                 Path("/proc/sys/vm/drop_caches").write_text("3\n")
-                r = dd([f"if={mnt}/f", "of=/dev/null", "bs=1M"])
+                r = dd([f"if={mnt}/f", "of=/dev/null", "bs=1M"], mount_pin)
                 cpu2 = cpu_secs(node.pid) + cpu_secs(client.pid)
             finally:
                 subprocess.run(["fusermount3", "-u", str(mnt)], check=False)
@@ -78,16 +83,18 @@ def main():
     p.add_argument("--size", default="1G", help="file size (M or G)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--port", type=int, default=17490)
+    p.add_argument("--pin", action="store_true", help="node on CPU 0, mount and dd on CPU 1")
     a = p.parse_args()
     size_mib = int(a.size[:-1]) * (1024 if a.size.endswith("G") else 1)
     runs = {False: [], True: []}
     for i in range(a.rounds):
         for encrypt in (False, True):
-            got = one(size_mib, encrypt, a.port)
+            got = one(size_mib, encrypt, a.port, a.pin)
             runs[encrypt].append(got)
             print(f"round {i + 1} {'encrypted' if encrypt else 'plain    '}: "
                   + ", ".join(f"{k} {v:.1f}" for k, v in got.items()), flush=True)
-    print(f"\n| {a.size}, {a.rounds} rounds, median | plain | encrypted | encrypted / plain |")
+    where = ", pinned" if a.pin else ""
+    print(f"\n| {a.size}, {a.rounds} rounds{where}, median | plain | encrypted | encrypted / plain |")
     print("|---|---|---|---|")
     for k in runs[False][0]:
         plain = sorted(r[k] for r in runs[False])[a.rounds // 2]
