@@ -23,10 +23,11 @@ use rfs_proto::hello::{Hello, Join, UNKNOWN_POOL};
 use rfs_proto::integrity;
 use rfs_proto::patience::until_reachable;
 
+use crate::config::invalid;
 use crate::grants::Grants;
 use crate::link::{Link, RemoteLink};
 use crate::meta::{MetaService, MetaState};
-use crate::node::{invalid, Shared};
+use crate::runtime::Runtime;
 
 const ACCEPTED: &[u8] = b"ok";
 /// The most live data nodes one namespace takes.
@@ -94,7 +95,7 @@ fn check_join(join: &Join, chunk_size: u64) -> Result<(), String> {
 /// The metadata node's half: admits the node described by `join`, then holds its membership
 /// until the connection closes.
 pub(crate) fn admit(
-    node: &Shared,
+    node: &Runtime,
     meta: &MetaService,
     mut s: TcpStream,
     join: &Join,
@@ -215,7 +216,7 @@ pub(crate) fn admit(
         )));
     };
     meta.zeroer.add_node(id, session);
-    meta.add_link(id, Link::Remote(link));
+    meta.links.add(id, Link::Remote(link));
     if back {
         log::info!("data node {id} is back from {addr} with its pool: {chunks} chunks");
     } else {
@@ -231,7 +232,7 @@ pub(crate) fn admit(
     log::warn!("data node {id} at {addr} left; its chunks are unavailable");
     // Dead before the link goes: a node without a link counts as gone (see `reuse`).
     meta.node_left(id);
-    meta.remove_link(id);
+    meta.links.remove(id);
     meta.zeroer.remove_node(id);
     Ok(())
 }
@@ -240,7 +241,7 @@ pub(crate) fn admit(
 /// background (joining again whenever the connection ends, until `stop`). Returns what ends
 /// it.
 pub(crate) fn join(
-    node: &Arc<Shared>,
+    node: &Arc<Runtime>,
     meta: SocketAddr,
     listen: SocketAddr,
 ) -> io::Result<Membership> {
@@ -298,7 +299,7 @@ struct PoolName {
 
 /// Joins again, with backoff, until it works or the node stops (None).
 fn rejoin(
-    node: &Shared,
+    node: &Runtime,
     meta: SocketAddr,
     advertise: &str,
     pool: &mut PoolName,
@@ -350,7 +351,7 @@ fn rejoin(
 /// One join: the connection that holds the membership, once the metadata node took us, and
 /// its session key.
 fn join_once(
-    node: &Shared,
+    node: &Runtime,
     meta: SocketAddr,
     advertise: &str,
     pool: &PoolName,

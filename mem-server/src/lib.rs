@@ -20,7 +20,7 @@
 pub mod access;
 pub mod admission;
 pub mod alloc;
-mod coherence;
+pub mod config;
 mod grants;
 mod hangups;
 mod join;
@@ -31,6 +31,4 @@ mod meta;
 pub mod namespace;
 pub mod node;
 pub mod record;
-mod repair;
-mod sessions;
-mod zeroer;
+mod runtime;

@@ -24,7 +24,7 @@ use rfs_proto::locks::{FileLock, LockSet, READ, UNLOCK, WRITE};
 use rfs_proto::types::Ino;
 use rfs_proto::Errno;
 
-use crate::coherence::SessionId;
+use crate::meta::coherence::SessionId;
 
 /// Who holds a lock: a session, and the owner its client named.
 type Owner = (SessionId, u64);

@@ -2,174 +2,38 @@
 //! (metadata channel, data session, data-node join). The first node also runs the metadata
 //! service ([`crate::meta`]); nodes started with `join` lend their pool to it ([`crate::join`]).
 
-use std::io::{self, Read};
+use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use rdmabox::connect_links;
-use rdmabox::rpc::RpcConfig;
-use rdmabox::transport::{
-    Access, Arrivals, CompletionQueue, Context, DeadlineStream, MemoryRegion, ProtectionDomain,
-    ProviderKind, QpCaps, QpRoute, QueuePair, TransportConfig,
-};
+use rdmabox::transport::{Access, Arrivals, Context, DeadlineStream, ProviderKind, QpCaps};
 use rfs_proto::frame::send_frame;
 use rfs_proto::handshake::{self, SessionKey};
 use rfs_proto::hello::{Data, Hello, PoolDescriptor};
 use rfs_proto::integrity;
 use rfs_proto::metrics::Metric;
-use rfs_proto::types::MAX_REPLICAS;
 
-use crate::access::Policy;
-use crate::admission::{self, Admission, Limits, RateLimitedLog, Ticket};
+use crate::admission::{self, Admission, RateLimitedLog, Ticket};
+use crate::config::{invalid, NodeConfig};
 use crate::grants::Grants;
 use crate::hangups::Hangups;
 use crate::meta::MetaService;
+use crate::runtime::{Runtime, SETUP_DEADLINE};
 
-/// From accept to an authenticated hello, and again for the queue-pair exchange: a peer that
-/// takes longer is dropped, and whatever it pinned (a thread, queue pairs waiting) is freed.
-pub const SETUP_DEADLINE: Duration = Duration::from_secs(5);
 /// How long the accept loop pauses when the process is out of descriptors or memory.
 const EXHAUSTED_BACKOFF: Duration = Duration::from_millis(100);
 
-/// How a node runs.
-#[derive(Clone, Debug)]
-pub struct NodeConfig {
-    /// Where to listen for clients and nodes.
-    pub listen: SocketAddr,
-    /// Bytes of pool to lend.
-    pub memory: u64,
-    /// The unit of allocation.
-    pub chunk_size: u64,
-    /// Which provider, and its settings.
-    pub transport: TransportConfig,
-    /// The shared secret peers must prove they know; `None` only with `insecure`.
-    pub secret: Option<Vec<u8>>,
-    /// Run without authentication: anyone who reaches the node has every peer's reach.
-    pub insecure: bool,
-    /// Take only encrypted queue pairs, and encrypt this node's own (tcp).
-    pub encrypt: bool,
-    /// Join this metadata node as a data node instead of running the metadata service.
-    pub join: Option<SocketAddr>,
-    /// How long a joining node keeps trying to reach a metadata node that is not up yet.
-    pub join_timeout: Duration,
-    /// host:port clients use to reach this node (default: derived from the listen address).
-    pub advertise: Option<String>,
-    /// The metadata channels' buffers and deadline.
-    pub rpc: RpcConfig,
-    /// How long a client may take to answer a callback before its chunk references are taken
-    /// as dropped (clients refetch maps older than this, less their I/O deadline).
-    pub lease: Duration,
-    /// How many connections the node takes, in total and per peer address.
-    pub limits: Limits,
-    /// How the metadata service treats callers (root squash).
-    pub policy: Policy,
-    /// Copies of each chunk, on distinct data nodes (the metadata node's choice).
-    pub replicas: u32,
-    /// Bytes per second that re-replication may copy.
-    pub repair_rate: u64,
-    /// Where the metadata node journals its state, to come back with it after a restart
-    /// (none: the namespace lives in memory only).
-    pub state_dir: Option<std::path::PathBuf>,
-    /// Mode and owner given to the root directory at start (`--root-mode`, `--root-owner`):
-    /// under root squash nobody else could make it writable.
-    pub root_dir: rfs_proto::types::AttrChanges,
-}
-
-impl NodeConfig {
-    /// A metadata node on `listen` lending `memory` bytes, with the defaults.
-    pub fn new(listen: SocketAddr, memory: u64) -> NodeConfig {
-        NodeConfig {
-            listen,
-            memory,
-            chunk_size: 1 << 20,
-            transport: TransportConfig::default(),
-            secret: None,
-            insecure: false,
-            encrypt: false,
-            join: None,
-            join_timeout: Duration::from_secs(60),
-            advertise: None,
-            rpc: RpcConfig::default(),
-            lease: Duration::from_secs(10),
-            limits: Limits::default(),
-            policy: Policy::default(),
-            replicas: 1,
-            repair_rate: 256 << 20,
-            state_dir: None,
-            root_dir: rfs_proto::types::AttrChanges::default(),
-        }
-    }
-
-    fn validate(&self) -> io::Result<()> {
-        if self.chunk_size < 4096 || !self.chunk_size.is_power_of_two() {
-            return Err(invalid(format!(
-                "chunk size {} must be a power of two of at least 4 KiB",
-                self.chunk_size
-            )));
-        }
-        if self.lease < Duration::from_millis(100) {
-            return Err(invalid(format!(
-                "lease {:?} is too short (at least 100 ms)",
-                self.lease
-            )));
-        }
-        if self.secret.is_none() && !self.insecure {
-            return Err(invalid(
-                "no shared secret: give one, or run insecure on purpose".into(),
-            ));
-        }
-        if self.encrypt && self.secret.is_none() {
-            return Err(invalid(
-                "encryption needs the shared secret: its keys come from it".into(),
-            ));
-        }
-        if self.limits.total == 0 || self.limits.per_peer == 0 {
-            return Err(invalid("connection limits must be at least 1".into()));
-        }
-        if !(1..=MAX_REPLICAS).contains(&self.replicas) {
-            return Err(invalid(format!(
-                "{} replicas: between 1 and {MAX_REPLICAS}",
-                self.replicas
-            )));
-        }
-        if self.repair_rate < self.chunk_size {
-            return Err(invalid(format!(
-                "repair rate {} B/s is below one chunk a second",
-                self.repair_rate
-            )));
-        }
-        if self.memory == 0 && self.join.is_some() {
-            return Err(invalid("a data node must lend some memory".into()));
-        }
-        if self.memory != 0 && self.memory < self.chunk_size {
-            return Err(invalid(format!(
-                "memory {} is smaller than one chunk ({})",
-                self.memory, self.chunk_size
-            )));
-        }
-        Ok(())
-    }
-}
-
 /// What every connection of a node shares.
 pub(crate) struct Shared {
-    pub(crate) cfg: NodeConfig,
-    pub(crate) ctx: Context,
-    pub(crate) pd: Arc<ProtectionDomain>,
-    pub(crate) pool: Arc<MemoryRegion>,
-    /// What each data session may reach of the pool.
-    pub(crate) grants: Arc<Grants>,
+    pub(crate) rt: Arc<Runtime>,
     /// Present on the metadata node only.
     meta: Option<Arc<MetaService>>,
     admission: Arc<Admission>,
-    /// Queue pairs waiting for their peers' connections, which come to the node's one port.
-    arrivals: Arc<Arrivals>,
     /// Ends data sessions whose clients go.
     hangups: Arc<Hangups>,
-    pub(crate) stop: AtomicBool,
 }
 
 /// A running node.
@@ -179,10 +43,6 @@ pub struct Node {
     accept: Option<JoinHandle<()>>,
     /// A data node's membership: the metadata node marks it dead when this closes.
     _join: Option<crate::join::Membership>,
-}
-
-pub(crate) fn invalid(msg: String) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidInput, msg)
 }
 
 impl Node {
@@ -238,22 +98,25 @@ impl Node {
                 (Some(meta), Some(wait))
             }
         };
-        let shared = Arc::new(Shared {
+        let rt = Arc::new(Runtime {
             cfg,
             ctx,
             pd,
             pool,
             grants,
-            meta,
-            admission: Admission::new(limits),
             arrivals: Arrivals::new(),
-            hangups: Hangups::start()?,
             stop: AtomicBool::new(false),
         });
+        let shared = Arc::new(Shared {
+            rt: rt.clone(),
+            meta,
+            admission: Admission::new(limits),
+            hangups: Hangups::start()?,
+        });
         if let (Some(meta), Some(wait)) = (&shared.meta, zero_wait) {
-            meta.start_zeroer(shared.clone(), wait)?;
+            meta.start_zeroer(rt.clone(), wait)?;
             meta.start_quarantine()?;
-            meta.start_repair(shared.clone())?;
+            meta.start_repair(rt.clone())?;
             meta.start_grace()?;
         }
         // Accept before joining: the metadata node connects back to us while it admits us.
@@ -269,8 +132,8 @@ impl Node {
             accept: Some(accept),
             _join: None,
         };
-        if let Some(meta) = shared.cfg.join {
-            match crate::join::join(&shared, meta, addr) {
+        if let Some(meta) = shared.rt.cfg.join {
+            match crate::join::join(&shared.rt, meta, addr) {
                 Ok(m) => node._join = Some(m),
                 Err(e) => {
                     node.shutdown();
@@ -286,7 +149,7 @@ impl Node {
         let s = self.shared.clone();
         move || {
             let mut m = vec![
-                Metric::gauge("pool_bytes", "Bytes this node lends", s.cfg.memory),
+                Metric::gauge("pool_bytes", "Bytes this node lends", s.rt.cfg.memory),
                 Metric::gauge(
                     "connections",
                     "Control connections open (clients, data sessions, nodes)",
@@ -307,17 +170,17 @@ impl Node {
 
     /// The transport in use, in words.
     pub fn transport(&self) -> String {
-        self.shared.ctx.describe()
+        self.shared.rt.ctx.describe()
     }
 
     /// Bytes of pool the node lends.
     pub fn pool_bytes(&self) -> usize {
-        self.shared.cfg.memory as usize
+        self.shared.rt.cfg.memory as usize
     }
 
     /// Stops accepting; established sessions end with the process.
     pub fn shutdown(mut self) {
-        self.shared.stop.store(true, Ordering::Release);
+        self.shared.rt.stop.store(true, Ordering::Release);
         // Unblock accept() with a connection of our own.
         let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
         if let Some(a) = self.accept.take() {
@@ -335,7 +198,7 @@ impl Shared {
         let mut refused = RateLimitedLog::new(Duration::from_secs(10));
         loop {
             let conn = listener.accept();
-            if self.stop.load(Ordering::Acquire) {
+            if self.rt.stop.load(Ordering::Acquire) {
                 return;
             }
             let (s, peer) = match conn {
@@ -389,8 +252,8 @@ impl Shared {
         let answer_by = deadline.min(Instant::now() + AUTH_ANSWER_WAIT);
         let key = handshake::accept(
             &mut s,
-            self.cfg.secret.as_deref(),
-            self.cfg.encrypt,
+            self.rt.cfg.secret.as_deref(),
+            self.rt.cfg.encrypt,
             answer_by,
         )?;
         // From here the connection holds a slot of its own: a peer with the secret that then
@@ -405,7 +268,7 @@ impl Shared {
         s.set_read_timeout(None)?;
         // The connection lives as long as the session; a peer host that dies without a word
         // must not hold its slot (and queue pairs) forever.
-        rdmabox::transport::tcp::configure_socket(&s, self.cfg.transport.tcp.dead_peer_timeout)?;
+        rdmabox::transport::tcp::configure_socket(&s, self.rt.cfg.transport.tcp.dead_peer_timeout)?;
         log::debug!("{peer}: {hello:?}");
         let meta = || {
             self.meta
@@ -429,7 +292,7 @@ impl Shared {
                             "an encrypted queue pair asked of a node without a secret".into(),
                         ))
                     }
-                    (false, _) if self.cfg.encrypt => {
+                    (false, _) if self.rt.cfg.encrypt => {
                         return Err(invalid(
                             "an unencrypted queue pair: this node takes only encrypted ones \
                              (--encrypt); mount with -o encrypt"
@@ -440,28 +303,14 @@ impl Shared {
                 };
                 // Counted with its session once handed over: its slot goes back first, so
                 // that the peer's next queue pair never finds it still held.
-                self.arrivals.deliver(s, deadline, keys, move || drop(slot))
+                self.rt
+                    .arrivals
+                    .deliver(s, deadline, keys, move || drop(slot))
             }
             Hello::Data(Data { qps }) => self.serve_data(s, *qps as usize, key, slot),
-            Hello::Metadata(m) => meta()?.serve(self, s, m.client_id, key),
-            Hello::Join(j) => crate::join::admit(self, meta()?, s, j, key),
+            Hello::Metadata(m) => meta()?.serve(&self.rt, s, m.client_id, key),
+            Hello::Join(j) => crate::join::admit(&self.rt, meta()?, s, j, key),
         }
-    }
-
-    /// Connects `n` queue pairs in `pd` with the peer on the control connection `s`, within
-    /// the setup deadline.
-    pub(crate) fn links(
-        &self,
-        pd: &ProtectionDomain,
-        s: &mut TcpStream,
-        n: usize,
-        caps: QpCaps,
-    ) -> io::Result<Vec<(QueuePair, CompletionQueue)>> {
-        s.set_read_timeout(Some(SETUP_DEADLINE))?;
-        let route = QpRoute::Arrive(self.arrivals.clone());
-        let links = connect_links(&self.ctx, pd, s, n, caps, &route)?;
-        s.set_read_timeout(None)?;
-        Ok(links)
     }
 
     /// One-sided service: connect the queue pairs in a domain of the session's own (where it
@@ -474,17 +323,17 @@ impl Shared {
         key: Option<SessionKey>,
         slot: Ticket,
     ) -> io::Result<()> {
-        let pd = Arc::new(self.ctx.alloc_pd()?);
+        let pd = Arc::new(self.rt.ctx.alloc_pd()?);
         // The node never posts on them: on tcp they cost it no threads of their own.
-        let links = self.links(&pd, &mut s, qps, QpCaps::RESPONDER)?;
-        let session = self.grants.open(pd);
+        let links = self.rt.links(&pd, &mut s, qps, QpCaps::RESPONDER)?;
+        let session = self.rt.grants.open(pd);
         let pool = PoolDescriptor {
-            addr: self.pool.addr(),
-            len: self.pool.len() as u64,
+            addr: self.rt.pool.addr(),
+            len: self.rt.pool.len() as u64,
             session,
         };
         let sealed = integrity::seal(key.as_ref(), integrity::POOL, 0, pool.encode());
-        let grants = self.grants.clone();
+        let grants = self.rt.grants.clone();
         let end: crate::hangups::End = Box::new(move || {
             drop(links);
             grants.close(session);
@@ -501,10 +350,4 @@ impl Shared {
             }
         }
     }
-}
-
-/// Blocks until the peer closes the control connection (or sends anything: a protocol error).
-pub(crate) fn wait_for_close(s: &mut TcpStream) {
-    let mut b = [0u8; 1];
-    let _ = s.read(&mut b);
 }

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Parser;
-use mem_server::node::{Node, NodeConfig};
+use mem_server::config::NodeConfig;
+use mem_server::node::Node;
 use rdmabox::transport::{ProviderKind, TransportConfig};
 use rfs_proto::message::{GetAttr, Mknod, Unlink};
 use rfs_proto::types::{Caller, FileKind, Name, Owner, ROOT};

@@ -15,7 +15,7 @@ use rfs_proto::types::ChunkRef;
 
 use crate::journal::Journaled;
 use crate::meta::MetaState;
-use crate::node::Shared;
+use crate::runtime::Runtime;
 
 pub(crate) struct Zeroer {
     /// The metadata node's own pool's id: zeroed and copied by memory operations.
@@ -57,7 +57,7 @@ impl Zeroer {
     }
 
     /// Zeroes dirty chunks whenever kicked, and makes them allocatable again.
-    pub(crate) fn run(&self, local: &Shared, state: &Journaled<MetaState>, kick: Receiver<()>) {
+    pub(crate) fn run(&self, local: &Runtime, state: &Journaled<MetaState>, kick: Receiver<()>) {
         let chunk = local.cfg.chunk_size as usize;
         while kick.recv().is_ok() {
             let dirty = state.lock().alloc.take_dirty();
@@ -91,7 +91,7 @@ impl Zeroer {
     /// transfer given up on still owns its buffer).
     pub(crate) fn read_chunk(
         &self,
-        local: &Shared,
+        local: &Runtime,
         chunk: &ChunkRef,
         len: usize,
         limit: Duration,
@@ -117,7 +117,7 @@ impl Zeroer {
     /// same session).
     pub(crate) fn write_chunk(
         &self,
-        local: &Shared,
+        local: &Runtime,
         chunk: &ChunkRef,
         data: Vec<u8>,
         limit: Duration,
@@ -175,7 +175,7 @@ impl Zeroer {
 }
 
 /// Where `chunk` of this node starts in its pool.
-fn local_offset(local: &Shared, chunk: &ChunkRef) -> io::Result<usize> {
+fn local_offset(local: &Runtime, chunk: &ChunkRef) -> io::Result<usize> {
     chunk
         .addr
         .checked_sub(local.pool.addr())

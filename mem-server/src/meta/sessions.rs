@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use rfs_proto::clock::PeerClock;
 use rfs_proto::types::Ino;
 
-use crate::coherence::SessionId;
+use crate::meta::coherence::SessionId;
 
 /// Replies a session keeps at most.
 const MAX_REPLIES: usize = 1024;

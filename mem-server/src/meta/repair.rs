@@ -22,9 +22,9 @@ use crossbeam_channel::{Receiver, Sender};
 use rfs_proto::types::{ChunkRef, Ino};
 
 use crate::admission::RateLimitedLog;
-use crate::coherence::{Change, Countdown};
+use crate::meta::coherence::{Change, Countdown};
 use crate::meta::{MetaService, MetaState};
-use crate::node::Shared;
+use crate::runtime::Runtime;
 
 /// Chunks looked at per pass, and copied per freeze of one file.
 const PASS: usize = 1024;
@@ -126,7 +126,7 @@ enum Copied {
 
 impl MetaService {
     /// Starts the re-replication thread (nothing to do with one copy per chunk).
-    pub(crate) fn start_repair(self: &Arc<Self>, local: Arc<Shared>) -> std::io::Result<()> {
+    pub(crate) fn start_repair(self: &Arc<Self>, local: Arc<Runtime>) -> std::io::Result<()> {
         if self.replicas < 2 {
             return Ok(());
         }
@@ -137,7 +137,7 @@ impl MetaService {
         Ok(())
     }
 
-    fn run_repair(&self, local: &Shared) {
+    fn run_repair(&self, local: &Runtime) {
         let mut wait = SWEEP;
         loop {
             let _ = self.repair.wake.recv_timeout(wait);
@@ -193,7 +193,7 @@ impl MetaService {
 
     /// Copies what `work` lists (sorted by file), a few chunks of one file per freeze; a file
     /// whose copy fails is left for the next pass; (copied, failed).
-    fn repair_pass(&self, local: &Shared, work: &[(Ino, u64)]) -> (usize, usize) {
+    fn repair_pass(&self, local: &Runtime, work: &[(Ino, u64)]) -> (usize, usize) {
         let (mut copied, mut failed) = (0, 0);
         let mut rest = work;
         while let Some(&(ino, _)) = rest.first() {
@@ -278,7 +278,7 @@ impl MetaService {
 
     /// Gives chunk `index` of `ino` one more copy, if it still needs one and a node can take
     /// it: read from a live replica (the next one if it fails), written to a new chunk.
-    fn copy_one(&self, local: &Shared, ino: Ino, index: u64) -> Copied {
+    fn copy_one(&self, local: &Runtime, ino: Ino, index: u64) -> Copied {
         let avoided = self.repair.avoided();
         let (sources, target, len) = {
             let mut st = self.state.lock();

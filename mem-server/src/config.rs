@@ -1,0 +1,137 @@
+//! How a node runs: its configuration, with the defaults and the checks made before it
+//! starts.
+
+use std::io;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use rdmabox::rpc::RpcConfig;
+use rdmabox::transport::TransportConfig;
+use rfs_proto::types::MAX_REPLICAS;
+
+use crate::access::Policy;
+use crate::admission::Limits;
+
+/// How a node runs.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    /// Where to listen for clients and nodes.
+    pub listen: SocketAddr,
+    /// Bytes of pool to lend.
+    pub memory: u64,
+    /// The unit of allocation.
+    pub chunk_size: u64,
+    /// Which provider, and its settings.
+    pub transport: TransportConfig,
+    /// The shared secret peers must prove they know; `None` only with `insecure`.
+    pub secret: Option<Vec<u8>>,
+    /// Run without authentication: anyone who reaches the node has every peer's reach.
+    pub insecure: bool,
+    /// Take only encrypted queue pairs, and encrypt this node's own (tcp).
+    pub encrypt: bool,
+    /// Join this metadata node as a data node instead of running the metadata service.
+    pub join: Option<SocketAddr>,
+    /// How long a joining node keeps trying to reach a metadata node that is not up yet.
+    pub join_timeout: Duration,
+    /// host:port clients use to reach this node (default: derived from the listen address).
+    pub advertise: Option<String>,
+    /// The metadata channels' buffers and deadline.
+    pub rpc: RpcConfig,
+    /// How long a client may take to answer a callback before its chunk references are taken
+    /// as dropped (clients refetch maps older than this, less their I/O deadline).
+    pub lease: Duration,
+    /// How many connections the node takes, in total and per peer address.
+    pub limits: Limits,
+    /// How the metadata service treats callers (root squash).
+    pub policy: Policy,
+    /// Copies of each chunk, on distinct data nodes (the metadata node's choice).
+    pub replicas: u32,
+    /// Bytes per second that re-replication may copy.
+    pub repair_rate: u64,
+    /// Where the metadata node journals its state, to come back with it after a restart
+    /// (none: the namespace lives in memory only).
+    pub state_dir: Option<std::path::PathBuf>,
+    /// Mode and owner given to the root directory at start (`--root-mode`, `--root-owner`):
+    /// under root squash nobody else could make it writable.
+    pub root_dir: rfs_proto::types::AttrChanges,
+}
+
+impl NodeConfig {
+    /// A metadata node on `listen` lending `memory` bytes, with the defaults.
+    pub fn new(listen: SocketAddr, memory: u64) -> NodeConfig {
+        NodeConfig {
+            listen,
+            memory,
+            chunk_size: 1 << 20,
+            transport: TransportConfig::default(),
+            secret: None,
+            insecure: false,
+            encrypt: false,
+            join: None,
+            join_timeout: Duration::from_secs(60),
+            advertise: None,
+            rpc: RpcConfig::default(),
+            lease: Duration::from_secs(10),
+            limits: Limits::default(),
+            policy: Policy::default(),
+            replicas: 1,
+            repair_rate: 256 << 20,
+            state_dir: None,
+            root_dir: rfs_proto::types::AttrChanges::default(),
+        }
+    }
+
+    pub(crate) fn validate(&self) -> io::Result<()> {
+        if self.chunk_size < 4096 || !self.chunk_size.is_power_of_two() {
+            return Err(invalid(format!(
+                "chunk size {} must be a power of two of at least 4 KiB",
+                self.chunk_size
+            )));
+        }
+        if self.lease < Duration::from_millis(100) {
+            return Err(invalid(format!(
+                "lease {:?} is too short (at least 100 ms)",
+                self.lease
+            )));
+        }
+        if self.secret.is_none() && !self.insecure {
+            return Err(invalid(
+                "no shared secret: give one, or run insecure on purpose".into(),
+            ));
+        }
+        if self.encrypt && self.secret.is_none() {
+            return Err(invalid(
+                "encryption needs the shared secret: its keys come from it".into(),
+            ));
+        }
+        if self.limits.total == 0 || self.limits.per_peer == 0 {
+            return Err(invalid("connection limits must be at least 1".into()));
+        }
+        if !(1..=MAX_REPLICAS).contains(&self.replicas) {
+            return Err(invalid(format!(
+                "{} replicas: between 1 and {MAX_REPLICAS}",
+                self.replicas
+            )));
+        }
+        if self.repair_rate < self.chunk_size {
+            return Err(invalid(format!(
+                "repair rate {} B/s is below one chunk a second",
+                self.repair_rate
+            )));
+        }
+        if self.memory == 0 && self.join.is_some() {
+            return Err(invalid("a data node must lend some memory".into()));
+        }
+        if self.memory != 0 && self.memory < self.chunk_size {
+            return Err(invalid(format!(
+                "memory {} is smaller than one chunk ({})",
+                self.memory, self.chunk_size
+            )));
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn invalid(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, msg)
+}

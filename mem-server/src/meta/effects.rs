@@ -1,0 +1,86 @@
+//! What applying a request changed beyond its answer, for the service to carry out once the
+//! state lock is released: callbacks to caches, revocations, freed chunks.
+
+use std::collections::{HashMap, HashSet};
+
+use rfs_proto::message::RequestOp;
+use rfs_proto::types::{ChunkRef, Ino, Replicas};
+
+use super::coherence::{Change, Recall};
+use crate::locks::Woken;
+
+/// What applying a request did beyond its answer: chunks it freed, the change for caches, and
+/// grants to revoke at the data nodes (once the state lock is released).
+#[derive(Default)]
+pub(crate) struct Effects {
+    pub(crate) freed: Vec<ChunkRef>,
+    pub(crate) change: Change,
+    /// Chunks whose grants to the session go: files it closed its last handle of.
+    pub(crate) closed: Vec<ChunkRef>,
+    /// Chunks whose grants for writing go: files it closed its last writable handle of.
+    pub(crate) closed_for_writing: Vec<ChunkRef>,
+    /// Data sessions the session attached before and no more, by node: all their grants go.
+    pub(crate) detached: Vec<(u32, u64)>,
+    /// Holders are waited for only briefly ([`super::freeing::REMAP_WAIT`]).
+    pub(crate) quick: bool,
+    /// Sessions waiting for a lock of a file that one of went: told, not waited for.
+    pub(crate) woken: Woken,
+    /// Closed files keep their chunks past their size: after a restart, until clients took
+    /// their handles again, a file closed here may be open at a client that wrote past the
+    /// size it committed, into chunks allocated ahead.
+    pub(crate) keep_past_size: bool,
+}
+
+/// A chunk map to hand out once its chunks are granted to the caller's data sessions.
+pub(crate) struct Granting {
+    pub(crate) op: RequestOp,
+    pub(crate) writable: bool,
+    /// The free number when the map was read.
+    pub(crate) seq: u64,
+    pub(crate) chunks: Vec<(u64, Replicas)>,
+}
+
+/// Chunks freed together, and their free number.
+pub(crate) struct Freed {
+    pub(crate) seq: u64,
+    pub(crate) chunks: Vec<ChunkRef>,
+    /// [`crate::alloc::Allocator::rejoins`] when they were freed.
+    pub(crate) rejoins: u64,
+}
+
+/// Whether any of chunks `first..first+count` of `ino` is being copied.
+pub(crate) fn is_frozen(frozen: &HashSet<(Ino, u64)>, ino: Ino, first: u64, count: u32) -> bool {
+    let span = first..first.saturating_add(count as u64);
+    frozen
+        .iter()
+        .any(|&(i, index)| i == ino && span.contains(&index))
+}
+
+/// The chunks of `refs`, by node.
+pub(crate) fn by_node<'a>(refs: impl IntoIterator<Item = &'a ChunkRef>) -> HashMap<u32, Vec<u64>> {
+    let mut out: HashMap<u32, Vec<u64>> = HashMap::new();
+    for c in refs {
+        out.entry(c.node).or_default().push(c.addr);
+    }
+    out
+}
+
+impl Effects {
+    /// Records chunks freed from `ino` (from chunk index `from` on), with its contents.
+    pub(crate) fn freed(&mut self, ino: Ino, from: u64, chunks: Vec<ChunkRef>) {
+        self.give_back(ino, from, chunks, true);
+    }
+
+    /// Records chunks past `ino`'s size given back (from chunk index `from` on): its
+    /// contents stay as they were.
+    pub(crate) fn trimmed(&mut self, ino: Ino, from: u64, chunks: Vec<ChunkRef>) {
+        self.give_back(ino, from, chunks, false);
+    }
+
+    fn give_back(&mut self, ino: Ino, from: u64, chunks: Vec<ChunkRef>, cut: bool) {
+        if !chunks.is_empty() {
+            self.change.recalls.push(Recall { ino, from, cut });
+            self.freed.extend(chunks);
+        }
+    }
+}

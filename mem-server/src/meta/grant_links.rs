@@ -1,0 +1,203 @@
+//! How the metadata service reaches each data node to grant and revoke: a link per live node
+//! (this node's own pool in process, the others over their join connection). Grants are asked
+//! for every node at once and waited for a bounded time; revocations are told in order behind
+//! what was asked before.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rfs_proto::grant::{GrantChunks, LinkRequest, RevokeChunks, RevokeFreed};
+use rfs_proto::types::ChunkRef;
+use rfs_proto::wire::MAX_LIST;
+
+use super::effects::{by_node, Granting};
+use super::ops::Reply;
+use super::MetaService;
+use crate::grants::Grants;
+use crate::link::{Asked, Link};
+
+/// How long a chunk map waits for a data node's grant: a live node answers in microseconds; a
+/// stopped one must not hold the caller past its I/O deadline (1 s at the least). The map then
+/// goes out ungranted for that node, and the client fails the transfer (or asks again).
+pub(super) const GRANT_WAIT: Duration = Duration::from_millis(800);
+
+/// The link to each live data node, by id.
+pub(crate) struct GrantLinks {
+    links: Mutex<HashMap<u32, Arc<Link>>>,
+}
+
+impl GrantLinks {
+    /// Links with only this node's own pool (data node `local`), granted in process.
+    pub(super) fn new(local: u32, grants: Arc<Grants>) -> GrantLinks {
+        GrantLinks {
+            links: Mutex::new(HashMap::from([(local, Arc::new(Link::Local(grants)))])),
+        }
+    }
+
+    /// Grants at data node `node` go over `link` from now on.
+    pub(crate) fn add(&self, node: u32, link: Link) {
+        self.links.lock().unwrap().insert(node, Arc::new(link));
+    }
+
+    pub(crate) fn remove(&self, node: u32) {
+        self.links.lock().unwrap().remove(&node);
+    }
+
+    /// Whether node `node` has a link (it has not left).
+    pub(super) fn has(&self, node: u32) -> bool {
+        self.get(node).is_some()
+    }
+
+    fn get(&self, node: u32) -> Option<Arc<Link>> {
+        self.links.lock().unwrap().get(&node).cloned()
+    }
+
+    /// Asks `node` for `req`, waiting at most `wait` (if given) for the answer; None when the
+    /// node is gone, refused or did not answer (logged).
+    fn ask_within(&self, node: u32, req: LinkRequest, wait: Option<Duration>) -> Option<Vec<u32>> {
+        let link = self.get(node)?;
+        match link.call(&req, wait) {
+            Ok(Ok(keys)) => Some(keys),
+            Ok(Err(e)) => {
+                log::warn!("data node {node} refused a {:?}: {e}", req.op());
+                None
+            }
+            Err(e) => {
+                log::warn!("data node {node}: {e}");
+                None
+            }
+        }
+    }
+
+    /// Tells `node` `req` without waiting: it reaches the node after what was asked of it
+    /// before and before what is asked after (a failure is logged; the node is then gone).
+    pub(super) fn tell(&self, node: u32, req: LinkRequest) {
+        if let Some(link) = self.get(node) {
+            let op = req.op();
+            if let Err(e) = link.tell(req) {
+                log::warn!("data node {node}: {op:?}: {e}");
+            }
+        }
+    }
+
+    /// The chunk map `g`, each chunk granted to the caller's data session at its node (key 0
+    /// where the session has none there yet, or the node refused or did not answer by
+    /// `deadline`: every node is asked at once, so slow ones cost that once).
+    fn grant(&self, data: &HashMap<u32, u64>, g: Granting, deadline: Instant) -> Reply {
+        let Granting {
+            op,
+            writable,
+            seq,
+            mut chunks,
+        } = g;
+        let nodes = by_node(chunks.iter().flat_map(|(_, r)| r));
+        let asked: Vec<(u32, Asked)> = nodes
+            .into_iter()
+            .filter_map(|(node, addrs)| {
+                let session = *data.get(&node)?;
+                let req = GrantChunks {
+                    session,
+                    seq,
+                    writable,
+                    addrs,
+                };
+                Some((node, self.get(node)?.ask(&req.into())))
+            })
+            .collect();
+        for (node, asked) in asked {
+            let keys = match asked.wait_until(Some(deadline)) {
+                Ok(Ok(keys)) => keys,
+                Ok(Err(e)) => {
+                    log::warn!("data node {node} refused a grant: {e}");
+                    continue;
+                }
+                Err(e) => {
+                    log::warn!("data node {node}: {e}");
+                    continue;
+                }
+            };
+            let mut keys = keys.into_iter();
+            let on_node = chunks
+                .iter_mut()
+                .flat_map(|(_, r)| r.iter_mut())
+                .filter(|c| c.node == node);
+            for c in on_node {
+                c.rkey = keys.next().unwrap_or(0);
+            }
+        }
+        Reply::new(op as u8, &Ok(chunks))
+    }
+
+    /// Takes back what the session was granted on `chunks` (only for writing if
+    /// `writable_only`), without waiting: the grants are the session's own, so nobody else
+    /// depends on when they go, and a data node that stopped answering must not hold up a
+    /// close. Anything asked of the node later comes after.
+    pub(super) fn revoke(
+        &self,
+        data: &HashMap<u32, u64>,
+        chunks: &[ChunkRef],
+        writable_only: bool,
+    ) {
+        for (node, addrs) in by_node(chunks) {
+            let Some(&session) = data.get(&node) else {
+                continue;
+            };
+            for part in addrs.chunks(MAX_LIST as usize) {
+                let req = RevokeChunks {
+                    session,
+                    writable_only,
+                    addrs: part.to_vec(),
+                };
+                self.tell(node, req.into());
+            }
+        }
+    }
+
+    /// Has `node` revoke every session's reach to `addrs` (freed with free number `seq`),
+    /// waiting at most `wait` for each part if given; whether it confirmed.
+    pub(super) fn revoke_freed(
+        &self,
+        node: u32,
+        seq: u64,
+        addrs: &[u64],
+        wait: Option<Duration>,
+    ) -> bool {
+        addrs.chunks(MAX_LIST as usize).all(|part| {
+            let req = RevokeFreed {
+                seq,
+                addrs: part.to_vec(),
+            };
+            self.ask_within(node, req.into(), wait).is_some()
+        })
+    }
+}
+
+impl MetaService {
+    /// Hands out a chunk map granted to the caller's data sessions, within [`GRANT_WAIT`]
+    /// (right after a restart, first waiting that long at most for its nodes to be back).
+    pub(super) fn grant(&self, data: &HashMap<u32, u64>, g: Granting) -> Reply {
+        let deadline = Instant::now() + GRANT_WAIT;
+        let nodes = by_node(g.chunks.iter().flat_map(|(_, r)| r));
+        self.await_nodes(nodes.keys().copied(), deadline);
+        self.links.grant(data, g, deadline)
+    }
+
+    /// Right after a restart, waits (until `deadline` at the latest) for those of `nodes`
+    /// that the journal knows and that are not back yet: they join again within moments, and
+    /// a map granted without them would fail its reads.
+    fn await_nodes(&self, nodes: impl Iterator<Item = u32> + Clone, deadline: Instant) {
+        let Some(until) = self.recovery.nodes_until() else {
+            return;
+        };
+        let deadline = deadline.min(until);
+        while Instant::now() < deadline {
+            let st = self.state.lock();
+            if !nodes.clone().any(|n| st.alloc.is_replayed(n)) {
+                return;
+            }
+            drop(st);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}

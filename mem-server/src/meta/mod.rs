@@ -1,0 +1,558 @@
+//! The metadata service, on the first node: one metadata channel per client session (RPC over
+//! SEND/RECV on one queue pair, callbacks on a second), each request applied to the namespace
+//! and the allocator under one lock (metadata operations are short). What a change means for
+//! other caches is planned under that lock ([`crate::meta::coherence`]); the callbacks are awaited
+//! with it released, and chunks a change freed go to the zeroer only after every holder
+//! dropped them (or its lease ran out): a stale chunk map can never reach another file.
+
+pub(crate) mod coherence;
+mod effects;
+mod freeing;
+mod grant_links;
+mod ops;
+mod recovery;
+pub(crate) mod repair;
+pub(crate) mod sessions;
+mod state;
+#[cfg(test)]
+mod tests;
+pub(crate) mod zeroer;
+
+use std::collections::HashSet;
+use std::io;
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Receiver;
+use rdmabox::rpc;
+use rdmabox::transport::{MemoryRegion, QpCaps};
+use rfs_proto::clock;
+use rfs_proto::frame::send_frame;
+use rfs_proto::grant::RevokeSession;
+use rfs_proto::handshake::SessionKey;
+use rfs_proto::integrity;
+use rfs_proto::message::{readdir_budget, unseal, Request};
+use rfs_proto::metrics::Metric;
+use rfs_proto::types::{AttrChanges, ROOT};
+use rfs_proto::Errno;
+
+use self::coherence::{Callbacks, Holders};
+use self::effects::Effects;
+use self::freeing::Quarantine;
+use self::grant_links::GrantLinks;
+use self::ops::{Answer, Ctx, Reply};
+use self::recovery::Recovery;
+use self::repair::Repair;
+use self::sessions::{Attached, ClientSession, Sessions};
+use self::zeroer::Zeroer;
+use crate::access::Policy;
+use crate::alloc::Allocator;
+use crate::config::NodeConfig;
+use crate::grants::Grants;
+use crate::journal::{Durable, Journal, Journaled};
+use crate::locks::LockTable;
+use crate::namespace::Namespace;
+use crate::record::Record;
+use crate::runtime::{wait_for_close, Runtime};
+
+use self::state::HandleHolders;
+pub(crate) use self::state::MetaState;
+
+pub(crate) struct MetaService {
+    pub(crate) state: Journaled<MetaState>,
+    /// This node's own pool's id among the data nodes.
+    pub(crate) local: u32,
+    /// What a restart waits for (nothing after a fresh start).
+    recovery: Recovery,
+    pub(crate) zeroer: Zeroer,
+    /// Bytes of entries a readdir reply may carry: pages are cut to fit a message.
+    page_bytes: usize,
+    pub(crate) lease: Duration,
+    policy: Policy,
+    sessions: Sessions,
+    /// Freed chunks on their way to reuse.
+    quarantine: Quarantine,
+    /// How to grant and revoke at each live data node.
+    pub(crate) links: GrantLinks,
+    /// Copies of each chunk the file system keeps.
+    pub(crate) replicas: usize,
+    pub(crate) repair: Repair,
+}
+
+/// The sequence number and the sealed call (envelope and call) of `frame`, if its MAC by `key`
+/// is right for that number.
+fn opened_call<'a>(key: Option<&SessionKey>, frame: &'a [u8]) -> Option<(u64, &'a [u8])> {
+    let inner = frame.get(..frame.len().checked_sub(integrity::TAG)?)?;
+    let (envelope, _) = unseal(inner)?;
+    let body = integrity::open(key, integrity::CALL, envelope.seq, frame)?;
+    Some((envelope.seq, body))
+}
+
+/// How long an allocation waits for chunks being zeroed before it answers ENOSPC (after a
+/// restart, every chunk freed before it is zeroed again).
+const ZEROING_WAIT: Duration = Duration::from_secs(5);
+
+fn invalid_state(dir: &std::path::Path, why: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("state directory {}: {why}", dir.display()),
+    )
+}
+
+/// Whether applying `req` twice would differ from applying it once: its reply is kept for a
+/// resend. (Reading calls are simply applied again.)
+fn changes_something(req: &Request) -> bool {
+    !matches!(
+        req,
+        Request::Lookup(_)
+            | Request::GetAttr(_)
+            | Request::Readlink(_)
+            | Request::ReadDir(_)
+            | Request::ChunkMap(_)
+            | Request::GetStatFs(_)
+            | Request::ListNodes(_)
+            | Request::GetLock(_)
+    )
+}
+
+impl MetaService {
+    /// The metadata service's figures, for the metrics endpoint.
+    pub(crate) fn metrics(&self) -> Vec<Metric> {
+        let st = self.state.lock();
+        let (chunks, free) = st.alloc.totals();
+        let (alive, nodes) = st.alloc.node_counts();
+        let (zeroing, inodes) = (st.alloc.zeroing(), st.ns.inode_count());
+        let locks = st.locks.count() as u64;
+        drop(st);
+        vec![
+            Metric::gauge("chunks", "Chunks of every data node", chunks),
+            Metric::gauge("chunks_free", "Chunks free (some being zeroed)", free),
+            Metric::gauge(
+                "chunks_zeroing",
+                "Chunks freed and not yet allocatable",
+                zeroing,
+            ),
+            Metric::gauge("data_nodes_alive", "Data nodes up", alive as u64),
+            Metric::gauge("data_nodes", "Data nodes ever joined", nodes as u64),
+            Metric::gauge("inodes", "Files, directories and links", inodes),
+            Metric::gauge("file_locks", "File locks held, over every client", locks),
+            Metric::gauge(
+                "chunks_short_of_replicas",
+                "Chunks with fewer copies than --replicas",
+                self.repair.short(),
+            ),
+        ]
+    }
+
+    /// The service, with this node's own pool as one of the data nodes, and the kicks its
+    /// zeroer thread waits on. With a state directory, the namespace and the data nodes are
+    /// those it holds (none yet: a new file system), and every change is journaled there.
+    pub(crate) fn new(
+        cfg: &NodeConfig,
+        advertise: String,
+        pool: &MemoryRegion,
+        chunks: u64,
+        grants: &Arc<Grants>,
+    ) -> io::Result<(Arc<MetaService>, Receiver<()>)> {
+        let mut awaited = HashSet::new();
+        let (mut ns, mut alloc, journal, restarted) = match &cfg.state_dir {
+            None => (
+                Namespace::new(cfg.chunk_size),
+                Allocator::default(),
+                None,
+                false,
+            ),
+            Some(dir) => {
+                let (journal, records) = Journal::open(dir).map_err(|e| {
+                    io::Error::new(e.kind(), format!("state directory {}: {e}", dir.display()))
+                })?;
+                let restarted = !records.is_empty();
+                awaited = HandleHolders::replay(&records);
+                let (ns, alloc) = if restarted {
+                    Self::replay(cfg.chunk_size, &records).map_err(|e| invalid_state(dir, &e))?
+                } else {
+                    log::info!("state directory {}: a new file system", dir.display());
+                    (Namespace::new(cfg.chunk_size), Allocator::default())
+                };
+                (ns, alloc, Some(journal), restarted)
+            }
+        };
+        ns.journal_changes();
+        alloc.journal_changes();
+        if cfg.root_dir != AttrChanges::default() {
+            let (root, _) = ns.setattr(ROOT, &cfg.root_dir).map_err(|e| {
+                io::Error::other(format!("setting the root directory's mode or owner: {e}"))
+            })?;
+            log::info!(
+                "root directory: mode {:o}, owner {}:{}",
+                root.perm,
+                root.uid,
+                root.gid
+            );
+        }
+        // The pool is new whenever this process is: never one the journal names.
+        let (local, lost) = alloc.add_own_pool(
+            advertise,
+            rdmabox::random::u64(),
+            pool.addr(),
+            cfg.chunk_size,
+            chunks,
+        );
+        let mut state = MetaState {
+            ns,
+            alloc,
+            holders: Holders::default(),
+            frees: 0,
+            frozen: HashSet::new(),
+            locks: LockTable::default(),
+            // Still holding until they are back, or the grace is over: a restart meanwhile
+            // waits for them too.
+            holding: HandleHolders {
+                clients: awaited.clone(),
+                log: Vec::new(),
+            },
+        };
+        if let Some(j) = &journal {
+            // The snapshot that starts the journal has what was made here.
+            state.take_records(&mut Vec::new());
+            j.start(&state.records())?;
+        }
+        let (zeroer, wait) = Zeroer::new(local);
+        let meta = Arc::new(MetaService {
+            state: Journaled::new(state, journal),
+            local,
+            recovery: Recovery::new(restarted, cfg.lease, awaited),
+            zeroer,
+            page_bytes: readdir_budget(cfg.rpc.max_msg),
+            lease: cfg.lease,
+            policy: cfg.policy,
+            sessions: Sessions::default(),
+            quarantine: Quarantine::default(),
+            links: GrantLinks::new(local, grants.clone()),
+            replicas: cfg.replicas as usize,
+            repair: Repair::new(cfg.repair_rate),
+        });
+        for id in lost {
+            log::warn!("this node's own pool before the restart (data node {id}) is gone");
+            meta.node_left(id);
+        }
+        Ok((meta, wait))
+    }
+
+    /// The namespace and the data nodes a state directory's records rebuild.
+    fn replay(chunk_size: u64, records: &[Record]) -> Result<(Namespace, Allocator), String> {
+        let started = Instant::now();
+        let (ns, skipped) = Namespace::replay(chunk_size, records)?;
+        let alloc = Allocator::replay(chunk_size, records)?;
+        if skipped > 0 {
+            log::warn!("replay: {skipped} records named inodes that were not there");
+        }
+        log::info!(
+            "replayed {} records in {:.0?}: {} inodes, {} data nodes known",
+            records.len(),
+            started.elapsed(),
+            ns.inode_count(),
+            alloc.node_counts().1,
+        );
+        Ok((ns, alloc))
+    }
+
+    /// A data node joined: chunks short of copies may get them there, and a node back after
+    /// a restart has chunks to zero.
+    pub(crate) fn node_joined(&self) {
+        self.repair.kick();
+        self.zeroer.kick();
+    }
+
+    /// Whether chunks on node `id` count as copies: it is alive, or it is known from the
+    /// journal and may still come back.
+    pub(crate) fn counts_as_copy(&self, alloc: &Allocator, id: u32) -> bool {
+        alloc.is_alive(id) || (alloc.is_replayed(id) && self.recovery.awaiting_nodes(alloc))
+    }
+
+    /// Data node `id` left (its join connection closed): nothing more is allocated there, and
+    /// its copies of chunks that have others go from the maps, to be made again elsewhere.
+    pub(crate) fn node_left(&self, id: u32) {
+        let mut st = self.state.lock();
+        st.alloc.set_alive(id, false);
+        let lost = st.ns.drop_node(id);
+        if lost > 0 {
+            self.repair.lost(lost);
+            drop(st);
+            log::warn!("data node {id}: {lost} chunks lost a copy; copying them again");
+        }
+    }
+
+    pub(crate) fn start_zeroer(
+        self: &Arc<Self>,
+        node: Arc<Runtime>,
+        wait: Receiver<()>,
+    ) -> io::Result<()> {
+        let me = self.clone();
+        std::thread::Builder::new()
+            .name("zeroer".into())
+            .spawn(move || me.zeroer.run(&node, &me.state, wait))?;
+        Ok(())
+    }
+
+    /// Serves one connection of client `client_id`'s session until it goes (first telling the
+    /// client whether its session was still there); the session waits a grace period (twice
+    /// the lease) for the client to come back before it ends.
+    pub(crate) fn serve(
+        self: &Arc<Self>,
+        node: &Runtime,
+        mut s: TcpStream,
+        client_id: u64,
+        key: Option<SessionKey>,
+    ) -> io::Result<()> {
+        let peer = s.peer_addr()?;
+        let mut links = node.links(&node.pd, &mut s, 2, QpCaps::default())?;
+        let (cb_qp, cb_cq) = links.pop().expect("two links");
+        let (qp, cq) = links.pop().expect("two links");
+        let closed = Arc::new(AtomicBool::new(false));
+        let mut watch = s.try_clone()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let who = format!("client {peer} (id {client_id:016x})");
+        let callbacks = Callbacks::start(
+            &node.pd,
+            cb_qp,
+            cb_cq,
+            self.lease,
+            who.clone(),
+            stop.clone(),
+            key.clone(),
+        )?;
+        // From here on, every way out goes through the detach below.
+        let attached = self.sessions.attach(client_id, stop.clone());
+        let replaced =
+            self.state
+                .lock()
+                .holders
+                .attach(attached.id, attached.epoch(), callbacks.clone());
+        if let Some(old) = replaced {
+            old.close();
+        }
+        if attached.resumed {
+            log::warn!("{who} reconnected");
+        }
+        let result = send_frame(&mut s, &[attached.resumed as u8]).and_then(|()| {
+            let closer = {
+                let closed = closed.clone();
+                std::thread::spawn(move || {
+                    wait_for_close(&mut watch);
+                    closed.store(true, Ordering::Release);
+                })
+            };
+            let served = rpc::serve(&node.pd, qp, cq, node.cfg.rpc, &stop, |frame| {
+                match opened_call(key.as_ref(), frame) {
+                    Some((seq, body)) => {
+                        let reply = self.handle(&attached, body);
+                        integrity::seal(key.as_ref(), integrity::REPLY, seq, reply)
+                    }
+                    None => {
+                        // Not the client's: whoever sent it is on the path. Nothing more is
+                        // taken from this connection.
+                        log::error!("{who}: a call without the session's MAC; connection closed");
+                        stop.store(true, Ordering::Release);
+                        Vec::new()
+                    }
+                }
+            });
+            let _ = s.shutdown(std::net::Shutdown::Both);
+            let _ = closer.join();
+            served
+        });
+        callbacks.close();
+        if self.sessions.detach(client_id, &attached) {
+            match &result {
+                Err(e) if !closed.load(Ordering::Acquire) => {
+                    log::warn!("{who}: metadata connection ended: {e}")
+                }
+                _ => log::info!("{who}: connection closed"),
+            }
+            self.expire_later(client_id, attached, who);
+        }
+        result.or_else(|e| {
+            if closed.load(Ordering::Acquire) {
+                Ok(())
+            } else {
+                Err(e)
+            }
+        })
+    }
+
+    /// Ends a detached session unless its client comes back within the grace period: twice
+    /// the lease, since clients resend for up to their call deadline, which the lease is meant
+    /// to exceed.
+    fn expire_later(self: &Arc<Self>, client_id: u64, attached: Attached, who: String) {
+        let me = self.clone();
+        let grace = self.lease * 2;
+        let expire = move || {
+            std::thread::sleep(grace);
+            if let Some(gone) = me.sessions.expire(client_id, &attached) {
+                log::info!("{who}: not back within {grace:?}; session ended");
+                me.end_session(&gone);
+            }
+        };
+        if let Err(e) = std::thread::Builder::new()
+            .name("session-grace".into())
+            .spawn(expire)
+        {
+            log::error!(
+                "no thread to end a session later ({e}); it stays until its client returns"
+            );
+        }
+    }
+
+    /// A session ended: it caches nothing any more, and its handles are released (with the
+    /// chunks of files it had unlinked, and what closed files hold past their size).
+    fn end_session(&self, session: &Mutex<ClientSession>) {
+        let session = session.lock().unwrap();
+        let mut st = self.state.lock();
+        st.holders.remove(session.id);
+        let mut effects = Effects {
+            keep_past_size: self.recovery.awaiting_clients(),
+            woken: st.locks.drop_session(session.id),
+            ..Effects::default()
+        };
+        for (&ino, h) in &session.open {
+            for _ in 0..h.all {
+                ops::release(&mut st.ns, ino, &mut effects);
+            }
+        }
+        st.holding.set(session.client, false);
+        self.settle(st, Some(session.id), effects);
+        for (&node, &data) in &session.data {
+            self.links
+                .tell(node, RevokeSession { session: data }.into());
+        }
+    }
+
+    /// Decodes, applies and answers one call, once: a call resent after a reconnection gets
+    /// the reply it had.
+    fn handle(&self, attached: &Attached, body: &[u8]) -> Vec<u8> {
+        let read = clock::now_ms();
+        let Some((envelope, call)) = unseal(body) else {
+            log::warn!("metadata call without an envelope");
+            return Reply::failed(0, Errno::EPROTO).bytes;
+        };
+        let seq = envelope.seq;
+        let op = call.get(1).copied().unwrap_or(0);
+        let mut session = attached.session.lock().unwrap();
+        if !attached.is_current() {
+            // A newer connection took the session over: the client resends there.
+            return Reply::failed(op, Errno::EIO).bytes;
+        }
+        if let Some(reply) = session.replayed(seq, envelope.oldest) {
+            log::debug!("call {seq} resent: answered from the reply cache");
+            return reply;
+        }
+        if session.is_stale(seq, envelope.oldest) {
+            log::warn!(
+                "call {seq} of session {} was answered before: a copy, not applied",
+                session.id
+            );
+            return Reply::failed(op, Errno::EIO).bytes;
+        }
+        // Its age now, with the wait for the session's lock (another call of its) counted.
+        let age = session.clock.age(envelope.sent_ms, read) + (clock::now_ms() - read);
+        if clock::too_late(age, envelope.budget_ms as u64) {
+            // The caller has given up (or is about to): applying it now would do it behind
+            // the caller's back. Not remembered: a resend with time left is applied.
+            log::warn!(
+                "call {seq} of session {} arrived {age} ms late for its {} ms: not applied",
+                session.id,
+                envelope.budget_ms
+            );
+            return Reply::failed(op, Errno::EIO).bytes;
+        }
+        let req = match Request::decode(call) {
+            Ok(r) => r,
+            Err(e) => {
+                log::warn!("malformed metadata request: {e}");
+                let op = call.get(1).copied().unwrap_or(0);
+                return Reply::failed(op, Errno::EPROTO).bytes;
+            }
+        };
+        let id = session.id;
+        if !matches!(
+            req,
+            Request::Reclaim(_)
+                | Request::SetLock(rfs_proto::message::SetLock { reclaim: true, .. })
+        ) {
+            self.recovery.client_back(session.client);
+        }
+        // Space being zeroed is free space: an allocation that only it would satisfy waits
+        // for the zeroer rather than failing with ENOSPC.
+        let give_up = Instant::now() + ZEROING_WAIT;
+        // Fewer copies rather than none: the wait for returning nodes leaves the caller half
+        // the time it had left.
+        let left_ms = (envelope.budget_ms as u64).saturating_sub(age);
+        let copies_wait_until = Instant::now() + Duration::from_millis(left_ms / 2);
+        let mut reply = loop {
+            let mut st = self.state.lock();
+            if matches!(req, Request::Allocate(_))
+                && self.copies_are_coming_back(&st.alloc)
+                && Instant::now() < copies_wait_until
+            {
+                // Chunks allocated now would get fewer copies than the file system keeps.
+                drop(st);
+                std::thread::sleep(Duration::from_millis(5));
+                continue;
+            }
+            let mut effects = Effects {
+                keep_past_size: self.recovery.awaiting_clients(),
+                ..Effects::default()
+            };
+            let held = session.holds_handles();
+            let answer = ops::apply(
+                &mut Ctx {
+                    svc: self,
+                    st: &mut st,
+                    cs: &mut session,
+                    fx: &mut effects,
+                },
+                &req,
+            );
+            if session.holds_handles() != held {
+                st.holding.set(session.client, !held);
+            }
+            // Space is also coming while data nodes known from the journal come back.
+            let short = matches!(req, Request::Allocate(_))
+                && matches!(&answer, Answer::Now(r) if r.errno == Some(Errno::ENOSPC))
+                && (st.alloc.zeroing() > 0 || self.recovery.awaiting_nodes(&st.alloc));
+            if short && Instant::now() < give_up {
+                drop(st);
+                self.zeroer.kick();
+                std::thread::sleep(Duration::from_millis(2));
+                continue;
+            }
+            let closed = std::mem::take(&mut effects.closed);
+            let closed_for_writing = std::mem::take(&mut effects.closed_for_writing);
+            let detached = std::mem::take(&mut effects.detached);
+            self.settle(st, Some(id), effects);
+            // Calls of one session are applied one at a time (its lock is held), so its
+            // grants and revocations reach each node in the order of its calls.
+            self.links.revoke(&session.data, &closed_for_writing, true);
+            self.links.revoke(&session.data, &closed, false);
+            for (node, old) in detached {
+                self.links.tell(node, RevokeSession { session: old }.into());
+            }
+            break match answer {
+                Answer::Grant(g) => self.grant(&session.data, g).bytes,
+                Answer::Now(reply) => reply.bytes,
+            };
+        };
+        // Nothing is answered that a restart could take back.
+        if let Err(e) = self.state.sync() {
+            log::error!("call {seq} of session {id}: {e}");
+            reply = Reply::failed(op, Errno::EIO).bytes;
+        }
+        if changes_something(&req) {
+            session.remember(seq, &reply);
+        }
+        reply
+    }
+}

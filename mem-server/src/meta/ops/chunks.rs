@@ -1,0 +1,144 @@
+//! Chunks: a file's chunk map (granted to the caller's data sessions before it is answered),
+//! allocation, replicas that missed a write, the space and the data nodes there are, and which
+//! data session of the client a node's grants go to.
+
+use rfs_proto::message::RequestOp;
+use rfs_proto::message::{Allocate, AttachData, ChunkMap, DropReplicas, GetStatFs, ListNodes};
+use rfs_proto::types::{NodeInfo, StatFs};
+use rfs_proto::wire::MAX_LIST;
+use rfs_proto::Errno;
+
+use super::{answer, Answer, Ctx};
+use crate::meta::effects::is_frozen;
+
+pub(super) fn chunk_map(cx: &mut Ctx<'_>, m: &ChunkMap) -> Answer {
+    // Only through a handle: the open is where permission was checked.
+    let r = match cx.cs.open.get(&m.ino) {
+        Some(_) if is_frozen(&cx.st.frozen, m.ino, m.first, m.count) => Err(Errno::EAGAIN),
+        Some(_) => cx
+            .st
+            .ns
+            .chunk_map_page(m.ino, m.first, m.count as u64, MAX_LIST as usize),
+        None => Err(Errno::EBADF),
+    };
+    match r {
+        Ok(chunks) => {
+            cx.st.holders.fetched(cx.cs.id, m.ino);
+            let writable = cx.writable(m.ino);
+            cx.granting(RequestOp::ChunkMap, writable, chunks)
+        }
+        Err(e) => answer(m, Err(e)),
+    }
+}
+
+pub(super) fn allocate(cx: &mut Ctx<'_>, m: &Allocate) -> Answer {
+    let count = m.count.min(MAX_LIST) as u64;
+    let writable = cx.writable(m.ino);
+    let Ctx { svc, st, fx, .. } = cx;
+    let result = writable
+        .then_some(())
+        .ok_or(Errno::EBADF)
+        .and_then(
+            |()| match is_frozen(&st.frozen, m.ino, m.first, count as u32) {
+                true => Err(Errno::EAGAIN),
+                false => st.ns.missing_chunks(m.ino, m.first, count),
+            },
+        )
+        .and_then(|missing| {
+            let chunks = st.alloc.alloc(missing.len(), svc.replicas)?;
+            if chunks.iter().any(|c| c.len() < svc.replicas) {
+                svc.repair.degraded(chunks.len());
+            }
+            let new: Vec<_> = missing.into_iter().zip(chunks).collect();
+            if let Err(e) = st.ns.add_chunks(m.ino, &new) {
+                fx.freed.extend(new.into_iter().flat_map(|(_, c)| c));
+                return Err(e);
+            }
+            st.ns.chunk_map(m.ino, m.first, count)
+        });
+    match result {
+        Ok(chunks) => {
+            cx.st.holders.fetched(cx.cs.id, m.ino);
+            cx.granting(RequestOp::Allocate, true, chunks)
+        }
+        Err(e) => answer(m, Err(e)),
+    }
+}
+
+pub(super) fn drop_replicas(cx: &mut Ctx<'_>, m: &DropReplicas) -> Answer {
+    let writable = cx.writable(m.ino);
+    let Ctx { svc, st, fx, .. } = cx;
+    let r = writable
+        .then_some(())
+        .ok_or(Errno::EBADF)
+        .and_then(|()| st.ns.drop_replicas(m.ino, m.index, &m.reached))
+        .map(|dropped| {
+            let n = dropped.len() as u32;
+            if !dropped.is_empty() {
+                log::warn!(
+                    "inode {}: chunk {}: a write missed its replicas on nodes {:?}: dropped, to \
+                     be copied again",
+                    m.ino,
+                    m.index,
+                    dropped.iter().map(|c| c.node).collect::<Vec<_>>()
+                );
+                // Other holders must not read the copies that missed the write; the chunks
+                // themselves are freed once they let go.
+                fx.change.remaps.push(m.ino);
+                svc.repair.avoid(dropped.iter().map(|c| c.node));
+                fx.freed.extend(dropped);
+                fx.quick = true;
+                svc.repair.lost(1);
+            }
+            n
+        });
+    answer(m, r)
+}
+
+pub(super) fn statfs(cx: &mut Ctx<'_>, m: &GetStatFs) -> Answer {
+    // Space as files see it: each chunk takes a chunk on every replica's node.
+    let (total, free) = cx.st.alloc.totals();
+    let copies = cx.svc.replicas as u64;
+    answer(
+        m,
+        Ok(StatFs {
+            chunk_size: cx.st.ns.chunk_size(),
+            chunks_total: total / copies,
+            chunks_free: free / copies,
+            inodes: cx.st.ns.inode_count(),
+            lease_ms: cx.svc.lease.as_millis() as u64,
+            replicas: cx.svc.replicas as u32,
+            chunks_short: cx.svc.repair.short(),
+        }),
+    )
+}
+
+pub(super) fn list_nodes(cx: &mut Ctx<'_>, m: &ListNodes) -> Answer {
+    // A node known from the journal and not back yet still counts: clients wait for it
+    // rather than give up on it.
+    let alloc = &cx.st.alloc;
+    let nodes = alloc
+        .nodes(cx.svc.local)
+        .into_iter()
+        .map(|n| NodeInfo {
+            alive: cx.svc.counts_as_copy(alloc, n.id),
+            ..n
+        })
+        .collect();
+    answer(m, Ok(nodes))
+}
+
+/// The name only says where this session's grants go: a client naming another's session gives
+/// that one more reach, never itself. What the session granted before goes with the old name:
+/// revocations follow the new one.
+pub(super) fn attach_data(cx: &mut Ctx<'_>, m: &AttachData) -> Answer {
+    let r = if (m.node as usize) < cx.st.alloc.node_counts().1 {
+        if let Some(old) = cx.cs.data.insert(m.node, m.session) {
+            (old != m.session).then(|| cx.fx.detached.push((m.node, old)));
+        }
+        Ok(())
+    } else {
+        Err(Errno::EINVAL)
+    };
+    answer(m, r)
+}

@@ -1,0 +1,190 @@
+//! Names: looking up, making, linking, removing and renaming entries, attributes, listing
+//! directories. Every call that looks in or changes a directory is checked against its mode
+//! bits for the caller; what the caller is told, it may cache, and is told again when that
+//! changes (see [`Ctx::told`]).
+
+use rfs_proto::message::{
+    GetAttr, Link, Lookup, Mkdir, Mknod, ReadDir, Readlink, Rename, Rmdir, SetAttr, Symlink, Unlink,
+};
+use rfs_proto::types::Owner;
+use rfs_proto::wire::MAX_LIST;
+
+use super::{answer, Answer, Ctx};
+use crate::access::{
+    check_change, check_list, check_rename, check_search, check_setattr, check_sticky, made_in,
+};
+use crate::meta::coherence::Recall;
+
+pub(super) fn lookup(cx: &mut Ctx<'_>, m: &Lookup) -> Answer {
+    let r = cx
+        .in_dir(&m.caller, m.parent, check_search)
+        .and_then(|_| cx.st.ns.lookup(m.parent, &m.name));
+    answer(m, cx.told(r, Some(m.parent)))
+}
+
+pub(super) fn getattr(cx: &mut Ctx<'_>, m: &GetAttr) -> Answer {
+    let r = cx.st.ns.getattr(m.ino);
+    answer(m, cx.told(r, None))
+}
+
+pub(super) fn setattr(cx: &mut Ctx<'_>, m: &SetAttr) -> Answer {
+    let writing = cx.writable(m.ino);
+    let chunk_size = cx.st.ns.chunk_size();
+    let Ctx { svc, st, fx, .. } = cx;
+    let r = svc
+        .policy
+        .caller(&m.caller)
+        .and_then(|c| check_setattr(&st.ns.getattr(m.ino)?, &c, &m.changes, writing))
+        .and_then(|()| st.ns.setattr(m.ino, &m.changes))
+        .map(|(a, freed)| {
+            fx.change.inodes.push((m.ino, m.changes.size.is_some()));
+            if let Some(size) = m.changes.size {
+                // Every size cut is told, freed chunks or not: holders cut their sizes.
+                let from = size.div_ceil(chunk_size);
+                fx.change.recalls.push(Recall {
+                    ino: m.ino,
+                    from,
+                    cut: true,
+                });
+                fx.freed.extend(freed);
+            }
+            a
+        });
+    answer(m, cx.told(r, None))
+}
+
+pub(super) fn mknod(cx: &mut Ctx<'_>, m: &Mknod) -> Answer {
+    let r = cx
+        .in_dir(&m.caller, m.parent, check_change)
+        .and_then(|(c, dir)| {
+            let owner = made_in(cx.svc.policy.owner(m.owner), &dir, &c);
+            cx.st.ns.mknod(m.parent, &m.name, m.kind, m.rdev, owner)
+        });
+    r.is_ok()
+        .then(|| cx.fx.change.inodes.push((m.parent, false)));
+    answer(m, cx.made(r, m.parent))
+}
+
+pub(super) fn mkdir(cx: &mut Ctx<'_>, m: &Mkdir) -> Answer {
+    let r = cx.in_dir(&m.caller, m.parent, check_change).and_then(|_| {
+        let owner = cx.svc.policy.owner(m.owner);
+        cx.st.ns.mkdir(m.parent, &m.name, owner)
+    });
+    r.is_ok()
+        .then(|| cx.fx.change.inodes.push((m.parent, false)));
+    answer(m, cx.made(r, m.parent))
+}
+
+pub(super) fn symlink(cx: &mut Ctx<'_>, m: &Symlink) -> Answer {
+    let o = cx.svc.policy.owner(Owner {
+        perm: 0o777,
+        uid: m.uid,
+        gid: m.gid,
+    });
+    let r = cx
+        .in_dir(&m.caller, m.parent, check_change)
+        .and_then(|_| cx.st.ns.symlink(m.parent, &m.name, &m.target, o.uid, o.gid));
+    r.is_ok()
+        .then(|| cx.fx.change.inodes.push((m.parent, false)));
+    answer(m, cx.made(r, m.parent))
+}
+
+pub(super) fn readlink(cx: &mut Ctx<'_>, m: &Readlink) -> Answer {
+    answer(m, cx.st.ns.readlink(m.ino))
+}
+
+pub(super) fn link(cx: &mut Ctx<'_>, m: &Link) -> Answer {
+    let r = cx
+        .in_dir(&m.caller, m.newparent, check_change)
+        .and_then(|_| cx.st.ns.link(m.ino, m.newparent, &m.newname));
+    if r.is_ok() {
+        cx.fx
+            .change
+            .inodes
+            .extend([(m.ino, false), (m.newparent, false)]);
+    }
+    answer(m, cx.made(r, m.newparent))
+}
+
+pub(super) fn unlink(cx: &mut Ctx<'_>, m: &Unlink) -> Answer {
+    let victim = cx.target(m.parent, &m.name);
+    let r = cx
+        .in_dir(&m.caller, m.parent, check_change)
+        .and_then(|(c, dir)| victim.map_or(Ok(()), |v| check_sticky(&dir, &v, &c)));
+    let r = r
+        .and_then(|()| cx.st.ns.unlink(m.parent, &m.name))
+        .map(|freed| {
+            let ino = victim.map_or(0, |a| a.ino);
+            cx.fx
+                .change
+                .inodes
+                .extend([(m.parent, false), (ino, false)]);
+            cx.fx.change.entries.push((m.parent, m.name.clone()));
+            cx.fx.freed(ino, 0, freed);
+        });
+    answer(m, r.and_then(|()| cx.dir_after(m.parent)))
+}
+
+pub(super) fn rmdir(cx: &mut Ctx<'_>, m: &Rmdir) -> Answer {
+    let victim = cx.target(m.parent, &m.name);
+    let r = cx
+        .in_dir(&m.caller, m.parent, check_change)
+        .and_then(|(c, dir)| victim.map_or(Ok(()), |v| check_sticky(&dir, &v, &c)));
+    let r = r
+        .and_then(|()| cx.st.ns.rmdir(m.parent, &m.name))
+        .inspect(|_| {
+            cx.fx.change.inodes.push((m.parent, false));
+            cx.fx.change.inodes.extend(victim.map(|a| (a.ino, false)));
+            cx.fx.change.entries.push((m.parent, m.name.clone()));
+        });
+    answer(m, r.and_then(|()| cx.dir_after(m.parent)))
+}
+
+pub(super) fn rename(cx: &mut Ctx<'_>, m: &Rename) -> Answer {
+    let src = cx.target(m.parent, &m.name);
+    let dst = cx.target(m.newparent, &m.newname);
+    let Ctx { svc, st, fx, .. } = cx;
+    let r = svc
+        .policy
+        .caller(&m.caller)
+        .and_then(|c| {
+            let (from, to) = (st.ns.getattr(m.parent)?, st.ns.getattr(m.newparent)?);
+            let (src, dst) = (src.as_ref(), dst.as_ref());
+            check_rename((&from, src), (&to, dst), m.flags, &c)
+        })
+        .and_then(|()| {
+            st.ns
+                .rename(m.parent, &m.name, m.newparent, &m.newname, m.flags)
+        })
+        .map(|freed| {
+            let c = &mut fx.change;
+            c.inodes.extend([(m.parent, false), (m.newparent, false)]);
+            c.inodes
+                .extend(src.iter().chain(&dst).map(|a| (a.ino, false)));
+            c.entries.push((m.parent, m.name.clone()));
+            c.entries.push((m.newparent, m.newname.clone()));
+            fx.freed(dst.map_or(0, |a| a.ino), 0, freed);
+        });
+    let dirs = r.and_then(|()| {
+        // The caller's kernel now holds the new name: it is told when it changes.
+        cx.st.holders.looked_in(cx.cs.id, m.parent);
+        cx.st.holders.looked_in(cx.cs.id, m.newparent);
+        let old = cx.dir_after(m.parent)?;
+        Ok((old, cx.dir_after(m.newparent)?))
+    });
+    answer(m, dirs)
+}
+
+pub(super) fn readdir(cx: &mut Ctx<'_>, m: &ReadDir) -> Answer {
+    let max = m.max.min(MAX_LIST) as usize;
+    let r = cx
+        .in_dir(&m.caller, m.ino, check_list)
+        .and_then(|_| cx.st.ns.readdir(m.ino, m.cookie, max, cx.svc.page_bytes));
+    if let Ok(page) = &r {
+        cx.st.holders.looked_in(cx.cs.id, m.ino);
+        for e in page {
+            cx.st.holders.saw(cx.cs.id, e.attr.ino);
+        }
+    }
+    answer(m, r)
+}

@@ -1,0 +1,913 @@
+//! Every metadata operation, in process: a service with this node's own small pool, clients
+//! that call it through [`MetaService::handle`] as their connections do (calls sealed in their
+//! envelopes, replies decoded), and no socket.
+
+use std::sync::atomic::AtomicBool;
+
+use rdmabox::transport::{Access, Context, TransportConfig};
+use rfs_proto::locks::{FileLock, READ, TO_END, UNLOCK, WRITE};
+use rfs_proto::message::{
+    decode_reply, encode_call, seal, Allocate, AttachData, Call, CancelWait, ChunkMap, Commit,
+    Create, DropLocks, DropReplicas, Envelope, GetAttr, GetLock, GetStatFs, Link, ListNodes,
+    Lookup, Made, Mkdir, Mknod, Open, ReadDir, Readlink, Reclaim, Release, ReleaseMany, Rename,
+    Rmdir, SetAttr, SetLock, Symlink, Unlink,
+};
+use rfs_proto::types::{
+    Attr, Caller, ChunkRef, FileKind, Ino, Name, Owner, Replicas, MAY_READ, MAY_WRITE,
+    RENAME_NOREPLACE,
+};
+
+use super::*;
+
+const CHUNK: u64 = 64 << 10;
+const CHUNKS: u64 = 16;
+const RW: u8 = MAY_READ | MAY_WRITE;
+
+fn root() -> Caller {
+    Caller {
+        uid: 0,
+        gid: 0,
+        groups: vec![],
+    }
+}
+
+fn user(uid: u32) -> Caller {
+    Caller {
+        uid,
+        gid: uid,
+        groups: vec![],
+    }
+}
+
+fn owner(perm: u16, c: &Caller) -> Owner {
+    Owner {
+        perm,
+        uid: c.uid,
+        gid: c.gid,
+    }
+}
+
+/// A metadata node with its own pool of [`CHUNKS`] chunks and nothing else: no zeroer (freed
+/// chunks are not allocatable again here), no data node but its own.
+struct Node {
+    meta: Arc<MetaService>,
+    grants: Arc<Grants>,
+    ctx: Context,
+    _zeroer_kicks: Receiver<()>,
+}
+
+impl Node {
+    fn new() -> Node {
+        let ctx = Context::open(&TransportConfig::default()).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let pool = Arc::new(
+            pd.alloc_region((CHUNKS * CHUNK) as usize, Access::ALL)
+                .unwrap(),
+        );
+        let grants = Arc::new(Grants::new(pool.clone(), CHUNK));
+        let mut cfg = NodeConfig::new("127.0.0.1:0".parse().unwrap(), CHUNKS * CHUNK);
+        cfg.chunk_size = CHUNK;
+        cfg.insecure = true;
+        cfg.lease = Duration::from_millis(500);
+        let (meta, kicks) =
+            MetaService::new(&cfg, "127.0.0.1:1".into(), &pool, CHUNKS, &grants).unwrap();
+        meta.start_quarantine().unwrap();
+        Node {
+            meta,
+            grants,
+            ctx,
+            _zeroer_kicks: kicks,
+        }
+    }
+
+    /// A client session, as a connection of client `id` attaches it.
+    fn client(&self, id: u64) -> Client<'_> {
+        let attached = self
+            .meta
+            .sessions
+            .attach(id, Arc::new(AtomicBool::new(false)));
+        Client {
+            node: self,
+            attached,
+            seq: 0,
+        }
+    }
+}
+
+struct Client<'a> {
+    node: &'a Node,
+    attached: Attached,
+    seq: u64,
+}
+
+impl Client<'_> {
+    /// Calls `c` as the next call of the session, answered in time.
+    fn call<C: Call>(&mut self, c: C) -> Result<C::Reply, Errno> {
+        self.seq += 1;
+        self.call_as(self.seq, self.seq, 10_000, c)
+    }
+
+    /// Calls `c` numbered `seq`, with `oldest` the oldest call unanswered and `budget_ms` to
+    /// answer it in.
+    fn call_as<C: Call>(
+        &mut self,
+        seq: u64,
+        oldest: u64,
+        budget_ms: u32,
+        c: C,
+    ) -> Result<C::Reply, Errno> {
+        self.seq = self.seq.max(seq);
+        let envelope = Envelope {
+            seq,
+            oldest,
+            sent_ms: clock::now_ms(),
+            budget_ms,
+        };
+        let reply = self
+            .node
+            .meta
+            .handle(&self.attached, &seal(&envelope, &encode_call(&c)));
+        decode_reply::<C>(&reply).expect("a well-formed reply to the call made")
+    }
+
+    fn lookup(&mut self, parent: Ino, name: &str) -> Result<Attr, Errno> {
+        self.call(Lookup {
+            parent,
+            name: name.into(),
+            caller: root(),
+        })
+    }
+
+    fn create_as(
+        &mut self,
+        caller: &Caller,
+        parent: Ino,
+        name: &str,
+        perm: u16,
+    ) -> Result<Made, Errno> {
+        self.call(Create {
+            parent,
+            name: name.into(),
+            owner: owner(perm, caller),
+            access: RW,
+            caller: caller.clone(),
+        })
+    }
+
+    /// A file made (and opened for reading and writing) by root.
+    fn create(&mut self, parent: Ino, name: &str) -> Attr {
+        self.create_as(&root(), parent, name, 0o644).unwrap().attr
+    }
+
+    fn mkdir_as(
+        &mut self,
+        caller: &Caller,
+        parent: Ino,
+        name: &str,
+        perm: u16,
+    ) -> Result<Made, Errno> {
+        self.call(Mkdir {
+            parent,
+            name: name.into(),
+            owner: owner(perm, caller),
+            caller: caller.clone(),
+        })
+    }
+
+    fn mkdir(&mut self, parent: Ino, name: &str) -> Attr {
+        self.mkdir_as(&root(), parent, name, 0o755).unwrap().attr
+    }
+
+    fn open(&mut self, ino: Ino, access: u8, caller: &Caller) -> Result<Attr, Errno> {
+        self.call(Open {
+            ino,
+            access,
+            caller: caller.clone(),
+        })
+    }
+
+    fn allocate(
+        &mut self,
+        ino: Ino,
+        first: u64,
+        count: u32,
+    ) -> Result<Vec<(u64, Replicas)>, Errno> {
+        self.call(Allocate { ino, first, count })
+    }
+
+    fn names(&mut self, dir: Ino) -> Vec<Vec<u8>> {
+        let page = self
+            .call(ReadDir {
+                ino: dir,
+                cookie: 0,
+                max: 1000,
+                caller: root(),
+            })
+            .unwrap();
+        page.into_iter()
+            .map(|e| e.name.0)
+            .filter(|n| n != b"." && n != b"..")
+            .collect()
+    }
+
+    /// A data session of this client at the node's own pool, attached to its metadata
+    /// session: its chunk maps are granted there from now on.
+    fn attach_data(&mut self) -> u64 {
+        let pd = Arc::new(self.node.ctx.alloc_pd().unwrap());
+        let session = self.node.grants.open(pd);
+        let node = self.node.meta.local;
+        self.call(AttachData { node, session }).unwrap();
+        session
+    }
+}
+
+fn lock(kind: u8, start: u64, end: u64) -> FileLock {
+    FileLock {
+        start,
+        end,
+        kind,
+        pid: 1,
+    }
+}
+
+fn set_lock(ino: Ino, owner: u64, l: FileLock) -> SetLock {
+    SetLock {
+        ino,
+        owner,
+        lock: l,
+        wait: false,
+        reclaim: false,
+    }
+}
+
+// Names.
+
+#[test]
+fn lookup_finds_what_was_made_and_checks_search_rights() {
+    let node = Node::new();
+    let mut c = node.client(1);
+    let f = c.create(ROOT, "f");
+    assert_eq!(c.lookup(ROOT, "f").unwrap().ino, f.ino);
+    assert_eq!(c.lookup(ROOT, "nope"), Err(Errno::ENOENT));
+    let private = c.mkdir_as(&root(), ROOT, "private", 0o700).unwrap().attr;
+    c.create(private.ino, "secret");
+    let as_user = c.call(Lookup {
+        parent: private.ino,
+        name: "secret".into(),
+        caller: user(1000),
+    });
+    assert_eq!(as_user, Err(Errno::EACCES));
+}
+
+#[test]
+fn getattr_answers_the_inode_and_refuses_unknown_ones() {
+    let node = Node::new();
+    let mut c = node.client(1);
+    let f = c.create(ROOT, "f");
+    let a = c.call(GetAttr { ino: f.ino }).unwrap();
+    assert_eq!(
+        (a.ino, a.kind, a.perm, a.size),
+        (f.ino, FileKind::RegularFile, 0o644, 0)
+    );
+    assert!(c.call(GetAttr { ino: 999_999 }).is_err());
+}
+
+#[test]
+fn setattr_lets_the_owner_chmod_refuses_others_and_truncation_frees_chunks() {
+    let node = Node::new();
+    let mut c = node.client(1);
+    let u = user(1000);
+    let f = c.create_as(&u, ROOT, "f", 0o644);
+    // Root made the directory entry possible only for root: the root directory is 0755.
+    assert_eq!(f, Err(Errno::EACCES));
+    let dir = c.mkdir_as(&root(), ROOT, "d", 0o777).unwrap().attr;
+    let f = c.create_as(&u, dir.ino, "f", 0o644).unwrap().attr;
+    let chmod = |caller: &Caller, mode| SetAttr {
+        ino: f.ino,
+        changes: AttrChanges {
+            mode: Some(mode),
+            ..AttrChanges::default()
+        },
+        caller: caller.clone(),
+    };
+    assert_eq!(c.call(chmod(&user(2000), 0o666)), Err(Errno::EPERM));
+    assert_eq!(c.call(chmod(&u, 0o600)).unwrap().perm, 0o600);
+
+    c.allocate(f.ino, 0, 3).unwrap();
+    let free_before = c.call(GetStatFs {}).unwrap().chunks_free;
+    let cut = SetAttr {
+        ino: f.ino,
+        changes: AttrChanges {
+            size: Some(0),
+            ..AttrChanges::default()
+        },
+        caller: u.clone(),
+    };
+    assert_eq!(c.call(cut).unwrap().size, 0);
+    let map = c.call(ChunkMap {
+        ino: f.ino,
+        first: 0,
+        count: 8,
+    });
+    assert!(
+        map.unwrap().iter().all(|(_, r)| r.is_empty()),
+        "no chunk left"
+    );
+    // Nobody else holds the map: the chunks go back to the pool (to be zeroed) at once.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while c.call(GetStatFs {}).unwrap().chunks_free != free_before + 3 {
+        assert!(
+            Instant::now() < deadline,
+            "the freed chunks did not come back"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn mknod_makes_special_files_once() {
+    let node = Node::new();
+    let mut c = node.client(1);
+    let fifo = |name: &str| Mknod {
+        parent: ROOT,
+        name: name.into(),
+        kind: FileKind::NamedPipe,
+        rdev: 0,
+        owner: owner(0o600, &root()),
+        caller: root(),
+    };
+    let made = c.call(fifo("p")).unwrap();
+    assert_eq!(made.attr.kind, FileKind::NamedPipe);
+    assert_eq!(made.dir.ino, ROOT);
+    assert_eq!(c.call(fifo("p")), Err(Errno::EEXIST));
+}
+
+#[test]
+fn mkdir_counts_the_parents_links_and_refuses_a_read_only_parent() {
+    let node = Node::new();
+    let mut c = node.client(1);
+    let before = c.call(GetAttr { ino: ROOT }).unwrap().nlink;
+    let made = c.mkdir_as(&root(), ROOT, "d", 0o755).unwrap();
+    assert_eq!(made.attr.kind, FileKind::Directory);
+    assert_eq!(made.dir.nlink, before + 1, "the new directory's '..'");
+    assert_eq!(
+        c.mkdir_as(&user(1000), made.attr.ino, "sub", 0o755),
+        Err(Errno::EACCES)
+    );
+}
+
+#[test]
+fn symlink_and_readlink_keep_the_target_byte_for_byte() {
+    let node = Node::new();
+    let mut c = node.client(1);
+    let target = Name(b"../not/utf8/\xff\xfe".to_vec());
+    let made = c
+        .call(Symlink {
+            parent: ROOT,
+            name: "l".into(),
+            target: target.clone(),
+            uid: 0,
+            gid: 0,
+            caller: root(),
+        })
+        .unwrap();
+    assert_eq!(made.attr.kind, FileKind::Symlink);
+    assert_eq!(c.call(Readlink { ino: made.attr.ino }), Ok(target));
+    let f = c.create(ROOT, "f");
+    assert!(c.call(Readlink { ino: f.ino }).is_err(), "not a link");
+}
+
+#[test]
+fn link_adds_a_name_to_files_but_not_to_directories() {
+    let node = Node::new();
+    let mut c = node.client(1);
+    let f = c.create(ROOT, "f");
+    let d = c.mkdir(ROOT, "d");
+    let link = |ino, name: &str| Link {
+        ino,
+        newparent: ROOT,
+        newname: name.into(),
+        caller: root(),
+    };
+    assert_eq!(c.call(link(f.ino, "g")).unwrap().attr.nlink, 2);
+    assert_eq!(c.lookup(ROOT, "g").unwrap().ino, f.ino);
+    assert_eq!(c.call(link(d.ino, "d2")), Err(Errno::EPERM));
+}
+
+#[test]
+fn unlink_of_an_open_file_keeps_it_for_its_handle_until_the_last_release() {
+    let node = Node::new();
+    let mut c = node.client(1);
+    let f = c.create(ROOT, "f");
+    c.allocate(f.ino, 0, 2).unwrap();
+    let unlink = Unlink {
+        parent: ROOT,
+        name: "f".into(),
+        caller: root(),
+    };
+    c.call(unlink.clone()).unwrap();
+    assert_eq!(c.lookup(ROOT, "f"), Err(Errno::ENOENT));
+    assert_eq!(c.call(unlink), Err(Errno::ENOENT));
+    let map = c.call(ChunkMap {
+        ino: f.ino,
+        first: 0,
+        count: 2,
+    });
+    assert_eq!(map.unwrap().len(), 2, "its chunks stay while it is open");
+    c.call(Release {
+        ino: f.ino,
+        access: RW,
+    })
+    .unwrap();
+    assert!(
+        c.call(GetAttr { ino: f.ino }).is_err(),
+        "gone with its last handle"
+    );
+}
+
+#[test]
+fn unlink_in_a_sticky_directory_is_for_the_owners() {
+    let node = Node::new();
+    let mut c = node.client(1);
+    let tmp = c.mkdir_as(&root(), ROOT, "tmp", 0o1777).unwrap().attr;
+    let (a, b) = (user(1000), user(2000));
+    c.create_as(&a, tmp.ino, "mine", 0o666).unwrap();
+    let by = |caller: &Caller| Unlink {
+        parent: tmp.ino,
+        name: "mine".into(),
+        caller: caller.clone(),
+    };
+    assert_eq!(c.call(by(&b)), Err(Errno::EPERM));
+    c.call(by(&a)).unwrap();
+}
+
+#[test]
+fn rmdir_refuses_a_directory_with_entries() {
+    let node = Node::new();
+    let mut c = node.client(1);
+    let d = c.mkdir(ROOT, "d");
+    c.create(d.ino, "f");
+    let rmdir = Rmdir {
+        parent: ROOT,
+        name: "d".into(),
+        caller: root(),
+    };
+    assert_eq!(c.call(rmdir.clone()), Err(Errno::ENOTEMPTY));
+    c.call(Unlink {
+        parent: d.ino,
+        name: "f".into(),
+        caller: root(),
+    })
+    .unwrap();
+    c.call(rmdir).unwrap();
+    assert_eq!(c.lookup(ROOT, "d"), Err(Errno::ENOENT));
+}
+
+#[test]
+fn rename_moves_replaces_and_honours_noreplace() {
+    let node = Node::new();
+    let mut c = node.client(1);
+    let (a, b) = (c.create(ROOT, "a"), c.create(ROOT, "b"));
+    let d = c.mkdir(ROOT, "d");
+    let rename = |name: &str, to: Ino, newname: &str, flags| Rename {
+        parent: ROOT,
+        name: name.into(),
+        newparent: to,
+        newname: newname.into(),
+        flags,
+        caller: root(),
+    };
+    assert_eq!(
+        c.call(rename("a", ROOT, "b", RENAME_NOREPLACE)),
+        Err(Errno::EEXIST)
+    );
+    let (old, new) = c.call(rename("a", d.ino, "a2", 0)).unwrap();
+    assert_eq!((old.ino, new.ino), (ROOT, d.ino));
+    assert_eq!(c.lookup(d.ino, "a2").unwrap().ino, a.ino);
+    // Over an existing name: the name now leads to the moved file.
+    c.call(rename("b", d.ino, "a2", 0)).unwrap();
+    assert_eq!(c.lookup(d.ino, "a2").unwrap().ino, b.ino);
+    assert_eq!(c.names(ROOT), vec![b"d".to_vec()]);
+}
+
+#[test]
+fn readdir_pages_through_every_entry_once() {
+    let node = Node::new();
+    let mut c = node.client(1);
+    let d = c.mkdir(ROOT, "d");
+    let mut want: Vec<Vec<u8>> = (0..50).map(|i| format!("f{i:02}").into_bytes()).collect();
+    for n in &want {
+        c.create(d.ino, std::str::from_utf8(n).unwrap());
+    }
+    let (mut got, mut cookie) = (Vec::new(), 0);
+    loop {
+        let page = c
+            .call(ReadDir {
+                ino: d.ino,
+                cookie,
+                max: 7,
+                caller: root(),
+            })
+            .unwrap();
+        assert!(page.len() <= 7);
+        let Some(last) = page.last() else { break };
+        cookie = last.cookie;
+        got.extend(page.into_iter().map(|e| e.name.0));
+    }
+    got.retain(|n| n != b"." && n != b"..");
+    got.sort();
+    want.sort();
+    assert_eq!(got, want);
+    let listing = c.call(ReadDir {
+        ino: d.ino,
+        cookie: 0,
+        max: 7,
+        caller: user(1000),
+    });
+    assert!(listing.is_ok(), "0755: anyone may list");
+}
+
+// Files.
+
+#[test]
+fn open_checks_the_mode_bits_for_the_access_asked() {
+    let node = Node::new();
+    let mut c = node.client(1);
+    let f = c.create_as(&root(), ROOT, "f", 0o640).unwrap().attr;
+    assert_eq!(c.open(f.ino, MAY_READ, &user(1000)), Err(Errno::EACCES));
+    let group = Caller {
+        uid: 1000,
+        gid: 1000,
+        groups: vec![0],
+    };
+    assert!(c.open(f.ino, MAY_READ, &group).is_ok(), "group may read");
+    assert_eq!(c.open(f.ino, MAY_WRITE, &group), Err(Errno::EACCES));
+    assert!(c.open(f.ino, RW, &root()).is_ok());
+}
+
+#[test]
+fn create_makes_and_opens_once() {
+    let node = Node::new();
+    let mut c = node.client(1);
+    let made = c.create_as(&root(), ROOT, "f", 0o600).unwrap();
+    assert_eq!(
+        (made.attr.kind, made.attr.perm),
+        (FileKind::RegularFile, 0o600)
+    );
+    assert_eq!(c.create_as(&root(), ROOT, "f", 0o600), Err(Errno::EEXIST));
+    // Opened by the create: its map may be fetched.
+    assert!(c
+        .call(ChunkMap {
+            ino: made.attr.ino,
+            first: 0,
+            count: 1
+        })
+        .is_ok());
+}
+
+#[test]
+fn release_closes_one_handle_at_a_time_and_refuses_one_not_held() {
+    let node = Node::new();
+    let mut c = node.client(1);
+    let f = c.create(ROOT, "f");
+    c.open(f.ino, MAY_READ, &root()).unwrap();
+    let release = |access| Release { ino: f.ino, access };
+    c.call(release(MAY_READ)).unwrap();
+    let map = ChunkMap {
+        ino: f.ino,
+        first: 0,
+        count: 1,
+    };
+    assert!(
+        c.call(map.clone()).is_ok(),
+        "the create's handle is still open"
+    );
+    c.call(release(RW)).unwrap();
+    assert_eq!(c.call(map), Err(Errno::EBADF));
+    assert_eq!(c.call(release(MAY_READ)), Err(Errno::EBADF));
+}
+
+#[test]
+fn release_many_counts_what_it_closed() {
+    let node = Node::new();
+    let mut c = node.client(1);
+    let (a, b) = (c.create(ROOT, "a"), c.create(ROOT, "b"));
+    let closed = c.call(ReleaseMany {
+        handles: vec![(a.ino, RW), (b.ino, RW), (b.ino, RW), (999_999, MAY_READ)],
+    });
+    assert_eq!(closed, Ok(2));
+}
+
+#[test]
+fn commit_sets_the_size_through_a_handle_and_answers_before_and_after() {
+    let node = Node::new();
+    let mut c = node.client(1);
+    let f = c.create(ROOT, "f");
+    c.allocate(f.ino, 0, 2).unwrap();
+    let commit = Commit {
+        ino: f.ino,
+        size: CHUNK + 10,
+        mtime: None,
+        cuts: 0,
+    };
+    let done = c.call(commit.clone()).unwrap();
+    assert_eq!((done.before.size, done.after.size), (0, CHUNK + 10));
+    assert_eq!(c.call(GetAttr { ino: f.ino }).unwrap().size, CHUNK + 10);
+    let mut other = node.client(2);
+    assert_eq!(
+        other.call(commit),
+        Err(Errno::EBADF),
+        "no handle of its own"
+    );
+}
+
+#[test]
+fn reclaim_is_refused_outside_a_restarts_grace() {
+    let node = Node::new();
+    let mut c = node.client(1);
+    let f = c.create(ROOT, "f");
+    let mut other = node.client(2);
+    assert_eq!(
+        other.call(Reclaim {
+            handles: vec![(f.ino, RW)]
+        }),
+        Err(Errno::EPERM)
+    );
+}
+
+// Locks.
+
+#[test]
+fn set_lock_gives_one_writer_at_a_time_and_get_lock_names_the_holder() {
+    let node = Node::new();
+    let (mut a, mut b) = (node.client(1), node.client(2));
+    let f = a.create(ROOT, "f");
+    b.open(f.ino, RW, &root()).unwrap();
+    let whole = lock(WRITE, 0, TO_END);
+    assert_eq!(a.call(set_lock(f.ino, 7, whole)), Ok(None));
+    let held = b.call(set_lock(f.ino, 8, whole)).unwrap();
+    assert_eq!(
+        held.map(|l| l.kind),
+        Some(WRITE),
+        "the conflicting lock is answered"
+    );
+    let probe = b.call(GetLock {
+        ino: f.ino,
+        owner: 8,
+        lock: lock(READ, 10, 20),
+    });
+    assert_eq!(probe.unwrap().map(|l| (l.start, l.kind)), Some((0, WRITE)));
+    assert_eq!(
+        a.call(set_lock(f.ino, 7, lock(9, 0, 1))),
+        Err(Errno::EINVAL),
+        "no such kind"
+    );
+    let mut stranger = node.client(3);
+    assert_eq!(
+        stranger.call(set_lock(f.ino, 9, whole)),
+        Err(Errno::EBADF),
+        "only through a handle"
+    );
+    a.call(set_lock(f.ino, 7, lock(UNLOCK, 0, TO_END))).unwrap();
+    assert_eq!(b.call(set_lock(f.ino, 8, whole)), Ok(None));
+}
+
+#[test]
+fn drop_locks_frees_every_range_of_the_owner() {
+    let node = Node::new();
+    let (mut a, mut b) = (node.client(1), node.client(2));
+    let f = a.create(ROOT, "f");
+    b.open(f.ino, RW, &root()).unwrap();
+    a.call(set_lock(f.ino, 7, lock(WRITE, 0, 9))).unwrap();
+    a.call(set_lock(f.ino, 7, lock(WRITE, 100, 109))).unwrap();
+    assert!(b
+        .call(set_lock(f.ino, 8, lock(WRITE, 100, 100)))
+        .unwrap()
+        .is_some());
+    a.call(DropLocks {
+        ino: f.ino,
+        owner: 7,
+    })
+    .unwrap();
+    assert_eq!(b.call(set_lock(f.ino, 8, lock(WRITE, 0, TO_END))), Ok(None));
+}
+
+#[test]
+fn cancel_wait_gives_up_a_place_in_the_queue() {
+    let node = Node::new();
+    let (mut a, mut b, mut c) = (node.client(1), node.client(2), node.client(3));
+    let f = a.create(ROOT, "f");
+    b.open(f.ino, RW, &root()).unwrap();
+    c.open(f.ino, RW, &root()).unwrap();
+    let whole = lock(WRITE, 0, TO_END);
+    a.call(set_lock(f.ino, 7, whole)).unwrap();
+    let waiting = SetLock {
+        wait: true,
+        ..set_lock(f.ino, 8, whole)
+    };
+    assert!(b.call(waiting).unwrap().is_some(), "b waits behind a");
+    a.call(set_lock(f.ino, 7, lock(UNLOCK, 0, TO_END))).unwrap();
+    // Free now, and kept for the waiter that asked first: c, who never waited, is refused.
+    let late = set_lock(f.ino, 9, whole);
+    assert!(c.call(late.clone()).unwrap().is_some(), "kept for b");
+    b.call(CancelWait {
+        ino: f.ino,
+        owner: 8,
+    })
+    .unwrap();
+    assert_eq!(c.call(late), Ok(None), "b gave its place up");
+}
+
+// Chunks.
+
+#[test]
+fn chunk_map_goes_through_a_handle_and_is_granted_to_the_attached_data_session() {
+    let node = Node::new();
+    let mut c = node.client(1);
+    let f = c.create(ROOT, "f");
+    c.allocate(f.ino, 0, 2).unwrap();
+    let map = ChunkMap {
+        ino: f.ino,
+        first: 0,
+        count: 4,
+    };
+    let ungranted = c.call(map.clone()).unwrap();
+    assert_eq!(ungranted.len(), 2);
+    assert!(ungranted.iter().flat_map(|(_, r)| r).all(|c| c.rkey == 0));
+    c.attach_data();
+    let granted = c.call(map.clone()).unwrap();
+    assert!(granted.iter().flat_map(|(_, r)| r).all(|c| c.rkey != 0));
+    let mut other = node.client(2);
+    assert_eq!(other.call(map), Err(Errno::EBADF));
+}
+
+#[test]
+fn allocate_needs_a_writable_handle_and_fails_with_enospc_when_the_pool_is_full() {
+    let node = Node::new();
+    let mut c = node.client(1);
+    let f = c.create(ROOT, "f");
+    let got = c.allocate(f.ino, 0, 4).unwrap();
+    assert_eq!(
+        got.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
+        vec![0, 1, 2, 3]
+    );
+    // Allocating what is there already allocates nothing more.
+    let free = c.call(GetStatFs {}).unwrap().chunks_free;
+    c.allocate(f.ino, 0, 4).unwrap();
+    assert_eq!(c.call(GetStatFs {}).unwrap().chunks_free, free);
+    assert_eq!(c.allocate(f.ino, 4, CHUNKS as u32), Err(Errno::ENOSPC));
+
+    let g = c.create(ROOT, "g");
+    c.call(Release {
+        ino: g.ino,
+        access: RW,
+    })
+    .unwrap();
+    c.open(g.ino, MAY_READ, &root()).unwrap();
+    assert_eq!(c.allocate(g.ino, 0, 1), Err(Errno::EBADF));
+}
+
+#[test]
+fn drop_replicas_keeps_what_a_write_reached() {
+    let node = Node::new();
+    let mut c = node.client(1);
+    let f = c.create(ROOT, "f");
+    let map = c.allocate(f.ino, 0, 1).unwrap();
+    let only = map[0].1.clone();
+    let drop = |reached: Vec<ChunkRef>| DropReplicas {
+        ino: f.ino,
+        index: 0,
+        reached,
+    };
+    assert_eq!(
+        c.call(drop(only.to_vec())),
+        Ok(0),
+        "the write reached its only copy"
+    );
+    assert_eq!(c.call(drop(vec![])), Err(Errno::EIO), "a copy must be left");
+    let mut reader = node.client(2);
+    reader.open(f.ino, MAY_READ, &root()).unwrap();
+    assert_eq!(reader.call(drop(only.to_vec())), Err(Errno::EBADF));
+}
+
+#[test]
+fn statfs_counts_the_pool_and_what_is_allocated() {
+    let node = Node::new();
+    let mut c = node.client(1);
+    let before = c.call(GetStatFs {}).unwrap();
+    assert_eq!((before.chunk_size, before.chunks_total), (CHUNK, CHUNKS));
+    assert_eq!(before.chunks_free, CHUNKS);
+    assert_eq!(before.replicas, 1);
+    let f = c.create(ROOT, "f");
+    c.allocate(f.ino, 0, 3).unwrap();
+    let after = c.call(GetStatFs {}).unwrap();
+    assert_eq!(after.chunks_free, CHUNKS - 3);
+    assert_eq!(after.inodes, before.inodes + 1);
+}
+
+#[test]
+fn list_nodes_names_the_nodes_own_pool() {
+    let node = Node::new();
+    let mut c = node.client(1);
+    let nodes = c.call(ListNodes {}).unwrap();
+    assert_eq!(nodes.len(), 1);
+    assert!(nodes[0].alive && nodes[0].meta);
+    assert_eq!(nodes[0].id, node.meta.local);
+}
+
+#[test]
+fn attach_data_names_only_nodes_there_are() {
+    let node = Node::new();
+    let mut c = node.client(1);
+    assert_eq!(
+        c.call(AttachData {
+            node: 7,
+            session: 1
+        }),
+        Err(Errno::EINVAL)
+    );
+    c.attach_data();
+}
+
+// The dispatch: each call applied once, and not behind its caller's back.
+
+#[test]
+fn a_resent_call_gets_its_first_reply_and_is_not_applied_twice() {
+    let node = Node::new();
+    let mut c = node.client(1);
+    let create = Create {
+        parent: ROOT,
+        name: "f".into(),
+        owner: owner(0o644, &root()),
+        access: RW,
+        caller: root(),
+    };
+    let first = c.call_as(1, 1, 10_000, create.clone()).unwrap();
+    let again = c.call_as(1, 1, 10_000, create.clone()).unwrap();
+    assert_eq!(first, again, "the reply it had, not EEXIST");
+    assert_eq!(c.names(ROOT), vec![b"f".to_vec()]);
+    // Once the client says it has the reply (oldest past it), a copy is not applied.
+    c.call_as(2, 2, 10_000, GetStatFs {}).unwrap();
+    assert_eq!(c.call_as(1, 1, 10_000, create), Err(Errno::EIO));
+}
+
+#[test]
+fn a_call_that_arrives_after_its_caller_gave_up_is_not_applied() {
+    let node = Node::new();
+    let c = node.client(1);
+    // The client's clock runs 10 s ahead of ours; the session learns that from a call on time.
+    let ahead = clock::now_ms() + 10_000;
+    let on_time = Envelope {
+        seq: 1,
+        oldest: 1,
+        sent_ms: ahead,
+        budget_ms: 10_000,
+    };
+    let statfs = seal(&on_time, &encode_call(&GetStatFs {}));
+    assert!(
+        decode_reply::<GetStatFs>(&node.meta.handle(&c.attached, &statfs))
+            .unwrap()
+            .is_ok()
+    );
+    // Sent 5 s before it was read, with 1 s to answer it in.
+    let late = Envelope {
+        seq: 2,
+        oldest: 2,
+        sent_ms: ahead - 5_000,
+        budget_ms: 1_000,
+    };
+    let mkdir = Mkdir {
+        parent: ROOT,
+        name: "late".into(),
+        owner: owner(0o755, &root()),
+        caller: root(),
+    };
+    let reply = node
+        .meta
+        .handle(&c.attached, &seal(&late, &encode_call(&mkdir)));
+    assert_eq!(decode_reply::<Mkdir>(&reply).unwrap(), Err(Errno::EIO));
+    assert_eq!(node.client(2).lookup(ROOT, "late"), Err(Errno::ENOENT));
+}
+
+#[test]
+fn a_malformed_call_is_answered_eproto_and_changes_nothing() {
+    let node = Node::new();
+    let c = node.client(1);
+    let envelope = Envelope {
+        seq: 1,
+        oldest: 1,
+        sent_ms: clock::now_ms(),
+        budget_ms: 10_000,
+    };
+    let mut call = encode_call(&Mkdir {
+        parent: ROOT,
+        name: "x".into(),
+        owner: owner(0o755, &root()),
+        caller: root(),
+    });
+    call.truncate(call.len() - 3);
+    let reply = node.meta.handle(&c.attached, &seal(&envelope, &call));
+    assert_eq!(decode_reply::<Mkdir>(&reply).unwrap(), Err(Errno::EPROTO));
+    let no_envelope = node.meta.handle(&c.attached, b"short");
+    assert_eq!(no_envelope, Reply::failed(0, Errno::EPROTO).bytes);
+}

@@ -1,0 +1,57 @@
+//! What the parts of a running node share: its configuration, transport, pool and grants,
+//! and the way its queue pairs get their connections (through the node's one port). Below
+//! both the node, which accepts connections, and the metadata service, which serves some of
+//! them, so that neither reaches into the other.
+
+use std::io::{self, Read};
+use std::net::TcpStream;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use rdmabox::connect_links;
+use rdmabox::transport::{
+    Arrivals, CompletionQueue, Context, MemoryRegion, ProtectionDomain, QpCaps, QpRoute, QueuePair,
+};
+
+use crate::config::NodeConfig;
+use crate::grants::Grants;
+
+/// From accept to an authenticated hello, and again for the queue-pair exchange: a peer that
+/// takes longer is dropped, and whatever it pinned (a thread, queue pairs waiting) is freed.
+pub(crate) const SETUP_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
+
+pub(crate) struct Runtime {
+    pub(crate) cfg: NodeConfig,
+    pub(crate) ctx: Context,
+    pub(crate) pd: Arc<ProtectionDomain>,
+    pub(crate) pool: Arc<MemoryRegion>,
+    /// What each data session may reach of the pool.
+    pub(crate) grants: Arc<Grants>,
+    /// Queue pairs waiting for their peers' connections, which come to the node's one port.
+    pub(crate) arrivals: Arc<Arrivals>,
+    pub(crate) stop: AtomicBool,
+}
+
+impl Runtime {
+    /// Connects `n` queue pairs in `pd` with the peer on the control connection `s`, within
+    /// the setup deadline.
+    pub(crate) fn links(
+        &self,
+        pd: &ProtectionDomain,
+        s: &mut TcpStream,
+        n: usize,
+        caps: QpCaps,
+    ) -> io::Result<Vec<(QueuePair, CompletionQueue)>> {
+        s.set_read_timeout(Some(SETUP_DEADLINE))?;
+        let route = QpRoute::Arrive(self.arrivals.clone());
+        let links = connect_links(&self.ctx, pd, s, n, caps, &route)?;
+        s.set_read_timeout(None)?;
+        Ok(links)
+    }
+}
+
+/// Blocks until the peer closes the control connection (or sends anything: a protocol error).
+pub(crate) fn wait_for_close(s: &mut TcpStream) {
+    let mut b = [0u8; 1];
+    let _ = s.read(&mut b);
+}
