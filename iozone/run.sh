@@ -3,7 +3,7 @@
 # with one brick on tmpfs: the paper's baseline), side by side, with the RDMABox ablation through
 # the mount; tables, CSV and plots in iozone/results/.
 #
-#   bash iozone/run.sh                 # full run (2 GiB files): the README's Performance table
+#   bash iozone/run.sh                 # full run (2 GiB files): docs/performance.md, the harness's table
 #   bash iozone/run.sh --quick         # seconds: proves every step produces numbers (CI)
 #   bash iozone/run.sh --size 512M --skip-ablation
 #   bash iozone/run.sh --mount /mnt/rfs  # measure an existing mount instead of starting one

@@ -48,6 +48,8 @@ else
 fi
 install -m 0644 dist/systemd/node.env dist/systemd/mnt-rfs.mount "$doc/examples/"
 install -m 0644 README.md "$doc/"
+install -d "$doc/docs"
+install -m 0644 docs/*.md "$doc/docs/"
 log "unit /etc/systemd/system/rfs-node.service (settings: /etc/rfs/node.env); mount unit example in $doc/examples"
 
 if [ -z "$DESTDIR" ] && [ -d /run/systemd/system ]; then

@@ -292,7 +292,7 @@ fn invalidate_kernel_caches(fs: &Rfs, notifier: fuser::Notifier, names: KernelNa
 /// Busy polling spins a thread per queue pair of every storage node: more than there are
 /// cores and they take the CPU FUSE, the application and the transport need (measured in the
 /// Soft-RoCE VM, 2 CPUs and 4 queue pairs: a 128 KiB read cost 2.6x the CPU of adaptive polling
-/// and 21x the context switches, and ran at 0.74x; see the README).
+/// and 21x the context switches, and ran at 0.74x; see docs/performance.md, polling modes).
 fn warn_if_spinning_outnumbers_cores(cfg: &MountConfig) {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     if cfg.session.polling == rdmabox::PollMode::Busy && cfg.session.qps >= cores {

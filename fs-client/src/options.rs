@@ -498,6 +498,44 @@ mod tests {
     use super::*;
     use rdmabox::{PollMode, WindowConfig};
 
+    /// The mount options as the table in `docs/configuration.md` lists them: one row per option,
+    /// in order (a test keeps the two the same).
+    fn markdown_table() -> String {
+        let mut t = String::from("| `-o` option | flag | value | what |\n|---|---|---|---|\n");
+        for o in OPTIONS {
+            let value = match o.value {
+                Value::Switch => "switch".to_string(),
+                Value::OnOff => "`on\\|off`".to_string(),
+                Value::Takes(shape) => format!("`{}`", shape.replace('|', "\\|")),
+            };
+            t += &format!(
+                "| `{}` | `--{}` | {value} | {} |\n",
+                o.name,
+                flag_name(o),
+                o.help
+            );
+        }
+        t
+    }
+
+    /// docs/configuration.md lists the options as they are: edit the code, then copy what this
+    /// test prints between the markers.
+    #[test]
+    fn the_documented_option_table_is_the_codes() {
+        let doc = include_str!("../../docs/configuration.md");
+        let (begin, end) = (
+            "<!-- mount-options:begin -->\n",
+            "<!-- mount-options:end -->",
+        );
+        let from = doc.find(begin).expect("the begin marker") + begin.len();
+        let to = doc[from..].find(end).expect("the end marker") + from;
+        let want = markdown_table();
+        assert!(
+            doc[from..to] == want,
+            "docs/configuration.md's mount options are stale; between the markers put:\n{want}"
+        );
+    }
+
     fn parse(list: &str) -> Result<MountConfig, String> {
         let mut c = MountConfig::default();
         c.apply_list(list)?;

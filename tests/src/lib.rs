@@ -230,7 +230,7 @@ impl MemServer {
         MemServer::start_on("127.0.0.1:0", args)
     }
 
-    /// The durable metadata node the README describes, restartable: it lends nothing, keeps
+    /// The durable metadata node docs/semantics.md describes, restartable: it lends nothing, keeps
     /// its state in a directory of its own (named for the test, `name`, and removed with the
     /// node), and takes `extra` arguments; 1 MiB chunks.
     pub fn durable_meta(name: &str, extra: &[&str]) -> MemServer {

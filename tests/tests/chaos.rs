@@ -98,7 +98,7 @@ fn writer(m: &Mount, files: usize, len: usize, until: Instant) -> Vec<Vec<u8>> {
 
 #[test]
 fn fio_verify_and_a_second_writer_survive_a_killed_data_node_and_a_restarted_metadata_node() {
-    // The durable setup the README describes: a metadata node that lends nothing and keeps
+    // The durable setup docs/semantics.md describes: a metadata node that lends nothing and keeps
     // its state on disk, and data nodes that outlive it.
     let mut meta = MemServer::durable_meta("chaos", &["--replicas", "2"]);
     let mut first = MemServer::data(&meta, "256M", "1M");
