@@ -9,6 +9,7 @@
 
 pub mod fs;
 pub mod fuse;
+pub mod host;
 pub mod mount_helper;
 pub mod mount_table;
 pub mod options;

@@ -14,7 +14,7 @@ use std::ffi::OsStr;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 
-use fs_client::fs::{stats_json, KernelInval, Rfs, STATS_NAME};
+use fs_client::fs::{stats_json, FsConfig, KernelInval, Rfs, STATS_NAME};
 use fs_client::fuse::{KernelNames, RfsFuse};
 use fs_client::mount_helper::{self, HelperCall, HELPER_NAME};
 use fs_client::mount_table;
@@ -405,7 +405,13 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let fs = match Rfs::new(client) {
+    let fs_cfg = FsConfig {
+        write_behind: cfg.write_behind,
+        writeback_cache: cfg.writeback_cache,
+        rpc_timeout: cfg.rpc.timeout,
+        io_timeout: cfg.io_timeout,
+    };
+    let fs = match Rfs::new(client, fs_cfg) {
         Ok(f) => Arc::new(f),
         Err(e) => {
             eprintln!("fs-client: {}: {e}", args.server);
@@ -413,11 +419,6 @@ fn main() -> ExitCode {
         }
     };
     fs.attach();
-    // A call may wait for other clients' answers up to the node's lease.
-    let call_timeout = cfg.rpc.timeout.max(fs.lease() + cfg.io_timeout);
-    fs.backend().set_call_timeout(call_timeout);
-    fs.set_retry_window(call_timeout);
-    fs.set_write_behind(cfg.write_behind);
     warn_if_spinning_outnumbers_cores(&cfg);
     if cfg.writeback_cache {
         log::warn!(

@@ -48,6 +48,8 @@ pub trait Backend: MetadataChannel + Send + Sync + 'static {
     fn redial(&self) -> std::io::Result<()>;
     /// Waits (briefly) while a reconnection's notice is being handled on another thread.
     fn reconnection_settled(&self) {}
+    /// Lets metadata calls take up to `timeout` before they are given up on.
+    fn set_call_timeout(&self, _timeout: std::time::Duration) {}
 }
 
 /// How long a lock granted, or a file opened, just after a reconnection waits for what was
@@ -155,5 +157,9 @@ impl Backend for Client {
 
     fn on_reclaim(&self, held: ListHeld) {
         Client::on_reclaim(self, held)
+    }
+
+    fn set_call_timeout(&self, timeout: std::time::Duration) {
+        Client::set_call_timeout(self, timeout)
     }
 }

@@ -13,7 +13,6 @@
 //! within its deadline (and the retry window).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Condvar, Mutex, MutexGuard};
 
 use rfs_proto::types::Ino;
@@ -22,7 +21,7 @@ use super::error::{Error, Result};
 
 pub(crate) struct WriteBehind {
     /// Bytes that may be in flight; 0: writes are answered once they are in remote memory.
-    limit: AtomicU64,
+    limit: u64,
     state: Mutex<State>,
     /// Signalled whenever a write completes.
     landed: Condvar,
@@ -82,20 +81,15 @@ impl WriteBehind {
     /// Up to `limit` bytes in flight; 0 turns write-behind off (writes are still ordered).
     pub(crate) fn new(limit: u64) -> WriteBehind {
         WriteBehind {
-            limit: AtomicU64::new(limit),
+            limit,
             state: Mutex::new(State::default()),
             landed: Condvar::new(),
         }
     }
 
-    /// Lets up to `limit` bytes be in flight (0: none).
-    pub(crate) fn set_limit(&self, limit: u64) {
-        self.limit.store(limit, Relaxed);
-    }
-
     /// Whether a write may be answered before it lands.
     pub(crate) fn enabled(&self) -> bool {
-        self.limit.load(Relaxed) > 0
+        self.limit > 0
     }
 
     fn wait_while<'a>(
@@ -110,7 +104,7 @@ impl WriteBehind {
     /// flight it overlaps; fails at once if an earlier write of the file failed unreported.
     /// Pair with [`Self::landed`].
     pub(crate) fn admit(&self, ino: Ino, start: u64, end: u64) -> Result<()> {
-        let (len, limit) = (end - start, self.limit.load(Relaxed));
+        let (len, limit) = (end - start, self.limit);
         let st = self.state.lock().unwrap();
         let mut st = self.wait_while(st, |st| {
             let file = st.files.get(&ino);

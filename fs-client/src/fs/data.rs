@@ -421,7 +421,7 @@ impl<B: Backend> Rfs<B> {
         }
         ClientStats::add(&self.stats.reads, 1);
         ClientStats::add(&self.stats.bytes_read, len as u64);
-        self.read_attempt(ino, offset, len, Attempt::first(self.retry_window()), done);
+        self.read_attempt(ino, offset, len, Attempt::first(self.retry_window), done);
     }
 
     /// One try of a read (see [`Self::read`]); a stale reference makes another, whole.
@@ -668,7 +668,7 @@ impl<B: Backend> Rfs<B> {
                 done(Ok(len));
             }
         }
-        let attempt = Attempt::first(self.retry_window());
+        let attempt = Attempt::first(self.retry_window);
         self.post_pieces(ino, pieces, mapped, attempt, finish);
     }
 
@@ -838,7 +838,7 @@ impl<B: Backend> Rfs<B> {
             at: 0,
         };
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        let attempt = Attempt::first(self.retry_window());
+        let attempt = Attempt::first(self.retry_window);
         let finish: FinishWrite<B> = Box::new(move |_, r| drop(tx.send(r)));
         self.write_pieces(ino, vec![(piece, bytes)], attempt, finish);
         rx.recv().unwrap_or_else(|_| {
@@ -994,7 +994,7 @@ mod tests {
         use crate::fs::fake::{Fake, FakeCluster, CHUNK};
         use rfs_proto::types::{Caller, FileKind, Owner, ROOT};
         let cluster: Arc<FakeCluster> = Arc::default();
-        let fs = Arc::new(Rfs::new(Fake(cluster.clone())).unwrap());
+        let fs = Arc::new(Rfs::new(Fake(cluster.clone()), Default::default()).unwrap());
         let owner = Owner {
             perm: 0o644,
             uid: 0,

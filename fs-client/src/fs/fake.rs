@@ -103,6 +103,8 @@ pub(crate) struct FakeCluster {
     pub(crate) closes_gate: Mutex<()>,
     /// Batches of closes that reached the gate.
     pub(crate) closes_sent: std::sync::atomic::AtomicUsize,
+    /// The lease the "metadata node" says it keeps, if not the default 10 s.
+    lease_ms: std::sync::atomic::AtomicU64,
 }
 
 /// One client's connection to the cluster.
@@ -114,6 +116,12 @@ fn answer<C: Call>(_: &C, r: Result<C::Reply, Errno>) -> Vec<u8> {
 }
 
 impl FakeCluster {
+    /// Has the "metadata node" say it keeps a lease of `ms` (clients made after ask).
+    pub(crate) fn set_lease_ms(&self, ms: u64) {
+        self.lease_ms
+            .store(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Has `meanwhile` run while the next commit is on its way, before the node applies it.
     pub(crate) fn before_next_commit(&self, meanwhile: BeforeCommit) {
         *self.before_commit.lock().unwrap() = Some(meanwhile);
@@ -357,7 +365,10 @@ impl FakeCluster {
                     chunks_total: 1 << 20,
                     chunks_free: 1 << 20,
                     inodes: st.files.len() as u64,
-                    lease_ms: 10_000,
+                    lease_ms: match self.lease_ms.load(std::sync::atomic::Ordering::Relaxed) {
+                        0 => 10_000,
+                        ms => ms,
+                    },
                     replicas: st.replicas.max(1) as u32,
                     chunks_short: 0,
                 }),

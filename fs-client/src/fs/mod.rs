@@ -28,6 +28,7 @@ mod dirs;
 mod error;
 #[cfg(test)]
 mod fake;
+mod kernel_handles;
 mod locks;
 mod open;
 mod owed;
@@ -57,6 +58,7 @@ pub use backend::{Backend, DataDone, WriteBack};
 pub use coherence::KernelInval;
 pub use data::{ReadDone, WriteDone};
 pub use error::{Error, Result};
+pub use kernel_handles::{access, PageCacheUse};
 pub use locks::{LockDone, StillWanted};
 pub use stats::{stats_json, STATS_INO, STATS_NAME};
 
@@ -93,8 +95,11 @@ pub struct Rfs<B: Backend = Client> {
     next_fh: AtomicU64,
     /// Whose turn it is among a chunk's replicas, for the next read.
     next_replica: AtomicUsize,
-    /// How long a transfer refused for a stale reference is sent again, in milliseconds.
-    retry_window_ms: AtomicU64,
+    /// How long a transfer refused for a stale reference is sent again: as long as a
+    /// metadata call may take.
+    retry_window: Duration,
+    /// The kernel's writeback cache is on ([`FsConfig::writeback_cache`]).
+    writeback_cache: bool,
     /// Writes in flight, answered or not.
     behind: WriteBehind,
     /// What we know of the directories we change.
@@ -120,9 +125,28 @@ impl<B: MetadataChannel> MetadataChannel for Counted<'_, B> {
     }
 }
 
+/// How the file system behaves, fixed when it is made.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FsConfig {
+    /// Bytes of writes answered before they land that may be in flight (0: a write is
+    /// answered once it landed): see [`behind`](self::behind).
+    pub write_behind: u64,
+    /// The kernel's writeback cache is on: the kernel keeps sizes itself and writes through
+    /// its pages, wherever the handle was opened for.
+    pub writeback_cache: bool,
+    /// How long a metadata call may take at the least (the client's RPC deadline).
+    pub rpc_timeout: Duration,
+    /// How long a transfer may take.
+    pub io_timeout: Duration,
+}
+
 impl<B: Backend> Rfs<B> {
-    /// The file system of the namespace behind `backend`.
-    pub fn new(backend: B) -> Result<Rfs<B>> {
+    /// The file system of the namespace behind `backend`. A metadata call may take as long as
+    /// the node's lease (it may wait for other clients' answers that long) and a transfer: the
+    /// backend's calls are given that long, and so is a transfer refused for a stale
+    /// reference to be sent again, so that an outage of the metadata node that calls ride out
+    /// delays I/O rather than failing it.
+    pub fn new(backend: B, cfg: FsConfig) -> Result<Rfs<B>> {
         let stats = Arc::<ClientStats>::default();
         let fs = Counted(&backend, &stats.metadata_ops).call(GetStatFs {})?;
         let (chunk_size, lease) = (fs.chunk_size, Duration::from_millis(fs.lease_ms));
@@ -132,9 +156,12 @@ impl<B: Backend> Rfs<B> {
                 "the metadata node reports 0-byte chunks",
             ));
         }
+        let call_timeout = cfg.rpc_timeout.max(lease + cfg.io_timeout);
+        backend.set_call_timeout(call_timeout);
         Ok(Rfs {
             backend,
             chunk_size,
+            writeback_cache: cfg.writeback_cache,
             // Half the lease: a reference is never used past the lease, counting the
             // transfer's own deadline (at most the other half).
             chunks: Arc::new(ChunkCache::new(lease / 2)),
@@ -147,8 +174,8 @@ impl<B: Backend> Rfs<B> {
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             next_replica: AtomicUsize::new(0),
-            retry_window_ms: AtomicU64::new(lease.as_millis() as u64),
-            behind: WriteBehind::new(0),
+            retry_window: call_timeout,
+            behind: WriteBehind::new(cfg.write_behind),
             // A quarter: with the kernel's half lease, nothing older than a lease is served.
             dirs: Dirs::new(lease / 4),
             closes: Closes::default(),
@@ -159,32 +186,14 @@ impl<B: Backend> Rfs<B> {
         })
     }
 
-    /// Lets a transfer refused for a stale reference be sent again for up to `window` (the
-    /// lease by default): as long as a metadata call may take, so that an outage of the
-    /// metadata node that calls ride out delays I/O rather than failing it.
-    pub fn set_retry_window(&self, window: Duration) {
-        self.retry_window_ms.store(
-            window.as_millis() as u64,
-            std::sync::atomic::Ordering::Relaxed,
-        );
-    }
-
-    /// Answers writes before they land, with up to `limit` bytes in flight (0: once they
-    /// landed): see [`behind`](self::behind).
-    pub fn set_write_behind(&self, limit: u64) {
-        self.behind.set_limit(limit);
-    }
-
     /// Waits until every write landed (at unmount).
     pub fn writes_landed(&self) {
         self.behind.drain_all();
     }
 
-    fn retry_window(&self) -> Duration {
-        Duration::from_millis(
-            self.retry_window_ms
-                .load(std::sync::atomic::Ordering::Relaxed),
-        )
+    /// How long a metadata call may take: see [`Self::new`].
+    pub fn call_timeout(&self) -> Duration {
+        self.retry_window
     }
 
     /// What the file system runs on.
@@ -534,6 +543,30 @@ impl<B: Backend> Rfs<B> {
             max: MAX_LIST,
             caller: caller.clone(),
         })
+    }
+
+    /// Walks directory `ino` after `cookie` page by page, handing each entry (its cookie, name
+    /// and attributes) to `add` until it says it is full.
+    pub fn list(
+        &self,
+        ino: Ino,
+        cookie: u64,
+        caller: &Caller,
+        mut add: impl FnMut(u64, &[u8], &Attr) -> bool,
+    ) -> Result<()> {
+        let mut cookie = cookie;
+        loop {
+            let page = self.readdir(ino, cookie, caller)?;
+            if page.is_empty() {
+                return Ok(());
+            }
+            for e in &page {
+                if add(e.cookie, e.name.as_bytes(), &e.attr) {
+                    return Ok(());
+                }
+                cookie = e.cookie;
+            }
+        }
     }
 
     /// The file system's capacity.

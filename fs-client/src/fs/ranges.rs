@@ -151,6 +151,13 @@ impl<B: Backend> Rfs<B> {
     /// follow. Our writes not yet committed count: their chunks are allocated before they are
     /// answered, and the size is ours.
     pub fn seek(&self, ino: Ino, offset: u64, data: bool) -> Result<u64> {
+        if ino == super::STATS_INO {
+            return match (offset < self.stats_attr().size, data) {
+                (false, _) => Err(Errno::ENXIO.into()),
+                (true, true) => Ok(offset),
+                (true, false) => Ok(self.stats_attr().size),
+            };
+        }
         let size = self.size_for_read(ino)?;
         if offset >= size {
             return Err(Errno::ENXIO.into());

@@ -13,11 +13,23 @@ use rfs_proto::wire::MAX_LIST;
 use rfs_proto::Errno;
 
 use super::fake::{Fake, FakeCluster, CHUNK};
-use super::{Result, Rfs};
+use super::{FsConfig, Result, Rfs};
 
 fn client(cluster: &Arc<FakeCluster>) -> Arc<Rfs<Fake>> {
-    Arc::new(Rfs::new(Fake(cluster.clone())).expect("statfs"))
+    client_with(cluster, FsConfig::default())
 }
+
+fn client_with(cluster: &Arc<FakeCluster>, cfg: FsConfig) -> Arc<Rfs<Fake>> {
+    Arc::new(Rfs::new(Fake(cluster.clone()), cfg).expect("statfs"))
+}
+
+/// Write-behind on, with up to 1 MiB in flight.
+const BEHIND: FsConfig = FsConfig {
+    write_behind: 1 << 20,
+    writeback_cache: false,
+    rpc_timeout: std::time::Duration::ZERO,
+    io_timeout: std::time::Duration::ZERO,
+};
 
 const RW: u8 = MAY_READ | MAY_WRITE;
 
@@ -514,8 +526,9 @@ fn transfers_a_node_refused_for_a_stale_key_go_again_with_a_fresh_map() {
 #[test]
 fn a_node_that_keeps_refusing_fails_the_transfer_once_the_retry_window_is_spent() {
     let cluster: Arc<FakeCluster> = Arc::default();
+    // Calls, and transfers refused for a stale reference, are given the lease: 300 ms.
+    cluster.set_lease_ms(300);
     let fs = client(&cluster);
-    fs.set_retry_window(std::time::Duration::from_millis(300));
     let ino = create(&fs, "f");
     let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
     write(&fs, ino, 0, &pattern(2 * CHUNK as usize, 1)).unwrap();
@@ -1024,8 +1037,7 @@ const LONG: std::time::Duration = std::time::Duration::from_secs(10);
 #[test]
 fn write_behind_answers_before_the_bytes_land_and_flush_waits_for_them() {
     let cluster: Arc<FakeCluster> = Arc::default();
-    let (fs, other) = (client(&cluster), client(&cluster));
-    fs.set_write_behind(1 << 20);
+    let (fs, other) = (client_with(&cluster, BEHIND), client(&cluster));
     let ino = create(&fs, "f");
     let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
     cluster.hold_writes();
@@ -1071,8 +1083,7 @@ fn write_behind_answers_before_the_bytes_land_and_flush_waits_for_them() {
 #[test]
 fn write_behind_answers_once_mapped_before_its_transfers_go_and_a_mapping_failure_on_the_write() {
     let cluster: Arc<FakeCluster> = Arc::default();
-    let fs = client(&cluster);
-    fs.set_write_behind(1 << 20);
+    let fs = client_with(&cluster, BEHIND);
     let ino = create(&fs, "f");
     let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
     cluster.hold_writes();
@@ -1146,8 +1157,7 @@ fn chunks_recalled_past_the_size_cut_nothing_and_a_size_cut_cuts_our_size() {
 #[test]
 fn a_write_behind_that_fails_is_reported_by_flush_once_and_fails_the_next_write() {
     let cluster: Arc<FakeCluster> = Arc::default();
-    let fs = client(&cluster);
-    fs.set_write_behind(1 << 20);
+    let fs = client_with(&cluster, BEHIND);
     let ino = create(&fs, "f");
     let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
     write(&fs, ino, 0, &pattern(2 * CHUNK as usize, 1)).unwrap(); // both chunks allocated
@@ -1182,8 +1192,7 @@ fn a_write_behind_that_fails_is_reported_by_flush_once_and_fails_the_next_write(
 #[test]
 fn a_write_behind_that_fails_drops_the_pages_that_hold_it() {
     let cluster: Arc<FakeCluster> = Arc::default();
-    let fs = client(&cluster);
-    fs.set_write_behind(1 << 20);
+    let fs = client_with(&cluster, BEHIND);
     let (fh, made) = fs.create(ROOT, b"f", OWNER, RW, &ROOT_CALLER).unwrap();
     let ino = made.ino;
     write(&fs, ino, 0, &pattern(2 * CHUNK as usize, 1)).unwrap();
@@ -1209,8 +1218,7 @@ fn a_write_behind_that_fails_drops_the_pages_that_hold_it() {
 #[test]
 fn a_commit_over_an_overwrite_in_flight_leaves_another_to_follow_it() {
     let cluster: Arc<FakeCluster> = Arc::default();
-    let fs = client(&cluster);
-    fs.set_write_behind(1 << 20);
+    let fs = client_with(&cluster, BEHIND);
     let ino = create(&fs, "f");
     let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
     write(&fs, ino, 0, &pattern(100, 1)).unwrap();
@@ -1236,15 +1244,21 @@ fn a_commit_over_an_overwrite_in_flight_leaves_another_to_follow_it() {
 #[test]
 fn sync_writes_and_writes_without_write_behind_are_answered_once_landed() {
     let cluster: Arc<FakeCluster> = Arc::default();
-    let fs = client(&cluster);
+    let (without, fs) = (client(&cluster), client_with(&cluster, BEHIND));
     let ino = create(&fs, "f");
     let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
+    let (fh_without, _) = without.open(ino, RW, &ROOT_CALLER).unwrap();
     cluster.hold_writes();
-    let off = write_behind(&fs, ino, 0, b"one", false);
+    let off = write_behind(&without, ino, 200, b"off", false);
     assert!(off.recv_timeout(MOMENT).is_err(), "write-behind is off");
-    fs.set_write_behind(1 << 20);
     let sync = write_behind(&fs, ino, 100, b"two", true);
     assert!(sync.recv_timeout(MOMENT).is_err(), "O_SYNC waits");
+    let early = write_behind(&fs, ino, 0, b"one", false);
+    assert_eq!(
+        early.recv_timeout(LONG).unwrap(),
+        Ok(3),
+        "answered before it lands"
+    );
     // An overlapping write waits for the one in flight, so the bytes land in order.
     let overlapping = {
         let fs = fs.clone();
@@ -1258,13 +1272,13 @@ fn sync_writes_and_writes_without_write_behind_are_answered_once_landed() {
     fs.commit(ino).unwrap();
     assert_eq!(read(&fs, ino, 0, 3).unwrap(), b"oXY");
     fs.release(fh).unwrap();
+    without.release(fh_without).unwrap();
 }
 
 #[test]
 fn a_flush_commits_no_size_over_bytes_still_in_flight_and_a_readers_close_hides_no_failure() {
     let cluster: Arc<FakeCluster> = Arc::default();
-    let fs = client(&cluster);
-    fs.set_write_behind(1 << 20);
+    let fs = client_with(&cluster, BEHIND);
     let ino = create(&fs, "f");
     let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
     let (reader, _) = fs.open(ino, MAY_READ, &ROOT_CALLER).unwrap();
