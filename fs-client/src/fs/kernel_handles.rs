@@ -268,7 +268,9 @@ mod tests {
         assert_eq!(write(&a, ino, 4, b"ghi\n", appending), 4);
         a.flush(ino, fa).unwrap();
         let fresh = client(&cluster, FsConfig::default());
-        fresh.open_for_kernel(ino, libc::O_RDONLY, &ROOT_CALLER).unwrap();
+        fresh
+            .open_for_kernel(ino, libc::O_RDONLY, &ROOT_CALLER)
+            .unwrap();
         assert_eq!(read_all(&fresh, ino, 100), b"abc\ndef\nghi\n");
     }
 

@@ -1,0 +1,430 @@
+//! Writes: each piece to every replica of its chunk; replicas a write missed are dropped from
+//! the map (to be copied again) so that nobody reads them; a piece refused for a stale
+//! reference goes again with a fresh map; write-behind answers once the chunks are mapped.
+
+use super::*;
+
+impl<B: Backend> Rfs<B> {
+    /// Writes `data` at `offset` of a chunk to every replica at once; `done` gets None once
+    /// each has it, the replicas it reached if some failed (those the map must drop before the
+    /// write is answered: see [`Self::drop_missed`]), or an error if none got it or one refused
+    /// a stale reference (the chunk is then sent again to every replica); and the bytes.
+    fn write_replicas(
+        self: &Arc<Self>,
+        replicas: Replicas,
+        offset: u64,
+        data: Vec<u8>,
+        done: Written,
+    ) {
+        if let [c] = replicas[..] {
+            // One copy (the common case): its result is the write's.
+            if c.rkey == 0 {
+                return done(Err(not_granted(&c)), data);
+            }
+            return self.backend.write(
+                &c,
+                offset,
+                data,
+                Box::new(move |r, data| done(r.map(|()| None), data)),
+            );
+        }
+        let fanout = Arc::new(Fanout {
+            state: Mutex::new(FanoutState {
+                left: replicas.len(),
+                ..FanoutState::default()
+            }),
+            done: Mutex::new(Some(done)),
+        });
+        let mut data = Some(data);
+        let count = replicas.len();
+        for (k, c) in replicas.into_iter().enumerate() {
+            let bytes = if k + 1 == count {
+                data.take().expect("the last replica takes the buffer")
+            } else {
+                data.clone().expect("kept for the last replica")
+            };
+            if c.rkey == 0 {
+                Self::replica_written(&fanout, c, Err(not_granted(&c)), bytes);
+                continue;
+            }
+            let fanout = fanout.clone();
+            self.backend.write(
+                &c,
+                offset,
+                bytes,
+                Box::new(move |r, bytes| Self::replica_written(&fanout, c, r, bytes)),
+            );
+        }
+    }
+
+    /// One replica of a [`Self::write_replicas`] is done; the last one answers.
+    fn replica_written(fanout: &Fanout, c: ChunkRef, r: Result<()>, bytes: Vec<u8>) {
+        let st = {
+            let mut st = fanout.state.lock().unwrap();
+            match r {
+                Ok(()) => st.reached.push(c),
+                Err(e) if e.is_stale() => {
+                    st.stale.get_or_insert(e);
+                }
+                Err(e) => {
+                    log::warn!("{e}");
+                    st.failure.get_or_insert(e);
+                }
+            }
+            st.bytes.get_or_insert(bytes);
+            st.left -= 1;
+            if st.left > 0 {
+                return;
+            }
+            std::mem::take(&mut *st)
+        };
+        let done = fanout.done.lock().unwrap().take().expect("answered once");
+        let bytes = st.bytes.expect("every replica gives its bytes back");
+        done(
+            match (st.stale, st.failure) {
+                (Some(stale), _) => Err(stale),
+                (None, None) => Ok(None),
+                (None, Some(e)) if st.reached.is_empty() => Err(e),
+                (None, Some(_)) => Ok(Some(st.reached)),
+            },
+            bytes,
+        )
+    }
+
+    /// Has the metadata node keep, of each chunk in `missed`, only the replicas a write
+    /// reached (the others may miss it), and forgets our own map of them. Called with no
+    /// references held: the node tells the other holders, and waits (a little) for them.
+    fn drop_missed(&self, ino: Ino, missed: Vec<(u64, Replicas)>) -> Result<()> {
+        for (index, reached) in missed {
+            let r = self.call(DropReplicas {
+                ino,
+                index,
+                reached,
+            });
+            // Whatever the answer, our map of the chunk may list a replica without the write.
+            self.chunks.forget(ino, index);
+            let dropped = r.map_err(|e| {
+                Error::new(
+                    Errno::EIO,
+                    format!("inode {ino} chunk {index}: a write missed some replicas, which could not be dropped: {e}"),
+                )
+            })?;
+            ClientStats::add(&self.stats.replicas_dropped, dropped as u64);
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at `offset`; `done` gets the byte count once every piece is in remote
+    /// memory, on every replica.
+    pub fn write(self: &Arc<Self>, ino: Ino, offset: u64, data: &[u8], done: WriteDone) {
+        self.write_answering(ino, offset, data, false, done)
+    }
+
+    /// Like [`Self::write`], but with write-behind on (see [`behind`](super::behind)), and
+    /// unless `sync` (O_SYNC, O_DSYNC, O_DIRECT), `done` gets the byte count once the bytes
+    /// are copied and their chunks mapped (allocated where new), before their transfers are
+    /// posted: the writer copies its next bytes while this thread posts these. A failure
+    /// after that is reported by the next flush or fsync of the file, and fails its next
+    /// write.
+    pub fn write_behind(
+        self: &Arc<Self>,
+        ino: Ino,
+        offset: u64,
+        data: &[u8],
+        sync: bool,
+        done: WriteDone,
+    ) {
+        let early = !sync && self.behind.enabled();
+        self.write_answering(ino, offset, data, early, done)
+    }
+
+    /// A write, answered once mapped (`early`) or once landed.
+    fn write_answering(
+        self: &Arc<Self>,
+        ino: Ino,
+        offset: u64,
+        data: &[u8],
+        early: bool,
+        done: WriteDone,
+    ) {
+        if ino == STATS_INO {
+            return done(Err(Errno::EACCES.into()));
+        }
+        if data.is_empty() {
+            return done(Ok(0));
+        }
+        let (end, len) = (offset + data.len() as u64, data.len() as u32);
+        // In order after the writes in flight it overlaps, within the bytes in flight allowed.
+        if let Err(e) = self.behind.admit(ino, offset, end) {
+            return done(Err(e));
+        }
+        ClientStats::add(&self.stats.writes, 1);
+        let pieces: Vec<_> = segments(offset, data.len(), self.chunk_size)
+            .into_iter()
+            .map(|s| (s, data[s.at..s.at + s.len].to_vec()))
+            .collect();
+        // Answered by whichever comes first: the end of the transfers (always, without
+        // write-behind; with it, when mapping their chunks fails), or their mapping.
+        let answer = Arc::new(Mutex::new(Some(done)));
+        let finish: FinishWrite<B> = {
+            let answer = answer.clone();
+            Box::new(move |fs, r| {
+                if r.is_err() {
+                    // Before a flush waiting for this write can return.
+                    fs.pages_left_stale(ino);
+                }
+                let unanswered = answer.lock().unwrap().take();
+                let Some(done) = unanswered else {
+                    return fs.behind.landed(ino, offset, r.err());
+                };
+                if r.is_ok() {
+                    fs.wrote(ino, end, len);
+                }
+                fs.behind.landed(ino, offset, None);
+                done(r.map(|()| len))
+            })
+        };
+        let mapped = match self.map_pieces(ino, &pieces) {
+            Ok(mapped) => mapped,
+            Err(e) => return finish(self, Err(e)),
+        };
+        if early {
+            let unanswered = answer.lock().unwrap().take();
+            if let Some(done) = unanswered {
+                self.wrote(ino, end, len);
+                done(Ok(len));
+            }
+        }
+        let attempt = Attempt::first(self.retry_window);
+        self.post_pieces(ino, pieces, mapped, attempt, finish);
+    }
+
+    /// One try of the pieces of a write (see [`Self::write`]); those refused for a stale
+    /// reference make another, with the bytes their transfers gave back.
+    pub(super) fn write_pieces(
+        self: &Arc<Self>,
+        ino: Ino,
+        pieces: Vec<(Segment, Vec<u8>)>,
+        attempt: Attempt,
+        finish: FinishWrite<B>,
+    ) {
+        match self.map_pieces(ino, &pieces) {
+            Ok(mapped) => self.post_pieces(ino, pieces, mapped, attempt, finish),
+            Err(e) => finish(self, Err(e)),
+        }
+    }
+
+    /// The references of the chunks `pieces` write to (allocated where new), held.
+    fn map_pieces(&self, ino: Ino, pieces: &[(Segment, Vec<u8>)]) -> Result<Mapped> {
+        // Pieces sent again come in the order their transfers failed.
+        let first = pieces.iter().map(|(s, _)| s.index).min().expect("a piece");
+        let last = pieces.iter().map(|(s, _)| s.index).max().expect("a piece");
+        let (refs, hold) = self
+            .refs(ino, first, last - first + 1, true)
+            .inspect_err(|_| Self::piece_failed(&self.stats))?;
+        Ok(Mapped { first, refs, hold })
+    }
+
+    /// Posts the transfers of `pieces` to the chunks `mapped` holds; `finish` answers once
+    /// every piece is done.
+    fn post_pieces(
+        self: &Arc<Self>,
+        ino: Ino,
+        pieces: Vec<(Segment, Vec<u8>)>,
+        mapped: Mapped,
+        attempt: Attempt,
+        finish: FinishWrite<B>,
+    ) {
+        let Mapped { first, refs, hold } = mapped;
+        let job = Arc::new(WriteJob {
+            state: Mutex::new(WriteState {
+                left: pieces.len(),
+                ..WriteState::default()
+            }),
+            hold: Mutex::new(Some(hold)),
+            finish: Mutex::new(Some(finish)),
+        });
+        for (s, bytes) in pieces {
+            let replicas = refs[(s.index - first) as usize]
+                .clone()
+                .expect("allocated above");
+            let (fs, job) = (self.clone(), job.clone());
+            self.write_replicas(
+                replicas,
+                s.offset_in_chunk,
+                bytes,
+                Box::new(move |r, bytes| fs.piece_written(ino, &job, s, r, bytes, attempt)),
+            );
+        }
+    }
+
+    /// A piece of [`Self::write_pieces`] is done; the last one answers, once the references
+    /// are let go: at once if all went well, else (off the completion path) after dropping
+    /// the replicas writes missed and sending the stale pieces again.
+    fn piece_written(
+        self: &Arc<Self>,
+        ino: Ino,
+        job: &WriteJob<B>,
+        s: Segment,
+        r: Result<Option<Replicas>>,
+        bytes: Vec<u8>,
+        attempt: Attempt,
+    ) {
+        let st = {
+            let mut st = job.state.lock().unwrap();
+            match r {
+                Ok(None) => {}
+                Ok(Some(reached)) => st.missed.push((s.index, reached)),
+                Err(e) if e.is_stale() => {
+                    st.again.push((s, bytes));
+                    st.stale.get_or_insert(e);
+                }
+                Err(e) => {
+                    st.failure.get_or_insert(e);
+                }
+            }
+            st.left -= 1;
+            if st.left > 0 {
+                return;
+            }
+            std::mem::take(&mut *st)
+        };
+        drop(job.hold.lock().unwrap().take());
+        let finish = job.finish.lock().unwrap().take().expect("answered once");
+        if let Some(e) = st.failure {
+            Self::piece_failed(&self.stats);
+            return finish(self, Err(e));
+        }
+        if st.missed.is_empty() && st.again.is_empty() {
+            return finish(self, Ok(()));
+        }
+        let fs = self.clone();
+        off_the_completion_path("rfs-write-missed", move || {
+            if !st.missed.is_empty() {
+                if let Err(e) = fs.drop_missed(ino, st.missed) {
+                    return finish(&fs, Err(e));
+                }
+            }
+            let Some(stale) = st.stale else {
+                return finish(&fs, Ok(()));
+            };
+            let from = st.again.iter().map(|(s, _)| s.index).min().expect("some");
+            let (again, retry_fs) = (st.again, fs.clone());
+            fs.again(ino, from, attempt, stale, move |next| match next {
+                Ok(next) => retry_fs.write_pieces(ino, again, next, finish),
+                Err(e) => finish(&retry_fs, Err(e)),
+            });
+        });
+    }
+
+    /// On truncation inside a chunk, zeroes the rest of that chunk (up to the old size), so
+    /// that growing the file again reads zeros there and not the old bytes. Answers what it
+    /// overwrote, and where, for [`Self::put_tail_back`] if the cut does not happen.
+    pub(crate) fn zero_tail(
+        self: &Arc<Self>,
+        ino: Ino,
+        new: u64,
+        old: u64,
+    ) -> Result<Option<(u64, Vec<u8>)>> {
+        let in_chunk = new % self.chunk_size;
+        if in_chunk == 0 {
+            return Ok(None);
+        }
+        let index = new / self.chunk_size;
+        let end = ((index + 1) * self.chunk_size).min(old);
+        let (refs, hold) = self.refs(ino, index, 1, false)?;
+        drop(hold);
+        if refs[0].is_none() {
+            return Ok(None); // a hole: zeros already
+        }
+        let tail = self.read_now(ino, new, (end - new) as usize)?;
+        if let Err(e) = self.overwrite_tail(ino, new, vec![0; tail.len()]) {
+            // Some copies may have the zeros.
+            self.put_tail_back(ino, (new, tail));
+            return Err(e);
+        }
+        Ok(Some((new, tail)))
+    }
+
+    /// The cut that [`Self::zero_tail`] zeroed ahead of did not happen: the bytes go back.
+    pub(crate) fn put_tail_back(self: &Arc<Self>, ino: Ino, (at, bytes): (u64, Vec<u8>)) {
+        if let Err(e) = self.overwrite_tail(ino, at, bytes) {
+            log::error!(
+                "inode {ino}: a truncate failed, and the bytes zeroed ahead of it from offset \
+                 {at} could not be put back: {e}"
+            );
+        }
+    }
+
+    /// Writes `bytes` at `at`, within one chunk, as a change of no size or mtime of ours.
+    fn overwrite_tail(self: &Arc<Self>, ino: Ino, at: u64, bytes: Vec<u8>) -> Result<()> {
+        let piece = Segment {
+            index: at / self.chunk_size,
+            offset_in_chunk: at % self.chunk_size,
+            len: bytes.len(),
+            at: 0,
+        };
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let attempt = Attempt::first(self.retry_window);
+        let finish: FinishWrite<B> = Box::new(move |_, r| drop(tx.send(r)));
+        self.write_pieces(ino, vec![(piece, bytes)], attempt, finish);
+        rx.recv().unwrap_or_else(|_| {
+            Err(Error::new(
+                Errno::EIO,
+                "overwriting a truncated tail: no answer",
+            ))
+        })
+    }
+}
+
+/// The chunks a write's pieces go to, from the first piece's chunk on, and the hold on their
+/// references (see [`Rfs::refs`]).
+struct Mapped {
+    first: u64,
+    refs: Vec<Option<Replicas>>,
+    hold: InFlight,
+}
+
+/// Answers a write (see [`Rfs::write_pieces`]).
+type FinishWrite<B> = Box<dyn FnOnce(&Rfs<B>, Result<()>) + Send>;
+
+/// Receives how a write to every replica of a chunk went (see [`Rfs::write_replicas`]), and
+/// the bytes.
+type Written = Box<dyn FnOnce(Result<Option<Replicas>>, Vec<u8>) + Send>;
+
+/// One write going to every replica of a chunk, and what to do once all answered.
+struct Fanout {
+    state: Mutex<FanoutState>,
+    done: Mutex<Option<Written>>,
+}
+
+#[derive(Default)]
+struct FanoutState {
+    /// Replicas still to answer.
+    left: usize,
+    reached: Replicas,
+    failure: Option<Error>,
+    stale: Option<Error>,
+    /// The bytes, from whichever replica gave them back first.
+    bytes: Option<Vec<u8>>,
+}
+
+/// One try of the pieces of a write: what came of them, the references they hold, and how to
+/// answer.
+struct WriteJob<B: Backend> {
+    state: Mutex<WriteState>,
+    hold: Mutex<Option<InFlight>>,
+    finish: Mutex<Option<FinishWrite<B>>>,
+}
+
+#[derive(Default)]
+struct WriteState {
+    /// Pieces still to answer.
+    left: usize,
+    /// Chunks whose write missed some replicas, with those it reached.
+    missed: Vec<(u64, Replicas)>,
+    /// Pieces refused for a stale reference, with their bytes, and the first such refusal.
+    again: Vec<(Segment, Vec<u8>)>,
+    stale: Option<Error>,
+    failure: Option<Error>,
+}
