@@ -1,0 +1,150 @@
+//! Chunk maps: each file's chunks by index, each with its replicas; allocation adds them,
+//! writes that missed replicas and nodes that left drop them, repair adds copies.
+
+use super::*;
+
+impl Namespace {
+    /// The allocated chunks among `first..first+count`.
+    pub fn chunk_map(
+        &self,
+        ino: Ino,
+        first: u64,
+        count: u64,
+    ) -> Result<Vec<(u64, Replicas)>, Errno> {
+        self.chunk_map_page(ino, first, count, usize::MAX)
+    }
+
+    /// The first `most` allocated chunks among `first..first+count`: a page of a map, whose
+    /// span may be vast and sparse.
+    pub fn chunk_map_page(
+        &self,
+        ino: Ino,
+        first: u64,
+        count: u64,
+        most: usize,
+    ) -> Result<Vec<(u64, Replicas)>, Errno> {
+        Ok(self
+            .chunks(ino)?
+            .range(first..first.saturating_add(count))
+            .take(most)
+            .map(|(&i, c)| (i, c.clone()))
+            .collect())
+    }
+
+    /// Indices in `first..first+count` that have no chunk yet.
+    pub fn missing_chunks(&self, ino: Ino, first: u64, count: u64) -> Result<Vec<u64>, Errno> {
+        let chunks = self.chunks(ino)?;
+        Ok((first..first.saturating_add(count))
+            .filter(|i| !chunks.contains_key(i))
+            .collect())
+    }
+
+    pub fn add_chunks(&mut self, ino: Ino, new: &[(u64, Replicas)]) -> Result<(), Errno> {
+        let Data::File { chunks } = &mut self.inodes.get_mut(&ino).ok_or(Errno::ENOENT)?.data
+        else {
+            return Err(Errno::EINVAL);
+        };
+        let mut added = Vec::new();
+        for (i, c) in new {
+            if !chunks.contains_key(i) {
+                chunks.insert(*i, c.clone());
+                added.push(*i);
+            }
+        }
+        for index in added {
+            self.note_chunk(ino, index);
+        }
+        Ok(())
+    }
+
+    /// Keeps only the replicas of chunk `index` that a write reached (`reached`, by node and
+    /// address): the others may miss it. Returns those dropped; EIO if none of `reached` is
+    /// left to keep (the write reached nothing the map still has). A chunk that is gone
+    /// (truncated meanwhile) has nothing to drop.
+    pub fn drop_replicas(
+        &mut self,
+        ino: Ino,
+        index: u64,
+        reached: &[ChunkRef],
+    ) -> Result<Vec<ChunkRef>, Errno> {
+        let Some(chunk) = self.chunk_mut(ino, index) else {
+            return Ok(Vec::new());
+        };
+        let has_write = |c: &ChunkRef| reached.iter().any(|r| same_chunk(r, c));
+        if !chunk.iter().any(has_write) {
+            return Err(Errno::EIO);
+        }
+        let (kept, dropped): (Replicas, _) = chunk.drain(..).partition(has_write);
+        *chunk = kept;
+        if !dropped.is_empty() {
+            self.note_chunk(ino, index);
+        }
+        Ok(dropped)
+    }
+
+    /// Drops every replica on `node` (which died) from chunks that have another; a chunk whose
+    /// only replica was there keeps it, so that reading it fails rather than reading a hole's
+    /// zeros. Returns how many chunks lost a replica.
+    pub fn drop_node(&mut self, node: u32) -> usize {
+        let mut dropped = Vec::new();
+        for (&ino, i) in self.inodes.iter_mut() {
+            if let Data::File { chunks } = &mut i.data {
+                for (&index, chunk) in chunks.iter_mut() {
+                    if chunk.len() > 1 && chunk.iter().any(|c| c.node == node) {
+                        chunk.retain(|c| c.node != node);
+                        dropped.push((ino, index));
+                    }
+                }
+            }
+        }
+        for &(ino, index) in &dropped {
+            self.note_chunk(ino, index);
+        }
+        dropped.len()
+    }
+
+    /// Up to `limit` chunks with fewer than `target` replicas on live nodes (and at least one
+    /// there to copy from), file by file, and how many there are in all.
+    pub fn under_replicated(
+        &self,
+        target: usize,
+        alive: impl Fn(u32) -> bool,
+        limit: usize,
+    ) -> (Vec<(Ino, u64)>, usize) {
+        let mut found = Vec::new();
+        let mut total = 0;
+        for (&ino, i) in &self.inodes {
+            if let Data::File { chunks } = &i.data {
+                for (&index, chunk) in chunks {
+                    let live = chunk.iter().filter(|c| alive(c.node)).count();
+                    if live > 0 && live < target {
+                        total += 1;
+                        if found.len() < limit {
+                            found.push((ino, index));
+                        }
+                    }
+                }
+            }
+        }
+        found.sort_unstable();
+        (found, total)
+    }
+
+    /// The replicas of chunk `index` of `ino`, if it has that chunk.
+    pub fn replicas(&self, ino: Ino, index: u64) -> Option<Replicas> {
+        self.chunks(ino).ok()?.get(&index).cloned()
+    }
+
+    /// Adds `new` to chunk `index` of `ino`, copied from `source`: only if the chunk still has
+    /// `source` (it may have been freed, or its replica dropped, while it was copied).
+    pub fn add_replica(&mut self, ino: Ino, index: u64, source: &ChunkRef, new: ChunkRef) -> bool {
+        match self.chunk_mut(ino, index) {
+            Some(chunk) if chunk.iter().any(|c| same_chunk(c, source)) => {
+                chunk.push(new);
+                self.note_chunk(ino, index);
+                true
+            }
+            _ => false,
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! Files: attributes, handles (an unlinked file goes with its last one), sizes committed by
+//! clients, and what closed files give back past their size.
+
+use super::*;
+
+impl Namespace {
+    /// Applies chmod/chown/truncate/utimens. Returns the new attributes and the chunks that a
+    /// truncation freed.
+    pub fn setattr(&mut self, ino: Ino, s: &AttrChanges) -> Result<(Attr, Vec<ChunkRef>), Errno> {
+        let chunk_size = self.chunk_size;
+        let i = self.get_mut(ino)?;
+        let t = now();
+        let mut freed = Vec::new();
+        let mut cut = None;
+        if let Some(size) = s.size {
+            match &mut i.data {
+                Data::File { chunks } => {
+                    let keep = size.div_ceil(chunk_size);
+                    freed = chunks.split_off(&keep).into_values().flatten().collect();
+                    cut = Some(keep);
+                    i.attr.size = size;
+                    i.attr.mtime = t;
+                    i.attr.cuts += 1;
+                }
+                Data::Dir { .. } => return Err(Errno::EISDIR),
+                _ => return Err(Errno::EINVAL),
+            }
+        }
+        if let Some(mode) = s.mode {
+            i.attr.perm = (mode & 0o7777) as u16;
+        }
+        if let Some(uid) = s.uid {
+            i.attr.uid = uid;
+        }
+        if let Some(gid) = s.gid {
+            i.attr.gid = gid;
+        }
+        if let Some(a) = s.atime {
+            i.attr.atime = a;
+        }
+        if let Some(m) = s.mtime {
+            i.attr.mtime = m;
+        }
+        i.attr.ctime = t;
+        let attr = i.attr;
+        if let Some(from) = cut {
+            self.note(|| Record::Cut { ino, from });
+        }
+        Ok((attr, freed))
+    }
+
+    pub fn open(&mut self, ino: Ino) -> Result<Attr, Errno> {
+        // Open handles are the sessions' (reclaimed after a restart), not journaled.
+        let i = self.inodes.get_mut(&ino).ok_or(Errno::ENOENT)?;
+        i.open += 1;
+        Ok(i.attr)
+    }
+
+    /// Releases an open handle; returns chunks freed if it was the last one of an unlinked file.
+    pub fn release(&mut self, ino: Ino) -> Vec<ChunkRef> {
+        match self.inodes.get_mut(&ino) {
+            Some(i) => {
+                i.open = i.open.saturating_sub(1);
+                self.reap(ino)
+            }
+            None => Vec::new(),
+        }
+    }
+
+    /// Gives back the chunks past a closed file's size (allocated ahead, never written): the
+    /// first index given back and the chunks. Nothing while any handle is open, since a writer
+    /// may have written into them without committing its size yet.
+    pub fn trim(&mut self, ino: Ino) -> Option<(u64, Vec<ChunkRef>)> {
+        let chunk_size = self.chunk_size;
+        let i = self.inodes.get_mut(&ino)?;
+        if i.open > 0 {
+            return None;
+        }
+        let Data::File { chunks } = &mut i.data else {
+            return None;
+        };
+        let keep = i.attr.size.div_ceil(chunk_size);
+        let freed: Vec<_> = chunks.split_off(&keep).into_values().flatten().collect();
+        if freed.is_empty() {
+            return None;
+        }
+        // A commit past the size now would reach into chunks given back. Journaled here, not
+        // through `get_mut`, which would journal the attributes at every last close.
+        i.attr.cuts += 1;
+        if self.log.is_some() {
+            self.touched.insert(ino);
+        }
+        self.note(|| Record::Cut { ino, from: keep });
+        Some((keep, freed))
+    }
+
+    /// [`Self::trim`] of every closed file: the first index given back and the chunks, by file.
+    pub fn trim_closed(&mut self) -> Vec<(Ino, u64, Vec<ChunkRef>)> {
+        let closed: Vec<Ino> = self
+            .inodes
+            .iter()
+            .filter(|(_, i)| i.open == 0 && matches!(i.data, Data::File { .. }))
+            .map(|(&ino, _)| ino)
+            .collect();
+        closed
+            .into_iter()
+            .filter_map(|ino| self.trim(ino).map(|(from, chunks)| (ino, from, chunks)))
+            .collect()
+    }
+
+    /// Records a client's writes: the size grows to `size` (never shrinks: that is truncate).
+    /// ESTALE if the file was cut since the client last heard (`cuts` is the count of cuts it
+    /// made its size with): its size would grow the file back over the cut. Answers the
+    /// attributes before and after.
+    pub fn commit(
+        &mut self,
+        ino: Ino,
+        size: u64,
+        mtime: Option<Timestamp>,
+        cuts: u64,
+    ) -> Result<Committed, Errno> {
+        let i = self.get_mut(ino)?;
+        if i.attr.kind != FileKind::RegularFile {
+            return Err(Errno::EINVAL);
+        }
+        if cuts != i.attr.cuts {
+            return Err(Errno::ESTALE);
+        }
+        let before = i.attr;
+        if size > i.attr.size {
+            i.attr.size = size;
+        }
+        if let Some(m) = mtime {
+            i.attr.mtime = m;
+            i.attr.ctime = now();
+        }
+        Ok(Committed {
+            before,
+            after: i.attr,
+        })
+    }
+}
