@@ -18,10 +18,11 @@ use rdmabox::SessionConfig;
 use rfs_proto::data::DataSession;
 use rfs_proto::frame::{recv_frame, send_frame};
 use rfs_proto::grant::{encode_link_reply, GrantPool, LinkRequest, MAX_LINK_FRAME};
-use rfs_proto::handshake::{dial, SessionKey};
+use rfs_proto::handshake::dial;
 use rfs_proto::hello::{Hello, Join, UNKNOWN_POOL};
 use rfs_proto::integrity;
 use rfs_proto::patience::until_reachable;
+use rfs_proto::session_key::SessionKey;
 
 use crate::config::invalid;
 use crate::grants::Grants;

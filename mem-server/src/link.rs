@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use rfs_proto::frame::{recv_frame, send_frame};
 use rfs_proto::grant::{LinkOp, LinkRequest, MAX_LINK_FRAME};
-use rfs_proto::handshake::SessionKey;
 use rfs_proto::integrity;
+use rfs_proto::session_key::SessionKey;
 use rfs_proto::Errno;
 
 use crate::grants::Grants;

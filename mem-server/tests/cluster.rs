@@ -132,7 +132,7 @@ fn raw_metadata_channel(
     meta: &MemServer,
 ) -> (
     rdmabox::rpc::RpcClient,
-    Option<rfs_proto::handshake::SessionKey>,
+    Option<rfs_proto::session_key::SessionKey>,
     TcpStream,
 ) {
     use rdmabox::transport::Context;

@@ -14,11 +14,12 @@ use rdmabox::rpc::{self, RpcClient};
 use rdmabox::transport::{Context, ProtectionDomain};
 
 use crate::callback::{encode_ack, Callback, CALLBACK_RPC};
-use crate::client::{ClientConfig, Notice, NoticeHandler};
+use crate::client::config::{ClientConfig, Notice, NoticeHandler};
 use crate::frame::recv_frame;
-use crate::handshake::{dial, queue_pair_route, SessionKey};
+use crate::handshake::{dial, queue_pair_route};
 use crate::hello::{Hello, Metadata};
 use crate::integrity::{self, ANSWER, CALLBACK};
+use crate::session_key::SessionKey;
 
 pub(crate) struct Channel {
     pub(crate) rpc: RpcClient,

@@ -12,75 +12,21 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdmabox::transport::{DeadlineStream, QpRoute, WireKeys};
+use rdmabox::transport::{DeadlineStream, QpRoute};
 
-use hmac::{Hmac, Mac};
-use sha2::Sha256;
+use hmac::Mac;
 
 /// "RFS" and the generation of the handshake: 2 since what follows it is sealed with the
 /// session key (protocol 16).
 const MAGIC: &[u8; 4] = b"RFS2";
 const NONCE: usize = 32;
-const MAC: usize = 32;
 /// How long the node waits for a node to answer its greeting.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 use crate::frame::send_frame;
 use crate::hello::{Hello, QueuePair};
 use crate::integrity;
-
-fn mac(secret: &[u8], role: &[u8], a: &[u8], b: &[u8]) -> Hmac<Sha256> {
-    let mut m = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes any key length");
-    m.update(role);
-    m.update(a);
-    m.update(b);
-    m
-}
-
-/// A key both ends of an authenticated connection derive from the secret and both nonces:
-/// one per connection, never sent.
-#[derive(Clone)]
-pub struct SessionKey(pub(crate) [u8; MAC]);
-
-impl SessionKey {
-    fn derive(secret: &[u8], server_nonce: &[u8], client_nonce: &[u8]) -> SessionKey {
-        SessionKey(
-            mac(secret, b"session", server_nonce, client_nonce)
-                .finalize()
-                .into_bytes()
-                .into(),
-        )
-    }
-
-    /// The keys that encrypt a queue pair's connection authenticated with this key, as the
-    /// side that dialed it (`dialer`) or the node sees them: one key each way.
-    pub fn wire_keys(&self, dialer: bool) -> WireKeys {
-        let key = |direction: &[u8]| -> [u8; 32] {
-            mac(&self.0, b"wire", direction, &[])
-                .finalize()
-                .into_bytes()
-                .into()
-        };
-        let (up, down) = (key(b"dialer to node"), key(b"node to dialer"));
-        if dialer {
-            WireKeys {
-                send: up,
-                receive: down,
-            }
-        } else {
-            WireKeys {
-                send: down,
-                receive: up,
-            }
-        }
-    }
-}
-
-impl std::fmt::Debug for SessionKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("SessionKey(..)")
-    }
-}
+use crate::session_key::{mac, SessionKey, MAC};
 
 fn nonce() -> [u8; NONCE] {
     let mut n = [0u8; NONCE];

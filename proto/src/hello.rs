@@ -4,8 +4,8 @@
 use std::io::{self, Read};
 
 use crate::frame::recv_frame;
-use crate::handshake::SessionKey;
 use crate::integrity;
+use crate::session_key::SessionKey;
 use crate::wire::{bad, DecodeError, Reader, Wire, Writer};
 use crate::{wire_enum, wire_struct};
 

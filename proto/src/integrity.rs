@@ -6,7 +6,7 @@
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use crate::handshake::SessionKey;
+use crate::session_key::SessionKey;
 
 /// Bytes of MAC at the end of each frame.
 pub const TAG: usize = 16;

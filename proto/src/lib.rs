@@ -36,6 +36,7 @@ pub mod message;
 pub mod metrics;
 pub mod patience;
 pub mod secret;
+pub mod session_key;
 pub mod types;
 pub mod wire;
 

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use rdmabox::rpc::{RpcClient, RpcConfig};
 use rdmabox::transport::{CompletionQueue, ProtectionDomain, QueuePair};
 use rfs_proto::callback::{is_ack, Callback, EntryChange, Invalidation, CALLBACK_RPC};
-use rfs_proto::handshake::SessionKey;
 use rfs_proto::integrity;
+use rfs_proto::session_key::SessionKey;
 use rfs_proto::types::{Attr, Ino, Name};
 use rfs_proto::wire::MAX_LIST;
 

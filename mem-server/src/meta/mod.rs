@@ -31,10 +31,10 @@ use rdmabox::transport::{MemoryRegion, QpCaps};
 use rfs_proto::clock;
 use rfs_proto::frame::send_frame;
 use rfs_proto::grant::RevokeSession;
-use rfs_proto::handshake::SessionKey;
 use rfs_proto::integrity;
 use rfs_proto::message::{readdir_budget, unseal, Request};
 use rfs_proto::metrics::Metric;
+use rfs_proto::session_key::SessionKey;
 use rfs_proto::types::{AttrChanges, ROOT};
 use rfs_proto::Errno;
 

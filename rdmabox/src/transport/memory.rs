@@ -9,11 +9,11 @@
 //! write it, and private to the session, which lends a slot's bytes to a read's callback only
 //! once the transfer into it is over.
 
+use std::fmt;
 use std::io;
 use std::sync::Arc;
 
-use super::types::Access;
-use super::{tcp, verbs};
+use super::region::{Access, RemoteRegion};
 
 /// Where a region's bytes come from; dropped after the registration that covers them.
 pub(crate) enum Backing {
@@ -100,16 +100,17 @@ impl Drop for Backing {
     }
 }
 
-/// The provider's record of a registration; dropping it deregisters (held only for that).
-#[allow(dead_code)]
-pub(crate) enum Registration {
-    Tcp(tcp::Registration),
-    Verbs(verbs::Registration),
+/// A provider's record of a registration: dropping it deregisters.
+pub(crate) trait Registration: Send + Sync {
+    /// The region is dropped: from now on no peer's access may reach it, even while transfers
+    /// under way still hold its memory (verbs: nothing to do, only our own work requests hold
+    /// it and `ibv_dereg_mr` at the drop is enough).
+    fn revoke(&self, _region: &MrInner) {}
 }
 
 pub(crate) struct MrInner {
     // Field order matters: the registration is dropped (deregistered) before the memory is freed.
-    pub(crate) registration: Registration,
+    pub(crate) registration: Box<dyn Registration>,
     pub(crate) backing: Backing,
     pub(crate) addr: u64,
     pub(crate) len: usize,
@@ -142,11 +143,8 @@ pub struct MemoryRegion {
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
         // Providers that hold the region for transfers under way must stop using it now, not
-        // when the last of them lets go (verbs: ibv_dereg_mr when the record goes is enough,
-        // since only our own work requests hold it).
-        if let Registration::Tcp(r) = &self.inner.registration {
-            r.deregister(&self.inner);
-        }
+        // when the last of them lets go.
+        self.inner.registration.revoke(&self.inner);
     }
 }
 
@@ -176,8 +174,8 @@ impl MemoryRegion {
         self.inner.access
     }
     /// The descriptor a peer needs to READ/WRITE this whole region.
-    pub fn remote(&self) -> super::RemoteRegion {
-        super::RemoteRegion {
+    pub fn remote(&self) -> RemoteRegion {
+        RemoteRegion {
             addr: self.addr(),
             len: self.len() as u64,
             rkey: self.rkey(),
@@ -277,5 +275,46 @@ impl std::fmt::Debug for MemoryRegion {
             .field("rkey", &format_args!("{:#x}", self.rkey()))
             .field("access", &self.access())
             .finish()
+    }
+}
+
+/// One scatter/gather element: a byte range of a local registered region. Built only through
+/// [`Sge::new`], so it is always inside its region.
+#[derive(Clone, Copy)]
+pub struct Sge<'a> {
+    pub(crate) mr: &'a MemoryRegion,
+    pub(crate) offset: usize,
+    pub(crate) len: usize,
+}
+
+impl<'a> Sge<'a> {
+    /// `len` bytes at `offset` of `mr`; None when the range leaves the region.
+    pub fn new(mr: &'a MemoryRegion, offset: usize, len: usize) -> Option<Sge<'a>> {
+        let end = offset.checked_add(len)?;
+        (end <= mr.len() && len <= u32::MAX as usize).then_some(Sge { mr, offset, len })
+    }
+    /// Bytes in the element.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether the element has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The virtual address this element starts at (what a NIC would DMA from).
+    pub fn addr(&self) -> u64 {
+        self.mr.addr() + self.offset as u64
+    }
+}
+
+impl fmt::Debug for Sge<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Sge(lkey {:#x} +{} len {})",
+            self.mr.lkey(),
+            self.offset,
+            self.len
+        )
     }
 }

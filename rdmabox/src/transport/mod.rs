@@ -12,6 +12,7 @@ mod connect;
 mod deadline;
 mod endpoint;
 pub mod memory;
+mod region;
 pub mod tcp;
 mod types;
 pub mod verbs;
@@ -27,11 +28,11 @@ use std::time::Duration;
 pub use connect::connect_links;
 pub use deadline::DeadlineStream;
 pub use endpoint::{exchange_endpoints, Endpoint};
-pub use memory::MemoryRegion;
+pub use memory::{MemoryRegion, Sge};
+pub use region::{Access, RemoteAddr, RemoteRegion};
 pub use tcp::{Arrivals, Dialer, InlineConsumer, QpRoute, TcpConfig, WireKeys};
 pub use types::{
-    Access, Completion, PostError, QpCaps, QpState, RecvWr, RemoteAddr, RemoteRegion, SendOp,
-    SendWr, Sge, WcOpcode, WcStatus,
+    Completion, PostError, QpCaps, QpState, RecvWr, SendOp, SendWr, WcOpcode, WcStatus,
 };
 pub use verbs::VerbsConfig;
 

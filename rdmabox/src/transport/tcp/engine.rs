@@ -25,10 +25,11 @@ use std::time::Instant;
 use crossbeam_channel::{Receiver, Sender};
 
 use super::io::{iovec, FrameReader};
-use super::qp::{PostedRecv, QpShared, Target};
+use super::shared::{PostedRecv, QpShared, Target};
 use super::wire::{Header, Kind, NakReason, HEADER_LEN};
 use crate::transport::memory::MrInner;
-use crate::transport::types::{Access, Completion, WcOpcode, WcStatus};
+use crate::transport::region::Access;
+use crate::transport::types::{Completion, WcOpcode, WcStatus};
 
 /// Responses queued for the writer. More than a requester may have outstanding (its send
 /// queue), so an honest peer never fills it.
@@ -384,7 +385,7 @@ impl Engine {
         &self,
         psn: u32,
         keep_last: bool,
-    ) -> Result<Option<super::qp::Outstanding>, Stop> {
+    ) -> Result<Option<super::shared::Outstanding>, Stop> {
         let mut out = self.qp.outstanding.lock().unwrap();
         if !out.iter().any(|o| o.psn == psn) {
             return Err(Stop::Violation(format!("response for unknown psn {psn}")));

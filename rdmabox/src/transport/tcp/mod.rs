@@ -21,6 +21,7 @@ mod qp;
 mod responder;
 mod route;
 mod seal;
+mod shared;
 #[cfg(test)]
 mod tests;
 pub mod wire;
@@ -38,7 +39,8 @@ pub use route::{Arrivals, Dialer, QpRoute};
 pub use seal::WireKeys;
 
 use super::memory::{Backing, MemoryRegion, MrInner, Registration as AnyRegistration};
-use super::types::{Access, QpCaps};
+use super::region::Access;
+use super::types::QpCaps;
 
 /// Settings of the tcp provider.
 #[derive(Clone, Debug)]
@@ -215,7 +217,7 @@ impl Pd {
         // lkeys are a different number space than rkeys, so that mixing them up fails.
         let lkey = self.shared.next_lkey.fetch_add(1, Ordering::Relaxed) | 0x8000_0000;
         let inner = Arc::new(MrInner {
-            registration: AnyRegistration::Tcp(Registration {
+            registration: Box::new(Registration {
                 pd: self.shared.clone(),
                 rkey,
                 pinned: pinned.then_some((addr, len)),
@@ -241,10 +243,10 @@ pub(crate) struct Registration {
     pinned: Option<(u64, usize)>,
 }
 
-impl Registration {
+impl AnyRegistration for Registration {
     /// Takes `inner` (this registration's region) out of the rkey table, waiting for copies
     /// under way ([`PdShared::while_registered`]).
-    pub(crate) fn deregister(&self, inner: &MrInner) {
+    fn revoke(&self, inner: &MrInner) {
         let mut regions = self.pd.regions.write().unwrap();
         let ours = regions
             .get(&self.rkey)
@@ -257,7 +259,7 @@ impl Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        // Normally gone already (`deregister`); the key may since name another region.
+        // Normally gone already (`revoke`); the key may since name another region.
         let mut regions = self.pd.regions.write().unwrap();
         if regions
             .get(&self.rkey)

@@ -31,12 +31,12 @@ use std::sync::{Arc, Mutex};
 
 use super::engine::check_remote;
 use super::io::{iovec, keep_unsent, send_now};
-use super::qp::QpShared;
 use super::seal::{Opener, Sealer};
+use super::shared::QpShared;
 use super::wire::{Header, Kind, NakReason, HEADER_LEN};
 use crate::epoll::{Epoll, Ready};
 use crate::transport::memory::MrInner;
-use crate::transport::types::Access;
+use crate::transport::region::Access;
 
 /// At most this many responses, and this many bytes of READ data, are held back to go out
 /// together (as the engine holds them).

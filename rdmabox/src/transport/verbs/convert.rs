@@ -3,9 +3,8 @@
 
 use ibverbs_sys as ffi;
 
-use crate::transport::types::{
-    Completion, QpState, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
-};
+use crate::transport::memory::Sge;
+use crate::transport::types::{Completion, QpState, RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
 
 fn sge(s: &Sge<'_>) -> ffi::ibv_sge {
     ffi::ibv_sge {

@@ -21,14 +21,14 @@ use std::time::Duration;
 use ibverbs_sys as ffi;
 
 use super::memory::{Backing, MemoryRegion, MrInner, Registration as AnyRegistration};
-use super::types::{Access, Completion, PostError, QpCaps, QpState, RecvWr, SendWr};
+use super::region::Access;
+use super::types::{Completion, PostError, QpCaps, QpState, RecvWr, SendWr};
 pub use context::{device_names, Context};
 use context::{os_err, CtxInner};
 pub use convert::{completion_from_wc, qp_state_from_raw};
 pub use cq::Cq;
 pub use pd::Pd;
 use pd::PdInner;
-pub(crate) use pd::Registration;
 pub use qp::{PreparedQp, Qp};
 
 /// What a peer needs to connect to one of our queue pairs (the fields of `ibv_qp_attr` that

@@ -51,7 +51,7 @@ impl Pd {
         let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
         Ok(MemoryRegion {
             inner: Arc::new(MrInner {
-                registration: AnyRegistration::Verbs(Registration {
+                registration: Box::new(Registration {
                     mr,
                     _pd: self.inner.clone(),
                 }),
@@ -77,6 +77,8 @@ unsafe impl Send for Registration {}
 
 // SAFETY: see Send.
 unsafe impl Sync for Registration {}
+
+impl AnyRegistration for Registration {}
 
 impl Drop for Registration {
     fn drop(&mut self) {
