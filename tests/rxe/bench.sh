@@ -23,7 +23,7 @@ SECS=${SECS:-10}
 MODES=${MODES:-"polling=adaptive polling=busy polling=event polling=busy,qps=1"}
 
 bash tests/rxe/vm.sh ensure
-cargo build -q --release -p mem-server -p fs-client -p rdmabox --bins
+cargo build -q --release -p mem-server -p fs-client -p rdmabox --bins --features rdmabox/bench
 rm -rf "$SHARE" && mkdir -p "$SHARE/bin"
 cp target/release/{mem-server,fs-client,rdmabox-bench} "$SHARE/bin/"
 printf 'SECS=%s\nMODES="%s"\n' "$SECS" "$MODES" >"$SHARE/settings"
