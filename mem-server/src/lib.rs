@@ -23,6 +23,7 @@ pub mod alloc;
 pub mod config;
 mod grants;
 mod hangups;
+pub mod in_process;
 mod join;
 pub mod journal;
 mod link;

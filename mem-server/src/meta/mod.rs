@@ -71,7 +71,7 @@ pub(crate) struct MetaService {
     page_bytes: usize,
     pub(crate) lease: Duration,
     policy: Policy,
-    sessions: Sessions,
+    pub(crate) sessions: Sessions,
     /// Freed chunks on their way to reuse.
     quarantine: Quarantine,
     /// How to grant and revoke at each live data node.
@@ -432,7 +432,7 @@ impl MetaService {
 
     /// Decodes, applies and answers one call, once: a call resent after a reconnection gets
     /// the reply it had.
-    fn handle(&self, attached: &Attached, body: &[u8]) -> Vec<u8> {
+    pub(crate) fn handle(&self, attached: &Attached, body: &[u8]) -> Vec<u8> {
         let read = clock::now_ms();
         let Some((envelope, call)) = unseal(body) else {
             log::warn!("metadata call without an envelope");

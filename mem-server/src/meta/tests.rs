@@ -2,9 +2,6 @@
 //! that call it through [`MetaService::handle`] as their connections do (calls sealed in their
 //! envelopes, replies decoded), and no socket.
 
-use std::sync::atomic::AtomicBool;
-
-use rdmabox::transport::{Access, Context, TransportConfig};
 use rfs_proto::locks::{FileLock, READ, TO_END, UNLOCK, WRITE};
 use rfs_proto::message::{
     decode_reply, encode_call, seal, Allocate, AttachData, Call, CancelWait, ChunkMap, Commit,
@@ -18,6 +15,7 @@ use rfs_proto::types::{
 };
 
 use super::*;
+use crate::in_process::{InProcessClient, InProcessService};
 
 const CHUNK: u64 = 64 << 10;
 const CHUNKS: u64 = 16;
@@ -49,54 +47,28 @@ fn owner(perm: u16, c: &Caller) -> Owner {
 
 /// A metadata node with its own pool of [`CHUNKS`] chunks and nothing else: no zeroer (freed
 /// chunks are not allocatable again here), no data node but its own.
-struct Node {
-    meta: Arc<MetaService>,
-    grants: Arc<Grants>,
-    ctx: Context,
-    _zeroer_kicks: Receiver<()>,
-}
+struct Node(InProcessService);
 
 impl Node {
     fn new() -> Node {
-        let ctx = Context::open(&TransportConfig::default()).unwrap();
-        let pd = ctx.alloc_pd().unwrap();
-        let pool = Arc::new(
-            pd.alloc_region((CHUNKS * CHUNK) as usize, Access::ALL)
-                .unwrap(),
-        );
-        let grants = Arc::new(Grants::new(pool.clone(), CHUNK));
-        let mut cfg = NodeConfig::new("127.0.0.1:0".parse().unwrap(), CHUNKS * CHUNK);
-        cfg.chunk_size = CHUNK;
-        cfg.insecure = true;
-        cfg.lease = Duration::from_millis(500);
-        let (meta, kicks) =
-            MetaService::new(&cfg, "127.0.0.1:1".into(), &pool, CHUNKS, &grants).unwrap();
-        meta.start_quarantine().unwrap();
-        Node {
-            meta,
-            grants,
-            ctx,
-            _zeroer_kicks: kicks,
-        }
+        Node(InProcessService::new(CHUNK, CHUNKS, Duration::from_millis(500)).unwrap())
     }
 
     /// A client session, as a connection of client `id` attaches it.
     fn client(&self, id: u64) -> Client<'_> {
-        let attached = self
-            .meta
-            .sessions
-            .attach(id, Arc::new(AtomicBool::new(false)));
         Client {
-            node: self,
-            attached,
+            session: self.0.client(id),
             seq: 0,
         }
+    }
+
+    fn handle(&self, c: &Client<'_>, call: &[u8]) -> Vec<u8> {
+        c.session.handle(call)
     }
 }
 
 struct Client<'a> {
-    node: &'a Node,
-    attached: Attached,
+    session: InProcessClient<'a>,
     seq: u64,
 }
 
@@ -123,10 +95,7 @@ impl Client<'_> {
             sent_ms: clock::now_ms(),
             budget_ms,
         };
-        let reply = self
-            .node
-            .meta
-            .handle(&self.attached, &seal(&envelope, &encode_call(&c)));
+        let reply = self.session.handle(&seal(&envelope, &encode_call(&c)));
         decode_reply::<C>(&reply).expect("a well-formed reply to the call made")
     }
 
@@ -213,9 +182,9 @@ impl Client<'_> {
     /// A data session of this client at the node's own pool, attached to its metadata
     /// session: its chunk maps are granted there from now on.
     fn attach_data(&mut self) -> u64 {
-        let pd = Arc::new(self.node.ctx.alloc_pd().unwrap());
-        let session = self.node.grants.open(pd);
-        let node = self.node.meta.local;
+        let service = self.session.service;
+        let session = service.data_session().unwrap();
+        let node = service.own_node();
         self.call(AttachData { node, session }).unwrap();
         session
     }
@@ -812,7 +781,7 @@ fn list_nodes_names_the_nodes_own_pool() {
     let nodes = c.call(ListNodes {}).unwrap();
     assert_eq!(nodes.len(), 1);
     assert!(nodes[0].alive && nodes[0].meta);
-    assert_eq!(nodes[0].id, node.meta.local);
+    assert_eq!(nodes[0].id, node.0.own_node());
 }
 
 #[test]
@@ -864,11 +833,9 @@ fn a_call_that_arrives_after_its_caller_gave_up_is_not_applied() {
         budget_ms: 10_000,
     };
     let statfs = seal(&on_time, &encode_call(&GetStatFs {}));
-    assert!(
-        decode_reply::<GetStatFs>(&node.meta.handle(&c.attached, &statfs))
-            .unwrap()
-            .is_ok()
-    );
+    assert!(decode_reply::<GetStatFs>(&node.handle(&c, &statfs))
+        .unwrap()
+        .is_ok());
     // Sent 5 s before it was read, with 1 s to answer it in.
     let late = Envelope {
         seq: 2,
@@ -882,9 +849,7 @@ fn a_call_that_arrives_after_its_caller_gave_up_is_not_applied() {
         owner: owner(0o755, &root()),
         caller: root(),
     };
-    let reply = node
-        .meta
-        .handle(&c.attached, &seal(&late, &encode_call(&mkdir)));
+    let reply = node.handle(&c, &seal(&late, &encode_call(&mkdir)));
     assert_eq!(decode_reply::<Mkdir>(&reply).unwrap(), Err(Errno::EIO));
     assert_eq!(node.client(2).lookup(ROOT, "late"), Err(Errno::ENOENT));
 }
@@ -906,8 +871,8 @@ fn a_malformed_call_is_answered_eproto_and_changes_nothing() {
         caller: root(),
     });
     call.truncate(call.len() - 3);
-    let reply = node.meta.handle(&c.attached, &seal(&envelope, &call));
+    let reply = node.handle(&c, &seal(&envelope, &call));
     assert_eq!(decode_reply::<Mkdir>(&reply).unwrap(), Err(Errno::EPROTO));
-    let no_envelope = node.meta.handle(&c.attached, b"short");
+    let no_envelope = node.handle(&c, b"short");
     assert_eq!(no_envelope, Reply::failed(0, Errno::EPROTO).bytes);
 }

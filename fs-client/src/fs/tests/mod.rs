@@ -24,6 +24,7 @@ mod locks;
 mod misc;
 mod owed;
 mod pages;
+mod parity;
 
 fn client(cluster: &Arc<FakeCluster>) -> Arc<Rfs<Fake>> {
     client_with(cluster, FsConfig::default())
