@@ -48,8 +48,8 @@ impl<B: Backend> Rfs<B> {
     /// Makes and opens `name` in `parent` as the kernel's create with `flags` asks: with
     /// O_EXCL the name must be new; without it, a name another client made since the kernel
     /// looked it up answers ESTALE, so that the kernel looks it up again and opens what is
-    /// there the ordinary way (its permission checks, O_TRUNC, symlinks), where EEXIST would
-    /// fail an open that POSIX lets succeed.
+    /// there the ordinary way (its permission checks, O_TRUNC, symlinks, not as a file this
+    /// open made), where EEXIST would fail an open that POSIX lets succeed.
     pub fn create_for_kernel(
         &self,
         parent: Ino,

@@ -1,7 +1,6 @@
 //! Conversions between the kernel's (fuser's) types and the protocol's: attributes, file
 //! kinds, lock requests, open flags, names and times.
 
-/// The kernel's attributes of `a`, with `blksize` the preferred I/O size.
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -13,6 +12,7 @@ use rfs_proto::Errno;
 
 use crate::fs::{Error, PageCacheUse, STATS_INO};
 
+/// The kernel's attributes of `a`, with `blksize` the preferred I/O size.
 pub(super) fn file_attr(a: &Attr, blksize: u32) -> FileAttr {
     let t = |ts: Timestamp| {
         if ts.secs >= 0 {
