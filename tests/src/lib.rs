@@ -9,6 +9,7 @@
 //! Soft-RoCE VM of tests/rxe).
 
 pub mod model;
+pub mod rng;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

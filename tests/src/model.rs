@@ -1,6 +1,7 @@
 //! Mounts taking turns at random operations on three names, checked against a model of inodes
 //! and contents: whatever any mount reads or stats must be what the model says.
 
+use crate::rng::Rng;
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::os::unix::fs::FileExt;
@@ -8,17 +9,6 @@ use std::os::unix::fs::FileExt;
 use crate::Mount;
 
 /// A small deterministic generator (xorshift), so a failing run can be replayed by its seed.
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
-
 const NAMES: [&str; 3] = ["a", "b", "c"];
 /// Files stay below this size (several chunks of small ones).
 const MAX: u64 = 200 << 10;

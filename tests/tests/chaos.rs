@@ -9,22 +9,8 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use rand_like::Lcg;
+use rfs_e2e::rng::Rng;
 use rfs_e2e::{wait_until_whole, MemServer, Mount};
-
-/// A tiny deterministic generator: the writer's model needs no crate.
-mod rand_like {
-    pub struct Lcg(pub u64);
-    impl Lcg {
-        pub fn next(&mut self) -> u64 {
-            self.0 = self
-                .0
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            self.0 >> 33
-        }
-    }
-}
 
 /// fio on `dir`: random writes of 4k..256k over two jobs, each block checksummed (crc32c) and
 /// verified; `verify_only` reads and verifies what an earlier run wrote. The writes are paced
@@ -81,7 +67,7 @@ fn writer(m: &Mount, files: usize, len: usize, until: Instant) -> Vec<Vec<u8>> {
             f
         })
         .collect();
-    let mut rng = Lcg(42);
+    let mut rng = Rng(42);
     while Instant::now() < until {
         let i = rng.next() as usize % files;
         let n = 1 + rng.next() as usize % (300 << 10);

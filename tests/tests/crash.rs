@@ -15,25 +15,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use rfs_e2e::rng::Rng;
 use rfs_e2e::{MemServer, Mount};
 
 /// A tiny deterministic generator: the model needs no crate.
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        self.0 >> 33
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 const MIB: u64 = 1 << 20;
 /// Files grow up to this size: several 1 MiB chunks each.
 const MAX_LEN: u64 = 3 * MIB;
@@ -82,7 +67,7 @@ fn writer(
     stop: &AtomicBool,
     tally: &Tally,
 ) -> (Vec<Tracked>, Vec<u64>) {
-    let mut rng = Lcg(w * 7919 + 1);
+    let mut rng = Rng(w * 7919 + 1);
     let mut files: Vec<Tracked> = Vec::new();
     let mut abandoned = Vec::new();
     let mut seq = 0u64;
@@ -238,7 +223,7 @@ fn crash_run(name: &str, replicas: &str, secs: u64) {
                 results.lock().unwrap().insert(w, out);
             });
         }
-        let mut rng = Lcg(secs + 17);
+        let mut rng = Rng(secs + 17);
         let until = Instant::now() + Duration::from_secs(secs);
         while Instant::now() < until {
             std::thread::sleep(Duration::from_millis(300 + rng.below(1700)));

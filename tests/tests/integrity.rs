@@ -4,21 +4,8 @@
 use std::fs::{self, OpenOptions};
 use std::os::unix::fs::FileExt;
 
+use rfs_e2e::rng::Rng;
 use rfs_e2e::{MemServer, Mount};
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
 
 fn check(path: &std::path::Path, model: &[u8], step: usize) {
     let got = fs::read(path).unwrap();

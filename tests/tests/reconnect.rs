@@ -9,7 +9,8 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::os::unix::io::AsRawFd;
 use std::time::Duration;
 
-use rfs_e2e::model::{agree_with_a_model, Rng};
+use rfs_e2e::model::agree_with_a_model;
+use rfs_e2e::rng::Rng;
 use rfs_e2e::{errno, within, MemServer, Mount};
 
 fn open_rw(path: impl AsRef<std::path::Path>) -> File {
