@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rdmabox::SessionConfig;
+use rfs_proto::backoff::Backoff;
 use rfs_proto::data::DataSession;
 use rfs_proto::frame::{recv_frame, send_frame};
 use rfs_proto::grant::{encode_link_reply, GrantPool, LinkRequest, MAX_LINK_FRAME};
@@ -306,7 +307,7 @@ fn rejoin(
     pool: &mut PoolName,
     current: &Mutex<Option<TcpStream>>,
 ) -> Option<(TcpStream, Option<SessionKey>)> {
-    let mut wait = Duration::from_millis(50);
+    let mut backoff = Backoff::new(Duration::from_millis(50), REJOIN_BACKOFF);
     let mut tries = 0u32;
     loop {
         if node.stop.load(Ordering::Acquire) || current.lock().unwrap().is_none() {
@@ -344,8 +345,7 @@ fn rejoin(
                 tries += 1;
             }
         }
-        std::thread::sleep(wait);
-        wait = (wait * 2).min(REJOIN_BACKOFF);
+        std::thread::sleep(backoff.next_pause());
     }
 }
 

@@ -7,7 +7,6 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
-use std::time::Duration;
 
 use rdmabox::connect_links;
 use rdmabox::rpc::{self, RpcClient};
@@ -124,10 +123,4 @@ impl Drop for Channel {
             let _ = t.join();
         }
     }
-}
-
-/// How long to wait before the next attempt to reach the service: at most a quarter second,
-/// since how soon mounts work again after a restart is this much past the restart.
-pub(crate) fn backoff(previous: Duration) -> Duration {
-    (previous * 2).clamp(Duration::from_millis(20), Duration::from_millis(250))
 }

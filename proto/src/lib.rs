@@ -19,6 +19,7 @@
 //! - [`logging`]: where both binaries log: stderr, a file, or syslog.
 //! - [`metrics`]: their counters for Prometheus, over HTTP.
 
+pub mod backoff;
 pub mod callback;
 mod channel;
 pub mod client;

@@ -2,6 +2,7 @@
 //! or while that node still prepares its pool) keeps trying for a bounded time, saying so once,
 //! instead of failing at the first "connection refused".
 
+use crate::backoff::Backoff;
 use std::io;
 use std::time::{Duration, Instant};
 
@@ -39,7 +40,7 @@ pub fn until_reachable<T>(
 ) -> io::Result<T> {
     let start = Instant::now();
     let deadline = start + patience;
-    let mut pause = FIRST_PAUSE;
+    let mut backoff = Backoff::new(FIRST_PAUSE, MAX_PAUSE);
     let mut waited = false;
     loop {
         match attempt() {
@@ -61,8 +62,8 @@ pub fn until_reachable<T>(
                     waited = true;
                 }
                 // The last try is at the deadline.
-                std::thread::sleep(pause.min(deadline.saturating_duration_since(Instant::now())));
-                pause = (pause * 2).min(MAX_PAUSE);
+                let left = deadline.saturating_duration_since(Instant::now());
+                std::thread::sleep(backoff.next_pause().min(left));
             }
             Err(e) if waited => {
                 return Err(io::Error::new(

@@ -69,10 +69,10 @@ fn writer(m: &Mount, files: usize, len: usize, until: Instant) -> Vec<Vec<u8>> {
         .collect();
     let mut rng = Rng(42);
     while Instant::now() < until {
-        let i = rng.next() as usize % files;
-        let n = 1 + rng.next() as usize % (300 << 10);
-        let at = rng.next() as usize % (len - n);
-        let byte = rng.next() as u8;
+        let i = rng.draw() as usize % files;
+        let n = 1 + rng.draw() as usize % (300 << 10);
+        let at = rng.draw() as usize % (len - n);
+        let byte = rng.draw() as u8;
         handles[i].write_all_at(&vec![byte; n], at as u64).unwrap();
         model[i][at..at + n].fill(byte);
     }

@@ -41,7 +41,7 @@ fn run(opts: &[&str], seed: u64) {
             1..=6 => {
                 let off = rng.below(MAX - 1);
                 let len = 1 + rng.below((1 << 20).min(MAX - off)) as usize;
-                let byte = rng.next() as u8;
+                let byte = rng.draw() as u8;
                 let data: Vec<u8> = (0..len).map(|i| byte.wrapping_add(i as u8)).collect();
                 f.write_all_at(&data, off).unwrap();
                 let end = off as usize + len;

@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use rfs_proto::backoff::Backoff;
 use rfs_proto::message::{Allocate, ChunkMap};
 use rfs_proto::types::{Ino, Replicas};
 use rfs_proto::wire::MAX_LIST;
@@ -378,12 +379,11 @@ impl ChunkCache {
         mut call: impl FnMut() -> Result<T, CallError>,
     ) -> Result<T> {
         let give_up = Instant::now() + FROZEN_WAIT;
-        let mut pause = Duration::from_millis(1);
+        let mut backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(50));
         loop {
             match call() {
                 Err(CallError::Remote(Errno::EAGAIN)) if Instant::now() < give_up => {
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(Duration::from_millis(50));
+                    std::thread::sleep(backoff.next_pause());
                 }
                 Err(CallError::Remote(Errno::EAGAIN)) => {
                     return Err(Error::new(

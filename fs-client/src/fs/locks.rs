@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use rfs_proto::backoff::Backoff;
 use rfs_proto::client::HeldLock;
 use rfs_proto::locks::{FileLock, LockSet, READ, UNLOCK, WRITE};
 use rfs_proto::message::{CancelWait, DropLocks, GetLock, SetLock};
@@ -311,7 +312,7 @@ impl<B: Backend> Rfs<B> {
         let waiting = std::thread::Builder::new()
             .name("rfs-lockwait".into())
             .spawn(move || {
-                let mut pause = FIRST_ASK;
+                let mut backoff = Backoff::new(FIRST_ASK, LAST_ASK);
                 let outcome = loop {
                     let Some(fs) = fs.upgrade() else {
                         break Err(Errno::EINTR.into()); // unmounted
@@ -324,9 +325,8 @@ impl<B: Backend> Rfs<B> {
                         Ok(None) => break Ok(()),
                         Err(e) => break Err(e),
                     }
-                    fs.locks.wait_freed(seen, pause);
+                    fs.locks.wait_freed(seen, backoff.next_pause());
                     drop(fs);
-                    pause = (pause * 2).min(LAST_ASK);
                 };
                 if let Some(fs) = fs.upgrade() {
                     fs.locks.waiters.fetch_sub(1, Ordering::AcqRel);

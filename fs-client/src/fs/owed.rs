@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use rfs_proto::backoff::Backoff;
 use rfs_proto::types::Ino;
 use rfs_proto::Errno;
 
@@ -179,7 +180,7 @@ pub(crate) fn worth_retrying(e: &Error) -> bool {
 /// then sleeps until the next; ends with the file system.
 fn retry_owed<B: Backend>(fs: Weak<Rfs<B>>, wake: Receiver<Wake>) {
     let mut due: Option<Instant> = None;
-    let mut pause = FIRST_PAUSE;
+    let mut backoff = Backoff::new(FIRST_PAUSE, LAST_PAUSE);
     loop {
         let woken = match due {
             Some(at) => wake.recv_deadline(at),
@@ -188,16 +189,16 @@ fn retry_owed<B: Backend>(fs: Weak<Rfs<B>>, wake: Receiver<Wake>) {
         match woken {
             Ok(Wake::Owed) => {
                 if due.is_none() {
-                    pause = FIRST_PAUSE;
-                    due = Some(Instant::now() + pause);
+                    backoff.reset();
+                    due = Some(Instant::now() + backoff.peek());
                 }
                 continue;
             }
-            Ok(Wake::Now) => pause = FIRST_PAUSE,
-            Err(RecvTimeoutError::Timeout) => pause = (pause * 2).min(LAST_PAUSE),
+            Ok(Wake::Now) => backoff.reset(),
+            Err(RecvTimeoutError::Timeout) => drop(backoff.next_pause()),
             Err(RecvTimeoutError::Disconnected) => return,
         }
         let Some(fs) = fs.upgrade() else { return };
-        due = (fs.commit_owed() > 0).then(|| Instant::now() + pause);
+        due = (fs.commit_owed() > 0).then(|| Instant::now() + backoff.peek());
     }
 }

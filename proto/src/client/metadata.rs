@@ -258,7 +258,9 @@ impl Client {
 
     /// Dials the service again, with backoff, until `deadline`.
     pub(super) fn reconnect(&self, deadline: Instant) -> io::Result<Channel> {
-        let mut wait = Duration::ZERO;
+        // At most a quarter second between attempts: how soon mounts work again after a
+        // restart is this much past the restart.
+        let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(250));
         loop {
             let opened = Channel::open(
                 &self.ctx,
@@ -271,7 +273,7 @@ impl Client {
             match opened {
                 Ok(c) => return Ok(c),
                 Err(e) => {
-                    wait = backoff(wait);
+                    let wait = backoff.next_pause();
                     if Instant::now() + wait >= deadline {
                         return Err(io::Error::new(
                             io::ErrorKind::TimedOut,

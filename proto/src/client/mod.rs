@@ -14,8 +14,9 @@ use rdmabox::rpc::RpcConfig;
 use rdmabox::transport::{Context, ProtectionDomain, TransportConfig};
 use rdmabox::{SessionConfig, Snapshot};
 
+use crate::backoff::Backoff;
 use crate::callback::Callback;
-use crate::channel::{backoff, Channel};
+use crate::channel::Channel;
 use crate::clock;
 use crate::data::DataSession;
 use crate::errno::Errno;

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use rfs_proto::backoff::Backoff;
 use rfs_proto::message::DropReplicas;
 use rfs_proto::types::{ChunkRef, Ino, Replicas};
 use rfs_proto::Errno;
@@ -39,26 +40,23 @@ const MAX_RETRY_PAUSE: Duration = Duration::from_secs(1);
 /// Which try of a transfer this is, and until when another may be made.
 #[derive(Clone, Copy)]
 struct Attempt {
-    pause: Duration,
+    backoff: Backoff,
     deadline: Instant,
 }
 
 impl Attempt {
     fn first(window: Duration) -> Attempt {
         Attempt {
-            pause: RETRY_PAUSE,
+            backoff: Backoff::new(RETRY_PAUSE, MAX_RETRY_PAUSE),
             deadline: Instant::now() + window,
         }
     }
 
     /// The next try and the pause before it, if it fits in the window.
-    fn next(self) -> Option<(Attempt, Duration)> {
-        (Instant::now() + self.pause < self.deadline).then(|| {
-            let next = Attempt {
-                pause: (self.pause * 2).min(MAX_RETRY_PAUSE),
-                ..self
-            };
-            (next, self.pause)
+    fn next(mut self) -> Option<(Attempt, Duration)> {
+        (Instant::now() + self.backoff.peek() < self.deadline).then(|| {
+            let pause = self.backoff.next_pause();
+            (self, pause)
         })
     }
 }
