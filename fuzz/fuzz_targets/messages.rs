@@ -5,7 +5,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use rfs_proto::callback::{is_ack, Callback};
-use rfs_proto::grant::{GrantChunks, LinkRequest};
+use rfs_proto::grant::{GrantChunks, GrantRequest};
 use rfs_proto::hello::{Hello, PoolDescriptor};
 use rfs_proto::message::{decode_reply, unseal, Request};
 use rfs_proto::message::{
@@ -38,11 +38,11 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(Hello::parse(&h.encode()).ok(), Some(h));
     }
     let _ = PoolDescriptor::decode(data);
-    if let Ok(l) = LinkRequest::decode(data) {
-        assert_eq!(LinkRequest::decode(&l.encode()).ok().as_ref(), Some(&l));
+    if let Ok(l) = GrantRequest::decode(data) {
+        assert_eq!(GrantRequest::decode(&l.encode()).ok().as_ref(), Some(&l));
         let _ = l.decode_answer(data);
     }
-    let grant = LinkRequest::from(GrantChunks {
+    let grant = GrantRequest::from(GrantChunks {
         session: 1,
         seq: 0,
         writable: false,

@@ -811,7 +811,7 @@ mod tests {
     #[test]
     fn no_zeroing_batch_is_taken_from_a_node_not_back_yet() {
         let (mut a, freed) = restarted_with_one_node_away();
-        // Released at once (no link to the node), then the zeroer looks before the node is back.
+        // Released at once (no grant channel to the node), then the zeroer looks before the node is back.
         a.release([freed]);
         let batch = a.take_dirty();
         a.rejoin(11, "a".into(), (0, 10), |_| [0].into());

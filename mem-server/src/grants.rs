@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use rdmabox::transport::{Access, MemoryRegion, ProtectionDomain};
 use rfs_proto::grant::{
-    GrantChunks, GrantPool, LinkRequest, RevokeChunks, RevokeFreed, RevokeSession,
+    GrantChunks, GrantPool, GrantRequest, RevokeChunks, RevokeFreed, RevokeSession,
 };
 use rfs_proto::Errno;
 
@@ -103,11 +103,11 @@ impl Grants {
     }
 
     /// Does what the metadata node asks: the remote keys of a grant, nothing for a revocation.
-    pub(crate) fn serve(&self, req: &LinkRequest) -> Result<Vec<u32>, Errno> {
+    pub(crate) fn serve(&self, req: &GrantRequest) -> Result<Vec<u32>, Errno> {
         let mut st = self.state.lock().unwrap();
         let State { sessions, freed } = &mut *st;
         match req {
-            LinkRequest::GrantChunks(GrantChunks {
+            GrantRequest::GrantChunks(GrantChunks {
                 session,
                 seq,
                 writable,
@@ -148,7 +148,7 @@ impl Grants {
                     })
                     .collect())
             }
-            LinkRequest::RevokeChunks(RevokeChunks {
+            GrantRequest::RevokeChunks(RevokeChunks {
                 session,
                 writable_only,
                 addrs,
@@ -160,7 +160,7 @@ impl Grants {
                 }
                 Ok(Vec::new())
             }
-            LinkRequest::RevokeFreed(RevokeFreed { seq, addrs }) => {
+            GrantRequest::RevokeFreed(RevokeFreed { seq, addrs }) => {
                 let addrs: HashSet<u64> = addrs.iter().copied().collect();
                 for &a in &addrs {
                     if let Some(i) = self.index(a) {
@@ -172,14 +172,14 @@ impl Grants {
                 }
                 Ok(Vec::new())
             }
-            LinkRequest::RevokeSession(RevokeSession { session }) => {
+            GrantRequest::RevokeSession(RevokeSession { session }) => {
                 if let Some(s) = sessions.get_mut(session) {
                     s.chunks.clear();
                     s.pool = None;
                 }
                 Ok(Vec::new())
             }
-            LinkRequest::GrantPool(GrantPool { session }) => {
+            GrantRequest::GrantPool(GrantPool { session }) => {
                 let s = sessions.get_mut(session).ok_or(Errno::ENOENT)?;
                 let mr =
                     s.pd.register_within(&self.pool, 0, self.pool.len(), grant_access(true))

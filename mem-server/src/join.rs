@@ -18,7 +18,7 @@ use rdmabox::SessionConfig;
 use rfs_proto::backoff::Backoff;
 use rfs_proto::data::DataSession;
 use rfs_proto::frame::{recv_frame, send_frame};
-use rfs_proto::grant::{encode_link_reply, GrantPool, LinkRequest, MAX_LINK_FRAME};
+use rfs_proto::grant::{encode_grant_reply, GrantPool, GrantRequest, MAX_GRANT_FRAME};
 use rfs_proto::handshake::dial;
 use rfs_proto::hello::{Hello, Join, UNKNOWN_POOL};
 use rfs_proto::integrity;
@@ -26,8 +26,8 @@ use rfs_proto::patience::until_reachable;
 use rfs_proto::session_key::SessionKey;
 
 use crate::config::invalid;
+use crate::grant_channel::{GrantChannel, RemoteGrantChannel};
 use crate::grants::Grants;
-use crate::link::{Link, RemoteLink};
 use crate::meta::{MetaService, MetaState};
 use crate::runtime::Runtime;
 
@@ -171,13 +171,13 @@ pub(crate) fn admit(
             format!("node {addr} described its pool inconsistently"),
         ));
     }
-    let (link, pump) = RemoteLink::new(&s, key.clone())?;
+    let (channel, pump) = RemoteGrantChannel::new(&s, key.clone())?;
     answer(&mut s, key.as_ref(), ACCEPTED)?;
     // The answers to our grants come back on this connection, and its end is the node's.
     let pumping = std::thread::Builder::new()
-        .name("join-link".into())
+        .name("join-grants".into())
         .spawn(move || pump.run())?;
-    let zeroing = link.call(
+    let zeroing = channel.call(
         &GrantPool {
             session: session.name,
         }
@@ -218,7 +218,7 @@ pub(crate) fn admit(
         )));
     };
     meta.zeroer.add_node(id, session);
-    meta.links.add(id, Link::Remote(link));
+    meta.grant_channels.add(id, GrantChannel::Remote(channel));
     if back {
         log::info!("data node {id} is back from {addr} with its pool: {chunks} chunks");
     } else {
@@ -232,9 +232,9 @@ pub(crate) fn admit(
         _ => {}
     }
     log::warn!("data node {id} at {addr} left; its chunks are unavailable");
-    // Dead before the link goes: a node without a link counts as gone (see `reuse`).
+    // Dead before the channel goes: a node without a channel counts as gone (see `reuse`).
     meta.node_left(id);
-    meta.links.remove(id);
+    meta.grant_channels.remove(id);
     meta.zeroer.remove_node(id);
     Ok(())
 }
@@ -271,11 +271,11 @@ pub(crate) fn join(
     let membership = Membership(current.clone());
     let node = node.clone();
     std::thread::Builder::new()
-        .name("join-link".into())
+        .name("join-grants".into())
         .spawn(move || {
-            let (mut link, mut key) = first;
+            let (mut channel, mut key) = first;
             loop {
-                let why = serve_link(&mut link, &node.grants, key.as_ref());
+                let why = serve_grants(&mut channel, &node.grants, key.as_ref());
                 if current.lock().unwrap().is_none() {
                     return; // this node is stopping
                 }
@@ -284,7 +284,7 @@ pub(crate) fn join(
                      revoked; joining again"
                 );
                 pool.fresh = false;
-                (link, key) = match rejoin(&node, meta, &advertise, &mut pool, &current) {
+                (channel, key) = match rejoin(&node, meta, &advertise, &mut pool, &current) {
                     Some(joined) => joined,
                     None => return,
                 };
@@ -408,29 +408,29 @@ impl Drop for Membership {
     }
 }
 
-/// The data node's end of the link: does what the metadata node asks until it goes (why).
+/// The data node's end of the channel: does what the metadata node asks until it goes (why).
 /// Requests and answers carry MACs by the join's session key, numbered in turn: nobody on
 /// the path can grant itself chunks, or answer for us.
-fn serve_link(s: &mut TcpStream, grants: &Grants, key: Option<&SessionKey>) -> io::Error {
+fn serve_grants(s: &mut TcpStream, grants: &Grants, key: Option<&SessionKey>) -> io::Error {
     let mut number = 0u64;
     let why = loop {
-        let frame = match recv_frame(s, MAX_LINK_FRAME + integrity::TAG) {
+        let frame = match recv_frame(s, MAX_GRANT_FRAME + integrity::TAG) {
             Ok(f) => f,
             Err(e) => break e,
         };
         number += 1;
-        let Some(req) = integrity::open(key, integrity::LINK, number, &frame) else {
+        let Some(req) = integrity::open(key, integrity::GRANT_CALL, number, &frame) else {
             break io::Error::new(
                 io::ErrorKind::PermissionDenied,
-                "a link request without the session's MAC",
+                "a channel request without the session's MAC",
             );
         };
-        let req = match LinkRequest::decode(req) {
+        let req = match GrantRequest::decode(req) {
             Ok(r) => r,
             Err(e) => break io::Error::new(io::ErrorKind::InvalidData, e),
         };
-        let answer = encode_link_reply(req.op(), &grants.serve(&req));
-        let sealed = integrity::seal(key, integrity::LINK_ANSWER, number, answer);
+        let answer = encode_grant_reply(req.op(), &grants.serve(&req));
+        let sealed = integrity::seal(key, integrity::GRANT_ANSWER, number, answer);
         if let Err(e) = send_frame(s, &sealed) {
             break e;
         }

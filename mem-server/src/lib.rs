@@ -2,31 +2,33 @@
 //! runs the metadata service (namespace, chunk maps, chunk allocation across nodes). The
 //! protocol it speaks lives in `rfs-proto`.
 //!
-//! - [`node`]: the node (pool, listener, connection roles, data sessions); [`hangups`]: one
-//!   thread that ends the data sessions whose clients go.
-//! - [`meta`]: the metadata service: one RPC channel per client.
+//! - [`node`]: the node (listener, connection roles, data sessions); [`hangups`]: one thread
+//!   that ends the data sessions whose clients go.
+//! - [`runtime`]: what the node and the metadata service share (configuration, transport,
+//!   pool, grants, queue-pair setup); [`config`]: the node's configuration.
+//! - [`meta`]: the metadata service: one RPC channel per client, operations by family, grant
+//!   channels, freeing, recovery, coherence, sessions, repair and the zeroer.
+//! - [`in_process`]: the metadata service in process, for tests.
 //! - [`namespace`]: POSIX namespace semantics, pure.
 //! - [`locks`]: every client's file locks.
 //! - [`access`]: permission checks of the metadata service (mode bits, root squash).
 //! - [`admission`]: limits on connections, in total and per peer.
 //! - [`alloc`]: chunk allocation across nodes.
 //! - [`join`]: data nodes joining the metadata node, both halves.
-//! - [`grants`]: what each data session may reach of a node's pool; [`link`]: how the
+//! - [`grants`]: what each data session may reach of a node's pool; [`grant_channel`]: how the
 //!   metadata node says so.
 //! - [`journal`]: the state directory (journal of [`record`]s, snapshots, replay).
-//! - [`zeroer`]: zeroing freed chunks before reuse; [`repair`]: copying chunks that lost a
-//!   replica.
 
 pub mod access;
 pub mod admission;
 pub mod alloc;
 pub mod config;
+mod grant_channel;
 mod grants;
 mod hangups;
 pub mod in_process;
 mod join;
 pub mod journal;
-mod link;
 mod locks;
 mod meta;
 pub mod namespace;

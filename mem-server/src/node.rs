@@ -326,7 +326,7 @@ impl Shared {
     ) -> io::Result<()> {
         let pd = Arc::new(self.rt.ctx.alloc_pd()?);
         // The node never posts on them: on tcp they cost it no threads of their own.
-        let links = self.rt.links(&pd, &mut s, qps, QpCaps::RESPONDER)?;
+        let queue_pairs = self.rt.queue_pairs(&pd, &mut s, qps, QpCaps::RESPONDER)?;
         let session = self.rt.grants.open(pd);
         let pool = PoolDescriptor {
             addr: self.rt.pool.addr(),
@@ -336,7 +336,7 @@ impl Shared {
         let sealed = integrity::seal(key.as_ref(), integrity::POOL, 0, pool.encode());
         let grants = self.rt.grants.clone();
         let end: crate::hangups::End = Box::new(move || {
-            drop(links);
+            drop(queue_pairs);
             grants.close(session);
             drop(slot);
         });

@@ -8,7 +8,7 @@ use std::net::TcpStream;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use rdmabox::connect_links;
+use rdmabox::connect_queue_pairs;
 use rdmabox::transport::{
     Arrivals, CompletionQueue, Context, MemoryRegion, ProtectionDomain, QpCaps, QpRoute, QueuePair,
 };
@@ -35,7 +35,7 @@ pub(crate) struct Runtime {
 impl Runtime {
     /// Connects `n` queue pairs in `pd` with the peer on the control connection `s`, within
     /// the setup deadline.
-    pub(crate) fn links(
+    pub(crate) fn queue_pairs(
         &self,
         pd: &ProtectionDomain,
         s: &mut TcpStream,
@@ -44,9 +44,9 @@ impl Runtime {
     ) -> io::Result<Vec<(QueuePair, CompletionQueue)>> {
         s.set_read_timeout(Some(SETUP_DEADLINE))?;
         let route = QpRoute::Arrive(self.arrivals.clone());
-        let links = connect_links(&self.ctx, pd, s, n, caps, &route)?;
+        let qps = connect_queue_pairs(&self.ctx, pd, s, n, caps, &route)?;
         s.set_read_timeout(None)?;
-        Ok(links)
+        Ok(qps)
     }
 }
 

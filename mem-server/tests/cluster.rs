@@ -152,7 +152,7 @@ fn raw_metadata_channel(
     // Calls on the first queue pair; the second (callbacks) stays open, unused.
     let route = rfs_proto::handshake::queue_pair_route(secret().as_deref(), false).unwrap();
     let mut links =
-        rdmabox::connect_links(&ctx, &pd, &mut s, 2, Default::default(), &route).unwrap();
+        rdmabox::connect_queue_pairs(&ctx, &pd, &mut s, 2, Default::default(), &route).unwrap();
     std::mem::forget(links.pop());
     let (qp, cq) = links.remove(0);
     let _resumed = rfs_proto::frame::recv_frame(&mut s, 1).unwrap();

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 
-use rdmabox::connect_links;
+use rdmabox::connect_queue_pairs;
 use rdmabox::rpc::{self, RpcClient};
 use rdmabox::transport::{Context, ProtectionDomain};
 
@@ -44,9 +44,9 @@ impl Channel {
         let hello = Hello::Metadata(Metadata { client_id });
         let (mut s, key) = dial(addr, cfg.secret.as_deref(), &hello, cfg.connect_timeout)?;
         let route = queue_pair_route(cfg.secret.as_deref(), cfg.encrypt)?;
-        let mut links = connect_links(ctx, pd, &mut s, 2, cfg.session.caps, &route)?;
-        let (cb_qp, cb_cq) = links.pop().expect("two links");
-        let (qp, cq) = links.pop().expect("two links");
+        let mut qps = connect_queue_pairs(ctx, pd, &mut s, 2, cfg.session.caps, &route)?;
+        let (cb_qp, cb_cq) = qps.pop().expect("two queue pairs");
+        let (qp, cq) = qps.pop().expect("two queue pairs");
         let resumed = matches!(recv_frame(&mut s, 1)?.as_slice(), [1]);
         let rpc = RpcClient::new(pd, qp, cq, cfg.rpc)?;
         let callbacks_stop = Arc::new(AtomicBool::new(false));

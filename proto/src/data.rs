@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdmabox::transport::{Context, ProtectionDomain, RemoteAddr, RemoteRegion};
-use rdmabox::{connect_links, AbortHandle, Session, SessionConfig};
+use rdmabox::{connect_queue_pairs, AbortHandle, Session, SessionConfig};
 
 use crate::frame::recv_frame;
 use crate::handshake::{dial, queue_pair_route};
@@ -54,7 +54,7 @@ impl DataSession {
         // A node that goes silent during setup fails the connect instead of hanging it.
         s.set_read_timeout(Some(timeout))?;
         let route = queue_pair_route(secret, encrypt)?;
-        let links = connect_links(ctx, pd, &mut s, cfg.qps, cfg.caps, &route)?;
+        let qps = connect_queue_pairs(ctx, pd, &mut s, cfg.qps, cfg.caps, &route)?;
         let sealed = recv_frame(&mut s, MAX_POOL_FRAME + integrity::TAG)?;
         let frame =
             integrity::open(key.as_ref(), integrity::POOL, 0, &sealed).ok_or_else(|| {
@@ -77,7 +77,7 @@ impl DataSession {
             len,
             rkey: 0,
         };
-        let session = Session::new(pd.clone(), links, vec![pool], cfg.clone())?;
+        let session = Session::new(pd.clone(), qps, vec![pool], cfg.clone())?;
         let leaving = Arc::new(AtomicBool::new(false));
         watch_control(
             s.try_clone()?,

@@ -1,6 +1,6 @@
 //! Grants: which chunks of a data node's pool one client's data session may reach. A data
 //! session starts with no reach at all; the metadata node, which checked the opens, tells the
-//! data node over the node's join connection (the "link") what each session may touch, and
+//! data node over the node's join connection (the grant channel) what each session may touch, and
 //! takes it back when the file is closed, cut, unlinked, or its client goes. The data node
 //! answers a grant with the remote key the client then uses; a revoked key fails with a
 //! remote access error.
@@ -14,8 +14,8 @@ use crate::message::encode_reply;
 use crate::wire::{bad, DecodeError, Reader, Wire, MAX_LIST};
 use crate::{wire_enum, wire_struct};
 
-/// The largest link frame: a list of MAX_LIST addresses and a little more.
-pub const MAX_LINK_FRAME: usize = 64 + 8 * MAX_LIST as usize;
+/// The largest grant-channel frame: a list of MAX_LIST addresses and a little more.
+pub const MAX_GRANT_FRAME: usize = 64 + 8 * MAX_LIST as usize;
 
 wire_struct! {
     /// Lets data session `session` reach the chunks at `addrs` (read, and write if `writable`),
@@ -53,9 +53,9 @@ wire_struct! {
 }
 
 wire_enum! {
-    /// What the metadata node asks of a data node over the link.
+    /// What the metadata node asks of a data node over the grant channel.
     #[derive(Clone, Debug, PartialEq, Eq)]
-    pub enum LinkRequest / LinkOp {
+    pub enum GrantRequest / GrantOp {
         1 => GrantChunks,
         2 => RevokeChunks,
         3 => RevokeFreed,
@@ -64,29 +64,29 @@ wire_enum! {
     }
 }
 
-impl LinkRequest {
+impl GrantRequest {
     /// The answer to this request in `b`: one remote key per granted address (none for a
     /// revocation), or why it failed.
     pub fn decode_answer(&self, b: &[u8]) -> Result<Result<Vec<u32>, Errno>, DecodeError> {
-        decode_link_reply(self.op(), b)
+        decode_grant_reply(self.op(), b)
     }
 }
 
-/// Encodes the answer to a link request of kind `op`.
-pub fn encode_link_reply(op: LinkOp, result: &Result<Vec<u32>, Errno>) -> Vec<u8> {
+/// Encodes the answer to a grant request of kind `op`.
+pub fn encode_grant_reply(op: GrantOp, result: &Result<Vec<u32>, Errno>) -> Vec<u8> {
     encode_reply(op as u8, result)
 }
 
-fn decode_link_reply(op: LinkOp, b: &[u8]) -> Result<Result<Vec<u32>, Errno>, DecodeError> {
+fn decode_grant_reply(op: GrantOp, b: &[u8]) -> Result<Result<Vec<u32>, Errno>, DecodeError> {
     let mut r = Reader::new(b);
     let got = r.header()?;
     if got != op as u8 {
-        return bad(format!("a link reply to op {got} for a {op:?} request"));
+        return bad(format!("a grant reply to op {got} for a {op:?} request"));
     }
     let result = match u8::get(&mut r)? {
         0 => Ok(Vec::<u32>::get(&mut r)?),
         1 => Err(Errno::get(&mut r)?),
-        s => return bad(format!("bad link reply status {s}")),
+        s => return bad(format!("bad grant reply status {s}")),
     };
     r.finish()?;
     Ok(result)
@@ -98,7 +98,7 @@ mod tests {
 
     #[test]
     fn link_requests_and_replies_round_trip_and_garbage_is_refused() {
-        let requests: Vec<LinkRequest> = vec![
+        let requests: Vec<GrantRequest> = vec![
             GrantChunks {
                 session: 1,
                 seq: 2,
@@ -122,35 +122,35 @@ mod tests {
         ];
         for m in requests {
             let b = m.encode();
-            assert_eq!(LinkRequest::decode(&b).unwrap(), m);
+            assert_eq!(GrantRequest::decode(&b).unwrap(), m);
             for cut in 0..b.len() {
-                assert!(LinkRequest::decode(&b[..cut]).is_err());
+                assert!(GrantRequest::decode(&b[..cut]).is_err());
             }
             for result in [Ok(vec![5, 0, 6]), Err(Errno::EIO)] {
-                let reply = encode_link_reply(m.op(), &result);
-                assert_eq!(decode_link_reply(m.op(), &reply).unwrap(), result);
+                let reply = encode_grant_reply(m.op(), &result);
+                assert_eq!(decode_grant_reply(m.op(), &reply).unwrap(), result);
             }
         }
-        let reply = encode_link_reply(LinkOp::GrantPool, &Ok(vec![1]));
-        assert!(decode_link_reply(LinkOp::GrantChunks, &reply).is_err());
+        let reply = encode_grant_reply(GrantOp::GrantPool, &Ok(vec![1]));
+        assert!(decode_grant_reply(GrantOp::GrantChunks, &reply).is_err());
         let too_many = GrantChunks {
             session: 1,
             seq: 0,
             writable: false,
             addrs: vec![0; MAX_LIST as usize + 1],
         };
-        assert!(LinkRequest::decode(&LinkRequest::from(too_many).encode()).is_err());
+        assert!(GrantRequest::decode(&GrantRequest::from(too_many).encode()).is_err());
     }
 
     #[test]
     fn the_largest_request_fits_a_link_frame() {
-        let m: LinkRequest = GrantChunks {
+        let m: GrantRequest = GrantChunks {
             session: 1,
             seq: 2,
             writable: true,
             addrs: vec![u64::MAX; MAX_LIST as usize],
         }
         .into();
-        assert!(m.encode().len() <= MAX_LINK_FRAME);
+        assert!(m.encode().len() <= MAX_GRANT_FRAME);
     }
 }

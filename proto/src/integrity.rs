@@ -26,9 +26,9 @@ pub const ANSWER: &[u8] = b"answer";
 /// A data node's pool descriptor, which names the data session.
 pub const POOL: &[u8] = b"pool";
 /// The metadata node's request to a data node (grants, revocations), numbered in turn.
-pub const LINK: &[u8] = b"link";
+pub const GRANT_CALL: &[u8] = b"link";
 /// The data node's answer to the request with the same number.
-pub const LINK_ANSWER: &[u8] = b"link answer";
+pub const GRANT_ANSWER: &[u8] = b"link answer";
 
 fn tag(key: &SessionKey, label: &[u8], number: u64, body: &[u8]) -> Hmac<Sha256> {
     let mut m = Hmac::<Sha256>::new_from_slice(&key.0).expect("HMAC takes any key length");

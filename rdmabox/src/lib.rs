@@ -1,7 +1,7 @@
 //! rdmabox: an RDMABox-style RDMA core.
 //!
 //! - [`transport`]: the verbs model with its two providers (libibverbs and software tcp), and
-//!   queue-pair setup over a control connection ([`connect_links`]); the "vanilla verbs" layer,
+//!   queue-pair setup over a control connection ([`connect_queue_pairs`]); the "vanilla verbs" layer,
 //!   usable on its own.
 //! - [`session`]: the request API over one peer's connected queue pairs, on top of the mechanisms
 //!   below; split into the API, submission (admission, staging, posting) and completion (the
@@ -35,5 +35,5 @@ pub mod window;
 pub use counters::Snapshot;
 pub use poller::PollMode;
 pub use session::{AbortHandle, IoError, KeepingCallback, Pending, Session, SessionConfig};
-pub use transport::connect_links;
+pub use transport::connect_queue_pairs;
 pub use window::WindowConfig;

@@ -457,7 +457,7 @@ mod tests {
     use std::net::{TcpListener, TcpStream};
 
     use crate::transport::{
-        connect_links, Context, ProviderKind, QpCaps, QpRoute, TransportConfig,
+        connect_queue_pairs, Context, ProviderKind, QpCaps, QpRoute, TransportConfig,
     };
 
     fn one_link(
@@ -465,7 +465,7 @@ mod tests {
         pd: &ProtectionDomain,
         s: &mut TcpStream,
     ) -> (QueuePair, CompletionQueue) {
-        connect_links(ctx, pd, s, 1, QpCaps::default(), &QpRoute::OwnPort)
+        connect_queue_pairs(ctx, pd, s, 1, QpCaps::default(), &QpRoute::OwnPort)
             .unwrap()
             .pop()
             .unwrap()

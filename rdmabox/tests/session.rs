@@ -10,7 +10,7 @@ use rdmabox::transport::{
     Access, CompletionQueue, Context, MemoryRegion, ProviderKind, QpCaps, QpRoute, QueuePair,
     RemoteAddr, TransportConfig, WcStatus,
 };
-use rdmabox::{connect_links, IoError, PollMode, Session, SessionConfig, WindowConfig};
+use rdmabox::{connect_queue_pairs, IoError, PollMode, Session, SessionConfig, WindowConfig};
 
 struct Lender {
     mem: MemoryRegion,
@@ -35,7 +35,7 @@ fn setup(len: usize, cfg: SessionConfig) -> (Lender, Session) {
         let pd = ctx.alloc_pd().unwrap();
         let mem = pd.alloc_region(len, Access::ALL).unwrap();
         let (mut s, _) = l.accept().unwrap();
-        let links = connect_links(&ctx, &pd, &mut s, qps, caps, &QpRoute::OwnPort).unwrap();
+        let links = connect_queue_pairs(&ctx, &pd, &mut s, qps, caps, &QpRoute::OwnPort).unwrap();
         Lender {
             mem,
             _links: links,
@@ -45,7 +45,7 @@ fn setup(len: usize, cfg: SessionConfig) -> (Lender, Session) {
     let ctx = Context::open(&tcp()).unwrap();
     let pd = Arc::new(ctx.alloc_pd().unwrap());
     let mut c = TcpStream::connect(addr).unwrap();
-    let links = connect_links(&ctx, &pd, &mut c, qps, caps, &QpRoute::OwnPort).unwrap();
+    let links = connect_queue_pairs(&ctx, &pd, &mut c, qps, caps, &QpRoute::OwnPort).unwrap();
     let lender = lender.join().unwrap();
     let session = Session::new(pd, links, vec![lender.mem.remote()], cfg).unwrap();
     (lender, session)

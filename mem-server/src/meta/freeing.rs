@@ -12,7 +12,7 @@ use rfs_proto::types::ChunkRef;
 
 use super::coherence::{Countdown, SessionId};
 use super::effects::{by_node, Effects, Freed};
-use super::grant_links::GRANT_WAIT;
+use super::grant_channels::GRANT_WAIT;
 use super::state::MetaState;
 use super::MetaService;
 use crate::journal::Guard;
@@ -118,7 +118,7 @@ impl MetaService {
             all_answered = answered.wait(deadline);
         }
         // Reused by the quarantine thread: making them unreachable takes a call to each node
-        // they are on, and a stopped node must not hold the caller up for the link deadline.
+        // they are on, and a stopped node must not hold the caller up for the channel deadline.
         let lease = !(all_answered || Instant::now() >= deadline);
         let due = if lease {
             // A holder could not be asked: its references die with its lease.
@@ -139,7 +139,7 @@ impl MetaService {
     /// each; whether each node confirmed it.
     fn unreachable_now(&self, freed: &Freed) -> bool {
         by_node(&freed.chunks).into_iter().all(|(node, addrs)| {
-            self.links
+            self.grant_channels
                 .revoke_freed(node, freed.seq, &addrs, Some(GRANT_WAIT))
         })
     }
@@ -154,9 +154,11 @@ impl MetaService {
                 // another file's by now: neither revoked nor released again.
                 continue;
             }
-            let revoked = self.links.revoke_freed(node, freed.seq, &addrs, None);
-            // A node without a link has left: nobody reaches its pool through us any more.
-            if revoked || !self.links.has(node) {
+            let revoked = self
+                .grant_channels
+                .revoke_freed(node, freed.seq, &addrs, None);
+            // A node without a channel has left: nobody reaches its pool through us any more.
+            if revoked || !self.grant_channels.has(node) {
                 reusable.extend(addrs.into_iter().map(|addr| ChunkRef {
                     node,
                     addr,

@@ -8,7 +8,7 @@
 pub(crate) mod coherence;
 mod effects;
 mod freeing;
-mod grant_links;
+mod grant_channels;
 mod ops;
 mod recovery;
 pub(crate) mod repair;
@@ -41,7 +41,7 @@ use rfs_proto::Errno;
 use self::coherence::{Callbacks, Holders};
 use self::effects::Effects;
 use self::freeing::Quarantine;
-use self::grant_links::GrantLinks;
+use self::grant_channels::GrantChannels;
 use self::ops::{Answer, Ctx, Reply};
 use self::recovery::Recovery;
 use self::repair::Repair;
@@ -75,7 +75,7 @@ pub(crate) struct MetaService {
     /// Freed chunks on their way to reuse.
     quarantine: Quarantine,
     /// How to grant and revoke at each live data node.
-    pub(crate) links: GrantLinks,
+    pub(crate) grant_channels: GrantChannels,
     /// Copies of each chunk the file system keeps.
     pub(crate) replicas: usize,
     pub(crate) repair: Repair,
@@ -230,7 +230,7 @@ impl MetaService {
             policy: cfg.policy,
             sessions: Sessions::default(),
             quarantine: Quarantine::default(),
-            links: GrantLinks::new(local, grants.clone()),
+            grant_channels: GrantChannels::new(local, grants.clone()),
             replicas: cfg.replicas as usize,
             repair: Repair::new(cfg.repair_rate),
         });
@@ -308,9 +308,9 @@ impl MetaService {
         key: Option<SessionKey>,
     ) -> io::Result<()> {
         let peer = s.peer_addr()?;
-        let mut links = node.links(&node.pd, &mut s, 2, QpCaps::default())?;
-        let (cb_qp, cb_cq) = links.pop().expect("two links");
-        let (qp, cq) = links.pop().expect("two links");
+        let mut qps = node.queue_pairs(&node.pd, &mut s, 2, QpCaps::default())?;
+        let (cb_qp, cb_cq) = qps.pop().expect("two queue pairs");
+        let (qp, cq) = qps.pop().expect("two queue pairs");
         let closed = Arc::new(AtomicBool::new(false));
         let mut watch = s.try_clone()?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -425,7 +425,7 @@ impl MetaService {
         st.holding.set(session.client, false);
         self.settle(st, Some(session.id), effects);
         for (&node, &data) in &session.data {
-            self.links
+            self.grant_channels
                 .tell(node, RevokeSession { session: data }.into());
         }
     }
@@ -535,10 +535,12 @@ impl MetaService {
             self.settle(st, Some(id), effects);
             // Calls of one session are applied one at a time (its lock is held), so its
             // grants and revocations reach each node in the order of its calls.
-            self.links.revoke(&session.data, &closed_for_writing, true);
-            self.links.revoke(&session.data, &closed, false);
+            self.grant_channels
+                .revoke(&session.data, &closed_for_writing, true);
+            self.grant_channels.revoke(&session.data, &closed, false);
             for (node, old) in detached {
-                self.links.tell(node, RevokeSession { session: old }.into());
+                self.grant_channels
+                    .tell(node, RevokeSession { session: old }.into());
             }
             break match answer {
                 Answer::Grant(g) => self.grant(&session.data, g).bytes,

@@ -18,7 +18,7 @@ use crate::poller::{self, PollTarget};
 use crate::transport::{Completion, WcStatus};
 
 use super::request::{Buffer, Dir, Done, InflightWr, Staging};
-use super::{Inner, IoError, Link};
+use super::{Inner, IoError, SessionQp};
 
 /// Completions taken per poll on a transport thread (see [`Inner::complete_inline`]).
 const INLINE_BATCH: usize = 16;
@@ -29,10 +29,11 @@ const INLINE_BATCH: usize = 16;
 /// held up too. Nobody is judged late until the transport has had this long to deliver them.
 const HELD_UP: Duration = Duration::from_secs(1);
 
-/// One link's side of [`poller::drive`]: its CQ, the session's counters and its shutdown rule.
-struct LinkPoller<'a> {
+/// One queue pair's side of [`poller::drive`]: its CQ, the session's counters and its shutdown
+/// rule.
+struct QpPoller<'a> {
     inner: &'a Inner,
-    link: &'a Link,
+    qp: &'a SessionQp,
     wc: Vec<Completion>,
     stop_deadline: Option<Instant>,
     /// When the in-flight work requests are next checked against the session's deadline.
@@ -41,16 +42,16 @@ struct LinkPoller<'a> {
     last_round: Instant,
 }
 
-impl PollTarget for LinkPoller<'_> {
-    /// Ends the loop once the session is stopping and the link has nothing in flight, or 5 s
+impl PollTarget for QpPoller<'_> {
+    /// Ends the loop once the session is stopping and the queue pair has nothing in flight, or 5 s
     /// after stopping began; otherwise polls and finishes what it found, and then, if it found
-    /// nothing, holds the link's work requests to the session's deadline.
+    /// nothing, holds the queue pair's work requests to the session's deadline.
     fn poll_round(&mut self) -> ControlFlow<(), usize> {
         if self.inner.stopping.load(Ordering::Acquire) {
             let deadline = *self
                 .stop_deadline
                 .get_or_insert_with(|| Instant::now() + Duration::from_secs(5));
-            if self.link.inflight.lock().unwrap().is_empty() || Instant::now() > deadline {
+            if self.qp.inflight.lock().unwrap().is_empty() || Instant::now() > deadline {
                 return ControlFlow::Break(());
             }
         }
@@ -61,7 +62,7 @@ impl PollTarget for LinkPoller<'_> {
             log::info!("poller held up for {gap:?}: work in flight is judged {HELD_UP:?} later");
         }
         self.last_round = now;
-        let found = self.inner.poll_once(self.link, &mut self.wc);
+        let found = self.inner.poll_once(self.qp, &mut self.wc);
         // Only once the CQ is empty: a poller that was itself held up (descheduled, stopped)
         // finds the answers that came meanwhile before it judges anyone late.
         if let (0, Some(limit)) = (found, self.inner.cfg.io_timeout) {
@@ -69,7 +70,7 @@ impl PollTarget for LinkPoller<'_> {
                 // A tenth of the deadline between checks: it holds to within 10%, and a busy
                 // poller scans its in-flight table rarely.
                 self.next_deadline_check = now + (limit / 10).max(Duration::from_millis(1));
-                self.inner.check_deadline(self.link, limit);
+                self.inner.check_deadline(self.qp, limit);
             }
         }
         ControlFlow::Continue(found)
@@ -77,7 +78,7 @@ impl PollTarget for LinkPoller<'_> {
 
     /// A failed arm is logged; the poller sleeps anyway, since the sleep is bounded.
     fn arm(&mut self) -> ControlFlow<()> {
-        if let Err(e) = self.link.cq.arm() {
+        if let Err(e) = self.qp.cq.arm() {
             log::error!("arming CQ failed: {e}");
         }
         ControlFlow::Continue(())
@@ -85,7 +86,7 @@ impl PollTarget for LinkPoller<'_> {
 
     /// Counts the wake-ups that an event (not the timeout) caused.
     fn sleep(&mut self, timeout: Duration) {
-        match self.link.cq.wait_event(Some(timeout)) {
+        match self.qp.cq.wait_event(Some(timeout)) {
             Ok(true) => Counters::add(&self.inner.counters.event_wakeups, 1),
             Ok(false) => {}
             Err(e) => log::error!("waiting for a CQ event failed: {e}"),
@@ -97,20 +98,20 @@ impl PollTarget for LinkPoller<'_> {
     }
 
     fn spinning(&mut self, on: bool) {
-        self.link.spinning.store(on, Ordering::Relaxed);
+        self.qp.spinning.store(on, Ordering::Relaxed);
     }
 }
 
 impl Inner {
-    /// The poller thread of link `li`: polls as the session's [`crate::PollMode`] says until
-    /// the session stops and the link has nothing in flight (or 5 s have passed).
+    /// The poller thread of queue pair `li`: polls as the session's [`crate::PollMode`] says until
+    /// the session stops and the queue pair has nothing in flight (or 5 s have passed).
     pub(super) fn poll_loop(&self, li: usize) {
         let mode = self.cfg.polling;
         poller::drive(
             mode,
-            &mut LinkPoller {
+            &mut QpPoller {
                 inner: self,
-                link: &self.links[li],
+                qp: &self.qps[li],
                 wc: vec![Completion::EMPTY; mode.batch()],
                 stop_deadline: None,
                 next_deadline_check: Instant::now(),
@@ -119,12 +120,13 @@ impl Inner {
         );
     }
 
-    /// Has each link's transport thread finish the completions it produces while the link's
-    /// poller sleeps (where the transport can). Holds the session weakly: the CQs belong to it.
+    /// Has each queue pair's transport thread finish the completions it produces while the
+    /// queue pair's poller sleeps (where the transport can). Holds the session weakly: the CQs
+    /// belong to it.
     pub(super) fn complete_inline(self: &Arc<Self>) {
-        for (li, link) in self.links.iter().enumerate() {
+        for (li, qp) in self.qps.iter().enumerate() {
             let session = Arc::downgrade(self);
-            link.cq.complete_inline(Arc::new(move || {
+            qp.cq.complete_inline(Arc::new(move || {
                 if let Some(inner) = session.upgrade() {
                     // Counted, so that dropping the session waits for it; once stopping, the
                     // pollers finish what is left.
@@ -138,11 +140,11 @@ impl Inner {
         }
     }
 
-    /// Finishes everything on link `li`'s CQ, on the transport thread that completed it.
+    /// Finishes everything on queue pair `li`'s CQ, on the transport thread that completed it.
     fn poll_inline(&self, li: usize) {
         let mut wc = [Completion::EMPTY; INLINE_BATCH];
         loop {
-            let n = self.poll_once(&self.links[li], &mut wc);
+            let n = self.poll_once(&self.qps[li], &mut wc);
             Counters::add(&self.counters.completed_inline, n as u64);
             if n < wc.len() {
                 return;
@@ -150,9 +152,9 @@ impl Inner {
         }
     }
 
-    /// Polls the link's CQ once and finishes what it found, then drains both queues.
-    fn poll_once(&self, link: &Link, wc: &mut [Completion]) -> usize {
-        let n = match link.cq.poll(wc) {
+    /// Polls the queue pair's CQ once and finishes what it found, then drains both queues.
+    fn poll_once(&self, qp: &SessionQp, wc: &mut [Completion]) -> usize {
+        let n = match qp.cq.poll(wc) {
             Ok(n) => n,
             Err(e) => {
                 log::error!("polling CQ failed: {e}");
@@ -165,9 +167,9 @@ impl Inner {
         }
         Counters::add(&self.counters.polls_nonempty, 1);
         for c in &wc[..n] {
-            let w = link.inflight.lock().unwrap().try_remove(c.wr_id as usize);
+            let w = qp.inflight.lock().unwrap().try_remove(c.wr_id as usize);
             match w {
-                Some(w) => self.finish_on(link, w, c.status),
+                Some(w) => self.finish_on(qp, w, c.status),
                 None => log::error!("completion for unknown work request {}", c.wr_id),
             }
         }
@@ -179,22 +181,22 @@ impl Inner {
         n
     }
 
-    /// Breaks the session if a work request of `link` has waited longer than `limit` for its
+    /// Breaks the session if a work request of `qp` has waited longer than `limit` for its
     /// answer: a peer that stopped answering (stopped process, dead host, a NIC retrying
     /// forever) gets no more time than that.
-    fn check_deadline(&self, link: &Link, limit: Duration) {
-        let oldest = link.inflight.lock().unwrap().oldest();
+    fn check_deadline(&self, qp: &SessionQp, limit: Duration) {
+        let oldest = qp.inflight.lock().unwrap().oldest();
         if oldest.is_some_and(|t| t.elapsed() > limit) {
             Counters::add(&self.counters.deadline_expiries, 1);
             self.break_with(IoError::TimedOut(limit));
         }
     }
 
-    /// Answers a work request completed on `link`. A request the peer refused (a stale or
+    /// Answers a work request completed on `qp`. A request the peer refused (a stale or
     /// revoked key: the caller refetches and retries) fails alone while another queue pair is
     /// left to carry on: its own queue pair is out of service from then on, and what that
     /// flushed is sent again over the others. Any other failure breaks the session.
-    fn finish_on(&self, link: &Link, w: InflightWr, status: WcStatus) {
+    fn finish_on(&self, qp: &SessionQp, w: InflightWr, status: WcStatus) {
         let going_on = !self.closed.load(Ordering::Acquire) && self.cause.get().is_none();
         let refusal = matches!(
             status,
@@ -203,12 +205,12 @@ impl Inner {
                 | WcStatus::RemoteOperationError
         );
         if going_on && refusal {
-            // One count, so that the last two links refused at once cannot both think the
+            // One count, so that the last two queue pairs refused at once cannot both think the
             // other is left.
-            let first = !link.refused.swap(true, Ordering::AcqRel);
+            let first = !qp.refused.swap(true, Ordering::AcqRel);
             let left = match first {
-                true => self.live_links.fetch_sub(1, Ordering::AcqRel) - 1,
-                false => self.live_links.load(Ordering::Acquire),
+                true => self.live_qps.fetch_sub(1, Ordering::AcqRel) - 1,
+                false => self.live_qps.load(Ordering::Acquire),
             };
             if left > 0 {
                 if first {
@@ -229,7 +231,7 @@ impl Inner {
                 return;
             }
         }
-        if going_on && status == WcStatus::WrFlushError && link.refused.load(Ordering::Acquire) {
+        if going_on && status == WcStatus::WrFlushError && qp.refused.load(Ordering::Acquire) {
             self.counters.retire(w.cost);
             Counters::add(&self.counters.completions, 1);
             // Those with a key the peer refused would only be refused again, elsewhere.

@@ -59,7 +59,7 @@ pub struct SessionConfig {
     pub window: WindowConfig,
     /// How the poller threads wait for completions.
     pub polling: PollMode,
-    /// Queue depths and SGE limits of each queue pair (`connect_links` creates them so).
+    /// Queue depths and SGE limits of each queue pair (`connect_queue_pairs` creates them so).
     pub caps: QpCaps,
     /// Requests one drain pass takes from a queue.
     pub max_drain: usize,
@@ -145,7 +145,7 @@ pub type KeepingCallback = Box<dyn FnOnce(Result<Vec<u8>, (IoError, Vec<u8>)>) +
 pub type BorrowingCallback = Box<dyn FnOnce(Result<&[u8], IoError>) + Send>;
 
 /// One queue pair with its CQ and the work requests it has in flight, keyed by wr_id.
-struct Link {
+struct SessionQp {
     qp: QueuePair,
     cq: CompletionQueue,
     inflight: Mutex<InFlight>,
@@ -161,10 +161,10 @@ struct Inner {
     cfg: SessionConfig,
     plan: PlanConfig,
     pd: Arc<ProtectionDomain>,
-    links: Vec<Link>,
-    next_link: AtomicUsize,
+    qps: Vec<SessionQp>,
+    next_qp: AtomicUsize,
     /// Links no refusal has taken out of service yet.
-    live_links: AtomicUsize,
+    live_qps: AtomicUsize,
     /// The latest keys the peer refused, each for reads or for writes (a key may be good for
     /// one and not the other), at most [`REFUSED_KEYS`]: requests that carry one the same way
     /// fail without being sent, so that one stale key takes out one queue pair, not one per
@@ -216,17 +216,17 @@ impl Session {
     /// requests outside them are refused before they reach the wire.
     pub fn new(
         pd: Arc<ProtectionDomain>,
-        links: Vec<(QueuePair, CompletionQueue)>,
+        qps: Vec<(QueuePair, CompletionQueue)>,
         remote: Vec<RemoteRegion>,
         cfg: SessionConfig,
     ) -> io::Result<Session> {
-        if links.is_empty() {
+        if qps.is_empty() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "a session needs a queue pair",
             ));
         }
-        let max_sge = links
+        let max_sge = qps
             .iter()
             .map(|(qp, _)| qp.caps().max_send_sge as usize)
             .min()
@@ -245,9 +245,9 @@ impl Session {
             plan,
             policy: cfg.window.build(),
             pd,
-            links: links
+            qps: qps
                 .into_iter()
-                .map(|(qp, cq)| Link {
+                .map(|(qp, cq)| SessionQp {
                     qp,
                     cq,
                     inflight: Mutex::default(),
@@ -255,8 +255,8 @@ impl Session {
                     refused: AtomicBool::new(false),
                 })
                 .collect(),
-            next_link: AtomicUsize::new(0),
-            live_links: AtomicUsize::new(0),
+            next_qp: AtomicUsize::new(0),
+            live_qps: AtomicUsize::new(0),
             refused_keys: Mutex::default(),
             queues: [MergeQueue::default(), MergeQueue::default()],
             pool,
@@ -269,11 +269,11 @@ impl Session {
             stopping: AtomicBool::new(false),
             cfg,
         });
-        inner.live_links.store(inner.links.len(), Ordering::Release);
+        inner.live_qps.store(inner.qps.len(), Ordering::Release);
         if inner.cfg.polling.sleeps() {
             inner.complete_inline();
         }
-        let pollers = (0..inner.links.len())
+        let pollers = (0..inner.qps.len())
             .map(|i| {
                 let inner = inner.clone();
                 std::thread::Builder::new()
@@ -307,9 +307,9 @@ impl Session {
     /// Whether refused transfers (stale keys) took more than half of its queue pairs: it
     /// still works, over the rest, but a new session would serve better.
     pub fn is_degraded(&self) -> bool {
-        let links = self.inner.links.len();
-        let refused = links - self.inner.live_links.load(Ordering::Acquire);
-        refused * 2 > links
+        let qps = self.inner.qps.len();
+        let refused = qps - self.inner.live_qps.load(Ordering::Acquire);
+        refused * 2 > qps
     }
 
     /// Why the session was broken on purpose (its deadline passed, it was aborted), if it was.
@@ -486,7 +486,7 @@ impl Drop for Session {
         inner.drain(Dir::Read);
         inner.drain(Dir::Write);
         inner.stopping.store(true, Ordering::SeqCst);
-        for l in &inner.links {
+        for l in &inner.qps {
             l.qp.set_error();
         }
         // A transport thread inside an inline completion takes requests out of the in-flight
@@ -504,7 +504,7 @@ impl Drop for Session {
         inner.drain(Dir::Read);
         inner.drain(Dir::Write);
         // Anything a provider failed to flush in time still gets its answer.
-        for l in &inner.links {
+        for l in &inner.qps {
             let left = l.inflight.lock().unwrap().drain();
             for w in left {
                 inner.finish(w, WcStatus::WrFlushError);
@@ -545,7 +545,7 @@ impl Inner {
     /// Whether the peer refused `rkey` for `dir` lately. Asked of every request: costs a
     /// load until a queue pair was refused (keys are remembered only then).
     fn is_refused(&self, rkey: u32, dir: Dir) -> bool {
-        self.live_links.load(Ordering::Acquire) < self.links.len()
+        self.live_qps.load(Ordering::Acquire) < self.qps.len()
             && self.refused_keys.lock().unwrap().contains(&(rkey, dir))
     }
 
@@ -558,7 +558,7 @@ impl Inner {
         }
         log::warn!("session broken: {cause}");
         self.closed.store(true, Ordering::Release);
-        for l in &self.links {
+        for l in &self.qps {
             l.qp.set_error();
         }
         self.drain(Dir::Read);

@@ -21,10 +21,10 @@ use crate::transport::{
 use crate::window::{admits, charge};
 
 use super::request::{Buffer, Dir, Done, InFlight, InflightWr, Request, Staging};
-use super::{Inner, IoError, Link};
+use super::{Inner, IoError, SessionQp};
 
-/// Up to this many payload bytes in flight, a link served by threads takes more work before
-/// another link is woken (see `Inner::link_room`). 4K random reads with 4 jobs on 2 cores
+/// Up to this many payload bytes in flight, a queue pair served by threads takes more work before
+/// another queue pair is woken (see `Inner::qp_room`). 4K random reads with 4 jobs on 2 cores
 /// (tcp, through the mount, 3 runs): 43.6-47.5k IOPS at 31-33 us of CPU per read, against
 /// 35.4-45.4k at 37-47 spread round-robin over 4 queue pairs; 1 MiB transfers never join.
 const JOIN_BUSY_BYTES: u64 = 64 << 10;
@@ -92,20 +92,20 @@ impl Inner {
         len >= self.cfg.dyn_threshold || len > self.cfg.slot_size
     }
 
-    /// A link with room for `n` more work requests carrying `bytes`, and whether it was busy.
-    /// Where threads serve the queue pairs (tcp), work joins a link that has some in flight
-    /// already while the two together stay within [`JOIN_BUSY_BYTES`]: that link's threads
+    /// A queue pair with room for `n` more work requests carrying `bytes`, and whether it was busy.
+    /// Where threads serve the queue pairs (tcp), work joins a queue pair that has some in flight
+    /// already while the two together stay within [`JOIN_BUSY_BYTES`]: that queue pair's threads
     /// are awake, and another would cost a wake-up on each side for parallel work not worth
-    /// it (small transfers; large ones still spread). Otherwise an idle link whose poller
+    /// it (small transfers; large ones still spread). Otherwise an idle queue pair whose poller
     /// spins (where few pollers may spin, a lone request goes where one does), else
     /// round-robin: the queue pairs a NIC serves are spread over, to engage its processing
     /// units.
-    fn link_room(&self, n: usize, bytes: u64) -> Option<(usize, bool)> {
-        let fits = |l: &Link, inflight: &InFlight| {
+    fn qp_room(&self, n: usize, bytes: u64) -> Option<(usize, bool)> {
+        let fits = |l: &SessionQp, inflight: &InFlight| {
             !l.refused.load(Ordering::Acquire)
                 && inflight.len() + n <= l.qp.caps().max_send_wr as usize
         };
-        let busy = self.links.iter().position(|l| {
+        let busy = self.qps.iter().position(|l| {
             l.qp.served_by_threads() && {
                 let inflight = l.inflight.lock().unwrap();
                 !inflight.is_empty()
@@ -116,7 +116,7 @@ impl Inner {
         if let Some(i) = busy {
             return Some((i, true));
         }
-        let hot = self.links.iter().position(|l| {
+        let hot = self.qps.iter().position(|l| {
             l.spinning.load(Ordering::Relaxed)
                 && !l.refused.load(Ordering::Acquire)
                 && l.inflight.lock().unwrap().is_empty()
@@ -124,11 +124,11 @@ impl Inner {
         if let Some(i) = hot {
             return Some((i, false));
         }
-        let links = self.links.len();
-        let start = self.next_link.fetch_add(1, Ordering::Relaxed);
-        (0..links)
-            .map(|k| (start + k) % links)
-            .find(|&i| fits(&self.links[i], &self.links[i].inflight.lock().unwrap()))
+        let qps = self.qps.len();
+        let start = self.next_qp.fetch_add(1, Ordering::Relaxed);
+        (0..qps)
+            .map(|k| (start + k) % qps)
+            .find(|&i| fits(&self.qps[i], &self.qps[i].inflight.lock().unwrap()))
             .map(|i| (i, false))
     }
 
@@ -144,7 +144,7 @@ impl Inner {
         let inflight = self.counters.inflight_bytes.load(Ordering::Relaxed);
         admits(inflight, charge(front.len), self.policy.limit())
             && (self.is_dynamic(front) || self.pool.available() > 0)
-            && self.links.iter().any(|l| {
+            && self.qps.iter().any(|l| {
                 !l.refused.load(Ordering::Acquire)
                     && l.inflight.lock().unwrap().len() < l.qp.caps().max_send_wr as usize
             })
@@ -301,7 +301,7 @@ impl Inner {
             .flatten()
             .map(|&i| ready[i].as_ref().map_or(0, |r| r.len as u64))
             .sum();
-        let Some((li, joined)) = self.link_room(chain.len(), bytes) else {
+        let Some((li, joined)) = self.qp_room(chain.len(), bytes) else {
             return Err(Unposted(chain.concat()));
         };
         let chained = chain.len() > 1;
@@ -324,7 +324,7 @@ impl Inner {
         if joined {
             Counters::add(&self.counters.joined_busy, wrs.len() as u64);
         }
-        self.post_wrs(&self.links[li], dir, wrs);
+        self.post_wrs(&self.qps[li], dir, wrs);
         if unposted.is_empty() {
             Ok(())
         } else {
@@ -401,18 +401,18 @@ impl Inner {
         }
     }
 
-    /// Enters the work requests in the link's in-flight table and posts them with one doorbell;
-    /// those a failed post left behind are taken back.
-    fn post_wrs(&self, link: &Link, dir: Dir, wrs: Vec<InflightWr>) {
+    /// Enters the work requests in the queue pair's in-flight table and posts them with one
+    /// doorbell; those a failed post left behind are taken back.
+    fn post_wrs(&self, qp: &SessionQp, dir: Dir, wrs: Vec<InflightWr>) {
         // Scatter/gather lists, built from Arc clones so that the completion may arrive (and the
         // in-flight entry go) before the post returns.
         let keep: Vec<Vec<SgeSource>> = wrs.iter().map(sge_sources).collect();
         let remotes: Vec<RemoteAddr> = wrs.iter().map(|w| w.members[0].0.remote).collect();
         let keys: Vec<usize> = {
-            let mut inflight = link.inflight.lock().unwrap();
+            let mut inflight = qp.inflight.lock().unwrap();
             wrs.into_iter().map(|w| inflight.insert(w)).collect()
         };
-        let result = self.ring_doorbell(link, dir, &keys, &keep, &remotes);
+        let result = self.ring_doorbell(qp, dir, &keys, &keep, &remotes);
         drop(keep);
         let posted = match &result {
             Ok(()) => keys.len(),
@@ -423,7 +423,7 @@ impl Inner {
             Counters::add(&self.counters.doorbells, 1);
         }
         if let Err(e) = result {
-            self.take_back(link, dir, &keys[posted..], &e);
+            self.take_back(qp, dir, &keys[posted..], &e);
         }
     }
 
@@ -431,7 +431,7 @@ impl Inner {
     /// call.
     fn ring_doorbell(
         &self,
-        link: &Link,
+        qp: &SessionQp,
         dir: Dir,
         keys: &[usize],
         keep: &[Vec<SgeSource>],
@@ -453,13 +453,13 @@ impl Inner {
                 SendWr::new(k as u64, op, sg)
             })
             .collect();
-        link.qp.post_send(&send)
+        qp.qp.post_send(&send)
     }
 
     /// Removes the work requests a failed post did not take (`keys`) from the in-flight table
     /// and uncharges them: requeued if the send queue was full, failed otherwise.
-    fn take_back(&self, link: &Link, dir: Dir, keys: &[usize], e: &PostError) {
-        let mut inflight = link.inflight.lock().unwrap();
+    fn take_back(&self, qp: &SessionQp, dir: Dir, keys: &[usize], e: &PostError) {
+        let mut inflight = qp.inflight.lock().unwrap();
         let back: Vec<InflightWr> = keys
             .iter()
             .map(|&k| inflight.try_remove(k).expect("entered by this post"))

@@ -13,7 +13,7 @@ use super::{
 /// control connection. Both sides call it with the same `n`, and with routes that match: both
 /// [`QpRoute::OwnPort`], or one side dialing (the one that dialed the control connection) and
 /// the other taking arrivals.
-pub fn connect_links(
+pub fn connect_queue_pairs(
     ctx: &Context,
     pd: &ProtectionDomain,
     control: &mut TcpStream,

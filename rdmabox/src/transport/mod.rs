@@ -6,7 +6,7 @@
 //!
 //! [`ProviderKind::Auto`] picks verbs when a device exists and tcp otherwise. Queue pairs are
 //! connected by exchanging [`Endpoint`]s over a TCP control connection ([`exchange_endpoints`]);
-//! [`connect_links`] does the whole setup for a set of queue pairs.
+//! [`connect_queue_pairs`] does the whole setup for a set of queue pairs.
 
 mod connect;
 mod deadline;
@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use connect::connect_links;
+pub use connect::connect_queue_pairs;
 pub use deadline::DeadlineStream;
 pub use endpoint::{exchange_endpoints, Endpoint};
 pub use memory::{MemoryRegion, Sge};

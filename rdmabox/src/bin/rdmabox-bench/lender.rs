@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 
 use rdmabox::transport::{Access, Context, ProviderKind, QpCaps, QpRoute, TransportConfig};
-use rdmabox::{connect_links, SessionConfig};
+use rdmabox::{connect_queue_pairs, SessionConfig};
 
 use crate::cli::Cli;
 
@@ -56,7 +56,7 @@ pub(crate) fn serve(kind: ProviderKind, listen: SocketAddr, memory: u64) -> std:
             } else {
                 SessionConfig::default().caps
             };
-            let links = connect_links(&ctx, &pd, &mut s, qps, caps, &QpRoute::OwnPort)?;
+            let links = connect_queue_pairs(&ctx, &pd, &mut s, qps, caps, &QpRoute::OwnPort)?;
             let r = mem.remote();
             let mut msg = r.addr.to_le_bytes().to_vec();
             msg.extend_from_slice(&r.len.to_le_bytes());

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdmabox::transport::{Context, ProviderKind, QpRoute, RemoteAddr, RemoteRegion};
-use rdmabox::{connect_links, Session, SessionConfig, Snapshot};
+use rdmabox::{connect_queue_pairs, Session, SessionConfig, Snapshot};
 
 use crate::lender::{self_cpu, transport, Lender, RESPONDER_FLAG};
 
@@ -24,7 +24,7 @@ pub(crate) fn open_session(
     let mut s = TcpStream::connect(lender.addr).expect("connect to lender");
     let flag = if lender_responder { RESPONDER_FLAG } else { 0 };
     s.write_all(&(cfg.qps as u32 | flag).to_le_bytes()).unwrap();
-    let links = connect_links(&ctx, &pd, &mut s, cfg.qps, cfg.caps, &QpRoute::OwnPort)
+    let links = connect_queue_pairs(&ctx, &pd, &mut s, cfg.qps, cfg.caps, &QpRoute::OwnPort)
         .expect("connect qps");
     let mut m = [0u8; 20];
     s.read_exact(&mut m).unwrap();

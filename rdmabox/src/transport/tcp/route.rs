@@ -291,8 +291,8 @@ mod tests {
 
     use super::{hello, Arrivals, QpRoute};
     use crate::transport::{
-        connect_links, Access, Context, ProviderKind, QpCaps, RemoteAddr, SendOp, SendWr, Sge,
-        TransportConfig, WcStatus,
+        connect_queue_pairs, Access, Context, ProviderKind, QpCaps, RemoteAddr, SendOp, SendWr,
+        Sge, TransportConfig, WcStatus,
     };
 
     /// A node's listening socket: the control connection and then every queue-pair
@@ -344,8 +344,8 @@ mod tests {
             let pd = ctx.alloc_pd().unwrap();
             let mut s = TcpStream::connect(addr).unwrap();
             let route = QpRoute::Dial(dial);
-            let links = connect_links(&ctx, &pd, &mut s, n, QpCaps::default(), &route).unwrap();
-            (ctx, pd, links, s)
+            let qps = connect_queue_pairs(&ctx, &pd, &mut s, n, QpCaps::default(), &route).unwrap();
+            (ctx, pd, qps, s)
         })
     }
 
@@ -362,7 +362,7 @@ mod tests {
         let pd = ctx.alloc_pd().unwrap();
         let mem = pd.alloc_region(4096, Access::ALL).unwrap();
         let mut control = controls.recv().unwrap();
-        let _node_links = connect_links(
+        let _node_links = connect_queue_pairs(
             &ctx,
             &pd,
             &mut control,
@@ -480,8 +480,9 @@ mod tests {
             let pd = ctx.alloc_pd().unwrap();
             let mem = pd.alloc_region(1 << 20, Access::ALL).unwrap();
             let mut control = controls.recv().unwrap();
-            let _node = connect_links(&ctx, &pd, &mut control, 1, caps, &QpRoute::Arrive(arrivals))
-                .unwrap();
+            let _node =
+                connect_queue_pairs(&ctx, &pd, &mut control, 1, caps, &QpRoute::Arrive(arrivals))
+                    .unwrap();
             let (_ctx, cpd, links, _s) = client.join().unwrap();
             let (qp, cq) = &links[0];
             let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();

@@ -1,4 +1,4 @@
-//! How the metadata service reaches each data node to grant and revoke: a link per live node
+//! How the metadata service reaches each data node to grant and revoke: a channel per live node
 //! (this node's own pool in process, the others over their join connection). Grants are asked
 //! for every node at once and waited for a bounded time; revocations are told in order behind
 //! what was asked before.
@@ -7,57 +7,63 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rfs_proto::grant::{GrantChunks, LinkRequest, RevokeChunks, RevokeFreed};
+use rfs_proto::grant::{GrantChunks, GrantRequest, RevokeChunks, RevokeFreed};
 use rfs_proto::types::ChunkRef;
 use rfs_proto::wire::MAX_LIST;
 
 use super::effects::{by_node, Granting};
 use super::ops::Reply;
 use super::MetaService;
+use crate::grant_channel::{Asked, GrantChannel};
 use crate::grants::Grants;
-use crate::link::{Asked, Link};
 
 /// How long a chunk map waits for a data node's grant: a live node answers in microseconds; a
 /// stopped one must not hold the caller past its I/O deadline (1 s at the least). The map then
 /// goes out ungranted for that node, and the client fails the transfer (or asks again).
 pub(super) const GRANT_WAIT: Duration = Duration::from_millis(800);
 
-/// The link to each live data node, by id.
-pub(crate) struct GrantLinks {
-    links: Mutex<HashMap<u32, Arc<Link>>>,
+/// The channel to each live data node, by id.
+pub(crate) struct GrantChannels {
+    channels: Mutex<HashMap<u32, Arc<GrantChannel>>>,
 }
 
-impl GrantLinks {
+impl GrantChannels {
     /// Links with only this node's own pool (data node `local`), granted in process.
-    pub(super) fn new(local: u32, grants: Arc<Grants>) -> GrantLinks {
-        GrantLinks {
-            links: Mutex::new(HashMap::from([(local, Arc::new(Link::Local(grants)))])),
+    pub(super) fn new(local: u32, grants: Arc<Grants>) -> GrantChannels {
+        GrantChannels {
+            channels: Mutex::new(HashMap::from([(
+                local,
+                Arc::new(GrantChannel::Local(grants)),
+            )])),
         }
     }
 
-    /// Grants at data node `node` go over `link` from now on.
-    pub(crate) fn add(&self, node: u32, link: Link) {
-        self.links.lock().unwrap().insert(node, Arc::new(link));
+    /// Grants at data node `node` go over `channel` from now on.
+    pub(crate) fn add(&self, node: u32, channel: GrantChannel) {
+        self.channels
+            .lock()
+            .unwrap()
+            .insert(node, Arc::new(channel));
     }
 
     pub(crate) fn remove(&self, node: u32) {
-        self.links.lock().unwrap().remove(&node);
+        self.channels.lock().unwrap().remove(&node);
     }
 
-    /// Whether node `node` has a link (it has not left).
+    /// Whether node `node` has a channel (it has not left).
     pub(super) fn has(&self, node: u32) -> bool {
         self.get(node).is_some()
     }
 
-    fn get(&self, node: u32) -> Option<Arc<Link>> {
-        self.links.lock().unwrap().get(&node).cloned()
+    fn get(&self, node: u32) -> Option<Arc<GrantChannel>> {
+        self.channels.lock().unwrap().get(&node).cloned()
     }
 
     /// Asks `node` for `req`, waiting at most `wait` (if given) for the answer; None when the
     /// node is gone, refused or did not answer (logged).
-    fn ask_within(&self, node: u32, req: LinkRequest, wait: Option<Duration>) -> Option<Vec<u32>> {
-        let link = self.get(node)?;
-        match link.call(&req, wait) {
+    fn ask_within(&self, node: u32, req: GrantRequest, wait: Option<Duration>) -> Option<Vec<u32>> {
+        let channel = self.get(node)?;
+        match channel.call(&req, wait) {
             Ok(Ok(keys)) => Some(keys),
             Ok(Err(e)) => {
                 log::warn!("data node {node} refused a {:?}: {e}", req.op());
@@ -72,10 +78,10 @@ impl GrantLinks {
 
     /// Tells `node` `req` without waiting: it reaches the node after what was asked of it
     /// before and before what is asked after (a failure is logged; the node is then gone).
-    pub(super) fn tell(&self, node: u32, req: LinkRequest) {
-        if let Some(link) = self.get(node) {
+    pub(super) fn tell(&self, node: u32, req: GrantRequest) {
+        if let Some(channel) = self.get(node) {
             let op = req.op();
-            if let Err(e) = link.tell(req) {
+            if let Err(e) = channel.tell(req) {
                 log::warn!("data node {node}: {op:?}: {e}");
             }
         }
@@ -180,7 +186,7 @@ impl MetaService {
         let deadline = Instant::now() + GRANT_WAIT;
         let nodes = by_node(g.chunks.iter().flat_map(|(_, r)| r));
         self.await_nodes(nodes.keys().copied(), deadline);
-        self.links.grant(data, g, deadline)
+        self.grant_channels.grant(data, g, deadline)
     }
 
     /// Right after a restart, waits (until `deadline` at the latest) for those of `nodes`

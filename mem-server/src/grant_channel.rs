@@ -1,4 +1,4 @@
-//! The metadata node's grant link to each data node: its own pool directly, other nodes over
+//! The metadata node's grant channel to each data node: its own pool directly, other nodes over
 //! their join connection (which the data node dialed itself, to the metadata node it was told
 //! to join: no other peer can speak on it). One request at a time per node, in the order they
 //! were made; the join thread reads the answers, and sees the node leave when the connection
@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use rfs_proto::frame::{recv_frame, send_frame};
-use rfs_proto::grant::{LinkOp, LinkRequest, MAX_LINK_FRAME};
+use rfs_proto::grant::{GrantOp, GrantRequest, MAX_GRANT_FRAME};
 use rfs_proto::integrity;
 use rfs_proto::session_key::SessionKey;
 use rfs_proto::Errno;
@@ -19,31 +19,31 @@ use rfs_proto::Errno;
 use crate::grants::Grants;
 
 /// How long a data node may take to answer a grant or revocation: one that takes longer is
-/// cut off (its link closes, and the node is taken as gone).
-const LINK_DEADLINE: Duration = Duration::from_secs(10);
+/// cut off (its channel closes, and the node is taken as gone).
+const GRANT_DEADLINE: Duration = Duration::from_secs(10);
 
-pub(crate) enum Link {
+pub(crate) enum GrantChannel {
     /// The metadata node's own pool.
     Local(Arc<Grants>),
-    Remote(Arc<RemoteLink>),
+    Remote(Arc<RemoteGrantChannel>),
 }
 
-impl Link {
+impl GrantChannel {
     /// Asks the node. With `wait`, gives up on the answer after it (a `TimedOut` error; the
     /// request still reaches the node in its turn, so what it asked for may take effect later);
     /// without, waits for the worker, which answers every request: the node's answer, or a
-    /// failure once the node took longer than [`LINK_DEADLINE`] over one. Any other error
+    /// failure once the node took longer than [`GRANT_DEADLINE`] over one. Any other error
     /// means the node is gone or going.
-    pub(crate) fn call(&self, req: &LinkRequest, wait: Option<Duration>) -> Answer {
+    pub(crate) fn call(&self, req: &GrantRequest, wait: Option<Duration>) -> Answer {
         self.ask(req).wait_until(wait.map(|w| Instant::now() + w))
     }
 
     /// Asks the node without waiting yet: several nodes can be asked at once, and their
     /// answers awaited together ([`Asked::wait_until`]).
-    pub(crate) fn ask(&self, req: &LinkRequest) -> Asked {
+    pub(crate) fn ask(&self, req: &GrantRequest) -> Asked {
         match self {
-            Link::Local(g) => Asked::Ready(Ok(g.serve(req))),
-            Link::Remote(r) => match r.ask(req) {
+            GrantChannel::Local(g) => Asked::Ready(Ok(g.serve(req))),
+            GrantChannel::Remote(r) => match r.ask(req) {
                 Ok(rx) => Asked::Waiting(rx, req.op()),
                 Err(e) => Asked::Ready(Err(e)),
             },
@@ -52,13 +52,13 @@ impl Link {
 
     /// Tells the node, after everything asked of it before and before everything asked
     /// after, without waiting for its answer (a refusal or a silent node is logged).
-    pub(crate) fn tell(&self, req: LinkRequest) -> io::Result<()> {
+    pub(crate) fn tell(&self, req: GrantRequest) -> io::Result<()> {
         match self {
-            Link::Local(g) => g
+            GrantChannel::Local(g) => g
                 .serve(&req)
                 .map(drop)
                 .map_err(|e| io::Error::other(format!("refused: {e}"))),
-            Link::Remote(r) => r.tell(req),
+            GrantChannel::Remote(r) => r.tell(req),
         }
     }
 }
@@ -66,10 +66,10 @@ impl Link {
 /// A node's answer: its keys or its refusal; an error when it gave none.
 type Answer = io::Result<Result<Vec<u32>, Errno>>;
 
-/// An answer on its way from [`Link::ask`].
+/// An answer on its way from [`GrantChannel::ask`].
 pub(crate) enum Asked {
     Ready(Answer),
-    Waiting(Receiver<Answer>, LinkOp),
+    Waiting(Receiver<Answer>, GrantOp),
 }
 
 impl Asked {
@@ -94,34 +94,34 @@ impl Asked {
     }
 }
 
-/// A request for the link's worker, and where its answer goes (nowhere for a `tell`).
+/// A request for the channel's worker, and where its answer goes (nowhere for a `tell`).
 struct Job {
-    req: LinkRequest,
+    req: GrantRequest,
     answer: Option<Sender<Answer>>,
 }
 
-/// A remote node's link: a worker sends the requests in the order they were made, one at a
+/// A remote node's channel: a worker sends the requests in the order they were made, one at a
 /// time. Callers that need the answer wait for it; the others (revocations at close) go on, so
 /// that a data node that stops answering holds up only what needs that node.
-pub(crate) struct RemoteLink {
+pub(crate) struct RemoteGrantChannel {
     jobs: Sender<Job>,
 }
 
-impl RemoteLink {
-    /// A link over the join connection `s`; the returned pump (run it on the join thread)
+impl RemoteGrantChannel {
+    /// A channel over the join connection `s`; the returned pump (run it on the join thread)
     /// forwards answers until the connection closes.
     pub(crate) fn new(
         s: &TcpStream,
         key: Option<SessionKey>,
-    ) -> io::Result<(Arc<RemoteLink>, Pump)> {
+    ) -> io::Result<(Arc<RemoteGrantChannel>, Pump)> {
         let (tx, rx) = crossbeam_channel::bounded(1);
         let (jobs, queue) = crossbeam_channel::unbounded();
         let out = s.try_clone()?;
         std::thread::Builder::new()
-            .name("link-out".into())
+            .name("grants-out".into())
             .spawn(move || send_in_order(&out, &queue, &rx, key.as_ref()))?;
         Ok((
-            Arc::new(RemoteLink { jobs }),
+            Arc::new(RemoteGrantChannel { jobs }),
             Pump {
                 s: s.try_clone()?,
                 answers: tx,
@@ -129,13 +129,13 @@ impl RemoteLink {
         ))
     }
 
-    /// [`Link::call`] on this link.
-    pub(crate) fn call(&self, req: &LinkRequest, wait: Option<Duration>) -> Answer {
+    /// [`GrantChannel::call`] on this channel.
+    pub(crate) fn call(&self, req: &GrantRequest, wait: Option<Duration>) -> Answer {
         let rx = self.ask(req)?;
         Asked::Waiting(rx, req.op()).wait_until(wait.map(|w| Instant::now() + w))
     }
 
-    fn ask(&self, req: &LinkRequest) -> io::Result<Receiver<Answer>> {
+    fn ask(&self, req: &GrantRequest) -> io::Result<Receiver<Answer>> {
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.enqueue(Job {
             req: req.clone(),
@@ -144,7 +144,7 @@ impl RemoteLink {
         Ok(rx)
     }
 
-    fn tell(&self, req: LinkRequest) -> io::Result<()> {
+    fn tell(&self, req: GrantRequest) -> io::Result<()> {
         self.enqueue(Job { req, answer: None })
     }
 
@@ -154,11 +154,11 @@ impl RemoteLink {
 }
 
 fn gone() -> io::Error {
-    io::Error::new(io::ErrorKind::NotConnected, "data node link closed")
+    io::Error::new(io::ErrorKind::NotConnected, "grant channel closed")
 }
 
 /// The worker: each request in turn, answered or failed. A node that takes longer than
-/// [`LINK_DEADLINE`] is cut off: every later request fails at once.
+/// [`GRANT_DEADLINE`] is cut off: every later request fails at once.
 fn send_in_order(
     s: &TcpStream,
     queue: &Receiver<Job>,
@@ -177,7 +177,7 @@ fn send_in_order(
             // Whatever it says later would answer the wrong request.
             let _ = s.shutdown(std::net::Shutdown::Both);
             if answer.is_none() {
-                log::warn!("data node link: {e}");
+                log::warn!("grant channel: {e}");
             }
         }
         if let Some(a) = answer {
@@ -186,26 +186,26 @@ fn send_in_order(
     }
 }
 
-/// Sends request `number` of the link, sealed with `key`, and takes its answer.
+/// Sends request `number` of the channel, sealed with `key`, and takes its answer.
 fn exchange(
     mut s: &TcpStream,
-    req: &LinkRequest,
+    req: &GrantRequest,
     answers: &Receiver<Vec<u8>>,
     key: Option<&SessionKey>,
     number: u64,
 ) -> Answer {
     send_frame(
         &mut s,
-        &integrity::seal(key, integrity::LINK, number, req.encode()),
+        &integrity::seal(key, integrity::GRANT_CALL, number, req.encode()),
     )?;
-    let answer = answers.recv_timeout(LINK_DEADLINE).map_err(|e| {
+    let answer = answers.recv_timeout(GRANT_DEADLINE).map_err(|e| {
         io::Error::new(
             io::ErrorKind::TimedOut,
             format!("data node did not answer a {:?}: {e}", req.op()),
         )
     })?;
     let answer =
-        integrity::open(key, integrity::LINK_ANSWER, number, &answer).ok_or_else(|| {
+        integrity::open(key, integrity::GRANT_ANSWER, number, &answer).ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::InvalidData,
                 "a data node's answer without the session's MAC",
@@ -225,7 +225,7 @@ impl Pump {
     /// Forwards answers until the connection closes (the node left) or breaks the protocol.
     pub(crate) fn run(mut self) -> io::Result<()> {
         loop {
-            let answer = recv_frame(&mut self.s, MAX_LINK_FRAME + integrity::TAG)?;
+            let answer = recv_frame(&mut self.s, MAX_GRANT_FRAME + integrity::TAG)?;
             if self.answers.try_send(answer).is_err() {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
@@ -241,7 +241,7 @@ mod tests {
     use std::net::TcpListener;
     use std::time::Instant;
 
-    use rfs_proto::grant::{encode_link_reply, GrantChunks, RevokeChunks};
+    use rfs_proto::grant::{encode_grant_reply, GrantChunks, RevokeChunks};
 
     use super::*;
 
@@ -254,25 +254,25 @@ mod tests {
         let (seen, order) = crossbeam_channel::unbounded();
         std::thread::spawn(move || {
             for n in 0.. {
-                let Ok(f) = recv_frame(&mut theirs, MAX_LINK_FRAME + integrity::TAG) else {
+                let Ok(f) = recv_frame(&mut theirs, MAX_GRANT_FRAME + integrity::TAG) else {
                     return;
                 };
                 let number = n as u64 + 1;
-                let req = integrity::open(None, integrity::LINK, number, &f).unwrap();
-                let req = LinkRequest::decode(req).unwrap();
+                let req = integrity::open(None, integrity::GRANT_CALL, number, &f).unwrap();
+                let req = GrantRequest::decode(req).unwrap();
                 let first = match &req {
-                    LinkRequest::GrantChunks(g) => g.addrs[0],
-                    LinkRequest::RevokeChunks(r) => r.addrs[0],
+                    GrantRequest::GrantChunks(g) => g.addrs[0],
+                    GrantRequest::RevokeChunks(r) => r.addrs[0],
                     _ => 0,
                 };
                 let _ = seen.send(first);
                 std::thread::sleep(delay(n));
                 let answer = match req {
-                    LinkRequest::GrantChunks(_) => Ok(vec![first as u32]),
+                    GrantRequest::GrantChunks(_) => Ok(vec![first as u32]),
                     _ => Ok(Vec::new()),
                 };
-                let answer = encode_link_reply(req.op(), &answer);
-                let sealed = integrity::seal(None, integrity::LINK_ANSWER, number, answer);
+                let answer = encode_grant_reply(req.op(), &answer);
+                let sealed = integrity::seal(None, integrity::GRANT_ANSWER, number, answer);
                 if send_frame(&mut theirs, &sealed).is_err() {
                     return;
                 }
@@ -281,7 +281,7 @@ mod tests {
         (ours, order)
     }
 
-    fn grant(addr: u64) -> LinkRequest {
+    fn grant(addr: u64) -> GrantRequest {
         GrantChunks {
             session: 1,
             seq: 0,
@@ -315,43 +315,44 @@ mod tests {
     fn an_answer_without_the_sessions_mac_is_refused() {
         let ((ours, key), (mut theirs, their_key)) = authenticated_pair();
         std::thread::spawn(move || {
-            let f = recv_frame(&mut theirs, MAX_LINK_FRAME + integrity::TAG).unwrap();
-            assert!(integrity::open(their_key.as_ref(), integrity::LINK, 1, &f).is_some());
-            assert!(integrity::open(their_key.as_ref(), integrity::LINK, 2, &f).is_none());
-            let answer = encode_link_reply(LinkOp::GrantChunks, &Ok(vec![7]));
-            let forged = integrity::seal(None, integrity::LINK_ANSWER, 1, answer);
+            let f = recv_frame(&mut theirs, MAX_GRANT_FRAME + integrity::TAG).unwrap();
+            assert!(integrity::open(their_key.as_ref(), integrity::GRANT_CALL, 1, &f).is_some());
+            assert!(integrity::open(their_key.as_ref(), integrity::GRANT_CALL, 2, &f).is_none());
+            let answer = encode_grant_reply(GrantOp::GrantChunks, &Ok(vec![7]));
+            let forged = integrity::seal(None, integrity::GRANT_ANSWER, 1, answer);
             let _ = send_frame(&mut theirs, &forged);
         });
-        let (link, pump) = RemoteLink::new(&ours, key).unwrap();
+        let (channel, pump) = RemoteGrantChannel::new(&ours, key).unwrap();
         std::thread::spawn(move || pump.run());
-        let e = link.call(&grant(1), None).unwrap_err();
+        let e = channel.call(&grant(1), None).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
     }
 
     #[test]
     fn requests_reach_the_node_in_order_and_only_callers_wait() {
         let (s, order) = fake_node(|n| Duration::from_millis(if n == 0 { 300 } else { 0 }));
-        let (link, pump) = RemoteLink::new(&s, None).unwrap();
+        let (channel, pump) = RemoteGrantChannel::new(&s, None).unwrap();
         std::thread::spawn(move || pump.run());
         let start = Instant::now();
-        link.tell(
-            RevokeChunks {
-                session: 1,
-                writable_only: false,
-                addrs: vec![1],
-            }
-            .into(),
-        )
-        .unwrap();
+        channel
+            .tell(
+                RevokeChunks {
+                    session: 1,
+                    writable_only: false,
+                    addrs: vec![1],
+                }
+                .into(),
+            )
+            .unwrap();
         assert!(
             start.elapsed() < Duration::from_millis(100),
             "tell waits for nothing"
         );
-        let e = link
+        let e = channel
             .call(&grant(2), Some(Duration::from_millis(50)))
             .unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
-        let keys = link.call(&grant(3), None).unwrap().unwrap();
+        let keys = channel.call(&grant(3), None).unwrap().unwrap();
         assert_eq!(
             keys,
             vec![3],
@@ -366,7 +367,7 @@ mod tests {
         // Three nodes that take 600 ms and one that takes 5 s, all asked at once with one
         // deadline of 1 s: asked one after another, the second would already be past it.
         let mut streams = Vec::new();
-        let links: Vec<Link> = [false, false, false, true]
+        let channels: Vec<GrantChannel> = [false, false, false, true]
             .into_iter()
             .map(|stopped| {
                 let delay: fn(usize) -> Duration = if stopped {
@@ -375,14 +376,14 @@ mod tests {
                     |_| Duration::from_millis(600)
                 };
                 let (s, _order) = fake_node(delay);
-                let (link, pump) = RemoteLink::new(&s, None).unwrap();
+                let (channel, pump) = RemoteGrantChannel::new(&s, None).unwrap();
                 std::thread::spawn(move || pump.run());
                 streams.push(s); // the fake nodes live as long as the test
-                Link::Remote(link)
+                GrantChannel::Remote(channel)
             })
             .collect();
         let start = Instant::now();
-        let asked: Vec<Asked> = links
+        let asked: Vec<Asked> = channels
             .iter()
             .enumerate()
             .map(|(i, l)| l.ask(&grant(i as u64 + 10)))
