@@ -10,7 +10,7 @@
 //!   channels, freeing, recovery, coherence, sessions, repair and the zeroer.
 //! - [`in_process`]: the metadata service in process, for tests.
 //! - [`namespace`]: POSIX namespace semantics, pure.
-//! - [`locks`]: every client's file locks.
+//! - [`meta::lock_table`]: every client's file locks.
 //! - [`access`]: permission checks of the metadata service (mode bits, root squash).
 //! - [`admission`]: limits on connections, in total and per peer.
 //! - [`alloc`]: chunk allocation across nodes.
@@ -29,7 +29,6 @@ mod hangups;
 pub mod in_process;
 mod join;
 pub mod journal;
-mod locks;
 mod meta;
 pub mod namespace;
 pub mod node;

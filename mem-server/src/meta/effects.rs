@@ -7,7 +7,7 @@ use rfs_proto::message::RequestOp;
 use rfs_proto::types::{ChunkRef, Ino, Replicas};
 
 use super::coherence::{Change, Recall};
-use crate::locks::Woken;
+use crate::meta::lock_table::Woken;
 
 /// What applying a request did beyond its answer: chunks it freed, the change for caches, and
 /// grants to revoke at the data nodes (once the state lock is released).

@@ -9,7 +9,7 @@ use rfs_proto::types::Ino;
 use super::coherence::Holders;
 use crate::alloc::Allocator;
 use crate::journal::Durable;
-use crate::locks::LockTable;
+use crate::meta::lock_table::LockTable;
 use crate::namespace::Namespace;
 use crate::record::Record;
 

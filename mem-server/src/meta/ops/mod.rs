@@ -6,7 +6,7 @@
 
 mod chunks;
 mod files;
-mod locks;
+mod locking;
 mod names;
 
 use rfs_proto::message::{encode_reply, Call, Made, Request, RequestOp};
@@ -84,10 +84,10 @@ pub(super) fn apply(cx: &mut Ctx<'_>, req: &Request) -> Answer {
         Request::ReleaseMany(m) => files::release_many(cx, m),
         Request::Commit(m) => files::commit(cx, m),
         Request::Reclaim(m) => files::reclaim(cx, m),
-        Request::SetLock(m) => locks::set_lock(cx, m),
-        Request::GetLock(m) => locks::get_lock(cx, m),
-        Request::CancelWait(m) => locks::cancel_wait(cx, m),
-        Request::DropLocks(m) => locks::drop_locks(cx, m),
+        Request::SetLock(m) => locking::set_lock(cx, m),
+        Request::GetLock(m) => locking::get_lock(cx, m),
+        Request::CancelWait(m) => locking::cancel_wait(cx, m),
+        Request::DropLocks(m) => locking::drop_locks(cx, m),
         Request::ChunkMap(m) => chunks::chunk_map(cx, m),
         Request::Allocate(m) => chunks::allocate(cx, m),
         Request::DropReplicas(m) => chunks::drop_replicas(cx, m),
