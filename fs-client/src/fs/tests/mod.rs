@@ -20,6 +20,7 @@ mod behind;
 mod closes;
 mod cuts;
 mod data;
+mod handles;
 mod locks;
 mod misc;
 mod owed;
