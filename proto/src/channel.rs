@@ -7,10 +7,11 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use rdmabox::connect_queue_pairs;
 use rdmabox::rpc::{self, RpcClient};
-use rdmabox::transport::{Context, ProtectionDomain};
+use rdmabox::transport::{Context, DeadlineStream, ProtectionDomain};
 
 use crate::callback::{encode_ack, Callback, CALLBACK_RPC};
 use crate::client::config::{ClientConfig, Notice, NoticeHandler};
@@ -43,11 +44,19 @@ impl Channel {
     ) -> io::Result<Channel> {
         let hello = Hello::Metadata(Metadata { client_id });
         let (mut s, key) = dial(addr, cfg.secret.as_deref(), &hello, cfg.connect_timeout)?;
+        // A node that goes silent during setup (stopped, or stuck before it answers) fails the
+        // dial instead of hanging it: a mount starting would wait for it without a word, and a
+        // reconnection holds up every call meanwhile. Timed-out dials are tried again.
+        s.set_read_timeout(Some(cfg.connect_timeout))?;
+        log::debug!("metadata node {addr}: authenticated; setting the queue pairs up");
         let route = queue_pair_route(cfg.secret.as_deref(), cfg.encrypt)?;
         let mut qps = connect_queue_pairs(ctx, pd, &mut s, 2, cfg.session.caps, &route)?;
         let (cb_qp, cb_cq) = qps.pop().expect("two queue pairs");
         let (qp, cq) = qps.pop().expect("two queue pairs");
-        let resumed = matches!(recv_frame(&mut s, 1)?.as_slice(), [1]);
+        let answer_by = Instant::now() + cfg.connect_timeout;
+        let session = recv_frame(&mut DeadlineStream::new(&s, answer_by, "session setup"), 1)?;
+        let resumed = matches!(session.as_slice(), [1]);
+        s.set_read_timeout(None)?;
         let rpc = RpcClient::new(pd, qp, cq, cfg.rpc)?;
         let callbacks_stop = Arc::new(AtomicBool::new(false));
         let callbacks = {
@@ -122,5 +131,57 @@ impl Drop for Channel {
         if let Some(t) = self.callbacks.take() {
             let _ = t.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::TcpListener;
+    use std::time::{Duration, Instant};
+
+    use rdmabox::transport::{ProviderKind, TransportConfig};
+
+    use crate::client::config::ClientConfig;
+    use crate::client::Client;
+    use crate::handshake::{accept, HANDSHAKE_TIMEOUT};
+    use crate::hello::Hello;
+
+    /// A node that authenticates a client and takes its hello, then says nothing more (stopped,
+    /// or stuck before it sets the session up): the client gives up after its connect timeout,
+    /// with an error its start-up retries, instead of waiting for it silently for ever.
+    #[test]
+    fn a_node_silent_after_the_hello_fails_the_connect_in_time() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for s in l.incoming() {
+                let mut s = s.unwrap();
+                let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
+                let key = accept(&mut s, None, false, deadline).unwrap();
+                let _ = Hello::receive(&mut s, key.as_ref());
+                held.push(s);
+            }
+        });
+        let cfg = ClientConfig {
+            transport: TransportConfig::with_provider(ProviderKind::Tcp),
+            connect_timeout: Duration::from_millis(500),
+            ..ClientConfig::default()
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        let start = Instant::now();
+        std::thread::spawn(move || {
+            let _ = tx.send(Client::connect(&addr.to_string(), cfg).map(drop));
+        });
+        let e = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("connect still waiting for a silent node after 10 s")
+            .unwrap_err();
+        assert!(crate::patience::is_transient(&e), "{e}");
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            start.elapsed()
+        );
     }
 }

@@ -10,14 +10,18 @@
 
 pub mod model;
 pub mod rng;
+pub mod spawn;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{RwLock, RwLockWriteGuard};
 use std::time::{Duration, Instant};
+
+pub use spawn::what_it_does;
+use spawn::{Io, Process};
 
 /// A binary of this workspace, next to the running test's own profile directory.
 pub fn bin(name: &str) -> PathBuf {
@@ -37,9 +41,10 @@ pub fn bin(name: &str) -> PathBuf {
 }
 
 /// Held shared while this test process starts a child, and exclusively by a test that needs
-/// no child started for a while. A child gets a copy of every descriptor open here, and its
-/// exec closes them: each close of a file open through a mount sends FLUSH, which commits
-/// (and reconnects a severed mount), so "nothing calls the node now" never holds while
+/// no child started for a while. A child the harness starts holds no descriptor of this
+/// process ([`spawn`]), but one started otherwise (`Command`) gets a copy of every one, and
+/// its exec closes them: each close of a file open through a mount sends FLUSH, which commits
+/// (and reconnects a severed mount), so "nothing calls the node now" would not hold while
 /// other tests of the binary start processes.
 static STARTING_CHILDREN: RwLock<()> = RwLock::new(());
 
@@ -59,9 +64,10 @@ pub fn line_numbers(text: &str) -> Vec<usize> {
         .collect()
 }
 
-/// Runs `cmd` to its end, as a test that starts processes must ([`no_children_started`]).
+/// Runs `cmd` to its end, its output captured (stdin /dev/null), as a test that starts
+/// processes must ([`no_children_started`]): it holds no descriptor of this process.
 pub fn run_child(cmd: &mut Command) -> std::io::Result<std::process::Output> {
-    starting_child(|| cmd.output())
+    starting_child(|| spawn::output(cmd))
 }
 
 /// Until the guard goes, no other test of this binary starts a process (they wait). Start
@@ -128,7 +134,7 @@ const LOG_LINES_SHOWN: usize = 80;
 
 impl ChildLog {
     /// A fresh log for `program`, and the stderr that writes it.
-    fn new(program: &str) -> (ChildLog, Stdio) {
+    fn new(program: &str) -> (ChildLog, Io) {
         static NEXT_LOG: AtomicUsize = AtomicUsize::new(0);
         let n = NEXT_LOG.fetch_add(1, Ordering::Relaxed);
         let name = format!("{program}-{}-{n}.log", std::process::id());
@@ -137,7 +143,13 @@ impl ChildLog {
             None => (std::env::temp_dir().join(format!("rfs-e2e-{name}")), false),
         };
         match std::fs::File::create(&path) {
-            Ok(f) => (ChildLog { path, keep }, f.into()),
+            Ok(_) => (
+                ChildLog {
+                    path: path.clone(),
+                    keep,
+                },
+                Io::Append(path),
+            ),
             Err(e) => panic!("log file {}: {e}", path.display()),
         }
     }
@@ -179,7 +191,7 @@ pub fn free_port() -> u16 {
 
 /// A mem-server process.
 pub struct MemServer {
-    child: Child,
+    child: Process,
     pub addr: SocketAddr,
     args: Vec<String>,
     /// A restartable node's successor, waiting to become it (see [`Standby`]).
@@ -190,14 +202,10 @@ pub struct MemServer {
     state: Option<PathBuf>,
 }
 
-/// A shell that execs mem-server once told to, started while the node it replaces is up.
-///
-/// A restart cannot spawn its process at the moment it is needed: the test process may hold
-/// files open on a mount, and exec closes the child's copies of them, which sends FUSE a flush
-/// each; a flush commits, and a commit waits for the metadata node, the very node the child
-/// would become. Started ahead (with that node up), the shell has those files already closed.
+/// A shell that execs mem-server once told to, started while the node it replaces is up: a
+/// restart then only waits for the node to get ready.
 struct Standby {
-    shell: Child,
+    shell: Process,
     _log: ChildLog,
 }
 
@@ -209,16 +217,14 @@ impl Standby {
             .args(["-c", "read -r _ && exec \"$0\" \"$@\""])
             .arg(bin("mem-server"))
             .args(["--listen", listen, "--transport", &transport()])
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(stderr);
-        let shell = starting_child(|| command.spawn()).expect("start a standby shell");
+            .args(args);
+        let shell = starting_child(|| spawn::spawn(&command, Io::Piped, Io::Piped, stderr))
+            .expect("start a standby shell");
         Standby { shell, _log: log }
     }
 
     /// The mem-server the shell becomes now, and its log.
-    fn become_node(mut self) -> (Child, ChildLog) {
+    fn become_node(mut self) -> (Process, ChildLog) {
         use std::io::Write;
         let mut go = self.shell.stdin.take().expect("piped");
         go.write_all(b"go\n").expect("the standby shell waits");
@@ -289,15 +295,14 @@ impl MemServer {
         let mut command = Command::new(bin("mem-server"));
         command
             .args(["--listen", listen, "--transport", &transport()])
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(stderr);
-        let child = starting_child(|| command.spawn()).expect("start mem-server");
+            .args(args);
+        let child = starting_child(|| spawn::spawn(&command, Io::Null, Io::Piped, stderr))
+            .expect("start mem-server");
         MemServer::ready(child, log, args)
     }
 
     /// The node `child` (logging to `log`) is, once its banner says where it listens.
-    fn ready(mut child: Child, log: ChildLog, args: &[&str]) -> MemServer {
+    fn ready(mut child: Process, log: ChildLog, args: &[&str]) -> MemServer {
         let mut line = String::new();
         BufReader::new(child.stdout.take().expect("piped"))
             .read_line(&mut line)
@@ -374,6 +379,9 @@ impl Drop for MemServer {
 
 static NEXT_MOUNT: AtomicU32 = AtomicU32::new(0);
 
+/// The log filter of a mount's fs-client where `RUST_LOG` does not name one.
+const FS_CLIENT_LOG: &str = "warn,fs_client=info,rfs_proto=info,fuser::mnt=error";
+
 /// Whether something is mounted on `dir`.
 pub fn is_mounted(dir: &Path) -> bool {
     let target = dir.to_string_lossy();
@@ -385,7 +393,7 @@ pub fn is_mounted(dir: &Path) -> bool {
 
 /// An fs-client mount in a fresh directory.
 pub struct Mount {
-    child: Child,
+    child: Process,
     pub dir: PathBuf,
     _log: ChildLog,
 }
@@ -402,10 +410,14 @@ impl Mount {
         command
             .arg(server.addr.to_string())
             .arg(&dir)
-            .args(["-o", &o.join(",")])
-            .stdout(Stdio::null())
-            .stderr(stderr);
-        let child = starting_child(|| command.spawn()).expect("start fs-client");
+            .args(["-o", &o.join(",")]);
+        if std::env::var_os("RUST_LOG").is_none() {
+            // Warnings, and the few steps of its start and recovery (connected, mounted): a
+            // mount that does not appear says how far it got.
+            command.env("RUST_LOG", FS_CLIENT_LOG);
+        }
+        let child = starting_child(|| spawn::spawn(&command, Io::Null, Io::Null, stderr))
+            .expect("start fs-client");
         let mut m = Mount {
             child,
             dir,
@@ -418,7 +430,8 @@ impl Mount {
             }
             assert!(
                 start.elapsed() < Duration::from_secs(20),
-                "mount did not appear"
+                "mount did not appear: {}",
+                what_it_does(m.child.id(), "fs-client")
             );
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -432,7 +445,8 @@ impl Mount {
         while std::fs::metadata(&self.dir).is_err() {
             assert!(
                 start.elapsed() < Duration::from_secs(10),
-                "mount does not answer"
+                "mount does not answer: {}",
+                what_it_does(self.child.id(), "fs-client")
             );
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -489,7 +503,7 @@ impl Mount {
         let ok = loop {
             let mut command = Command::new("fusermount3");
             command.arg("-u").arg(&self.dir);
-            let out = starting_child(|| command.output()).expect("fusermount3 runs");
+            let out = starting_child(|| spawn::output(&command)).expect("fusermount3 runs");
             if out.status.success() {
                 break true;
             }
@@ -515,11 +529,9 @@ impl Drop for Mount {
         if is_mounted(&self.dir) {
             // Lazy unmount: never hang a failing test on a busy mount.
             let mut command = Command::new("fusermount3");
-            command
-                .args(["-u", "-z"])
-                .arg(&self.dir)
-                .stderr(Stdio::null());
-            let _ = starting_child(|| command.status());
+            command.args(["-u", "-z"]).arg(&self.dir);
+            let _ = starting_child(|| spawn::spawn(&command, Io::Null, Io::Null, Io::Null))
+                .and_then(|mut p| p.wait());
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -527,7 +539,6 @@ impl Drop for Mount {
     }
 }
 
-/// The errno of an I/O error (0 when it has none).
 /// Waits up to `limit` for `check` to hold, failing the test with `what` past it.
 pub fn within(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
     let start = Instant::now();
@@ -537,6 +548,7 @@ pub fn within(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
     }
 }
 
+/// The errno of an I/O error (0 when it has none).
 pub fn errno(e: &std::io::Error) -> i32 {
     e.raw_os_error().unwrap_or(0)
 }

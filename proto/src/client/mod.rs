@@ -184,7 +184,12 @@ impl Client {
         let pd = Arc::new(ctx.alloc_pd()?);
         let client_id = rdmabox::random::u64();
         let on_notice = Arc::<OnceLock<NoticeHandler>>::default();
+        let start = Instant::now();
         let channel = Channel::open(&ctx, &pd, meta_addr, &cfg, client_id, &on_notice)?;
+        log::info!(
+            "connected to the metadata node {meta_addr} as client {client_id:016x} in {:.0?}",
+            start.elapsed()
+        );
         let call_timeout_ms = cfg.rpc.timeout.as_millis() as u64;
         Ok(Client {
             cfg,
