@@ -65,7 +65,9 @@ pub fn line_numbers(text: &str) -> Vec<usize> {
 }
 
 /// Runs `cmd` to its end, its output captured (stdin /dev/null), as a test that starts
-/// processes must ([`no_children_started`]): it holds no descriptor of this process.
+/// processes must ([`no_children_started`]): it holds no descriptor of this process. Only the
+/// command's program, arguments, environment and directory are taken (see [`spawn::spawn`]):
+/// a command run as another user (`uid`, `gid`) goes through `Command` itself.
 pub fn run_child(cmd: &mut Command) -> std::io::Result<std::process::Output> {
     starting_child(|| spawn::output(cmd))
 }

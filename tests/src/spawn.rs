@@ -187,8 +187,9 @@ fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
-/// Starts `cmd`'s program with its arguments, environment and directory (its own stdio
-/// settings are not readable: `stdin`, `stdout` and `stderr` say where those go), holding no
+/// Starts `cmd`'s program with its arguments, environment and directory (its own stdio,
+/// uid and gid settings are not readable, and not applied: `stdin`, `stdout` and `stderr` say
+/// where those go), holding no
 /// descriptor of ours. Needs Linux 5.9 (close_range); the child exits with 126 on an older
 /// kernel, and with 127 if the exec fails (saying why on its stderr).
 pub fn spawn(cmd: &Command, stdin: Io, stdout: Io, stderr: Io) -> io::Result<Process> {

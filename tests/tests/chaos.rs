@@ -37,7 +37,7 @@ fn fio(dir: &Path, verify_only: bool) -> Output {
     if verify_only {
         cmd.arg("--verify_only");
     }
-    cmd.output().expect("fio is installed by scripts/setup.sh")
+    rfs_e2e::run_child(&mut cmd).expect("fio is installed by scripts/setup.sh")
 }
 
 fn check(out: &Output, what: &str) {

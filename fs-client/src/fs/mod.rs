@@ -191,11 +191,6 @@ impl<B: Backend> Rfs<B> {
         self.behind.drain_all();
     }
 
-    /// How long a metadata call may take: see [`Self::new`].
-    pub fn call_timeout(&self) -> Duration {
-        self.retry_window
-    }
-
     /// What the file system runs on.
     pub fn backend(&self) -> &B {
         &self.backend
