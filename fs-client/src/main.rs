@@ -21,9 +21,9 @@ use fs_client::mount_table;
 use fs_client::options::{KernelFlag, MountConfig};
 use fs_client::readahead;
 use fuser::{INodeNo, MountOption, SessionACL};
-use rfs_proto::logging::{self, LogTarget};
-use rfs_proto::patience::until_reachable;
-use rfs_proto::Client;
+use rfs_client::Client;
+use rfs_daemon::logging::{self, LogTarget};
+use rfs_daemon::patience::until_reachable;
 
 /// Mount an rfs namespace: POSIX files whose data moves by one-sided RDMA to storage nodes.
 /// Unmount with `fusermount3 -u MOUNTPOINT` (or SIGINT/SIGTERM). `fs-client stats MOUNTPOINT`
@@ -383,7 +383,7 @@ fn main() -> ExitCode {
         eprintln!("fs-client: {e}");
         return ExitCode::from(2);
     }
-    let secret = match rfs_proto::secret::for_peer(cfg.secret_file.as_deref()) {
+    let secret = match rfs_daemon::secret::for_peer(cfg.secret_file.as_deref()) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("fs-client: {e}");
@@ -436,8 +436,8 @@ fn main() -> ExitCode {
     }
     if let Some(addr) = cfg.metrics {
         let stats = fs.clone();
-        let served = rfs_proto::metrics::serve(addr, move || {
-            rfs_proto::metrics::render("rfs_client", &stats.stats_metrics())
+        let served = rfs_daemon::metrics::serve(addr, move || {
+            rfs_daemon::metrics::render("rfs_client", &stats.stats_metrics())
         });
         if let Err(e) = served {
             eprintln!("fs-client: {e}");

@@ -11,8 +11,8 @@ use rdmabox::rpc::RpcConfig;
 use rdmabox::size::parse_size;
 use rdmabox::transport::{ProviderKind, TransportConfig};
 use rdmabox::SessionConfig;
-use rfs_proto::logging::LogTarget;
-use rfs_proto::ClientConfig;
+use rfs_client::ClientConfig;
+use rfs_daemon::logging::LogTarget;
 
 /// Everything the client is configured with.
 #[derive(Clone, Debug)]

@@ -15,14 +15,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rdmabox::SessionConfig;
-use rfs_proto::backoff::Backoff;
+use rfs_daemon::backoff::Backoff;
+use rfs_daemon::patience::until_reachable;
 use rfs_proto::data::DataSession;
 use rfs_proto::frame::{recv_frame, send_frame};
 use rfs_proto::grant::{encode_grant_reply, GrantPool, GrantRequest, MAX_GRANT_FRAME};
 use rfs_proto::handshake::dial;
 use rfs_proto::hello::{Hello, Join, UNKNOWN_POOL};
 use rfs_proto::integrity;
-use rfs_proto::patience::until_reachable;
 use rfs_proto::session_key::SessionKey;
 
 use crate::config::invalid;

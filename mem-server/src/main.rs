@@ -13,9 +13,9 @@ use mem_server::config::NodeConfig;
 use mem_server::node::Node;
 use rdmabox::size::parse_size;
 use rdmabox::transport::{ProviderKind, TransportConfig, VerbsConfig};
-use rfs_proto::logging::{self, LogTarget};
-use rfs_proto::metrics;
-use rfs_proto::secret;
+use rfs_daemon::logging::{self, LogTarget};
+use rfs_daemon::metrics;
+use rfs_daemon::secret;
 use rfs_proto::types::{AttrChanges, MAX_REPLICAS};
 
 /// An rfs storage node: lends its RAM to clients for one-sided RDMA; the first node also runs

@@ -10,11 +10,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rdmabox::transport::{Access, Arrivals, Context, DeadlineStream, ProviderKind, QpCaps};
+use rfs_daemon::metrics::Metric;
 use rfs_proto::frame::send_frame;
 use rfs_proto::handshake;
 use rfs_proto::hello::{Data, Hello, PoolDescriptor};
 use rfs_proto::integrity;
-use rfs_proto::metrics::Metric;
 use rfs_proto::session_key::SessionKey;
 
 use crate::admission::{self, Admission, RateLimitedLog, Ticket};

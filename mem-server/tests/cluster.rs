@@ -8,6 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use rfs_client::Client;
 use rfs_e2e::{client, client_config, secret, MemServer};
 use rfs_proto::data::chunk_addr;
 use rfs_proto::message::{
@@ -18,7 +19,7 @@ use rfs_proto::types::{
     Attr, AttrChanges, Caller, ChunkRef, NodeInfo, Owner, Replicas, StatFs, MAY_READ, MAY_WRITE,
     ROOT,
 };
-use rfs_proto::{Client, Errno, MetadataChannel};
+use rfs_proto::{Errno, MetadataChannel};
 
 /// A metadata node with a short lease: departed clients' sessions end two leases after.
 fn meta(memory: &str) -> MemServer {

@@ -6,12 +6,13 @@ use std::time::{Duration, Instant};
 
 use rdmabox::transport::{RemoteAddr, WcStatus};
 use rdmabox::IoError;
+use rfs_client::Client;
 use rfs_e2e::{client, MemServer};
 use rfs_proto::message::{
     Allocate, AttachData, ChunkMap, Create, ListNodes, Open, Release, ReleaseMany, SetAttr,
 };
 use rfs_proto::types::{AttrChanges, Caller, ChunkRef, Owner, MAY_READ, MAY_WRITE, ROOT};
-use rfs_proto::{Client, MetadataChannel};
+use rfs_proto::MetadataChannel;
 
 const RW: u8 = MAY_READ | MAY_WRITE;
 const CHUNK: u64 = 1 << 20;

@@ -6,6 +6,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
+use rfs_client::Client;
 use rfs_e2e::{client, client_config, secret, MemServer};
 use rfs_proto::frame::recv_frame;
 use rfs_proto::handshake::dial;
@@ -16,7 +17,7 @@ use rfs_proto::message::{
     ReadDir, Release, Rename, SetAttr, SetLock, Unlink,
 };
 use rfs_proto::types::{Attr, AttrChanges, Caller, Owner, MAY_READ, MAY_WRITE, ROOT};
-use rfs_proto::{Client, Errno, MetadataChannel};
+use rfs_proto::{Errno, MetadataChannel};
 
 /// A line of /proc/PID/status, as a number (its first field).
 fn status(pid: u32, key: &str) -> u64 {

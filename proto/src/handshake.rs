@@ -141,10 +141,11 @@ pub fn connect_over(
         ));
     }
     if needs_auth && secret.is_none() {
-        return Err(denied(&format!(
-            "the node requires its shared secret: copy the node's secret file to {} (mode 0600) or pass --secret-file",
-            crate::secret::default_path().display()
-        )));
+        return Err(denied(
+            "the node requires its shared secret: copy the node's secret file to this host \
+             (mode 0600; by default /etc/rfs/secret for root, ~/.config/rfs/secret for others) \
+             or pass --secret-file",
+        ));
     }
     let client_nonce = nonce();
     let mut answer = client_nonce.to_vec();

@@ -99,7 +99,7 @@ fn state_dir(name: &str) -> PathBuf {
 /// The secret the first node created at the default path (every test node uses it).
 pub fn secret() -> Option<Vec<u8>> {
     Some(
-        rfs_proto::secret::for_peer(None)
+        rfs_daemon::secret::for_peer(None)
             .unwrap()
             .expect("a node created the secret"),
     )
@@ -107,20 +107,20 @@ pub fn secret() -> Option<Vec<u8>> {
 
 /// How protocol-level test clients connect: the tests' provider, the default secret, two queue
 /// pairs per data session.
-pub fn client_config() -> rfs_proto::ClientConfig {
+pub fn client_config() -> rfs_client::ClientConfig {
     let provider = transport().parse().expect("checked by transport()");
-    let mut cfg = rfs_proto::ClientConfig {
+    let mut cfg = rfs_client::ClientConfig {
         transport: rdmabox::transport::TransportConfig::with_provider(provider),
         secret: secret(),
-        ..rfs_proto::ClientConfig::default()
+        ..rfs_client::ClientConfig::default()
     };
     cfg.session.qps = 2;
     cfg
 }
 
 /// A protocol-level client of `node`.
-pub fn client(node: &MemServer) -> rfs_proto::Client {
-    rfs_proto::Client::connect(&node.addr.to_string(), client_config()).expect("client connects")
+pub fn client(node: &MemServer) -> rfs_client::Client {
+    rfs_client::Client::connect(&node.addr.to_string(), client_config()).expect("client connects")
 }
 
 /// A child's log (its stderr). With `RFS_E2E_LOG_DIR=DIR` (and `RUST_LOG`), a file of its own

@@ -5,11 +5,12 @@
 use std::sync::Arc;
 
 use rdmabox::Snapshot;
-use rfs_proto::client::{ListHeld, NoticeHandler};
+use rfs_client::Client;
+use rfs_client::{ListHeld, NoticeHandler};
 use rfs_proto::data::chunk_addr;
 use rfs_proto::data::DataSession;
 use rfs_proto::types::ChunkRef;
-use rfs_proto::{Client, Errno, MetadataChannel};
+use rfs_proto::{Errno, MetadataChannel};
 
 use super::error::Error;
 

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use rfs_proto::backoff::Backoff;
+use rfs_daemon::backoff::Backoff;
 use rfs_proto::message::{Allocate, ChunkMap};
 use rfs_proto::types::{Ino, Replicas};
 use rfs_proto::wire::MAX_LIST;

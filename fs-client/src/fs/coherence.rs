@@ -10,8 +10,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use rfs_client::{Held, Notice};
 use rfs_proto::callback::Callback;
-use rfs_proto::client::{Held, Notice};
 use rfs_proto::message::GetAttr;
 use rfs_proto::types::{Attr, Ino, Name, ROOT};
 

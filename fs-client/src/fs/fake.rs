@@ -657,9 +657,9 @@ impl Backend for Fake {
     }
 
     /// The fake makes no callbacks: the tests call `Rfs::on_callback` themselves.
-    fn on_notice(&self, _handler: rfs_proto::client::NoticeHandler) {}
+    fn on_notice(&self, _handler: rfs_client::NoticeHandler) {}
 
-    fn on_reclaim(&self, _held: rfs_proto::client::ListHeld) {}
+    fn on_reclaim(&self, _held: rfs_client::ListHeld) {}
 
     fn metadata_connected(&self) -> bool {
         !self.0.state.lock().unwrap().metadata_down

@@ -20,8 +20,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use rfs_proto::backoff::Backoff;
-use rfs_proto::client::HeldLock;
+use rfs_client::HeldLock;
+use rfs_daemon::backoff::Backoff;
 use rfs_proto::locks::{FileLock, LockSet, READ, UNLOCK, WRITE};
 use rfs_proto::message::{CancelWait, DropLocks, GetLock, SetLock};
 use rfs_proto::types::Ino;

@@ -44,6 +44,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
+use rfs_client::Client;
 use rfs_proto::message::{
     Call, GetAttr, GetStatFs, Link, Lookup, Made, Mkdir, Mknod, ReadDir, Readlink, Rename, Rmdir,
     SetAttr, Symlink, Unlink,
@@ -52,7 +53,7 @@ use rfs_proto::types::{
     Attr, AttrChanges, Caller, DirEntry, FileKind, Ino, Name, Owner, StatFs, MAY_WRITE, ROOT,
 };
 use rfs_proto::wire::MAX_LIST;
-use rfs_proto::{Client, Errno, MetadataChannel};
+use rfs_proto::{Errno, MetadataChannel};
 
 pub use backend::{Backend, DataDone, WriteBack};
 pub use coherence::KernelInval;

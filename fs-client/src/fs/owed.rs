@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-use rfs_proto::backoff::Backoff;
+use rfs_daemon::backoff::Backoff;
 use rfs_proto::types::Ino;
 use rfs_proto::Errno;
 

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use std::fmt::Write as _;
 
-use rfs_proto::metrics::Metric;
+use rfs_daemon::metrics::Metric;
 use rfs_proto::types::{Attr, FileKind, Timestamp};
 
 use super::backend::Backend;

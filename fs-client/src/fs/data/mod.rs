@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rfs_proto::backoff::Backoff;
+use rfs_daemon::backoff::Backoff;
 use rfs_proto::message::DropReplicas;
 use rfs_proto::types::{ChunkRef, Ino, Replicas};
 use rfs_proto::Errno;

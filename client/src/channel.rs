@@ -13,13 +13,13 @@ use rdmabox::connect_queue_pairs;
 use rdmabox::rpc::{self, RpcClient};
 use rdmabox::transport::{Context, DeadlineStream, ProtectionDomain};
 
-use crate::callback::{encode_ack, Callback, CALLBACK_RPC};
-use crate::client::config::{ClientConfig, Notice, NoticeHandler};
-use crate::frame::recv_frame;
-use crate::handshake::{dial, queue_pair_route};
-use crate::hello::{Hello, Metadata};
-use crate::integrity::{self, ANSWER, CALLBACK};
-use crate::session_key::SessionKey;
+use crate::config::{ClientConfig, Notice, NoticeHandler};
+use rfs_proto::callback::{encode_ack, Callback, CALLBACK_RPC};
+use rfs_proto::frame::recv_frame;
+use rfs_proto::handshake::{dial, queue_pair_route};
+use rfs_proto::hello::{Hello, Metadata};
+use rfs_proto::integrity::{self, ANSWER, CALLBACK};
+use rfs_proto::session_key::SessionKey;
 
 pub(crate) struct Channel {
     pub(crate) rpc: RpcClient,
@@ -141,10 +141,10 @@ mod tests {
 
     use rdmabox::transport::{ProviderKind, TransportConfig};
 
-    use crate::client::config::ClientConfig;
-    use crate::client::Client;
-    use crate::handshake::{accept, HANDSHAKE_TIMEOUT};
-    use crate::hello::Hello;
+    use crate::config::ClientConfig;
+    use crate::Client;
+    use rfs_proto::handshake::{accept, HANDSHAKE_TIMEOUT};
+    use rfs_proto::hello::Hello;
 
     /// A node that authenticates a client and takes its hello, then says nothing more (stopped,
     /// or stuck before it sets the session up): the client gives up after its connect timeout,
@@ -177,7 +177,7 @@ mod tests {
             .recv_timeout(Duration::from_secs(10))
             .expect("connect still waiting for a silent node after 10 s")
             .unwrap_err();
-        assert!(crate::patience::is_transient(&e), "{e}");
+        assert!(rfs_daemon::patience::is_transient(&e), "{e}");
         assert!(
             start.elapsed() < Duration::from_secs(5),
             "{:?}",

@@ -1,9 +1,9 @@
-//! The client side of the protocol: an authenticated metadata channel with typed calls, and
-//! data sessions to every data node, connected on first use. fs-client and the tests build on it.
+//! The rfs client runtime: an authenticated metadata channel with typed calls (reconnecting
+//! under the same client id, over [`channel`]), and data sessions to every data node, connected
+//! on first use. fs-client and the tests build on it; the protocol it speaks is `rfs-proto`.
 
 use std::collections::BTreeSet;
 use std::collections::HashMap;
-use std::fmt;
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -14,96 +14,32 @@ use rdmabox::rpc::RpcConfig;
 use rdmabox::transport::{Context, ProtectionDomain, TransportConfig};
 use rdmabox::{SessionConfig, Snapshot};
 
-use crate::backoff::Backoff;
-use crate::callback::Callback;
-use crate::channel::Channel;
-use crate::clock;
-use crate::data::DataSession;
-use crate::errno::Errno;
-use crate::integrity;
-use crate::locks::FileLock;
-use crate::message::{
-    decode_reply, encode_call, seal, AttachData, Call, Envelope, ListNodes, Reclaim, RequestOp,
-    SetLock,
+use rfs_daemon::backoff::Backoff;
+use rfs_proto::callback::Callback;
+use rfs_proto::clock;
+use rfs_proto::data::DataSession;
+use rfs_proto::integrity;
+use rfs_proto::locks::FileLock;
+use rfs_proto::message::{
+    decode_reply, encode_call, seal, AttachData, Envelope, ListNodes, Reclaim, RequestOp, SetLock,
 };
-use crate::types::Ino;
-use crate::wire::DecodeError;
-use crate::wire::MAX_LIST;
+use rfs_proto::types::Ino;
+use rfs_proto::wire::MAX_LIST;
+pub use rfs_proto::{CallError, MetadataChannel};
 
-pub(crate) mod config;
+use crate::channel::Channel;
+
+mod channel;
+mod config;
 mod data;
 mod metadata;
 
 pub use config::{ClientConfig, Held, HeldLock, ListHeld, Notice, NoticeHandler};
 
-/// Why a call gave no answer.
-#[derive(Debug)]
-pub enum CallError {
-    /// The service answered with an error number.
-    Remote(Errno),
-    /// The channel failed: connection lost, no reply in time.
-    Transport(io::Error),
-    /// The reply was not a valid answer to the call.
-    Malformed(DecodeError),
-    /// A data node is unknown, gone, or could not be reached.
-    NoDataNode {
-        /// The node's id.
-        node: u32,
-        /// Why.
-        why: String,
-    },
-}
-
-impl CallError {
-    /// What the file system tells the application: the service's answer, or EIO.
-    pub fn errno(&self) -> Errno {
-        match self {
-            CallError::Remote(e) => *e,
-            _ => Errno::EIO,
-        }
-    }
-}
-
-impl fmt::Display for CallError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            CallError::Remote(e) => write!(f, "{e}"),
-            CallError::Transport(e) => write!(f, "metadata channel: {e}"),
-            CallError::Malformed(e) => write!(f, "metadata reply: {e}"),
-            CallError::NoDataNode { node, why } => write!(f, "data node {node}: {why}"),
-        }
-    }
-}
-
-impl std::error::Error for CallError {}
-
 fn resolve(addr: &str) -> io::Result<SocketAddr> {
     addr.to_socket_addrs()?
         .next()
         .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("cannot resolve {addr}")))
-}
-
-/// What carries metadata calls: the RPC channel of a [`Client`], or a test's stand-in.
-pub trait MetadataChannel {
-    /// Sends one encoded request and returns the encoded reply.
-    fn exchange(&self, request: &[u8]) -> io::Result<Vec<u8>>;
-
-    /// One metadata call and its typed answer. Failures are the caller's to log, once.
-    fn call<C: Call + fmt::Debug>(&self, req: C) -> Result<C::Reply, CallError>
-    where
-        Self: Sized,
-    {
-        let raw = self
-            .exchange(&encode_call(&req))
-            .map_err(|e| CallError::Transport(io::Error::new(e.kind(), format!("{req:?}: {e}"))))?;
-        match decode_reply::<C>(&raw) {
-            Ok(r) => r.map_err(CallError::Remote),
-            Err(e) => Err(CallError::Malformed(DecodeError(format!(
-                "reply to {req:?}: {}",
-                e.0
-            )))),
-        }
-    }
 }
 
 /// Calls under way, by sequence number: the service keeps the replies of those at or above

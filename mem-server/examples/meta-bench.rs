@@ -1,7 +1,7 @@
 //! meta-bench: metadata RPC round-trip latency and metadata operations per second against an
 //! in-process metadata node (loopback, chosen transport).
 //!
-//!   cargo run --release -p mem-server --bin meta-bench -- [--transport tcp] [--ops 20000]
+//!   cargo run --release -p mem-server --example meta-bench -- [--transport tcp] [--ops 20000]
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -10,9 +10,10 @@ use clap::Parser;
 use mem_server::config::NodeConfig;
 use mem_server::node::Node;
 use rdmabox::transport::{ProviderKind, TransportConfig};
+use rfs_client::{Client, ClientConfig};
 use rfs_proto::message::{GetAttr, Mknod, Unlink};
 use rfs_proto::types::{Caller, FileKind, Name, Owner, ROOT};
-use rfs_proto::{Client, ClientConfig, MetadataChannel};
+use rfs_proto::MetadataChannel;
 
 #[derive(Parser)]
 struct Args {
