@@ -55,7 +55,7 @@ pub type HeldLock = (Ino, u64, FileLock);
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Held {
     /// Open handles, as (inode, access).
-    pub handles: Vec<(Ino, u8)>,
+    pub handles: Vec<(Ino, FileAccess)>,
     pub locks: Vec<HeldLock>,
 }
 

@@ -23,7 +23,7 @@ use rfs_proto::locks::FileLock;
 use rfs_proto::message::{
     decode_reply, encode_call, seal, AttachData, Envelope, ListNodes, Reclaim, RequestOp, SetLock,
 };
-use rfs_proto::types::Ino;
+use rfs_proto::types::{FileAccess, Ino};
 use rfs_proto::wire::MAX_LIST;
 pub use rfs_proto::{CallError, MetadataChannel};
 

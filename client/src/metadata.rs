@@ -123,7 +123,7 @@ impl Client {
     pub(super) fn reclaim_handles(
         &self,
         channel: &Channel,
-        handles: &[(Ino, u8)],
+        handles: &[(Ino, FileAccess)],
         deadline: Instant,
     ) {
         let mut taken = 0;

@@ -5,8 +5,7 @@
 //! a chunk map (and with it the data) reachable only through an open that passed them.
 
 use rfs_proto::types::{
-    Attr, AttrChanges, Caller, FileKind, Owner, MAX_GROUPS, MAY_EXEC, MAY_READ, MAY_WRITE,
-    RENAME_EXCHANGE,
+    Attr, AttrChanges, Caller, FileAccess, FileKind, Owner, MAX_GROUPS, RENAME_EXCHANGE,
 };
 use rfs_proto::Errno;
 
@@ -57,12 +56,14 @@ fn in_group(c: &Caller, gid: u32) -> bool {
     c.gid == gid || c.groups.contains(&gid)
 }
 
-/// Whether `c` may have `want` (MAY_READ | MAY_WRITE | MAY_EXEC) on a file with attributes
-/// `a`: the owner's bits for the owner, the group's for a member, the others' for anyone else;
-/// root reads and writes anything, and executes what has any execute bit.
-pub fn may(a: &Attr, c: &Caller, want: u8) -> bool {
+/// Whether `c` may have `want` on a file with attributes `a`: the owner's bits for the owner,
+/// the group's for a member, the others' for anyone else; root reads and writes anything, and
+/// executes what has any execute bit.
+pub fn may(a: &Attr, c: &Caller, want: FileAccess) -> bool {
     if c.uid == 0 {
-        return want & MAY_EXEC == 0 || a.perm & 0o111 != 0 || a.kind == FileKind::Directory;
+        return !want.contains(FileAccess::EXEC)
+            || a.perm & 0o111 != 0
+            || a.kind == FileKind::Directory;
     }
     let perm = a.perm as u32;
     let bits = if c.uid == a.uid {
@@ -72,21 +73,22 @@ pub fn may(a: &Attr, c: &Caller, want: u8) -> bool {
     } else {
         perm
     } & 7;
-    bits as u8 & want == want
+    FileAccess::from_bits_truncate(bits as u8).contains(want)
 }
 
-/// Checks that an open asks for reading, writing, executing or a mix, and nothing else.
-pub fn check_access_bits(access: u8) -> Result<(), Errno> {
-    if access == 0 || access & !(MAY_READ | MAY_WRITE | MAY_EXEC) != 0 {
+/// Checks that an open asks for reading, writing, executing or a mix (the wire admits no other
+/// bits).
+pub fn check_access_bits(access: FileAccess) -> Result<(), Errno> {
+    if access.is_empty() {
         return Err(Errno::EINVAL);
     }
     Ok(())
 }
 
 /// Checks an open of a file with attributes `a` for `access`.
-pub fn check_open(a: &Attr, c: &Caller, access: u8) -> Result<(), Errno> {
+pub fn check_open(a: &Attr, c: &Caller, access: FileAccess) -> Result<(), Errno> {
     check_access_bits(access)?;
-    if a.kind == FileKind::Directory && access & MAY_WRITE != 0 {
+    if a.kind == FileKind::Directory && access.contains(FileAccess::WRITE) {
         return Err(Errno::EISDIR);
     }
     if !may(a, c, access) {
@@ -100,7 +102,7 @@ pub fn check_open(a: &Attr, c: &Caller, access: u8) -> Result<(), Errno> {
 pub fn check_setattr(a: &Attr, c: &Caller, s: &AttrChanges, writing: bool) -> Result<(), Errno> {
     let root = c.uid == 0;
     let owner = root || c.uid == a.uid;
-    let can_write = writing || may(a, c, MAY_WRITE);
+    let can_write = writing || may(a, c, FileAccess::WRITE);
     // A write by someone else clears set-ID bits (the kernel, or the client for writes that go
     // around the page cache, asks for that as a chmod in the writer's name); anything more is
     // the owner's.
@@ -134,20 +136,20 @@ pub fn check_setattr(a: &Attr, c: &Caller, s: &AttrChanges, writing: bool) -> Re
 /// client lets root through every directory; under root squash this is root's only check.
 /// A `dir` that is not a directory passes: the namespace answers ENOTDIR.
 pub fn check_search(dir: &Attr, c: &Caller) -> Result<(), Errno> {
-    check_dir(dir, c, MAY_EXEC)
+    check_dir(dir, c, FileAccess::EXEC)
 }
 
 /// Checks that `c` may list directory `dir` (read permission).
 pub fn check_list(dir: &Attr, c: &Caller) -> Result<(), Errno> {
-    check_dir(dir, c, MAY_READ)
+    check_dir(dir, c, FileAccess::READ)
 }
 
 /// Checks that `c` may add names to directory `dir` or take them out (write and search).
 pub fn check_change(dir: &Attr, c: &Caller) -> Result<(), Errno> {
-    check_dir(dir, c, MAY_WRITE | MAY_EXEC)
+    check_dir(dir, c, FileAccess::WRITE | FileAccess::EXEC)
 }
 
-fn check_dir(dir: &Attr, c: &Caller, want: u8) -> Result<(), Errno> {
+fn check_dir(dir: &Attr, c: &Caller, want: FileAccess) -> Result<(), Errno> {
     if dir.kind != FileKind::Directory || may(dir, c, want) {
         Ok(())
     } else {
@@ -177,8 +179,9 @@ pub fn check_rename(
 ) -> Result<(), Errno> {
     check_change(from, c)?;
     check_change(to, c)?;
-    let moves_away =
-        |d: &Attr| d.kind == FileKind::Directory && from.ino != to.ino && !may(d, c, MAY_WRITE);
+    let moves_away = |d: &Attr| {
+        d.kind == FileKind::Directory && from.ino != to.ino && !may(d, c, FileAccess::WRITE)
+    };
     if let Some(src) = src {
         check_sticky(from, src, c)?;
         if moves_away(src) {
@@ -238,18 +241,25 @@ mod tests {
     #[test]
     fn the_owner_group_and_other_bits_decide_in_that_order() {
         let f = file(0o640, 1000, 100);
-        assert!(may(&f, &who(1000, 1, &[]), MAY_READ | MAY_WRITE));
-        assert!(may(&f, &who(2000, 100, &[]), MAY_READ));
-        assert!(!may(&f, &who(2000, 100, &[]), MAY_WRITE));
+        assert!(may(
+            &f,
+            &who(1000, 1, &[]),
+            FileAccess::READ | FileAccess::WRITE
+        ));
+        assert!(may(&f, &who(2000, 100, &[]), FileAccess::READ));
+        assert!(!may(&f, &who(2000, 100, &[]), FileAccess::WRITE));
         assert!(
-            may(&f, &who(2000, 5, &[7, 100]), MAY_READ),
+            may(&f, &who(2000, 5, &[7, 100]), FileAccess::READ),
             "a supplementary group"
         );
-        assert!(!may(&f, &who(2000, 5, &[7]), MAY_READ));
-        assert!(may(&f, &who(0, 0, &[]), MAY_READ | MAY_WRITE), "root");
+        assert!(!may(&f, &who(2000, 5, &[7]), FileAccess::READ));
+        assert!(
+            may(&f, &who(0, 0, &[]), FileAccess::READ | FileAccess::WRITE),
+            "root"
+        );
         // The owner's bits hold for the owner even when others may do more.
         let odd = file(0o047, 1000, 100);
-        assert!(!may(&odd, &who(1000, 100, &[]), MAY_READ));
+        assert!(!may(&odd, &who(1000, 100, &[]), FileAccess::READ));
     }
 
     fn dir(perm: u16, uid: u32) -> Attr {
@@ -362,36 +372,41 @@ mod tests {
     fn opens_check_access_kind_and_mode() {
         let f = file(0o600, 1000, 100);
         assert_eq!(
-            check_open(&f, &who(2000, 100, &[]), MAY_READ),
+            check_open(&f, &who(2000, 100, &[]), FileAccess::READ),
             Err(Errno::EACCES)
         );
         assert_eq!(
-            check_open(&f, &who(1000, 1, &[]), MAY_READ | MAY_WRITE),
+            check_open(&f, &who(1000, 1, &[]), FileAccess::READ | FileAccess::WRITE),
             Ok(())
         );
-        assert_eq!(check_open(&f, &who(1000, 1, &[]), 0), Err(Errno::EINVAL));
-        assert_eq!(check_open(&f, &who(1000, 1, &[]), 8), Err(Errno::EINVAL));
+        assert_eq!(
+            check_open(&f, &who(1000, 1, &[]), FileAccess::empty()),
+            Err(Errno::EINVAL)
+        );
         // execve needs the execute bit, not the read bit; root needs some execute bit.
         let tool = file(0o711, 1000, 100);
-        assert_eq!(check_open(&tool, &who(2000, 5, &[]), MAY_EXEC), Ok(()));
         assert_eq!(
-            check_open(&tool, &who(2000, 5, &[]), MAY_READ),
+            check_open(&tool, &who(2000, 5, &[]), FileAccess::EXEC),
+            Ok(())
+        );
+        assert_eq!(
+            check_open(&tool, &who(2000, 5, &[]), FileAccess::READ),
             Err(Errno::EACCES)
         );
         assert_eq!(
-            check_open(&f, &who(0, 0, &[]), MAY_EXEC),
+            check_open(&f, &who(0, 0, &[]), FileAccess::EXEC),
             Err(Errno::EACCES)
         );
-        assert_eq!(check_open(&tool, &who(0, 0, &[]), MAY_EXEC), Ok(()));
+        assert_eq!(check_open(&tool, &who(0, 0, &[]), FileAccess::EXEC), Ok(()));
         let d = Attr {
             kind: FileKind::Directory,
             ..file(0o777, 0, 0)
         };
         assert_eq!(
-            check_open(&d, &who(1, 1, &[]), MAY_WRITE),
+            check_open(&d, &who(1, 1, &[]), FileAccess::WRITE),
             Err(Errno::EISDIR)
         );
-        assert_eq!(check_open(&d, &who(1, 1, &[]), MAY_READ), Ok(()));
+        assert_eq!(check_open(&d, &who(1, 1, &[]), FileAccess::READ), Ok(()));
     }
 
     #[test]
@@ -483,7 +498,7 @@ mod tests {
             (c.uid, c.gid, &c.groups[..]),
             (NOBODY, NOBODY, &[NOBODY, 5][..])
         );
-        assert!(!may(&file(0o600, 0, 0), &c, MAY_READ));
+        assert!(!may(&file(0o600, 0, 0), &c, FileAccess::READ));
         let o = p.owner(Owner {
             perm: 0o600,
             uid: 0,

@@ -16,8 +16,7 @@ use rfs_proto::message::{
     ListNodes, Lookup, Mkdir, Open, ReadDir, Release, SetAttr, Unlink,
 };
 use rfs_proto::types::{
-    Attr, AttrChanges, Caller, ChunkRef, NodeInfo, Owner, Replicas, StatFs, MAY_READ, MAY_WRITE,
-    ROOT,
+    Attr, AttrChanges, Caller, ChunkRef, FileAccess, NodeInfo, Owner, Replicas, StatFs, ROOT,
 };
 use rfs_proto::{Errno, MetadataChannel};
 
@@ -31,7 +30,7 @@ fn data(meta: &MemServer, memory: &str) -> MemServer {
     MemServer::start(&["--memory", memory, "--join", &m])
 }
 
-const RW: u8 = MAY_READ | MAY_WRITE;
+const RW: FileAccess = FileAccess::READ.union(FileAccess::WRITE);
 
 /// Creates a file and opens it for reading and writing (chunk maps come only through a handle).
 fn create(c: &Client, name: &str) -> u64 {

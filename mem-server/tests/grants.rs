@@ -11,10 +11,10 @@ use rfs_e2e::{client, MemServer};
 use rfs_proto::message::{
     Allocate, AttachData, ChunkMap, Create, ListNodes, Open, Release, ReleaseMany, SetAttr,
 };
-use rfs_proto::types::{AttrChanges, Caller, ChunkRef, Owner, MAY_READ, MAY_WRITE, ROOT};
+use rfs_proto::types::{AttrChanges, Caller, ChunkRef, FileAccess, Owner, ROOT};
 use rfs_proto::MetadataChannel;
 
-const RW: u8 = MAY_READ | MAY_WRITE;
+const RW: FileAccess = FileAccess::READ.union(FileAccess::WRITE);
 const CHUNK: u64 = 1 << 20;
 
 fn owner() -> Caller {
@@ -92,7 +92,7 @@ fn file(c: &Client, name: &str, chunks: u32) -> (u64, Vec<ChunkRef>) {
 fn open_for_reading(c: &Client, ino: u64) {
     c.call(Open {
         ino,
-        access: MAY_READ,
+        access: FileAccess::READ,
         caller: owner(),
     })
     .unwrap();
@@ -199,7 +199,7 @@ fn grants_follow_the_handle_and_end_with_close_and_truncate() {
     reader
         .call(Release {
             ino,
-            access: MAY_READ,
+            access: FileAccess::READ,
         })
         .unwrap();
     for ch in &granted {
@@ -350,7 +350,7 @@ fn closes_sent_together_each_take_back_what_a_lone_close_would() {
     // a handle this client never had.
     let closed = c
         .call(ReleaseMany {
-            handles: vec![(a, RW), (b, RW), (b, MAY_READ)],
+            handles: vec![(a, RW), (b, RW), (b, FileAccess::READ)],
         })
         .unwrap();
     assert_eq!(closed, 2, "the close of a handle not held is skipped");
@@ -364,7 +364,7 @@ fn closes_sent_together_each_take_back_what_a_lone_close_would() {
     // Each close counted once: a's reading handle is the last one.
     assert_eq!(
         c.call(ReleaseMany {
-            handles: vec![(a, MAY_READ), (a, MAY_READ)],
+            handles: vec![(a, FileAccess::READ), (a, FileAccess::READ)],
         })
         .unwrap(),
         1

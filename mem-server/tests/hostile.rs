@@ -11,12 +11,12 @@ use rfs_e2e::{client, client_config, secret, MemServer};
 use rfs_proto::frame::recv_frame;
 use rfs_proto::handshake::dial;
 use rfs_proto::hello::{Data, Hello, Join};
-use rfs_proto::locks::{FileLock, TO_END, UNLOCK, WRITE};
+use rfs_proto::locks::{FileLock, LockKind, TO_END};
 use rfs_proto::message::{
-    Allocate, ChunkMap, Create, DropLocks, GetAttr, GetLock, GetStatFs, Link, Lookup, Mkdir, Open,
-    ReadDir, Release, Rename, SetAttr, SetLock, Unlink,
+    decode_reply, encode_call, Allocate, ChunkMap, Create, DropLocks, GetAttr, GetLock, GetStatFs,
+    Link, Lookup, Mkdir, Open, ReadDir, Release, Rename, SetAttr, SetLock, Unlink,
 };
-use rfs_proto::types::{Attr, AttrChanges, Caller, Owner, MAY_READ, MAY_WRITE, ROOT};
+use rfs_proto::types::{Attr, AttrChanges, Caller, FileAccess, Owner, ROOT};
 use rfs_proto::{Errno, MetadataChannel};
 
 /// A line of /proc/PID/status, as a number (its first field).
@@ -291,14 +291,14 @@ fn create_private(c: &Client, name: &str, uid: u32) -> Attr {
             uid,
             gid: uid,
         },
-        access: MAY_READ | MAY_WRITE,
+        access: FileAccess::READ | FileAccess::WRITE,
         caller: user(0),
     })
     .unwrap()
     .attr
 }
 
-fn open_as(c: &Client, ino: u64, access: u8, who: Caller) -> Result<(), Errno> {
+fn open_as(c: &Client, ino: u64, access: FileAccess, who: Caller) -> Result<(), Errno> {
     c.call(Open {
         ino,
         access,
@@ -330,10 +330,13 @@ fn a_client_reaches_only_what_it_opened_as_the_mode_allows() {
     assert_eq!(map.map_err(|e| e.errno()), Err(Errno::EBADF));
     // The mode decides who gets a handle.
     assert_eq!(
-        open_as(&other, private, MAY_READ, user(2000)),
+        open_as(&other, private, FileAccess::READ, user(2000)),
         Err(Errno::EACCES)
     );
-    assert_eq!(open_as(&other, private, MAY_READ, user(1000)), Ok(()));
+    assert_eq!(
+        open_as(&other, private, FileAccess::READ, user(1000)),
+        Ok(())
+    );
     // A read-only handle maps, but does not allocate (or write sizes).
     assert_eq!(
         other
@@ -383,9 +386,12 @@ fn a_client_reaches_only_what_it_opened_as_the_mode_allows() {
         gid: 3000,
         groups: vec![7, 1000],
     };
-    assert_eq!(open_as(&other, private, MAY_READ, member.clone()), Ok(()));
     assert_eq!(
-        open_as(&other, private, MAY_WRITE, member),
+        open_as(&other, private, FileAccess::READ, member.clone()),
+        Ok(())
+    );
+    assert_eq!(
+        open_as(&other, private, FileAccess::WRITE, member),
         Err(Errno::EACCES)
     );
 }
@@ -399,10 +405,13 @@ fn root_squash_makes_root_an_ordinary_user() {
     assert_eq!((made.uid, made.gid), (65534, 65534), "created as nobody");
     let theirs = create_private(&c, "g", 1000);
     assert_eq!(
-        open_as(&c, theirs.ino, MAY_READ, user(0)),
+        open_as(&c, theirs.ino, FileAccess::READ, user(0)),
         Err(Errno::EACCES)
     );
-    assert_eq!(open_as(&c, theirs.ino, MAY_READ, user(1000)), Ok(()));
+    assert_eq!(
+        open_as(&c, theirs.ino, FileAccess::READ, user(1000)),
+        Ok(())
+    );
 
     // A client's kernel lets root through every directory: the node is what stops it (an
     // adversarial review listed, made, removed and moved files in another user's 0700
@@ -428,7 +437,7 @@ fn root_squash_makes_root_an_ordinary_user() {
             parent: dir,
             name: "a".into(),
             owner: private,
-            access: MAY_WRITE,
+            access: FileAccess::WRITE,
             caller: alice.clone(),
         })
         .unwrap()
@@ -453,7 +462,7 @@ fn root_squash_makes_root_an_ordinary_user() {
         parent: dir,
         name: name("planted"),
         owner: private,
-        access: MAY_WRITE,
+        access: FileAccess::WRITE,
         caller: root.clone(),
     });
     assert_eq!(refused(planted.map(drop)), Err(Errno::EACCES), "create");
@@ -514,7 +523,7 @@ fn a_client_locks_only_files_it_has_open_and_its_last_close_drops_its_locks() {
     let whole = FileLock {
         start: 0,
         end: TO_END,
-        kind: WRITE,
+        kind: LockKind::Write,
         pid: 4242,
     };
     let set = |c: &Client, lock: FileLock, reclaim: bool| {
@@ -539,8 +548,28 @@ fn a_client_locks_only_files_it_has_open_and_its_last_close_drops_its_locks() {
         lock: whole,
     });
     assert_eq!(asked.map_err(|e| e.errno()), Err(Errno::EBADF));
-    let bad_kind = FileLock { kind: 3, ..whole };
-    assert_eq!(set(&owner, bad_kind, false), Err(Errno::EINVAL));
+    // A kind the protocol does not know cannot be built, only sent: a malformed request.
+    let encoded = |kind| {
+        encode_call(&SetLock {
+            ino,
+            owner: 1,
+            lock: FileLock { kind, ..whole },
+            wait: false,
+            reclaim: false,
+        })
+    };
+    let (mut bad_kind, read) = (encoded(LockKind::Write), encoded(LockKind::Read));
+    let at = bad_kind
+        .iter()
+        .zip(&read)
+        .position(|(a, b)| a != b)
+        .unwrap();
+    bad_kind[at] = 3;
+    let answer = owner.exchange(&bad_kind).unwrap();
+    assert_eq!(
+        decode_reply::<SetLock>(&answer).unwrap(),
+        Err(Errno::EPROTO)
+    );
     let backwards = FileLock {
         start: 9,
         end: 8,
@@ -554,7 +583,7 @@ fn a_client_locks_only_files_it_has_open_and_its_last_close_drops_its_locks() {
     );
 
     assert_eq!(set(&owner, whole, false), Ok(None));
-    open_as(&other, ino, MAY_READ, user(0)).unwrap();
+    open_as(&other, ino, FileAccess::READ, user(0)).unwrap();
     let theirs = FileLock { pid: 0, ..whole };
     assert_eq!(
         set(&other, whole, false),
@@ -565,7 +594,7 @@ fn a_client_locks_only_files_it_has_open_and_its_last_close_drops_its_locks() {
     owner
         .call(Release {
             ino,
-            access: MAY_READ | MAY_WRITE,
+            access: FileAccess::READ | FileAccess::WRITE,
         })
         .unwrap();
     assert_eq!(set(&other, whole, false), Ok(None), "the close dropped it");
@@ -574,7 +603,7 @@ fn a_client_locks_only_files_it_has_open_and_its_last_close_drops_its_locks() {
         set(
             &other,
             FileLock {
-                kind: UNLOCK,
+                kind: LockKind::Unlock,
                 ..whole
             },
             false

@@ -9,8 +9,8 @@
 use crate::errno::Errno;
 use crate::locks::FileLock;
 use crate::types::{
-    Attr, AttrChanges, Caller, ChunkRef, DirEntry, FileKind, Ino, Name, NodeInfo, Owner, Replicas,
-    StatFs,
+    Attr, AttrChanges, Caller, ChunkRef, DirEntry, FileAccess, FileKind, Ino, Name, NodeInfo,
+    Owner, Replicas, StatFs,
 };
 use crate::wire::{bad, DecodeError, Reader, Wire, Writer};
 use crate::{wire_enum, wire_struct};
@@ -112,11 +112,11 @@ wire_struct! {
 }
 
 wire_struct! {
-    /// Opens a handle on a file for `access` ([`crate::types::MAY_READ`], `MAY_WRITE`), if the
+    /// Opens a handle on a file for `access` ([`crate::types::FileAccess::READ`], `FileAccess::WRITE`), if the
     /// file's mode lets `caller` have it: fresh attributes, the file lives while the handle
     /// does, and its chunk map may be fetched (written: allocated) while a handle is open.
     #[derive(Clone, Debug, PartialEq)]
-    pub struct Open { pub ino: Ino, pub access: u8, pub caller: Caller }
+    pub struct Open { pub ino: Ino, pub access: FileAccess, pub caller: Caller }
 }
 
 wire_struct! {
@@ -127,7 +127,7 @@ wire_struct! {
         pub parent: Ino,
         pub name: Name,
         pub owner: Owner,
-        pub access: u8,
+        pub access: FileAccess,
         pub caller: Caller,
     }
 }
@@ -143,7 +143,7 @@ wire_struct! {
 wire_struct! {
     /// Closes a handle taken by [`Open`] or [`Create`] with `access`.
     #[derive(Clone, Debug, PartialEq)]
-    pub struct Release { pub ino: Ino, pub access: u8 }
+    pub struct Release { pub ino: Ino, pub access: FileAccess }
 }
 
 wire_struct! {
@@ -215,7 +215,7 @@ wire_struct! {
     /// this client had open, each as (inode, access), without the permission checks they
     /// passed when they were opened. Answers how many files were still there.
     #[derive(Clone, Debug, PartialEq)]
-    pub struct Reclaim { pub handles: Vec<(Ino, u8)> }
+    pub struct Reclaim { pub handles: Vec<(Ino, FileAccess)> }
 }
 
 wire_struct! {
@@ -223,11 +223,11 @@ wire_struct! {
     /// client sends its closes together, off the path of the close. Answers how many of them
     /// were open (a close of a handle not held is skipped, as a lone one fails with EBADF).
     #[derive(Clone, Debug, PartialEq)]
-    pub struct ReleaseMany { pub handles: Vec<(Ino, u8)> }
+    pub struct ReleaseMany { pub handles: Vec<(Ino, FileAccess)> }
 }
 
 wire_struct! {
-    /// Sets, changes or removes (kind [`crate::locks::UNLOCK`]) a lock of `owner` (one of the
+    /// Sets, changes or removes (kind [`crate::locks::LockKind::Unlock`]) a lock of `owner` (one of the
     /// caller's: fcntl's lock owner, or the open file of a flock) on `ino`, which the session
     /// has open. Answers `None` once done, or a lock of another owner that conflicts (nothing
     /// changed): one held, or one that a caller who asked before with `wait` waits for (locks
@@ -577,7 +577,7 @@ mod tests {
             .into(),
             Open {
                 ino: 4,
-                access: 6,
+                access: FileAccess::READ | FileAccess::WRITE,
                 caller: Caller {
                     uid: 1,
                     gid: 2,
@@ -585,7 +585,11 @@ mod tests {
                 },
             }
             .into(),
-            Release { ino: 4, access: 4 }.into(),
+            Release {
+                ino: 4,
+                access: FileAccess::READ,
+            }
+            .into(),
             ChunkMap {
                 ino: 4,
                 first: 10,
@@ -611,7 +615,7 @@ mod tests {
                 parent: 1,
                 name: n(),
                 owner: OWNER,
-                access: 2,
+                access: FileAccess::WRITE,
                 caller: Caller::default(),
             }
             .into(),
@@ -631,11 +635,14 @@ mod tests {
             }
             .into(),
             Reclaim {
-                handles: vec![(4, 1), (u64::MAX, 3)],
+                handles: vec![
+                    (4, FileAccess::EXEC),
+                    (u64::MAX, FileAccess::WRITE | FileAccess::EXEC),
+                ],
             }
             .into(),
             ReleaseMany {
-                handles: vec![(4, 3), (5, 1)],
+                handles: vec![(4, FileAccess::READ), (5, FileAccess::all())],
             }
             .into(),
             SetLock {
@@ -660,7 +667,7 @@ mod tests {
     const LOCK: FileLock = FileLock {
         start: 1,
         end: crate::locks::TO_END,
-        kind: crate::locks::WRITE,
+        kind: crate::locks::LockKind::Write,
         pid: 42,
     };
 

@@ -200,12 +200,31 @@ wire_struct! {
 /// The most supplementary groups a caller may name (Linux's NGROUPS_MAX).
 pub const MAX_GROUPS: usize = 65536;
 
-/// Access to a file, in access(2)'s bits: what an open asks for and a handle holds.
-pub const MAY_READ: u8 = 4;
-/// See [`MAY_READ`].
-pub const MAY_WRITE: u8 = 2;
-/// See [`MAY_READ`]: an open by execve(2), which needs the execute bit and not the read bit.
-pub const MAY_EXEC: u8 = 1;
+bitflags::bitflags! {
+    /// Access to a file, in access(2)'s bits: what an open asks for, a handle holds and a
+    /// permission check wants. Bits the wire does not know make a request malformed (EPROTO).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub struct FileAccess: u8 {
+        /// Reading (R_OK).
+        const READ = 4;
+        /// Writing (W_OK).
+        const WRITE = 2;
+        /// Executing (X_OK): an open by execve(2) needs the execute bit and not the read bit;
+        /// on a directory, searching it.
+        const EXEC = 1;
+    }
+}
+
+impl Wire for FileAccess {
+    fn put(&self, w: &mut Writer) {
+        self.bits().put(w);
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let bits = u8::get(r)?;
+        FileAccess::from_bits(bits)
+            .map_or_else(|| bad(format!("unknown access bits {bits:#x}")), Ok)
+    }
+}
 
 wire_struct! {
     /// The attributes a setattr changes (chmod, chown, truncate, utimens); `None` keeps one.
@@ -324,6 +343,25 @@ impl DirEntry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn access_bits_are_access2s_and_no_others_decode() {
+        assert_eq!(
+            (
+                FileAccess::READ.bits(),
+                FileAccess::WRITE.bits(),
+                FileAccess::EXEC.bits()
+            ),
+            (libc::R_OK as u8, libc::W_OK as u8, libc::X_OK as u8)
+        );
+        for bits in 0..=u8::MAX {
+            let got = FileAccess::get(&mut Reader::new(&[bits]));
+            assert_eq!(got.is_ok(), bits < 8, "{bits:#x}: {got:?}");
+        }
+        let mut w = Writer(Vec::new());
+        (FileAccess::READ | FileAccess::EXEC).put(&mut w);
+        assert_eq!(w.0, [5]);
+    }
 
     #[test]
     fn names_are_bytes_and_entries_know_their_size() {

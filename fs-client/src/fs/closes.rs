@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use rfs_proto::message::{Release, ReleaseMany};
-use rfs_proto::types::Ino;
+use rfs_proto::types::{FileAccess, Ino};
 use rfs_proto::wire::MAX_LIST;
 
 use super::backend::Backend;
@@ -32,7 +32,7 @@ pub(crate) const LINGER: Duration = Duration::from_millis(2);
 
 enum Close {
     /// A handle of (inode, access) to give back.
-    Handle(Ino, u8),
+    Handle(Ino, FileAccess),
     /// Send what waits now, and say so.
     Flush(Sender<()>),
 }
@@ -45,19 +45,19 @@ pub(crate) struct Closes {
     /// Handles closed here and not yet given back, as (inode, access): a metadata node that
     /// restarts meanwhile is told of them with the open ones, so that the close, resent to
     /// it, closes them and not another handle of the same file.
-    unanswered: Mutex<Vec<(Ino, u8)>>,
+    unanswered: Mutex<Vec<(Ino, FileAccess)>>,
 }
 
 impl Closes {
     /// `f` of the handles closed and not given back yet, with their list held.
-    pub(crate) fn with_unanswered<R>(&self, f: impl FnOnce(&[(Ino, u8)]) -> R) -> R {
+    pub(crate) fn with_unanswered<R>(&self, f: impl FnOnce(&[(Ino, FileAccess)]) -> R) -> R {
         f(&self.unanswered.lock().unwrap())
     }
 
     /// Runs `take`, which takes a handle out of another list (None: it was not there), with
     /// the closes' list held, so that nobody sees the handle in neither list or in both; then
     /// lists it here as a close, if it was taken, and says whether it was.
-    pub(crate) fn listed(&self, take: impl FnOnce() -> Option<(Ino, u8)>) -> bool {
+    pub(crate) fn listed(&self, take: impl FnOnce() -> Option<(Ino, FileAccess)>) -> bool {
         let mut waiting = self.unanswered.lock().unwrap();
         match take() {
             Some(h) => {
@@ -68,7 +68,7 @@ impl Closes {
         }
     }
 
-    fn answered(&self, handles: &[(Ino, u8)]) {
+    fn answered(&self, handles: &[(Ino, FileAccess)]) {
         let mut waiting = self.unanswered.lock().unwrap();
         for h in handles {
             if let Some(i) = waiting.iter().position(|w| w == h) {
@@ -85,7 +85,7 @@ impl<B: Backend> Rfs<B> {
     pub(crate) fn close_listed_handle(
         self: &Arc<Self>,
         ino: Ino,
-        access: u8,
+        access: FileAccess,
         now: bool,
     ) -> Result<()> {
         let Some(queue) = self.closes_queue() else {
@@ -165,7 +165,7 @@ fn send_closes<B: Backend>(fs: Weak<Rfs<B>>, queue: Receiver<Close>) {
 /// One call for a batch of closes. A call already rides out reconnections within its
 /// deadline, so a batch that fails is left to the end of the session, which releases every
 /// handle it holds (and a node that restarted took them again: see [`Closes`]).
-fn give_back<B: Backend>(fs: &Rfs<B>, batch: &[(Ino, u8)]) {
+fn give_back<B: Backend>(fs: &Rfs<B>, batch: &[(Ino, FileAccess)]) {
     let n = batch.len();
     match fs.call(ReleaseMany {
         handles: batch.to_vec(),

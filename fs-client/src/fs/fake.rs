@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex};
 use rdmabox::transport::WcStatus;
 use rdmabox::Snapshot;
 use rfs_proto::message::{decode_reply, encode_reply, Call, Committed, Made, Request, RequestOp};
-use rfs_proto::types::{Attr, ChunkRef, FileKind, Ino, Owner, Replicas, StatFs, Timestamp, ROOT};
+use rfs_proto::types::{
+    Attr, ChunkRef, FileAccess, FileKind, Ino, Owner, Replicas, StatFs, Timestamp, ROOT,
+};
 use rfs_proto::wire::MAX_LIST;
 use rfs_proto::{Errno, MetadataChannel};
 
@@ -37,7 +39,7 @@ struct State {
     /// Calls to refuse once, by op (see [`FakeCluster::refuse_next`]).
     refuse_next: HashMap<RequestOp, Errno>,
     /// Handles given back, as (inode, access), in order.
-    released: Vec<(Ino, u8)>,
+    released: Vec<(Ino, FileAccess)>,
     failing_node: Option<u32>,
     /// Our session with this node is gone: transfers to it fail as over a closed session
     /// (a stale reference), and, if noticed, it reads as not connected.
@@ -155,7 +157,7 @@ impl FakeCluster {
     }
 
     /// The handles given back so far, as (inode, access).
-    pub(crate) fn released(&self) -> Vec<(Ino, u8)> {
+    pub(crate) fn released(&self) -> Vec<(Ino, FileAccess)> {
         self.state.lock().unwrap().released.clone()
     }
 

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use rfs_proto::types::{Attr, Caller, Ino, Owner, MAY_EXEC, MAY_READ, MAY_WRITE};
+use rfs_proto::types::{Attr, Caller, FileAccess, Ino, Owner};
 use rfs_proto::Errno;
 
 use super::{Backend, Result, Rfs, WriteDone, STATS_INO};
@@ -13,13 +13,13 @@ use crate::host::direct_writes_drop_cached_pages;
 /// The kernel's mark on the open(s) execve(2) makes (__FMODE_EXEC), which FUSE passes on.
 pub(crate) const FMODE_EXEC: i32 = 0x20;
 
-/// The access an open with `flags` asks for, in MAY_* bits.
-pub fn access(flags: i32) -> u8 {
+/// The access an open with `flags` asks for.
+pub fn access(flags: i32) -> FileAccess {
     match flags & libc::O_ACCMODE {
-        _ if flags & FMODE_EXEC != 0 => MAY_EXEC,
-        libc::O_WRONLY => MAY_WRITE,
-        libc::O_RDWR => MAY_READ | MAY_WRITE,
-        _ => MAY_READ,
+        _ if flags & FMODE_EXEC != 0 => FileAccess::EXEC,
+        libc::O_WRONLY => FileAccess::WRITE,
+        libc::O_RDWR => FileAccess::READ | FileAccess::WRITE,
+        _ => FileAccess::READ,
     }
 }
 
@@ -94,7 +94,7 @@ impl<B: Backend> Rfs<B> {
     /// Whether a handle opened with `flags` is one [`Self::page_cache_use`] sends around the
     /// page cache.
     fn goes_around_the_cache(&self, flags: i32) -> bool {
-        let write_only = access(flags) == MAY_WRITE && direct_writes_drop_cached_pages();
+        let write_only = access(flags) == FileAccess::WRITE && direct_writes_drop_cached_pages();
         (write_only || self.appends_at_the_nodes_end(flags)) && !self.writeback_cache
     }
 
@@ -105,7 +105,7 @@ impl<B: Backend> Rfs<B> {
     /// own offset. A handle that reads as well keeps the page cache, and with it mmap (the
     /// kernel maps no direct-I/O file here): its appends go where the kernel says.
     fn appends_at_the_nodes_end(&self, flags: i32) -> bool {
-        flags & libc::O_APPEND != 0 && access(flags) == MAY_WRITE && !self.writeback_cache
+        flags & libc::O_APPEND != 0 && access(flags) == FileAccess::WRITE && !self.writeback_cache
     }
 
     /// A write the kernel sends at `offset` for a handle opened with `flags`: it lands where

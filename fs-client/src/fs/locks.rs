@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use rfs_client::HeldLock;
 use rfs_daemon::backoff::Backoff;
-use rfs_proto::locks::{FileLock, LockSet, READ, UNLOCK, WRITE};
+use rfs_proto::locks::{FileLock, LockKind, LockSet};
 use rfs_proto::message::{CancelWait, DropLocks, GetLock, SetLock};
 use rfs_proto::types::Ino;
 use rfs_proto::{Errno, MetadataChannel};
@@ -111,7 +111,7 @@ impl Locks {
         files.get(&ino).is_some_and(|f| {
             f.granted
                 .iter()
-                .any(|&(o, l)| o == owner && l.kind == WRITE)
+                .any(|&(o, l)| o == owner && l.kind == LockKind::Write)
         })
     }
 
@@ -203,7 +203,7 @@ impl Locks {
                 f.granted.set(
                     owner,
                     FileLock {
-                        kind: UNLOCK,
+                        kind: LockKind::Unlock,
                         ..lock
                     },
                 );
@@ -234,7 +234,9 @@ impl<B: Backend> Rfs<B> {
         lock: FileLock,
         wait: bool,
     ) -> Result<Option<FileLock>> {
-        if lock.kind == UNLOCK || (lock.kind == READ && self.locks.holds_write(ino, owner)) {
+        if lock.kind == LockKind::Unlock
+            || (lock.kind == LockKind::Read && self.locks.holds_write(ino, owner))
+        {
             if let Err(e) = self.commit_reporting(ino, false) {
                 log::warn!("inode {ino}: writes not committed before a lock went: {e}");
             }

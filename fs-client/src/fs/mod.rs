@@ -50,7 +50,7 @@ use rfs_proto::message::{
     SetAttr, Symlink, Unlink,
 };
 use rfs_proto::types::{
-    Attr, AttrChanges, Caller, DirEntry, FileKind, Ino, Name, Owner, StatFs, MAY_WRITE, ROOT,
+    Attr, AttrChanges, Caller, DirEntry, FileAccess, FileKind, Ino, Name, Owner, StatFs, ROOT,
 };
 use rfs_proto::wire::MAX_LIST;
 use rfs_proto::{Errno, MetadataChannel};
@@ -92,7 +92,7 @@ pub struct Rfs<B: Backend = Client> {
     /// callback or a lost connection says they may be stale.
     page_versions: Mutex<HashMap<Ino, PageVersion>>,
     /// Open handles: the file and the access each was opened with.
-    handles: Mutex<HashMap<u64, (Ino, u8)>>,
+    handles: Mutex<HashMap<u64, (Ino, FileAccess)>>,
     next_fh: AtomicU64,
     /// Whose turn it is among a chunk's replicas, for the next read.
     next_replica: AtomicUsize,
@@ -311,7 +311,9 @@ impl<B: Backend> Rfs<B> {
         // Chunk maps come only through a handle: a truncate without a writable one here opens
         // one (which checks that the caller may write) before zeroing the cut chunk's tail.
         let temporary = match changes.size {
-            Some(_) if !self.has_writable_handle(ino) => Some(self.open(ino, MAY_WRITE, caller)?.0),
+            Some(_) if !self.has_writable_handle(ino) => {
+                Some(self.open(ino, FileAccess::WRITE, caller)?.0)
+            }
             _ => None,
         };
         let result = self.truncate_and_set(ino, changes, caller);

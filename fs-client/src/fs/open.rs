@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use rfs_proto::message::{Commit, Committed, Create, GetAttr, Open};
-use rfs_proto::types::{Attr, Caller, FileKind, Ino, Owner, Timestamp, MAY_WRITE};
+use rfs_proto::types::{Attr, Caller, FileAccess, FileKind, Ino, Owner, Timestamp};
 use rfs_proto::Errno;
 
 use super::backend::Backend;
@@ -125,7 +125,7 @@ impl<B: Backend> Rfs<B> {
     pub fn open_keeping_cache(
         &self,
         ino: Ino,
-        access: u8,
+        access: FileAccess,
         caller: &Caller,
     ) -> Result<(u64, Attr, bool)> {
         if ino == STATS_INO {
@@ -187,10 +187,10 @@ impl<B: Backend> Rfs<B> {
         }
     }
 
-    /// Opens a file for `access` (MAY_READ, MAY_WRITE) on behalf of `caller`: fresh
+    /// Opens a file for `access` (FileAccess::READ, FileAccess::WRITE) on behalf of `caller`: fresh
     /// attributes and chunk map (close-to-open), and a handle. The metadata node checks the
     /// file's mode, and gives chunk maps only while a handle is open.
-    pub fn open(&self, ino: Ino, access: u8, caller: &Caller) -> Result<(u64, Attr)> {
+    pub fn open(&self, ino: Ino, access: FileAccess, caller: &Caller) -> Result<(u64, Attr)> {
         self.open_keeping_cache(ino, access, caller)
             .map(|(fh, attr, _)| (fh, attr))
     }
@@ -201,7 +201,7 @@ impl<B: Backend> Rfs<B> {
         parent: Ino,
         name: &[u8],
         owner: Owner,
-        access: u8,
+        access: FileAccess,
         caller: &Caller,
     ) -> Result<(u64, Attr)> {
         super::not_the_stats_file(parent, name)?;
@@ -234,7 +234,7 @@ impl<B: Backend> Rfs<B> {
         parent: Ino,
         name: &[u8],
         owner: Owner,
-        access: u8,
+        access: FileAccess,
         caller: &Caller,
     ) -> Result<(u64, Attr)> {
         let mut tries = 0;
@@ -250,7 +250,7 @@ impl<B: Backend> Rfs<B> {
     }
 
     /// A handle the metadata node granted.
-    fn opened(&self, attr: Attr, access: u8) -> (u64, Attr) {
+    fn opened(&self, attr: Attr, access: FileAccess) -> (u64, Attr) {
         let ino = attr.ino;
         if attr.kind == FileKind::RegularFile {
             self.chunks.forget(ino, 0);
@@ -266,7 +266,7 @@ impl<B: Backend> Rfs<B> {
     }
 
     /// Every handle open, as (inode, access), with those closed and not yet given back.
-    pub(crate) fn open_handles(&self) -> Vec<(Ino, u8)> {
+    pub(crate) fn open_handles(&self) -> Vec<(Ino, FileAccess)> {
         // Every list held at once: a handle moves from one to the next (open, owed, closing)
         // under the locks of both, so it is listed exactly once.
         let handles = self.handles.lock().unwrap();
@@ -284,7 +284,7 @@ impl<B: Backend> Rfs<B> {
             .lock()
             .unwrap()
             .values()
-            .any(|&(i, access)| i == ino && access & MAY_WRITE != 0)
+            .any(|&(i, access)| i == ino && access.contains(FileAccess::WRITE))
     }
 
     /// fsync: waits for our writes of `ino` in flight, commits our size and mtime of it to
@@ -305,7 +305,7 @@ impl<B: Backend> Rfs<B> {
             .lock()
             .unwrap()
             .get(&fh)
-            .is_some_and(|&(_, access)| access & MAY_WRITE != 0);
+            .is_some_and(|&(_, access)| access.contains(FileAccess::WRITE));
         self.commit_reporting(ino, writes)
     }
 
@@ -504,7 +504,7 @@ impl<B: Backend> Rfs<B> {
             .get(&ino)
             .is_some_and(|f| f.allocated && f.handles == 1)
             .then(|| self.giving_back.begin());
-        let landed = self.behind.drain(ino, access & MAY_WRITE != 0);
+        let landed = self.behind.drain(ino, access.contains(FileAccess::WRITE));
         let commit = self.commit_size(ino);
         let fault = commit.as_ref().is_err_and(worth_retrying);
         let committed = landed.and(commit);

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use rfs_daemon::backoff::Backoff;
-use rfs_proto::types::Ino;
+use rfs_proto::types::{FileAccess, Ino};
 use rfs_proto::Errno;
 
 use super::backend::Backend;
@@ -33,7 +33,7 @@ const LAST_PAUSE: Duration = Duration::from_secs(4);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct OwedClose {
     ino: Ino,
-    access: u8,
+    access: FileAccess,
     /// Chunks were allocated for the file while it was open here (see `closes`).
     allocated: bool,
 }
@@ -58,7 +58,7 @@ pub(crate) struct Owed {
 
 impl Owed {
     /// The handles kept for a commit, as (inode, access).
-    pub(crate) fn handles(&self) -> Vec<(Ino, u8)> {
+    pub(crate) fn handles(&self) -> Vec<(Ino, FileAccess)> {
         let owed = self.closes.lock().unwrap();
         owed.iter().map(|c| (c.ino, c.access)).collect()
     }
@@ -77,7 +77,7 @@ impl Owed {
 impl<B: Backend> Rfs<B> {
     /// Keeps a closed handle of `ino` until the commit that failed goes through. Called with
     /// the handles' lock held, so that the handle is listed either open or owed throughout.
-    pub(crate) fn owe_commit(self: &Arc<Self>, ino: Ino, access: u8, allocated: bool) {
+    pub(crate) fn owe_commit(self: &Arc<Self>, ino: Ino, access: FileAccess, allocated: bool) {
         self.owed.closes.lock().unwrap().push(OwedClose {
             ino,
             access,

@@ -6,7 +6,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{FileAttr, FileType, FopenFlags, INodeNo, Request, TimeOrNow};
-use rfs_proto::locks::{FileLock, READ, UNLOCK, WRITE};
+use rfs_proto::locks::{FileLock, LockKind};
 use rfs_proto::types::{Attr, FileKind, Owner, Timestamp};
 use rfs_proto::Errno;
 
@@ -57,9 +57,9 @@ pub(super) fn file_lock(
     pid: u32,
 ) -> Result<FileLock, Error> {
     let kind = match typ {
-        libc::F_RDLCK => READ,
-        libc::F_WRLCK => WRITE,
-        libc::F_UNLCK => UNLOCK,
+        libc::F_RDLCK => LockKind::Read,
+        libc::F_WRLCK => LockKind::Write,
+        libc::F_UNLCK => LockKind::Unlock,
         _ => return Err(Errno::EINVAL.into()),
     };
     if ino.0 == STATS_INO {
@@ -74,11 +74,11 @@ pub(super) fn file_lock(
 }
 
 /// fcntl's type of a lock of `kind`.
-pub(super) fn fcntl_type(kind: u8) -> i32 {
+pub(super) fn fcntl_type(kind: LockKind) -> i32 {
     match kind {
-        READ => libc::F_RDLCK,
-        WRITE => libc::F_WRLCK,
-        _ => libc::F_UNLCK,
+        LockKind::Read => libc::F_RDLCK,
+        LockKind::Write => libc::F_WRLCK,
+        LockKind::Unlock => libc::F_UNLCK,
     }
 }
 

@@ -20,7 +20,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use rfs_proto::locks::{FileLock, LockSet, READ, UNLOCK, WRITE};
+use rfs_proto::locks::{FileLock, LockKind, LockSet};
 use rfs_proto::types::Ino;
 use rfs_proto::Errno;
 
@@ -106,13 +106,14 @@ impl FileLocks {
     /// some of, a shared lock over an exclusive one): waiters may take it now.
     fn frees(&self, owner: Owner, lock: &FileLock) -> bool {
         let over = FileLock {
-            kind: WRITE,
+            kind: LockKind::Write,
             ..*lock
         };
         self.held.iter().any(|(o, l)| {
             *o == owner
                 && l.conflicts_with(&over)
-                && (lock.kind == UNLOCK || (lock.kind == READ && l.kind == WRITE))
+                && (lock.kind == LockKind::Unlock
+                    || (lock.kind == LockKind::Read && l.kind == LockKind::Write))
         })
     }
 
@@ -157,8 +158,8 @@ impl LockTable {
         let here = file.held_by(session);
         let total = self.per_session.get(&session).copied().unwrap_or(0);
         // A lock adds at most two ranges (it splits one of another kind of its owner's).
-        let bounded =
-            lock.kind == UNLOCK || (here + 2 <= MAX_PER_FILE && total + 2 <= MAX_PER_SESSION);
+        let bounded = lock.kind == LockKind::Unlock
+            || (here + 2 <= MAX_PER_FILE && total + 2 <= MAX_PER_SESSION);
         let place = file.place(me, &lock);
         let mut woken = Woken::new();
         match (obstacle, bounded) {
@@ -170,16 +171,16 @@ impl LockTable {
                 // Its waits that this lock answers end (one for a smaller range too).
                 file.waiting.retain(|&(o, wish, _)| {
                     o != me
-                        || lock.kind == UNLOCK
+                        || lock.kind == LockKind::Unlock
                         || wish.start < lock.start
                         || wish.end > lock.end
-                        || (wish.kind == WRITE && lock.kind == READ)
+                        || (wish.kind == LockKind::Write && lock.kind == LockKind::Read)
                 });
                 if frees {
                     woken = file.woken(ino);
                 }
             }
-            (Some(_), true) if wait && lock.kind != UNLOCK => match place {
+            (Some(_), true) if wait && lock.kind != LockKind::Unlock => match place {
                 Some(at) => file.waiting[at].2 = now,
                 None if file.waiting.len() < MAX_WAITERS => file.waiting.push((me, lock, now)),
                 None => {}
@@ -284,12 +285,15 @@ mod tests {
     const WHOLE: FileLock = FileLock {
         start: 0,
         end: TO_END,
-        kind: WRITE,
+        kind: LockKind::Write,
         pid: 1,
     };
 
     fn unlock(l: FileLock) -> FileLock {
-        FileLock { kind: UNLOCK, ..l }
+        FileLock {
+            kind: LockKind::Unlock,
+            ..l
+        }
     }
 
     #[test]
@@ -357,7 +361,7 @@ mod tests {
             "nor a newcomer"
         );
         let read = FileLock {
-            kind: READ,
+            kind: LockKind::Read,
             ..WHOLE
         };
         assert_eq!(
@@ -384,21 +388,30 @@ mod tests {
             pid: 1,
         };
         let read = FileLock {
-            kind: READ,
+            kind: LockKind::Read,
             ..WHOLE
         };
-        assert_eq!(t.set(1, 1, 1, range(0, 9, WRITE), false, now).0, Ok(None));
-        let (r, _) = t.set(1, 2, 1, range(0, 20, WRITE), true, now);
+        assert_eq!(
+            t.set(1, 1, 1, range(0, 9, LockKind::Write), false, now).0,
+            Ok(None)
+        );
+        let (r, _) = t.set(1, 2, 1, range(0, 20, LockKind::Write), true, now);
         assert!(r.unwrap().is_some(), "2 waits for 1");
         for (lock, what) in [
-            (range(0, 9, WRITE), "the same lock again"),
-            (range(0, 9, READ), "a downgrade"),
-            (range(0, 9, WRITE), "an upgrade"),
-            (range(15, 15, WRITE), "more of the range 2 waits for"),
+            (range(0, 9, LockKind::Write), "the same lock again"),
+            (range(0, 9, LockKind::Read), "a downgrade"),
+            (range(0, 9, LockKind::Write), "an upgrade"),
+            (
+                range(15, 15, LockKind::Write),
+                "more of the range 2 waits for",
+            ),
         ] {
             assert_eq!(t.set(1, 1, 1, lock, true, now).0, Ok(None), "{what}");
         }
-        assert_eq!(t.set(1, 1, 1, range(0, 20, UNLOCK), false, now).0, Ok(None));
+        assert_eq!(
+            t.set(1, 1, 1, range(0, 20, LockKind::Unlock), false, now).0,
+            Ok(None)
+        );
         assert_eq!(
             t.set(1, 2, 1, WHOLE, true, now).0,
             Ok(None),
@@ -470,7 +483,7 @@ mod tests {
         let set =
             |t: &mut LockTable, ino, session, lock| t.set(ino, session, 1, lock, false, now).0;
         let mut held = 0;
-        while set(&mut t, 1, 1, byte(2 * held, WRITE)) == Ok(None) {
+        while set(&mut t, 1, 1, byte(2 * held, LockKind::Write)) == Ok(None) {
             held += 1;
         }
         assert_eq!(
@@ -478,24 +491,27 @@ mod tests {
             MAX_PER_FILE - 1,
             "refused within two of the bound"
         );
-        assert_eq!(set(&mut t, 1, 1, byte(2 * held, WRITE)), Err(Errno::ENOLCK));
+        assert_eq!(
+            set(&mut t, 1, 1, byte(2 * held, LockKind::Write)),
+            Err(Errno::ENOLCK)
+        );
         assert_eq!(t.count(), held as usize, "the refused one changed nothing");
         assert_eq!(
-            set(&mut t, 1, 2, byte(1, WRITE)),
+            set(&mut t, 1, 2, byte(1, LockKind::Write)),
             Ok(None),
             "another session's own"
         );
         assert_eq!(
-            set(&mut t, 1, 1, byte(0, UNLOCK)),
+            set(&mut t, 1, 1, byte(0, LockKind::Unlock)),
             Ok(None),
             "an unlock goes"
         );
         // Filling the gap between two ranges makes one of the three.
-        assert_eq!(set(&mut t, 1, 1, byte(3, WRITE)), Ok(None));
+        assert_eq!(set(&mut t, 1, 1, byte(3, LockKind::Write)), Ok(None));
         assert_eq!(t.files[&1].held_by(1), held as usize - 2);
         for ino in 2..=5 {
             let mut i = 0;
-            while set(&mut t, ino, 1, byte(2 * i, WRITE)) == Ok(None) {
+            while set(&mut t, ino, 1, byte(2 * i, LockKind::Write)) == Ok(None) {
                 i += 1;
             }
         }
@@ -506,7 +522,7 @@ mod tests {
         );
         assert!(t.per_session[&1] <= MAX_PER_SESSION);
         assert_eq!(
-            set(&mut t, 9, 1, byte(0, WRITE)),
+            set(&mut t, 9, 1, byte(0, LockKind::Write)),
             Err(Errno::ENOLCK),
             "the session's bound"
         );
@@ -515,6 +531,6 @@ mod tests {
             "nothing kept of the refused file"
         );
         t.drop_on(2, 1, None);
-        assert_eq!(set(&mut t, 9, 1, byte(0, WRITE)), Ok(None));
+        assert_eq!(set(&mut t, 9, 1, byte(0, LockKind::Write)), Ok(None));
     }
 }

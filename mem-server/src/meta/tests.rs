@@ -2,7 +2,7 @@
 //! that call it through [`MetaService::handle`] as their connections do (calls sealed in their
 //! envelopes, replies decoded), and no socket.
 
-use rfs_proto::locks::{FileLock, READ, TO_END, UNLOCK, WRITE};
+use rfs_proto::locks::{FileLock, LockKind, TO_END};
 use rfs_proto::message::{
     decode_reply, encode_call, seal, Allocate, AttachData, Call, CancelWait, ChunkMap, Commit,
     Create, DropLocks, DropReplicas, Envelope, GetAttr, GetLock, GetStatFs, Link, ListNodes,
@@ -10,8 +10,7 @@ use rfs_proto::message::{
     Rmdir, SetAttr, SetLock, Symlink, Unlink,
 };
 use rfs_proto::types::{
-    Attr, Caller, ChunkRef, FileKind, Ino, Name, Owner, Replicas, MAY_READ, MAY_WRITE,
-    RENAME_NOREPLACE,
+    Attr, Caller, ChunkRef, FileAccess, FileKind, Ino, Name, Owner, Replicas, RENAME_NOREPLACE,
 };
 
 use super::*;
@@ -19,7 +18,7 @@ use crate::in_process::{InProcessClient, InProcessService};
 
 const CHUNK: u64 = 64 << 10;
 const CHUNKS: u64 = 16;
-const RW: u8 = MAY_READ | MAY_WRITE;
+const RW: FileAccess = FileAccess::READ.union(FileAccess::WRITE);
 
 fn root() -> Caller {
     Caller {
@@ -147,7 +146,7 @@ impl Client<'_> {
         self.mkdir_as(&root(), parent, name, 0o755).unwrap().attr
     }
 
-    fn open(&mut self, ino: Ino, access: u8, caller: &Caller) -> Result<Attr, Errno> {
+    fn open(&mut self, ino: Ino, access: FileAccess, caller: &Caller) -> Result<Attr, Errno> {
         self.call(Open {
             ino,
             access,
@@ -190,7 +189,7 @@ impl Client<'_> {
     }
 }
 
-fn lock(kind: u8, start: u64, end: u64) -> FileLock {
+fn lock(kind: LockKind, start: u64, end: u64) -> FileLock {
     FileLock {
         start,
         end,
@@ -503,14 +502,20 @@ fn open_checks_the_mode_bits_for_the_access_asked() {
     let node = Node::new();
     let mut c = node.client(1);
     let f = c.create_as(&root(), ROOT, "f", 0o640).unwrap().attr;
-    assert_eq!(c.open(f.ino, MAY_READ, &user(1000)), Err(Errno::EACCES));
+    assert_eq!(
+        c.open(f.ino, FileAccess::READ, &user(1000)),
+        Err(Errno::EACCES)
+    );
     let group = Caller {
         uid: 1000,
         gid: 1000,
         groups: vec![0],
     };
-    assert!(c.open(f.ino, MAY_READ, &group).is_ok(), "group may read");
-    assert_eq!(c.open(f.ino, MAY_WRITE, &group), Err(Errno::EACCES));
+    assert!(
+        c.open(f.ino, FileAccess::READ, &group).is_ok(),
+        "group may read"
+    );
+    assert_eq!(c.open(f.ino, FileAccess::WRITE, &group), Err(Errno::EACCES));
     assert!(c.open(f.ino, RW, &root()).is_ok());
 }
 
@@ -539,9 +544,9 @@ fn release_closes_one_handle_at_a_time_and_refuses_one_not_held() {
     let node = Node::new();
     let mut c = node.client(1);
     let f = c.create(ROOT, "f");
-    c.open(f.ino, MAY_READ, &root()).unwrap();
+    c.open(f.ino, FileAccess::READ, &root()).unwrap();
     let release = |access| Release { ino: f.ino, access };
-    c.call(release(MAY_READ)).unwrap();
+    c.call(release(FileAccess::READ)).unwrap();
     let map = ChunkMap {
         ino: f.ino,
         first: 0,
@@ -553,7 +558,7 @@ fn release_closes_one_handle_at_a_time_and_refuses_one_not_held() {
     );
     c.call(release(RW)).unwrap();
     assert_eq!(c.call(map), Err(Errno::EBADF));
-    assert_eq!(c.call(release(MAY_READ)), Err(Errno::EBADF));
+    assert_eq!(c.call(release(FileAccess::READ)), Err(Errno::EBADF));
 }
 
 #[test]
@@ -562,7 +567,12 @@ fn release_many_counts_what_it_closed() {
     let mut c = node.client(1);
     let (a, b) = (c.create(ROOT, "a"), c.create(ROOT, "b"));
     let closed = c.call(ReleaseMany {
-        handles: vec![(a.ino, RW), (b.ino, RW), (b.ino, RW), (999_999, MAY_READ)],
+        handles: vec![
+            (a.ino, RW),
+            (b.ino, RW),
+            (b.ino, RW),
+            (999_999, FileAccess::READ),
+        ],
     });
     assert_eq!(closed, Ok(2));
 }
@@ -612,24 +622,27 @@ fn set_lock_gives_one_writer_at_a_time_and_get_lock_names_the_holder() {
     let (mut a, mut b) = (node.client(1), node.client(2));
     let f = a.create(ROOT, "f");
     b.open(f.ino, RW, &root()).unwrap();
-    let whole = lock(WRITE, 0, TO_END);
+    let whole = lock(LockKind::Write, 0, TO_END);
     assert_eq!(a.call(set_lock(f.ino, 7, whole)), Ok(None));
     let held = b.call(set_lock(f.ino, 8, whole)).unwrap();
     assert_eq!(
         held.map(|l| l.kind),
-        Some(WRITE),
+        Some(LockKind::Write),
         "the conflicting lock is answered"
     );
     let probe = b.call(GetLock {
         ino: f.ino,
         owner: 8,
-        lock: lock(READ, 10, 20),
+        lock: lock(LockKind::Read, 10, 20),
     });
-    assert_eq!(probe.unwrap().map(|l| (l.start, l.kind)), Some((0, WRITE)));
     assert_eq!(
-        a.call(set_lock(f.ino, 7, lock(9, 0, 1))),
+        probe.unwrap().map(|l| (l.start, l.kind)),
+        Some((0, LockKind::Write))
+    );
+    assert_eq!(
+        a.call(set_lock(f.ino, 7, lock(LockKind::Read, 5, 4))),
         Err(Errno::EINVAL),
-        "no such kind"
+        "a range that ends before it starts"
     );
     let mut stranger = node.client(3);
     assert_eq!(
@@ -637,7 +650,8 @@ fn set_lock_gives_one_writer_at_a_time_and_get_lock_names_the_holder() {
         Err(Errno::EBADF),
         "only through a handle"
     );
-    a.call(set_lock(f.ino, 7, lock(UNLOCK, 0, TO_END))).unwrap();
+    a.call(set_lock(f.ino, 7, lock(LockKind::Unlock, 0, TO_END)))
+        .unwrap();
     assert_eq!(b.call(set_lock(f.ino, 8, whole)), Ok(None));
 }
 
@@ -647,10 +661,12 @@ fn drop_locks_frees_every_range_of_the_owner() {
     let (mut a, mut b) = (node.client(1), node.client(2));
     let f = a.create(ROOT, "f");
     b.open(f.ino, RW, &root()).unwrap();
-    a.call(set_lock(f.ino, 7, lock(WRITE, 0, 9))).unwrap();
-    a.call(set_lock(f.ino, 7, lock(WRITE, 100, 109))).unwrap();
+    a.call(set_lock(f.ino, 7, lock(LockKind::Write, 0, 9)))
+        .unwrap();
+    a.call(set_lock(f.ino, 7, lock(LockKind::Write, 100, 109)))
+        .unwrap();
     assert!(b
-        .call(set_lock(f.ino, 8, lock(WRITE, 100, 100)))
+        .call(set_lock(f.ino, 8, lock(LockKind::Write, 100, 100)))
         .unwrap()
         .is_some());
     a.call(DropLocks {
@@ -658,7 +674,10 @@ fn drop_locks_frees_every_range_of_the_owner() {
         owner: 7,
     })
     .unwrap();
-    assert_eq!(b.call(set_lock(f.ino, 8, lock(WRITE, 0, TO_END))), Ok(None));
+    assert_eq!(
+        b.call(set_lock(f.ino, 8, lock(LockKind::Write, 0, TO_END))),
+        Ok(None)
+    );
 }
 
 #[test]
@@ -668,14 +687,15 @@ fn cancel_wait_gives_up_a_place_in_the_queue() {
     let f = a.create(ROOT, "f");
     b.open(f.ino, RW, &root()).unwrap();
     c.open(f.ino, RW, &root()).unwrap();
-    let whole = lock(WRITE, 0, TO_END);
+    let whole = lock(LockKind::Write, 0, TO_END);
     a.call(set_lock(f.ino, 7, whole)).unwrap();
     let waiting = SetLock {
         wait: true,
         ..set_lock(f.ino, 8, whole)
     };
     assert!(b.call(waiting).unwrap().is_some(), "b waits behind a");
-    a.call(set_lock(f.ino, 7, lock(UNLOCK, 0, TO_END))).unwrap();
+    a.call(set_lock(f.ino, 7, lock(LockKind::Unlock, 0, TO_END)))
+        .unwrap();
     // Free now, and kept for the waiter that asked first: c, who never waited, is refused.
     let late = set_lock(f.ino, 9, whole);
     assert!(c.call(late.clone()).unwrap().is_some(), "kept for b");
@@ -732,7 +752,7 @@ fn allocate_needs_a_writable_handle_and_fails_with_enospc_when_the_pool_is_full(
         access: RW,
     })
     .unwrap();
-    c.open(g.ino, MAY_READ, &root()).unwrap();
+    c.open(g.ino, FileAccess::READ, &root()).unwrap();
     assert_eq!(c.allocate(g.ino, 0, 1), Err(Errno::EBADF));
 }
 
@@ -755,7 +775,7 @@ fn drop_replicas_keeps_what_a_write_reached() {
     );
     assert_eq!(c.call(drop(vec![])), Err(Errno::EIO), "a copy must be left");
     let mut reader = node.client(2);
-    reader.open(f.ino, MAY_READ, &root()).unwrap();
+    reader.open(f.ino, FileAccess::READ, &root()).unwrap();
     assert_eq!(reader.call(drop(only.to_vec())), Err(Errno::EBADF));
 }
 

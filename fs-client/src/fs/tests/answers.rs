@@ -13,7 +13,7 @@ fn an_open_answered_before_a_commit_does_not_take_the_size_back() {
     {
         let (fs, seen) = (fs.clone(), seen.clone());
         cluster.before_next_commit(Box::new(move || {
-            let (reader, attr) = fs.open(ino, MAY_READ, &ROOT_CALLER).unwrap();
+            let (reader, attr) = fs.open(ino, FileAccess::READ, &ROOT_CALLER).unwrap();
             *seen.lock().unwrap() = Some((reader, attr.size, fs.getattr(ino).unwrap().size));
         }));
     }
@@ -76,7 +76,7 @@ fn answers_overtaken_by_a_commit_do_not_take_the_size_back() {
         let (size, reader) = match op {
             RequestOp::GetAttr => (fs.getattr(ino).unwrap().size, None),
             _ => {
-                let (reader, attr) = fs.open(ino, MAY_READ, &ROOT_CALLER).unwrap();
+                let (reader, attr) = fs.open(ino, FileAccess::READ, &ROOT_CALLER).unwrap();
                 (attr.size, Some(reader))
             }
         };

@@ -42,7 +42,7 @@ fn write_behind_answers_before_the_bytes_land_and_flush_waits_for_them() {
     );
     flush.recv_timeout(LONG).unwrap().unwrap();
     assert_eq!(cluster.size(ino), data.len() as u64);
-    let (ofh, _) = other.open(ino, MAY_READ, &ROOT_CALLER).unwrap();
+    let (ofh, _) = other.open(ino, FileAccess::READ, &ROOT_CALLER).unwrap();
     assert_eq!(read(&other, ino, 0, data.len()).unwrap(), data);
     other.release(ofh).unwrap();
     fs.release(fh).unwrap();
@@ -249,7 +249,7 @@ fn a_flush_commits_no_size_over_bytes_still_in_flight_and_a_readers_close_hides_
     let fs = client_with(&cluster, BEHIND);
     let ino = create(&fs, "f");
     let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
-    let (reader, _) = fs.open(ino, MAY_READ, &ROOT_CALLER).unwrap();
+    let (reader, _) = fs.open(ino, FileAccess::READ, &ROOT_CALLER).unwrap();
     let chunk = CHUNK as usize;
     write(&fs, ino, 0, &pattern(chunk, 1)).unwrap();
     cluster.hold_writes();

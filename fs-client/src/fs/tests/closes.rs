@@ -41,7 +41,7 @@ fn closes_go_back_together_off_the_path_of_the_close() {
     let files: Vec<_> = (0..20)
         .map(|i| {
             let ino = create(&fs, &format!("f{i}"));
-            (ino, fs.open(ino, MAY_READ, &ROOT_CALLER).unwrap().0)
+            (ino, fs.open(ino, FileAccess::READ, &ROOT_CALLER).unwrap().0)
         })
         .collect();
     // The first close goes alone and is held up on its way; the rest wait for it.
@@ -68,7 +68,10 @@ fn closes_go_back_together_off_the_path_of_the_close() {
     );
     drop(gate);
     fs.closes_sent();
-    let want: Vec<_> = files.iter().map(|&(ino, _)| (ino, MAY_READ)).collect();
+    let want: Vec<_> = files
+        .iter()
+        .map(|&(ino, _)| (ino, FileAccess::READ))
+        .collect();
     assert_eq!(cluster.released(), want);
     assert_eq!(
         cluster.calls(RequestOp::ReleaseMany),
@@ -79,7 +82,7 @@ fn closes_go_back_together_off_the_path_of_the_close() {
 
     // Alone, a close still goes back soon, with no flush.
     let ino = create(&fs, "late");
-    let (fh, _) = fs.open(ino, MAY_READ, &ROOT_CALLER).unwrap();
+    let (fh, _) = fs.open(ino, FileAccess::READ, &ROOT_CALLER).unwrap();
     fs.release(fh).unwrap();
     let start = std::time::Instant::now();
     while cluster.released().len() < 21 {
@@ -99,16 +102,20 @@ fn a_file_written_here_is_closed_at_once_after_the_closes_before_it() {
     let cluster: Arc<FakeCluster> = Arc::default();
     let fs = client(&cluster);
     let (read_only, written) = (create(&fs, "r"), create(&fs, "w"));
-    let (r, _) = fs.open(read_only, MAY_READ, &ROOT_CALLER).unwrap();
+    let (r, _) = fs.open(read_only, FileAccess::READ, &ROOT_CALLER).unwrap();
     let (w, _) = fs.open(written, RW, &ROOT_CALLER).unwrap();
-    let (w2, _) = fs.open(written, MAY_READ, &ROOT_CALLER).unwrap();
+    let (w2, _) = fs.open(written, FileAccess::READ, &ROOT_CALLER).unwrap();
     write(&fs, written, 0, &[1; 100]).unwrap();
     fs.release(r).unwrap();
     fs.release(w2).unwrap();
     fs.release(w).unwrap();
     assert_eq!(
         cluster.released(),
-        vec![(read_only, MAY_READ), (written, MAY_READ), (written, RW)],
+        vec![
+            (read_only, FileAccess::READ),
+            (written, FileAccess::READ),
+            (written, RW)
+        ],
         "all of them, in order, before the close returned"
     );
 }
@@ -120,14 +127,21 @@ fn a_close_not_yet_answered_is_reclaimed_with_the_open_handles() {
     let cluster: Arc<FakeCluster> = Arc::default();
     let fs = client(&cluster);
     let ino = create(&fs, "f");
-    let (a, _) = fs.open(ino, MAY_READ, &ROOT_CALLER).unwrap();
-    let (b, _) = fs.open(ino, MAY_READ, &ROOT_CALLER).unwrap();
+    let (a, _) = fs.open(ino, FileAccess::READ, &ROOT_CALLER).unwrap();
+    let (b, _) = fs.open(ino, FileAccess::READ, &ROOT_CALLER).unwrap();
     let gate = cluster.closes_gate.lock().unwrap();
     fs.release(a).unwrap();
-    assert_eq!(fs.open_handles(), vec![(ino, MAY_READ), (ino, MAY_READ)]);
+    assert_eq!(
+        fs.open_handles(),
+        vec![(ino, FileAccess::READ), (ino, FileAccess::READ)]
+    );
     drop(gate);
     fs.closes_sent();
-    assert_eq!(fs.open_handles(), vec![(ino, MAY_READ)], "answered: only b");
+    assert_eq!(
+        fs.open_handles(),
+        vec![(ino, FileAccess::READ)],
+        "answered: only b"
+    );
     fs.release(b).unwrap();
     fs.closes_sent();
     assert!(fs.open_handles().is_empty());

@@ -4,7 +4,7 @@
 use crate::fs::kernel_handles::{access, FMODE_EXEC};
 use crate::fs::STATS_INO;
 use crate::host::direct_writes_drop_cached_pages;
-use rfs_proto::types::MAY_EXEC;
+use rfs_proto::types::FileAccess;
 
 use super::*;
 
@@ -23,10 +23,10 @@ fn kernel_write(fs: &Arc<Rfs<Fake>>, ino: Ino, offset: u64, data: &[u8], flags: 
 
 #[test]
 fn open_flags_give_the_access_asked() {
-    assert_eq!(access(libc::O_RDONLY), MAY_READ);
-    assert_eq!(access(libc::O_WRONLY | libc::O_APPEND), MAY_WRITE);
-    assert_eq!(access(libc::O_RDWR), MAY_READ | MAY_WRITE);
-    assert_eq!(access(libc::O_RDONLY | FMODE_EXEC), MAY_EXEC);
+    assert_eq!(access(libc::O_RDONLY), FileAccess::READ);
+    assert_eq!(access(libc::O_WRONLY | libc::O_APPEND), FileAccess::WRITE);
+    assert_eq!(access(libc::O_RDWR), FileAccess::READ | FileAccess::WRITE);
+    assert_eq!(access(libc::O_RDONLY | FMODE_EXEC), FileAccess::EXEC);
 }
 
 /// Write-only handles go around the page cache (on a kernel that drops what a direct write

@@ -8,13 +8,15 @@ use super::*;
 fn an_unlock_commits_first_and_a_close_calls_only_for_an_owner_with_locks() {
     let (cluster, fs, ino, fh) = open_file("locked");
     assert_eq!(
-        fs.set_lock(ino, fh, 7, whole_file(WRITE), false).unwrap(),
+        fs.set_lock(ino, fh, 7, whole_file(LockKind::Write), false)
+            .unwrap(),
         None
     );
     write(&fs, ino, 0, b"under the lock").unwrap();
     let commits = cluster.calls(RequestOp::Commit);
     assert_eq!(
-        fs.set_lock(ino, fh, 7, whole_file(UNLOCK), false).unwrap(),
+        fs.set_lock(ino, fh, 7, whole_file(LockKind::Unlock), false)
+            .unwrap(),
         None
     );
     assert_eq!(cluster.calls(RequestOp::Commit), commits + 1);
@@ -25,7 +27,7 @@ fn an_unlock_commits_first_and_a_close_calls_only_for_an_owner_with_locks() {
     let range = FileLock {
         start: 5,
         end: 9,
-        kind: READ,
+        kind: LockKind::Read,
         pid: 1,
     };
     assert_eq!(fs.set_lock(ino, fh, 7, range, false).unwrap(), None);
@@ -45,10 +47,11 @@ fn a_waiting_lock_is_taken_once_the_other_owner_lets_go_or_ends_when_not_wanted(
     use std::time::Duration;
 
     let (cluster, fs, ino, fh) = open_file("contended");
-    cluster.lock_elsewhere(ino, 1, whole_file(WRITE));
+    cluster.lock_elsewhere(ino, 1, whole_file(LockKind::Write));
     assert_eq!(
-        fs.set_lock(ino, fh, 2, whole_file(READ), false).unwrap(),
-        Some(whole_file(WRITE))
+        fs.set_lock(ino, fh, 2, whole_file(LockKind::Read), false)
+            .unwrap(),
+        Some(whole_file(LockKind::Write))
     );
     let waited = |wanted: Box<dyn Fn() -> bool + Send>, owner, kind| {
         let (tx, rx) = mpsc::channel();
@@ -62,18 +65,22 @@ fn a_waiting_lock_is_taken_once_the_other_owner_lets_go_or_ends_when_not_wanted(
         );
         rx
     };
-    let rx = waited(Box::new(|| true), 2, READ);
+    let rx = waited(Box::new(|| true), 2, LockKind::Read);
     assert!(
         rx.recv_timeout(Duration::from_millis(200)).is_err(),
         "waits"
     );
-    cluster.lock_elsewhere(ino, 1, whole_file(UNLOCK));
+    cluster.lock_elsewhere(ino, 1, whole_file(LockKind::Unlock));
     assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), Ok(()));
     assert!(cluster.holds_lock(ino, 2));
 
     let wanted = Arc::new(AtomicBool::new(true));
     let still = wanted.clone();
-    let rx = waited(Box::new(move || still.load(Ordering::SeqCst)), 3, WRITE);
+    let rx = waited(
+        Box::new(move || still.load(Ordering::SeqCst)),
+        3,
+        LockKind::Write,
+    );
     assert!(
         rx.recv_timeout(Duration::from_millis(200)).is_err(),
         "waits"
@@ -97,11 +104,12 @@ fn a_lock_is_asked_again_through_a_restarts_grace_and_lost_ones_are_forgotten() 
     let (cluster, fs, ino, fh) = open_file("graced");
     cluster.refuse_next(RequestOp::SetLock, Errno::EAGAIN);
     assert_eq!(
-        fs.set_lock(ino, fh, 1, whole_file(WRITE), false).unwrap(),
+        fs.set_lock(ino, fh, 1, whole_file(LockKind::Write), false)
+            .unwrap(),
         None
     );
     assert_eq!(cluster.calls(RequestOp::SetLock), 2, "asked again");
-    assert_eq!(fs.held_locks(), vec![(ino, 1, whole_file(WRITE))]);
+    assert_eq!(fs.held_locks(), vec![(ino, 1, whole_file(LockKind::Write))]);
     fs.locks_lost(&fs.held_locks());
     assert!(fs.held_locks().is_empty());
     fs.drop_locks(ino, 1).unwrap();
@@ -119,13 +127,15 @@ fn a_lock_is_asked_again_through_a_restarts_grace_and_lost_ones_are_forgotten() 
 fn an_unlock_whose_commit_fails_still_lets_the_lock_go_and_keeps_the_failure() {
     let (cluster, fs, ino, fh) = open_file("failing");
     assert_eq!(
-        fs.set_lock(ino, fh, 7, whole_file(WRITE), false).unwrap(),
+        fs.set_lock(ino, fh, 7, whole_file(LockKind::Write), false)
+            .unwrap(),
         None
     );
     write(&fs, ino, 0, b"dirty").unwrap();
     cluster.commits_late(true);
     assert_eq!(
-        fs.set_lock(ino, fh, 7, whole_file(UNLOCK), false).unwrap(),
+        fs.set_lock(ino, fh, 7, whole_file(LockKind::Unlock), false)
+            .unwrap(),
         None
     );
     assert!(!cluster.holds_lock(ino, 7), "the unlock went");
@@ -146,7 +156,9 @@ fn an_unlock_whose_commit_fails_still_lets_the_lock_go_and_keeps_the_failure() {
 fn a_lock_whose_answer_was_lost_and_a_handles_own_locks_are_dropped_at_the_close() {
     let (cluster, fs, ino, fh) = open_file("unsure");
     cluster.lose_next_answer(RequestOp::SetLock);
-    assert!(fs.set_lock(ino, fh, 7, whole_file(WRITE), false).is_err());
+    assert!(fs
+        .set_lock(ino, fh, 7, whole_file(LockKind::Write), false)
+        .is_err());
     assert!(cluster.holds_lock(ino, 7), "applied, its answer lost");
     fs.drop_locks(ino, 7).unwrap();
     assert!(!cluster.holds_lock(ino, 7), "the close dropped it anyway");
@@ -154,7 +166,7 @@ fn a_lock_whose_answer_was_lost_and_a_handles_own_locks_are_dropped_at_the_close
     let (fh2, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
     let open_file = 0xf11e;
     assert_eq!(
-        fs.set_lock(ino, fh2, open_file, whole_file(READ), false)
+        fs.set_lock(ino, fh2, open_file, whole_file(LockKind::Read), false)
             .unwrap(),
         None
     );
@@ -164,7 +176,8 @@ fn a_lock_whose_answer_was_lost_and_a_handles_own_locks_are_dropped_at_the_close
     assert!(!cluster.holds_lock(ino, open_file));
 
     assert_eq!(
-        fs.set_lock(ino, fh2, 9, whole_file(READ), false).unwrap(),
+        fs.set_lock(ino, fh2, 9, whole_file(LockKind::Read), false)
+            .unwrap(),
         None
     );
     assert_eq!(fs.held_locks().len(), 1);

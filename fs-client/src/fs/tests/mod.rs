@@ -4,11 +4,9 @@
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
-use rfs_proto::locks::{FileLock, READ, TO_END, UNLOCK, WRITE};
+use rfs_proto::locks::{FileLock, LockKind, TO_END};
 use rfs_proto::message::RequestOp;
-use rfs_proto::types::{
-    Attr, AttrChanges, Caller, FileKind, Ino, Owner, MAY_READ, MAY_WRITE, ROOT,
-};
+use rfs_proto::types::{Attr, AttrChanges, Caller, FileAccess, FileKind, Ino, Owner, ROOT};
 use rfs_proto::wire::MAX_LIST;
 use rfs_proto::Errno;
 
@@ -43,7 +41,7 @@ const BEHIND: FsConfig = FsConfig {
     io_timeout: std::time::Duration::ZERO,
 };
 
-const RW: u8 = MAY_READ | MAY_WRITE;
+const RW: FileAccess = FileAccess::READ.union(FileAccess::WRITE);
 
 const ROOT_CALLER: Caller = Caller {
     uid: 0,
@@ -245,7 +243,7 @@ fn open_file(name: &str) -> (Arc<FakeCluster>, Arc<Rfs<Fake>>, Ino, u64) {
     (cluster, fs, ino, fh)
 }
 
-fn whole_file(kind: u8) -> FileLock {
+fn whole_file(kind: LockKind) -> FileLock {
     FileLock {
         start: 0,
         end: TO_END,

@@ -44,7 +44,7 @@ fn committed(c: Committed) -> String {
     format!("{} -> {}", c.before.size, c.after.size)
 }
 
-fn lock(kind: u8) -> FileLock {
+fn lock(kind: LockKind) -> FileLock {
     FileLock {
         start: 0,
         end: TO_END,
@@ -53,7 +53,7 @@ fn lock(kind: u8) -> FileLock {
     }
 }
 
-fn set_lock(ino: Ino, owner: u64, kind: u8) -> SetLock {
+fn set_lock(ino: Ino, owner: u64, kind: LockKind) -> SetLock {
     SetLock {
         ino,
         owner,
@@ -164,16 +164,16 @@ fn script(ch: &impl MetadataChannel) -> Vec<String> {
     let conflict = |l: Option<FileLock>| format!("{:?}", l.map(|l| (l.start, l.kind)));
     out.push(format!(
         "lock: {}",
-        said(ch.call(set_lock(ino, 1, WRITE)), conflict)
+        said(ch.call(set_lock(ino, 1, LockKind::Write)), conflict)
     ));
     out.push(format!(
         "lock, another owner: {}",
-        said(ch.call(set_lock(ino, 2, WRITE)), conflict)
+        said(ch.call(set_lock(ino, 2, LockKind::Write)), conflict)
     ));
     let probe = GetLock {
         ino,
         owner: 2,
-        lock: lock(READ),
+        lock: lock(LockKind::Read),
     };
     out.push(format!("probe: {}", said(ch.call(probe), conflict)));
     out.push(format!(
@@ -182,11 +182,11 @@ fn script(ch: &impl MetadataChannel) -> Vec<String> {
     ));
     out.push(format!(
         "lock again: {}",
-        said(ch.call(set_lock(ino, 2, READ)), conflict)
+        said(ch.call(set_lock(ino, 2, LockKind::Read)), conflict)
     ));
     out.push(format!(
         "unlock: {}",
-        said(ch.call(set_lock(ino, 2, UNLOCK)), conflict)
+        said(ch.call(set_lock(ino, 2, LockKind::Unlock)), conflict)
     ));
 
     let release = Release { ino, access: RW };

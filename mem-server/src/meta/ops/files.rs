@@ -4,7 +4,7 @@
 //! what was allocated ahead past its size.
 
 use rfs_proto::message::{Commit, Create, Open, Reclaim, Release, ReleaseMany};
-use rfs_proto::types::{FileKind, Ino, MAY_WRITE};
+use rfs_proto::types::{FileAccess, FileKind, Ino};
 use rfs_proto::Errno;
 
 use super::{answer, Answer, Ctx};
@@ -101,15 +101,15 @@ pub(super) fn reclaim(cx: &mut Ctx<'_>, m: &Reclaim) -> Answer {
 
 /// Closes one of the session's handles of `ino`, taken for `access` (EBADF: it holds none
 /// such).
-fn close_handle(cx: &mut Ctx<'_>, ino: Ino, access: u8) -> Result<(), Errno> {
+fn close_handle(cx: &mut Ctx<'_>, ino: Ino, access: FileAccess) -> Result<(), Errno> {
     let Ctx { st, cs, fx, .. } = cx;
     let h = match cs.open.get_mut(&ino) {
-        Some(h) if h.all > 0 && (access & MAY_WRITE == 0 || h.writable > 0) => h,
+        Some(h) if h.all > 0 && (!access.contains(FileAccess::WRITE) || h.writable > 0) => h,
         _ => return Err(Errno::EBADF),
     };
     let was_writable = h.writable > 0;
     h.all -= 1;
-    h.writable -= (access & MAY_WRITE != 0) as u32;
+    h.writable -= (access.contains(FileAccess::WRITE)) as u32;
     // A client that closes a writable handle as read-only keeps no more writable handles
     // than handles.
     h.writable = h.writable.min(h.all);

@@ -2,7 +2,7 @@
 //! dropped only through a handle (the open is where access was checked); after a restart,
 //! only taken back (`reclaim`) until the grace period is over.
 
-use rfs_proto::locks::UNLOCK;
+use rfs_proto::locks::LockKind;
 use rfs_proto::message::{CancelWait, DropLocks, GetLock, SetLock};
 use rfs_proto::Errno;
 
@@ -14,7 +14,7 @@ pub(super) fn set_lock(cx: &mut Ctx<'_>, m: &SetLock) -> Answer {
         // Only a file the session has open: the open is where access was checked.
         _ if !cx.cs.open.contains_key(&m.ino) => Err(Errno::EBADF),
         // An unlock only removes: it needs no grace period to wait out.
-        (false, true) if m.lock.kind != UNLOCK => Err(Errno::EAGAIN),
+        (false, true) if m.lock.kind != LockKind::Unlock => Err(Errno::EAGAIN),
         (true, false) => Err(Errno::EPERM),
         _ => {
             let now = std::time::Instant::now();

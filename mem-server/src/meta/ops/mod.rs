@@ -10,7 +10,7 @@ mod locking;
 mod names;
 
 use rfs_proto::message::{encode_reply, Call, Made, Request, RequestOp};
-use rfs_proto::types::{Attr, Caller, Ino, Name, MAY_WRITE};
+use rfs_proto::types::{Attr, Caller, FileAccess, Ino, Name};
 use rfs_proto::wire::Wire;
 use rfs_proto::Errno;
 
@@ -123,10 +123,10 @@ impl Ctx<'_> {
     }
 
     /// The session took a handle of `ino` for `access`.
-    fn opened(&mut self, ino: Ino, access: u8) {
+    fn opened(&mut self, ino: Ino, access: FileAccess) {
         let h = self.cs.open.entry(ino).or_default();
         h.all += 1;
-        h.writable += (access & MAY_WRITE != 0) as u32;
+        h.writable += (access.contains(FileAccess::WRITE)) as u32;
         self.st.holders.opened(self.cs.id, ino);
     }
 
