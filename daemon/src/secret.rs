@@ -7,14 +7,15 @@ use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use nix::unistd::geteuid;
+
 /// Random bytes in a created secret (written as hex).
 const CREATED_BYTES: usize = 32;
 
 /// Where nodes and clients look for the secret when not told: `/etc/rfs/secret` for root,
 /// `$XDG_CONFIG_HOME/rfs/secret` (or `~/.config/rfs/secret`) for anyone else.
 pub fn default_path() -> PathBuf {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } == 0 {
+    if geteuid().is_root() {
         return PathBuf::from("/etc/rfs/secret");
     }
     let config = std::env::var_os("XDG_CONFIG_HOME")
@@ -37,8 +38,7 @@ pub fn read(path: &Path) -> io::Result<Vec<u8>> {
     let mut f = std::fs::File::open(path).map_err(|e| with_path(path, e))?;
     let meta = f.metadata().map_err(|e| with_path(path, e))?;
     let mode = meta.mode();
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let me = unsafe { libc::geteuid() };
+    let me = geteuid().as_raw();
     if meta.uid() != me {
         return Err(io::Error::new(
             io::ErrorKind::PermissionDenied,

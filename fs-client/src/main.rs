@@ -10,8 +10,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{CommandFactory, FromArgMatches, Parser};
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+use nix::mount::{umount2, MntFlags};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::prctl::set_pdeathsig;
+use nix::sys::signal::{SigSet, Signal};
+use nix::unistd::{dup2_stderr, dup2_stdout};
 use std::ffi::OsStr;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 
 use fs_client::fs::{stats_json, FsConfig, KernelInval, Rfs, STATS_NAME};
@@ -59,28 +65,44 @@ fn parse_args(argv: &[String]) -> (Args, Result<MountConfig, String>) {
 
 /// SIGINT and SIGTERM unmount; SIGUSR1 severs the metadata connection as a network partition
 /// would, until the mount's next call: a fault to test recovery with.
-fn signals() -> libc::sigset_t {
-    // SAFETY: a local, fully initialized signal set.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::sigaddset(&mut set, libc::SIGUSR1);
-        set
-    }
+fn signals() -> SigSet {
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGINT);
+    set.add(Signal::SIGTERM);
+    set.add(Signal::SIGUSR1);
+    set
 }
 
-/// Waits up to `timeout` for one of our signals (blocked in every thread, so only we take
-/// them): which one, or 0.
-fn signalled(timeout: Duration) -> i32 {
-    let set = signals();
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs() as libc::time_t,
-        tv_nsec: timeout.subsec_nanos() as libc::c_long,
-    };
-    // SAFETY: valid set and timeout; no siginfo wanted.
-    unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &ts).max(0) }
+/// Blocks our signals in this thread and every thread it starts after, and takes them
+/// synchronously on a thread of their own: they arrive on the returned channel.
+fn take_signals() -> std::io::Result<Receiver<Signal>> {
+    signals().thread_block()?;
+    let (tx, rx) = crossbeam_channel::unbounded();
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || loop {
+            match signals().wait() {
+                Ok(sig) if tx.send(sig).is_ok() => {}
+                Ok(_) => return,
+                Err(e) => {
+                    log::error!("waiting for signals: {e}");
+                    return;
+                }
+            }
+        })?;
+    Ok(rx)
+}
+
+/// Waits up to `timeout` for one of our signals.
+fn signalled(signals: &Receiver<Signal>, timeout: Duration) -> Option<Signal> {
+    match signals.recv_timeout(timeout) {
+        Ok(sig) => Some(sig),
+        Err(RecvTimeoutError::Timeout) => None,
+        Err(RecvTimeoutError::Disconnected) => {
+            std::thread::sleep(timeout);
+            None
+        }
+    }
 }
 
 /// `fs-client stats [--json] MOUNTPOINT`.
@@ -135,11 +157,11 @@ fn daemonize(argv: &[String], failed: ExitCode) -> ExitCode {
 /// one, say `(mount ... 3>&1) | cat`, would wait for the unmount), and it dies with its
 /// starter until it has mounted (a `timeout mount ...` or a Ctrl-C must not leave it trying).
 fn become_daemon_child() {
-    // SAFETY: closes descriptors nothing here uses yet (no thread or file exists so far), and
-    // asks for a signal at the parent's death; neither touches our memory.
-    unsafe {
-        libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
-        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+    // SAFETY: closes descriptors that nothing here owns yet (no thread or file exists so
+    // far: no OwnedFd is invalidated); it touches no memory. Neither std nor nix has it.
+    unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
+    if let Err(e) = set_pdeathsig(Signal::SIGKILL) {
+        log::warn!("cannot die with the starter: {e}");
     }
     if std::os::unix::process::parent_id() == 1 {
         std::process::exit(1); // the starter went before the request took effect
@@ -149,8 +171,9 @@ fn become_daemon_child() {
 /// About to mount: from here the daemon outlives its starter (dying now would leave a dead
 /// mount); a starter that is gone hears no "ready", and the daemon unmounts.
 fn outlive_starter() {
-    // SAFETY: clears the death signal set by become_daemon_child; touches no memory.
-    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, 0) };
+    if let Err(e) = set_pdeathsig(None) {
+        log::warn!("cannot outlive the starter: {e}");
+    }
 }
 
 /// Tells the starter the mount is ready: true if it heard.
@@ -171,14 +194,14 @@ fn still_ours(mountpoint: &Path, ours: Option<u64>, connection: &OwnedFd) -> boo
 /// Whether the kernel still serves the FUSE connection `device` (it reports an error on it
 /// once the mount is gone and the connection ended).
 fn connection_alive(device: &OwnedFd) -> bool {
-    let mut watch = libc::pollfd {
-        fd: device.as_raw_fd(),
-        events: 0,
-        revents: 0,
-    };
-    // SAFETY: one pollfd of ours, for a descriptor we own, and no waiting.
-    let ready = unsafe { libc::poll(&mut watch, 1, 0) };
-    ready == 0 || (ready > 0 && watch.revents & (libc::POLLERR | libc::POLLHUP) == 0)
+    let mut watch = [PollFd::new(device.as_fd(), PollFlags::empty())];
+    match poll(&mut watch, PollTimeout::ZERO) {
+        Ok(0) => true,
+        Ok(_) => watch[0]
+            .revents()
+            .is_some_and(|r| !r.intersects(PollFlags::POLLERR | PollFlags::POLLHUP)),
+        Err(_) => false,
+    }
 }
 
 /// The result of a session the kernel ended. fuser's session, dropped, unmounts its mount point
@@ -203,15 +226,10 @@ fn ended(mut session: fuser::BackgroundSession) -> std::io::Result<()> {
 /// the tree and served until the last closes (an abrupt exit would leave a dead mount, its
 /// open files failing with ENOTCONN). False if the kernel would not (then fuser unmounts).
 fn unmount_on_signal(mountpoint: &Path) -> bool {
-    let Ok(path) = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()) else {
-        return false;
-    };
-    // SAFETY: a valid NUL-terminated path.
-    if unsafe { libc::umount2(path.as_ptr(), 0) } == 0 {
-        return true;
-    }
-    if std::io::Error::last_os_error().raw_os_error() != Some(libc::EBUSY) {
-        return false;
+    match umount2(mountpoint, MntFlags::empty()) {
+        Ok(()) => return true,
+        Err(nix::errno::Errno::EBUSY) => {}
+        Err(_) => return false,
     }
     log::warn!(
         "files are open on {}: detached, and served until they close",
@@ -222,11 +240,7 @@ fn unmount_on_signal(mountpoint: &Path) -> bool {
 
 /// Detaches the mount on `mountpoint` (lazily: files open there stay usable); whether it went.
 fn detach(mountpoint: &Path) -> bool {
-    let Ok(path) = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()) else {
-        return false;
-    };
-    // SAFETY: a valid NUL-terminated path.
-    unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) == 0 }
+    umount2(mountpoint, MntFlags::MNT_DETACH).is_ok()
 }
 
 const DAEMON_ENV: &str = "RFS_DAEMON_CHILD";
@@ -235,17 +249,14 @@ const DAEMON_ENV: &str = "RFS_DAEMON_CHILD";
 /// `$(mount ...)`, would wait for them to close): stdout and stderr go to the log file, or
 /// nowhere, and a panic is logged (to the file or syslog) instead of printed.
 fn detach_output(log_file: Option<&LogTarget>) {
-    use std::os::fd::AsRawFd;
     let sink = match log_file {
         Some(LogTarget::File(path)) => std::fs::OpenOptions::new().append(true).open(path),
         _ => std::fs::OpenOptions::new().write(true).open("/dev/null"),
     };
     match sink {
         Ok(f) => {
-            for fd in [1, 2] {
-                // SAFETY: replaces one of our standard descriptors; both are valid.
-                unsafe { libc::dup2(f.as_raw_fd(), fd) };
-            }
+            let _ = dup2_stdout(&f);
+            let _ = dup2_stderr(&f);
         }
         Err(e) => log::warn!("keeping the starting shell's output: {e}"),
     }
@@ -390,10 +401,14 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    // Block the signals before any thread starts, so every thread inherits the mask.
-    let set = signals();
-    // SAFETY: valid set; changes only this thread's mask.
-    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    // Before any other thread starts, so that every thread inherits the mask.
+    let signals = match take_signals() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("fs-client: taking signals: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
 
     let what = format!("reaching the metadata node {}", args.server);
     let client = match until_reachable(&what, cfg.mount_timeout, || {
@@ -515,10 +530,10 @@ fn main() -> ExitCode {
         );
     }
     let code = loop {
-        let sig = signalled(Duration::from_millis(200));
-        if sig == libc::SIGUSR1 {
+        let sig = signalled(&signals, Duration::from_millis(200));
+        if sig == Some(Signal::SIGUSR1) {
             fs.backend().sever();
-        } else if sig != 0 {
+        } else if sig.is_some() {
             if !still_ours(&mountpoint, ours, &connection) {
                 // Unmounted (or detached) already: the session ends once the kernel lets go,
                 // and what is mounted there now is not ours to unmount.

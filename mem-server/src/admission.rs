@@ -18,6 +18,8 @@ use std::net::{IpAddr, Shutdown, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use nix::sys::resource::{getrlimit, setrlimit, Resource};
+
 /// How many control connections a node takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
@@ -240,26 +242,13 @@ impl Drop for Ticket {
 
 /// Raises the soft limit on open files to the hard limit; returns the limit in force.
 pub fn raise_fd_limit() -> u64 {
-    let mut r = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return 1024;
     };
-    // SAFETY: getrlimit/setrlimit read and write only the rlimit struct we pass.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
-            return 1024;
-        }
-        if r.rlim_cur < r.rlim_max {
-            let want = libc::rlimit {
-                rlim_cur: r.rlim_max,
-                rlim_max: r.rlim_max,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &want) == 0 {
-                r = want;
-            }
-        }
+    if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+        return hard;
     }
-    r.rlim_cur
+    soft
 }
 
 /// Whether an accept error means the process or system is out of a resource (descriptors,
@@ -452,13 +441,8 @@ mod tests {
     #[test]
     fn the_fd_limit_is_raised_to_the_hard_limit() {
         let got = raise_fd_limit();
-        let mut r = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: as in raise_fd_limit.
-        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) };
-        assert_eq!(got, r.rlim_cur);
-        assert_eq!(r.rlim_cur, r.rlim_max);
+        let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+        assert_eq!(got, soft);
+        assert_eq!(soft, hard);
     }
 }

@@ -14,6 +14,7 @@ use rfs_proto::frame::{recv_frame, send_frame};
 use rfs_proto::grant::{GrantOp, GrantRequest, MAX_GRANT_FRAME};
 use rfs_proto::integrity;
 use rfs_proto::session_key::SessionKey;
+use rfs_proto::wire::DecodeError;
 use rfs_proto::Errno;
 
 use crate::grants::Grants;
@@ -22,6 +23,34 @@ use crate::grants::Grants;
 /// cut off (its channel closes, and the node is taken as gone).
 const GRANT_DEADLINE: Duration = Duration::from_secs(10);
 
+/// Why a data node gave no answer.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum GrantChannelError {
+    /// The node left, or was cut off for an answer later than [`GRANT_DEADLINE`].
+    #[error("grant channel closed")]
+    Closed,
+    /// The caller gave up waiting (the request still reaches the node in its turn).
+    #[error("data node did not answer a {0:?} in time")]
+    Late(GrantOp),
+    /// The node took longer than [`GRANT_DEADLINE`]: it is cut off.
+    #[error("data node did not answer a {0:?} within {GRANT_DEADLINE:?}")]
+    CutOff(GrantOp),
+    /// Something on the path answered for the node.
+    #[error("a data node's answer without the session's MAC")]
+    Unsealed,
+    #[error("a data node's answer: {0}")]
+    Malformed(#[from] DecodeError),
+    /// The node answered more than it was asked.
+    #[error("data node answered a request it was not asked")]
+    Unasked,
+    /// The metadata node's own pool refused a revocation.
+    #[error("refused: {0}")]
+    Refused(Errno),
+    /// The join connection failed.
+    #[error("join connection: {0}")]
+    Io(#[from] io::Error),
+}
+
 pub(crate) enum GrantChannel {
     /// The metadata node's own pool.
     Local(Arc<Grants>),
@@ -29,7 +58,7 @@ pub(crate) enum GrantChannel {
 }
 
 impl GrantChannel {
-    /// Asks the node. With `wait`, gives up on the answer after it (a `TimedOut` error; the
+    /// Asks the node. With `wait`, gives up on the answer after it ([`GrantChannelError::Late`]; the
     /// request still reaches the node in its turn, so what it asked for may take effect later);
     /// without, waits for the worker, which answers every request: the node's answer, or a
     /// failure once the node took longer than [`GRANT_DEADLINE`] over one. Any other error
@@ -52,19 +81,16 @@ impl GrantChannel {
 
     /// Tells the node, after everything asked of it before and before everything asked
     /// after, without waiting for its answer (a refusal or a silent node is logged).
-    pub(crate) fn tell(&self, req: GrantRequest) -> io::Result<()> {
+    pub(crate) fn tell(&self, req: GrantRequest) -> Result<(), GrantChannelError> {
         match self {
-            GrantChannel::Local(g) => g
-                .serve(&req)
-                .map(drop)
-                .map_err(|e| io::Error::other(format!("refused: {e}"))),
+            GrantChannel::Local(g) => g.serve(&req).map(drop).map_err(GrantChannelError::Refused),
             GrantChannel::Remote(r) => r.tell(req),
         }
     }
 }
 
 /// A node's answer: its keys or its refusal; an error when it gave none.
-type Answer = io::Result<Result<Vec<u32>, Errno>>;
+type Answer = Result<Result<Vec<u32>, Errno>, GrantChannelError>;
 
 /// An answer on its way from [`GrantChannel::ask`].
 pub(crate) enum Asked {
@@ -73,7 +99,7 @@ pub(crate) enum Asked {
 }
 
 impl Asked {
-    /// The answer, given up on at `deadline` if there is one (a `TimedOut` error; the request
+    /// The answer, given up on at `deadline` if there is one ([`GrantChannelError::Late`]; the request
     /// still reaches the node in its turn); without, whatever the worker answers.
     pub(crate) fn wait_until(self, deadline: Option<Instant>) -> Answer {
         let (rx, op) = match self {
@@ -81,15 +107,12 @@ impl Asked {
             Asked::Waiting(rx, op) => (rx, op),
         };
         let Some(deadline) = deadline else {
-            return rx.recv().unwrap_or_else(|_| Err(gone()));
+            return rx.recv().unwrap_or(Err(GrantChannelError::Closed));
         };
         match rx.recv_deadline(deadline) {
             Ok(answer) => answer,
-            Err(RecvTimeoutError::Timeout) => Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!("data node did not answer a {op:?} in time"),
-            )),
-            Err(RecvTimeoutError::Disconnected) => Err(gone()),
+            Err(RecvTimeoutError::Timeout) => Err(GrantChannelError::Late(op)),
+            Err(RecvTimeoutError::Disconnected) => Err(GrantChannelError::Closed),
         }
     }
 }
@@ -135,7 +158,7 @@ impl RemoteGrantChannel {
         Asked::Waiting(rx, req.op()).wait_until(wait.map(|w| Instant::now() + w))
     }
 
-    fn ask(&self, req: &GrantRequest) -> io::Result<Receiver<Answer>> {
+    fn ask(&self, req: &GrantRequest) -> Result<Receiver<Answer>, GrantChannelError> {
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.enqueue(Job {
             req: req.clone(),
@@ -144,17 +167,13 @@ impl RemoteGrantChannel {
         Ok(rx)
     }
 
-    fn tell(&self, req: GrantRequest) -> io::Result<()> {
+    fn tell(&self, req: GrantRequest) -> Result<(), GrantChannelError> {
         self.enqueue(Job { req, answer: None })
     }
 
-    fn enqueue(&self, job: Job) -> io::Result<()> {
-        self.jobs.send(job).map_err(|_| gone())
+    fn enqueue(&self, job: Job) -> Result<(), GrantChannelError> {
+        self.jobs.send(job).map_err(|_| GrantChannelError::Closed)
     }
-}
-
-fn gone() -> io::Error {
-    io::Error::new(io::ErrorKind::NotConnected, "grant channel closed")
 }
 
 /// The worker: each request in turn, answered or failed. A node that takes longer than
@@ -168,7 +187,7 @@ fn send_in_order(
     let mut cut = false;
     for (number, Job { req, answer }) in (1u64..).zip(queue) {
         let result = if cut {
-            Err(gone())
+            Err(GrantChannelError::Closed)
         } else {
             exchange(s, &req, answers, key, number)
         };
@@ -198,21 +217,12 @@ fn exchange(
         &mut s,
         &integrity::seal(key, integrity::GRANT_CALL, number, req.encode()),
     )?;
-    let answer = answers.recv_timeout(GRANT_DEADLINE).map_err(|e| {
-        io::Error::new(
-            io::ErrorKind::TimedOut,
-            format!("data node did not answer a {:?}: {e}", req.op()),
-        )
-    })?;
-    let answer =
-        integrity::open(key, integrity::GRANT_ANSWER, number, &answer).ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                "a data node's answer without the session's MAC",
-            )
-        })?;
-    req.decode_answer(answer)
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    let answer = answers
+        .recv_timeout(GRANT_DEADLINE)
+        .map_err(|_| GrantChannelError::CutOff(req.op()))?;
+    let answer = integrity::open(key, integrity::GRANT_ANSWER, number, &answer)
+        .ok_or(GrantChannelError::Unsealed)?;
+    Ok(req.decode_answer(answer)?)
 }
 
 /// Reads the data node's answers off the join connection.
@@ -223,14 +233,11 @@ pub(crate) struct Pump {
 
 impl Pump {
     /// Forwards answers until the connection closes (the node left) or breaks the protocol.
-    pub(crate) fn run(mut self) -> io::Result<()> {
+    pub(crate) fn run(mut self) -> Result<(), GrantChannelError> {
         loop {
             let answer = recv_frame(&mut self.s, MAX_GRANT_FRAME + integrity::TAG)?;
             if self.answers.try_send(answer).is_err() {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    "data node answered a request it was not asked",
-                ));
+                return Err(GrantChannelError::Unasked);
             }
         }
     }
@@ -325,7 +332,7 @@ mod tests {
         let (channel, pump) = RemoteGrantChannel::new(&ours, key).unwrap();
         std::thread::spawn(move || pump.run());
         let e = channel.call(&grant(1), None).unwrap_err();
-        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+        assert!(matches!(e, GrantChannelError::Unsealed), "{e}");
     }
 
     #[test]
@@ -351,7 +358,10 @@ mod tests {
         let e = channel
             .call(&grant(2), Some(Duration::from_millis(50)))
             .unwrap_err();
-        assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
+        assert!(
+            matches!(e, GrantChannelError::Late(GrantOp::GrantChunks)),
+            "{e}"
+        );
         let keys = channel.call(&grant(3), None).unwrap().unwrap();
         assert_eq!(
             keys,
@@ -396,10 +406,10 @@ mod tests {
         for (i, a) in answers[..3].iter().enumerate() {
             assert_eq!(a.as_ref().unwrap(), &Ok(vec![i as u32 + 10]), "node {i}");
         }
-        assert_eq!(
-            answers[3].as_ref().unwrap_err().kind(),
-            io::ErrorKind::TimedOut,
-            "the stopped node"
+        assert!(
+            matches!(answers[3], Err(GrantChannelError::Late(_))),
+            "the stopped node: {:?}",
+            answers[3]
         );
         assert!(start.elapsed() < Duration::from_millis(1500));
     }

@@ -26,7 +26,7 @@ use rfs_proto::integrity;
 use rfs_proto::session_key::SessionKey;
 
 use crate::config::invalid;
-use crate::grant_channel::{GrantChannel, RemoteGrantChannel};
+use crate::grant_channel::{GrantChannel, GrantChannelError, RemoteGrantChannel};
 use crate::grants::Grants;
 use crate::meta::{MetaService, MetaState};
 use crate::runtime::Runtime;
@@ -226,9 +226,8 @@ pub(crate) fn admit(
     }
     meta.node_joined();
     match pumping.join() {
-        Ok(Err(e)) if e.kind() != io::ErrorKind::UnexpectedEof => {
-            log::warn!("data node {id}: join connection: {e}")
-        }
+        Ok(Err(GrantChannelError::Io(e))) if e.kind() == io::ErrorKind::UnexpectedEof => {}
+        Ok(Err(e)) => log::warn!("data node {id}: {e}"),
         _ => {}
     }
     log::warn!("data node {id} at {addr} left; its chunks are unavailable");
@@ -266,7 +265,9 @@ pub(crate) fn join(
     };
     // One patience for both: the probe's wait counts against the join's.
     let left = node.cfg.join_timeout.saturating_sub(start.elapsed());
-    let first = until_reachable(&what, left, || join_once(node, meta, &advertise, &pool))?;
+    let first = until_reachable(&what, left, || {
+        join_once(node, meta, &advertise, &pool).map_err(io::Error::from)
+    })?;
     let current = Arc::new(Mutex::new(Some(first.0.try_clone()?)));
     let membership = Membership(current.clone());
     let node = node.clone();
@@ -325,7 +326,7 @@ fn rejoin(
                 log::warn!("joined the metadata node {meta} again");
                 return Some((s, key));
             }
-            Err(e) if e.kind() == io::ErrorKind::AddrNotAvailable => {
+            Err(e @ JoinError::UnknownPool) => {
                 // Not a pool it knows: wiped, this node starts over as a new one.
                 log::warn!("{e}: wiping the pool and joining as a new data node");
                 if let Err(e) = node.pool.fill(0, node.pool.len(), 0) {
@@ -349,6 +350,36 @@ fn rejoin(
     }
 }
 
+/// Why a join did not take.
+#[derive(Debug, thiserror::Error)]
+enum JoinError {
+    /// The metadata node does not know the pool this node says it holds (it lost its state,
+    /// or dropped this node): the pool must be wiped. Only the node's sealed answer says so,
+    /// never a failure on the way to it, however it is spelled.
+    #[error("the metadata node does not know this node's pool")]
+    UnknownPool,
+    /// Lasting (another chunk size, a pool it will not take): not tried again at start-up.
+    #[error("metadata node refused the join: {0}")]
+    Refused(String),
+    #[error("an answer to our join without the session's MAC")]
+    Unsealed,
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+impl From<JoinError> for io::Error {
+    /// For start-up's patience, which tries again only what may go away by itself.
+    fn from(e: JoinError) -> io::Error {
+        match e {
+            JoinError::Io(e) => e,
+            e @ (JoinError::UnknownPool | JoinError::Refused(_)) => {
+                io::Error::new(io::ErrorKind::InvalidInput, e)
+            }
+            e @ JoinError::Unsealed => io::Error::new(io::ErrorKind::PermissionDenied, e),
+        }
+    }
+}
+
 /// One join: the connection that holds the membership, once the metadata node took us, and
 /// its session key.
 fn join_once(
@@ -356,7 +387,7 @@ fn join_once(
     meta: SocketAddr,
     advertise: &str,
     pool: &PoolName,
-) -> io::Result<(TcpStream, Option<SessionKey>)> {
+) -> Result<(TcpStream, Option<SessionKey>), JoinError> {
     let hello = Hello::Join(Join {
         addr: advertise.to_string(),
         pool_addr: node.pool.addr(),
@@ -375,21 +406,13 @@ fn join_once(
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
     let sealed = recv_frame(&mut s, MAX_JOIN_ANSWER + integrity::TAG)?;
     let answer = integrity::open(key.as_ref(), integrity::JOIN_ANSWER, 0, &sealed)
-        .ok_or_else(|| invalid("an answer to our join without the session's MAC".into()))?;
+        .ok_or(JoinError::Unsealed)?;
     if answer == UNKNOWN_POOL {
-        return Err(io::Error::new(
-            io::ErrorKind::AddrNotAvailable,
-            "the metadata node does not know this node's pool",
-        ));
+        return Err(JoinError::UnknownPool);
     }
     if answer != ACCEPTED {
-        // Lasting (another chunk size, a pool it will not take): not tried again at start-up.
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!(
-                "metadata node refused the join: {}",
-                String::from_utf8_lossy(answer)
-            ),
+        return Err(JoinError::Refused(
+            String::from_utf8_lossy(answer).into_owned(),
         ));
     }
     s.set_read_timeout(None)?;

@@ -11,6 +11,7 @@ use mem_server::access::Policy;
 use mem_server::admission::Limits;
 use mem_server::config::NodeConfig;
 use mem_server::node::Node;
+use nix::sys::signal::{SigSet, Signal};
 use rdmabox::size::parse_size;
 use rdmabox::transport::{ProviderKind, TransportConfig, VerbsConfig};
 use rfs_daemon::logging::{self, LogTarget};
@@ -177,27 +178,26 @@ fn authentication(args: &Args) -> io::Result<(Option<Vec<u8>>, String)> {
     ))
 }
 
+/// SIGINT and SIGTERM stop the node.
+fn stop_signals() -> SigSet {
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGINT);
+    set.add(Signal::SIGTERM);
+    set
+}
+
+/// Waits for a stop signal, taken synchronously (blocked in every thread by
+/// [`block_signals`]).
 fn wait_for_signal() {
-    // SAFETY: a local signal set; SIGINT and SIGTERM are blocked in every thread (set before
-    // any was spawned) and taken synchronously here.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        let mut sig = 0;
-        libc::sigwait(&set, &mut sig);
+    if let Err(e) = stop_signals().wait() {
+        log::error!("waiting for a signal: {e}");
     }
 }
 
+/// Blocks the stop signals before any thread exists, so every thread inherits the mask.
 fn block_signals() {
-    // SAFETY: as above; blocking before threads exist makes every thread inherit the mask.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    if let Err(e) = stop_signals().thread_block() {
+        log::error!("blocking signals: {e}");
     }
 }
 

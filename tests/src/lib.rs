@@ -20,6 +20,9 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{RwLock, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
 pub use spawn::what_it_does;
 use spawn::{Io, Process};
 
@@ -558,12 +561,7 @@ pub fn errno(e: &std::io::Error) -> i32 {
 /// Stops process `pid` (SIGSTOP) and returns once it is stopped: the signal is asynchronous,
 /// and a test that races it may see the process answer "while stopped".
 pub fn stop(pid: u32) {
-    // SAFETY: kill(2) on a child process of the test.
-    assert_eq!(
-        unsafe { libc::kill(pid as i32, libc::SIGSTOP) },
-        0,
-        "SIGSTOP {pid}"
-    );
+    kill(Pid::from_raw(pid as i32), Signal::SIGSTOP).expect("SIGSTOP");
     let start = Instant::now();
     loop {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -584,12 +582,7 @@ pub fn stop(pid: u32) {
 
 /// Lets a process [`stop`] stopped run again (SIGCONT).
 pub fn resume(pid: u32) {
-    // SAFETY: kill(2) on a child process of the test.
-    assert_eq!(
-        unsafe { libc::kill(pid as i32, libc::SIGCONT) },
-        0,
-        "SIGCONT {pid}"
-    );
+    kill(Pid::from_raw(pid as i32), Signal::SIGCONT).expect("SIGCONT");
 }
 
 /// A read-only shared mapping of the first `len` bytes of `f`, for the test to read (the file
