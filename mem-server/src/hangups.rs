@@ -8,7 +8,6 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::TcpStream;
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -41,11 +40,15 @@ impl Hangups {
     /// Runs `end` once `s` closes, fails or says anything. If it cannot be watched, `end`
     /// runs at once.
     pub(crate) fn watch(&self, s: TcpStream, end: End) {
-        let fd = s.as_raw_fd();
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        self.watched.lock().unwrap().insert(id, (s, end));
         let events = (libc::EPOLLIN | libc::EPOLLRDHUP) as u32;
-        if let Err(e) = self.epoll.add(fd, id, events) {
+        // Entered while the entry is held: its first report finds it.
+        let added = {
+            let mut watched = self.watched.lock().unwrap();
+            let (s, _) = watched.entry(id).or_insert((s, end));
+            self.epoll.add(&*s, id, events)
+        };
+        if let Err(e) = added {
             log::warn!("cannot watch a data session's connection: {e}; ending it");
             self.end(id);
         }
@@ -56,7 +59,7 @@ impl Hangups {
             return;
         };
         // Out of the set while still open (it closes when `s` drops below).
-        let _ = self.epoll.remove(s.as_raw_fd());
+        let _ = self.epoll.remove(&s);
         let _ = s.shutdown(std::net::Shutdown::Both);
         end();
     }

@@ -19,11 +19,13 @@ pub mod verbs;
 
 use std::fmt;
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::BorrowedFd;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 pub use connect::connect_queue_pairs;
 pub use deadline::DeadlineStream;
@@ -94,22 +96,15 @@ impl TransportConfig {
 }
 
 /// Waits until `fd` is readable; false on timeout.
-pub(crate) fn poll_readable(fd: RawFd, timeout: Option<Duration>) -> io::Result<bool> {
-    let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
+pub(crate) fn poll_readable(fd: BorrowedFd<'_>, timeout: Option<Duration>) -> io::Result<bool> {
+    let timeout = timeout.map_or(PollTimeout::NONE, |t| {
+        PollTimeout::try_from(t).unwrap_or(PollTimeout::MAX)
+    });
     loop {
-        // SAFETY: one valid pollfd.
-        let n = unsafe { libc::poll(&mut p, 1, ms) };
-        if n >= 0 {
-            return Ok(n > 0);
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
+        match poll(&mut [PollFd::new(fd, PollFlags::POLLIN)], timeout) {
+            Ok(n) => return Ok(n > 0),
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
         }
     }
 }
@@ -378,7 +373,7 @@ impl CompletionQueue {
     }
 
     /// The descriptor that turns readable when an armed event fires, for poll/epoll.
-    pub fn event_fd(&self) -> RawFd {
+    pub fn event_fd(&self) -> BorrowedFd<'_> {
         match &self.imp {
             CqImpl::Tcp(c) => c.event_fd(),
             CqImpl::Verbs(c) => c.event_fd(),

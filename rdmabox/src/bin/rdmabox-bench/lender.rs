@@ -14,15 +14,10 @@ use crate::cli::Cli;
 /// A thousand queue pairs take a thousand descriptors on each side: lift the soft limit to the
 /// hard one (the lender, our child, inherits it).
 pub(crate) fn raise_fd_limit() {
-    let mut l = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit with a valid rlimit on our stack.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) == 0 && l.rlim_cur < l.rlim_max {
-            l.rlim_cur = l.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &l);
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        if soft < hard {
+            let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
         }
     }
 }
@@ -131,8 +126,11 @@ pub(crate) fn proc_cpu(pid: u32) -> f64 {
         .iter()
         .filter_map(|&i| f.get(i)?.parse::<f64>().ok())
         .sum();
-    // SAFETY: sysconf has no preconditions.
-    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+    let per_second = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100);
+    ticks / per_second as f64
 }
 
 pub(crate) fn self_cpu() -> f64 {

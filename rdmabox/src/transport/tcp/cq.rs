@@ -8,17 +8,19 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
+
+use nix::sys::eventfd::{EfdFlags, EventFd};
 
 use crate::transport::types::Completion;
 
 /// A tcp completion queue, filled by the engines and polled by the application.
 pub struct Cq {
     state: Mutex<CqState>,
-    eventfd: OwnedFd,
+    eventfd: EventFd,
     inline: OnceLock<InlineConsumer>,
     /// The engine added completions to the armed queue and owes the consumer a call.
     inline_due: AtomicBool,
@@ -35,18 +37,13 @@ struct CqState {
 impl Cq {
     /// An empty, unarmed queue with room reserved for `capacity` completions.
     pub fn new(capacity: usize) -> io::Result<Cq> {
-        // SAFETY: plain syscall; the fd is owned right below.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let eventfd = EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)?;
         Ok(Cq {
             state: Mutex::new(CqState {
                 queue: VecDeque::with_capacity(capacity),
                 armed: false,
             }),
-            // SAFETY: `fd` is a fresh descriptor nobody else owns.
-            eventfd: unsafe { OwnedFd::from_raw_fd(fd) },
+            eventfd,
             inline: OnceLock::new(),
             inline_due: AtomicBool::new(false),
         })
@@ -79,10 +76,8 @@ impl Cq {
                 return;
             }
             st.armed = false;
-            let one: u64 = 1;
-            // SAFETY: writes 8 bytes from a local to our own eventfd. It cannot fail for want of
-            // room: the counter is drained by every wait.
-            unsafe { libc::write(self.eventfd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+            // It cannot fail for want of room: the counter is drained by every wait.
+            let _ = self.eventfd.write(1);
         }
     }
 
@@ -120,8 +115,8 @@ impl Cq {
     }
 
     /// The eventfd that turns readable when an armed event fires.
-    pub fn event_fd(&self) -> RawFd {
-        self.eventfd.as_raw_fd()
+    pub fn event_fd(&self) -> BorrowedFd<'_> {
+        self.eventfd.as_fd()
     }
 
     /// Sleeps until an armed event fires (true, consumed) or `timeout` passes (false).
@@ -134,10 +129,7 @@ impl Cq {
         if !fired? {
             return Ok(false);
         }
-        let mut count: u64 = 0;
-        // SAFETY: reads 8 bytes into a local from our own non-blocking eventfd.
-        let n = unsafe { libc::read(self.eventfd.as_raw_fd(), (&mut count as *mut u64).cast(), 8) };
-        Ok(n == 8)
+        Ok(self.eventfd.read().is_ok())
     }
 }
 

@@ -3,11 +3,12 @@
 use std::collections::VecDeque;
 use std::io;
 use std::net::TcpStream;
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+use nix::sys::socket::{setsockopt, sockopt};
 
 use super::route::{QpRoute, Setup};
 
@@ -125,34 +126,13 @@ impl PreparedQp {
 /// `dead_peer` ends the connection (a crashed host never sends a FIN).
 pub fn configure_socket(s: &TcpStream, dead_peer: Duration) -> io::Result<()> {
     s.set_nodelay(true)?;
-    let fd = s.as_raw_fd();
-    let secs = dead_peer.as_secs().max(1) as libc::c_int;
-    let opts: [(libc::c_int, libc::c_int, libc::c_int); 5] = [
-        (
-            libc::IPPROTO_TCP,
-            libc::TCP_USER_TIMEOUT,
-            dead_peer.as_millis().max(1) as libc::c_int,
-        ),
-        (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
-        (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 1),
-        (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 1),
-        (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, secs),
-    ];
-    for (level, name, value) in opts {
-        // SAFETY: setsockopt on our own socket with a c_int option value.
-        let rc = unsafe {
-            libc::setsockopt(
-                fd,
-                level,
-                name,
-                (&value as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        if rc != 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
+    let secs = dead_peer.as_secs().clamp(1, u32::MAX as u64) as u32;
+    let millis = dead_peer.as_millis().clamp(1, u32::MAX as u128) as u32;
+    setsockopt(s, sockopt::TcpUserTimeout, &millis)?;
+    setsockopt(s, sockopt::KeepAlive, &true)?;
+    setsockopt(s, sockopt::TcpKeepIdle, &1)?;
+    setsockopt(s, sockopt::TcpKeepInterval, &1)?;
+    setsockopt(s, sockopt::TcpKeepCount, &secs)?;
     Ok(())
 }
 

@@ -97,15 +97,14 @@ impl Loop {
 
     fn add(&self, qp: Arc<QpShared>) -> io::Result<()> {
         qp.stream.set_nonblocking(true)?;
-        let fd = qp.stream.as_raw_fd();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let conn = Conn::new(qp);
+        let conn = Conn::new(qp.clone());
         let interest = conn.interest();
         self.conns
             .lock()
             .unwrap()
             .insert(id, Arc::new(Mutex::new(conn)));
-        if let Err(e) = self.epoll.add(fd, id, interest) {
+        if let Err(e) = self.epoll.add(&qp.stream, id, interest) {
             if let Some(c) = self.conns.lock().unwrap().remove(&id) {
                 c.lock().unwrap().finish();
             }
@@ -132,10 +131,9 @@ impl Loop {
                 };
                 let mut conn = conn.lock().unwrap();
                 let before = conn.interest();
-                let fd = conn.qp.stream.as_raw_fd();
                 match conn.serve(ready) {
                     Turn::Done => {
-                        let _ = self.epoll.remove(fd);
+                        let _ = self.epoll.remove(&conn.qp.stream);
                         self.conns.lock().unwrap().remove(&id);
                         conn.finish();
                         continue;
@@ -145,7 +143,7 @@ impl Loop {
                 }
                 let after = conn.interest();
                 if after != before {
-                    if let Err(e) = self.epoll.modify(fd, id, after) {
+                    if let Err(e) = self.epoll.modify(&conn.qp.stream, id, after) {
                         log::warn!("qp {}: epoll: {e}", conn.qp.qpn);
                     }
                 }

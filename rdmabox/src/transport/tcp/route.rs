@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -227,7 +227,7 @@ fn accept_own(
     listener.set_nonblocking(true)?;
     loop {
         let wait = remaining(deadline)?;
-        if !crate::transport::poll_readable(listener.as_raw_fd(), Some(wait))? {
+        if !crate::transport::poll_readable(listener.as_fd(), Some(wait))? {
             continue;
         }
         let mut s = match listener.accept() {

@@ -1,5 +1,7 @@
 //! Completion queues: polling, and waiting on a completion channel.
 
+use std::os::fd::BorrowedFd;
+
 use super::*;
 
 /// A device completion queue and its completion channel.
@@ -73,9 +75,9 @@ impl Cq {
     }
 
     /// The completion channel's descriptor, readable when an event is pending.
-    pub fn event_fd(&self) -> i32 {
-        // SAFETY: the channel lives as long as self.
-        unsafe { (*self.channel).fd }
+    pub fn event_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the channel, and its descriptor, live as long as self.
+        unsafe { BorrowedFd::borrow_raw((*self.channel).fd) }
     }
 
     /// Waits for an event (true, taken and acknowledged) or `timeout` (false).
