@@ -112,6 +112,11 @@ struct Args {
     /// Most connections from one peer address (counted as for --max-connections).
     #[arg(long, default_value_t = Limits::default().per_peer)]
     max_connections_per_peer: usize,
+    /// Most files, directories and links the namespace holds (`df -i`); creates past it fail
+    /// with ENOSPC. Default: a quarter of the memory beside the pool, at 1 KiB a file (at least
+    /// a million).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "join")]
+    max_files: Option<u64>,
 }
 
 fn parse_mode(s: &str) -> Result<u32, String> {
@@ -259,6 +264,9 @@ fn main() -> ExitCode {
         replicas: args.replicas,
         repair_rate: args.repair_rate,
         state_dir: args.state_dir.clone(),
+        max_files: args
+            .max_files
+            .unwrap_or_else(|| mem_server::config::default_max_files(args.memory)),
         root_dir: AttrChanges {
             mode: args.root_mode,
             uid: args.root_owner.map(|(uid, _)| uid),

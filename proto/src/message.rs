@@ -705,6 +705,7 @@ mod tests {
                     chunks_total: 2,
                     chunks_free: 3,
                     inodes: 4,
+                    inodes_max: 7,
                     lease_ms: 5,
                     replicas: 2,
                     chunks_short: 6,

@@ -319,6 +319,8 @@ wire_struct! {
         pub chunks_free: u64,
         /// Inodes in use.
         pub inodes: u64,
+        /// The most inodes the namespace holds (`df -i`): creates past it fail with ENOSPC.
+        pub inodes_max: u64,
         /// How long the service waits for a client to answer a callback before it takes the
         /// client's chunk references as dropped; clients refetch chunk maps older than this
         /// (less their I/O deadline), in milliseconds.

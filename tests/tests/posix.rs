@@ -199,6 +199,31 @@ fn attributes_truncate_fifos_statfs_and_stats() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("bytes_written "));
 }
 
+/// `df -i` shows the node's file limit, and a namespace at it refuses files and directories
+/// with ENOSPC until something is removed.
+#[test]
+fn the_file_limit_shows_in_df_and_a_full_namespace_says_enospc() {
+    let server = MemServer::start(&["--memory", "16M", "--max-files", "12"]);
+    let m = Mount::new(&server, &[]);
+    let inodes = || {
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        assert_eq!(unsafe { libc::statvfs(cpath(&m.dir).as_ptr(), &mut st) }, 0);
+        (st.f_files, st.f_ffree)
+    };
+    assert_eq!(inodes(), (12, 11), "the root is one");
+    for i in 0..11 {
+        fs::write(m.path(&format!("f{i}")), b"x").unwrap();
+    }
+    assert_eq!(inodes(), (12, 0));
+    let full = fs::write(m.path("one-more"), b"x").unwrap_err();
+    assert_eq!(full.raw_os_error(), Some(libc::ENOSPC), "{full}");
+    let full = fs::create_dir(m.path("dir")).unwrap_err();
+    assert_eq!(full.raw_os_error(), Some(libc::ENOSPC), "{full}");
+    fs::remove_file(m.path("f0")).unwrap();
+    fs::write(m.path("one-more"), b"x").unwrap();
+    assert_eq!(fs::read(m.path("one-more")).unwrap(), b"x");
+}
+
 #[test]
 fn large_directories_list_completely() {
     let server = MemServer::meta("16M", "1M");

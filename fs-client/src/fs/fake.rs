@@ -367,6 +367,7 @@ impl FakeCluster {
                     chunks_total: 1 << 20,
                     chunks_free: 1 << 20,
                     inodes: st.files.len() as u64,
+                    inodes_max: u64::MAX,
                     lease_ms: match self.lease_ms.load(std::sync::atomic::Ordering::Relaxed) {
                         0 => 10_000,
                         ms => ms,

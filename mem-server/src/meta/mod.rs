@@ -181,6 +181,7 @@ impl MetaService {
             }
         };
         ns.journal_changes();
+        ns.set_max_inodes(cfg.max_files);
         alloc.journal_changes();
         if cfg.root_dir != AttrChanges::default() {
             let (root, _) = ns.setattr(ROOT, &cfg.root_dir).map_err(|e| {

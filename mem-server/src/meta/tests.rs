@@ -227,6 +227,72 @@ fn lookup_finds_what_was_made_and_checks_search_rights() {
     assert_eq!(as_user, Err(Errno::EACCES));
 }
 
+/// Every kind of create stops at the file limit (a client cannot grow the node's memory
+/// without bound), an existing name still says EEXIST, a hard link makes no inode, statfs
+/// counts against the limit, and a removal makes room again.
+#[test]
+fn creates_past_the_file_limit_fail_with_enospc() {
+    let node = Node::new();
+    let mut c = node.client(1);
+    let held = c.call(GetStatFs {}).unwrap().inodes;
+    node.0.meta.state.lock().ns.set_max_inodes(held + 2);
+    let f = c.create(ROOT, "f");
+    let d = c.mkdir(ROOT, "d");
+    let full = c.call(GetStatFs {}).unwrap();
+    assert_eq!((full.inodes, full.inodes_max), (held + 2, held + 2));
+    assert_eq!(c.create_as(&root(), ROOT, "g", 0o644), Err(Errno::ENOSPC));
+    assert_eq!(c.mkdir_as(&root(), d.ino, "e", 0o755), Err(Errno::ENOSPC));
+    let mknod = c.call(Mknod {
+        parent: ROOT,
+        name: "fifo".into(),
+        kind: FileKind::NamedPipe,
+        rdev: 0,
+        owner: owner(0o644, &root()),
+        caller: root(),
+    });
+    assert_eq!(mknod, Err(Errno::ENOSPC));
+    let symlink = c.call(Symlink {
+        parent: ROOT,
+        name: "l".into(),
+        target: "f".into(),
+        uid: 0,
+        gid: 0,
+        caller: root(),
+    });
+    assert_eq!(symlink, Err(Errno::ENOSPC));
+    assert_eq!(
+        c.create_as(&root(), ROOT, "f", 0o644),
+        Err(Errno::EEXIST),
+        "a name that exists is that, full or not"
+    );
+    c.call(Link {
+        ino: f.ino,
+        newparent: d.ino,
+        newname: "f2".into(),
+        caller: root(),
+    })
+    .expect("a hard link makes no inode");
+    c.call(Rmdir {
+        parent: ROOT,
+        name: "d".into(),
+        caller: root(),
+    })
+    .expect_err("not empty");
+    c.call(Unlink {
+        parent: d.ino,
+        name: "f2".into(),
+        caller: root(),
+    })
+    .unwrap();
+    c.call(Rmdir {
+        parent: ROOT,
+        name: "d".into(),
+        caller: root(),
+    })
+    .unwrap();
+    c.create(ROOT, "g");
+}
+
 #[test]
 fn getattr_answers_the_inode_and_refuses_unknown_ones() {
     let node = Node::new();

@@ -77,6 +77,7 @@ impl Namespace {
     pub fn replay(chunk_size: u64, records: &[Record]) -> Result<(Namespace, usize), String> {
         let mut ns = Namespace {
             inodes: HashMap::new(),
+            max_inodes: u64::MAX,
             next_ino: ROOT + 1,
             chunk_size,
             log: Some(Vec::new()),
@@ -291,6 +292,30 @@ mod tests {
         ns.rmdir(ROOT, "e").unwrap_err();
         ns.release(f);
         step(&mut ns, &mut journal);
+    }
+
+    /// A restart under a lower file limit keeps every file it had, and refuses creates until
+    /// enough are removed.
+    #[test]
+    fn a_lower_file_limit_keeps_what_is_there_and_refuses_creates() {
+        let mut ns = Namespace::new(4096);
+        ns.journal_changes();
+        for i in 0..5 {
+            ns.mknod(ROOT, format!("f{i}"), FileKind::RegularFile, 0, OWNER)
+                .unwrap();
+        }
+        let (mut back, skipped) = Namespace::replay(4096, &ns.records()).unwrap();
+        assert_eq!((back.inode_count(), skipped), (6, 0));
+        back.set_max_inodes(4);
+        assert_eq!(back.mkdir(ROOT, "d", OWNER), Err(rfs_proto::Errno::ENOSPC));
+        for i in 0..3 {
+            back.unlink(ROOT, format!("f{i}")).unwrap();
+        }
+        back.mkdir(ROOT, "d", OWNER).unwrap();
+        assert_eq!(
+            back.symlink(ROOT, "s", "d", 0, 0).map(|a| a.ino),
+            Err(rfs_proto::Errno::ENOSPC)
+        );
     }
 
     #[test]

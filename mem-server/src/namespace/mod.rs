@@ -47,6 +47,8 @@ fn now() -> Timestamp {
 
 pub struct Namespace {
     inodes: HashMap<Ino, Inode>,
+    /// The most inodes creates may make (restoring from the journal is not held to it).
+    max_inodes: u64,
     next_ino: Ino,
     chunk_size: u64,
     /// Changes not yet taken for the journal (none: not journaled).
@@ -96,6 +98,7 @@ impl Namespace {
         };
         Namespace {
             inodes: HashMap::from([(ROOT, root)]),
+            max_inodes: u64::MAX,
             next_ino: ROOT + 1,
             chunk_size,
             log: None,
@@ -109,6 +112,16 @@ impl Namespace {
 
     pub fn inode_count(&self) -> u64 {
         self.inodes.len() as u64
+    }
+
+    /// The most inodes creates may make.
+    pub fn max_inodes(&self) -> u64 {
+        self.max_inodes
+    }
+
+    /// Holds creates to `max` inodes (those there already stay, however many).
+    pub fn set_max_inodes(&mut self, max: u64) {
+        self.max_inodes = max;
     }
 
     fn get(&self, ino: Ino) -> Result<&Inode, Errno> {

@@ -21,6 +21,9 @@ impl Namespace {
         if self.entries(parent)?.contains_key(name) {
             return Err(Errno::EEXIST);
         }
+        if self.inode_count() >= self.max_inodes {
+            return Err(Errno::ENOSPC);
+        }
         let dir = self.get(parent)?.attr;
         if dir.perm & SETGID != 0 {
             // A set-group-ID directory gives what is made in it its group, and its

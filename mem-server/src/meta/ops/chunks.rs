@@ -106,6 +106,7 @@ pub(super) fn statfs(cx: &mut Ctx<'_>, m: &GetStatFs) -> Answer {
             chunks_total: total / copies,
             chunks_free: free / copies,
             inodes: cx.st.ns.inode_count(),
+            inodes_max: cx.st.ns.max_inodes(),
             lease_ms: cx.svc.lease.as_millis() as u64,
             replicas: cx.svc.replicas as u32,
             chunks_short: cx.svc.repair.short(),
