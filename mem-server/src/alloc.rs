@@ -11,6 +11,7 @@ use std::collections::BTreeSet;
 use rfs_proto::types::{ChunkRef, NodeInfo, Replicas};
 use rfs_proto::Errno;
 
+use crate::extents::FreeExtents;
 use crate::record::Record;
 
 /// Fresh chunks journaled as handed out ahead of use, per node: a restart zeroes at most this
@@ -31,7 +32,8 @@ pub struct NodeChunks {
     pub replayed: bool,
     /// Nothing at or past this address was handed out (journaled): still zero.
     reserved: u64,
-    free: FreeChunks,
+    chunk_size: u64,
+    free: FreeExtents,
     dirty: Vec<u64>,
     /// Taken by the zeroer and not yet back.
     zeroing: u64,
@@ -40,46 +42,22 @@ pub struct NodeChunks {
     rejoined_at: u64,
 }
 
-/// A node's allocatable chunks: those zeroed after use, then the never-used tail of the pool.
-/// Kept as a counter rather than a list, so that what it costs follows what was used and not
-/// what a joining node claims to lend.
-struct FreeChunks {
-    recycled: Vec<u64>,
-    next_fresh: u64,
-    fresh_left: u64,
-    chunk_size: u64,
-}
-
-impl FreeChunks {
-    /// `count` chunks of `chunk_size` from `from`, none used yet.
-    fn fresh(from: u64, count: u64, chunk_size: u64) -> FreeChunks {
-        FreeChunks {
-            recycled: Vec::new(),
-            next_fresh: from,
-            fresh_left: count,
-            chunk_size,
-        }
+impl NodeChunks {
+    /// Whole chunks that can be taken now.
+    fn free_chunks(&self) -> u64 {
+        self.free.units()
     }
 
-    fn len(&self) -> u64 {
-        self.recycled.len() as u64 + self.fresh_left
+    fn has_free_chunk(&self) -> bool {
+        self.free.units() > 0
     }
 
-    fn is_empty(&self) -> bool {
-        self.len() == 0
+    fn take_chunk(&mut self) -> Option<u64> {
+        self.free.take(self.chunk_size, self.chunk_size)
     }
 
-    fn pop(&mut self) -> Option<u64> {
-        if let Some(a) = self.recycled.pop() {
-            return Some(a);
-        }
-        if self.fresh_left == 0 {
-            return None;
-        }
-        let a = self.next_fresh;
-        self.next_fresh += self.chunk_size;
-        self.fresh_left -= 1;
-        Some(a)
+    fn end(&self) -> u64 {
+        self.pool_addr + self.total * self.chunk_size
     }
 }
 
@@ -124,7 +102,13 @@ impl Allocator {
             alive: true,
             replayed: false,
             reserved: pool_addr,
-            free: FreeChunks::fresh(pool_addr, count, chunk_size),
+            chunk_size,
+            free: FreeExtents::fresh(
+                pool_addr,
+                pool_addr,
+                pool_addr + count * chunk_size,
+                chunk_size,
+            ),
             dirty: Vec::new(),
             zeroing: 0,
             current: 0,
@@ -169,7 +153,8 @@ impl Allocator {
         n.pool_id = pool_id;
         n.pool_addr = pool_addr;
         n.reserved = pool_addr;
-        n.free = FreeChunks::fresh(pool_addr, 0, chunk_size);
+        n.chunk_size = chunk_size;
+        n.free = FreeExtents::fresh(pool_addr, pool_addr, pool_addr, chunk_size);
         n.alive = true;
         let record = Self::node_record(n);
         self.note(record);
@@ -198,11 +183,10 @@ impl Allocator {
         let Some(n) = self.nodes.get_mut(node as usize) else {
             return;
         };
-        if n.free.next_fresh <= n.reserved {
+        if n.free.next_fresh() <= n.reserved {
             return;
         }
-        let end = n.pool_addr + n.total * n.free.chunk_size;
-        n.reserved = (n.free.next_fresh + RESERVE_AHEAD * n.free.chunk_size).min(end);
+        n.reserved = (n.free.next_fresh() + RESERVE_AHEAD * n.chunk_size).min(n.end());
         let record = Record::Fresh {
             node,
             upto: n.reserved,
@@ -292,14 +276,14 @@ impl Allocator {
         let n = self.nodes.iter_mut().find(|n| {
             n.replayed && n.pool_id == pool_id && n.pool_addr == pool_addr && n.total == count
         })?;
-        let cs = n.free.chunk_size;
+        let cs = n.chunk_size;
         let in_use = in_use(n.id);
         n.dirty = (n.pool_addr..n.reserved)
             .step_by(cs as usize)
             .filter(|a| !in_use.contains(a))
             .collect();
         let end = n.pool_addr + n.total * cs;
-        n.free = FreeChunks::fresh(n.reserved, (end - n.reserved) / cs, cs);
+        n.free = FreeExtents::fresh(n.pool_addr, n.reserved, end, cs);
         n.zeroing = 0;
         n.current = 0;
         n.alive = true;
@@ -363,10 +347,20 @@ impl Allocator {
             .fold((0, 0), |(t, f), n| {
                 (
                     t + n.total,
-                    f + n.free.len() + n.dirty.len() as u64 + n.zeroing,
+                    f + n.free_chunks() + n.dirty.len() as u64 + n.zeroing,
                 )
             });
         (total, (free + self.pending).min(total))
+    }
+
+    /// Bytes that can be allocated now over the live nodes: [`Allocator::totals`] counts the
+    /// whole chunks among them.
+    pub fn allocatable_bytes(&self) -> u64 {
+        self.nodes
+            .iter()
+            .filter(|n| n.alive)
+            .map(|n| n.free.bytes())
+            .sum()
     }
 
     /// Chunks freed but not yet allocatable (waiting for their holders, or to be zeroed):
@@ -390,7 +384,7 @@ impl Allocator {
             .nodes
             .iter()
             .filter(|x| x.alive)
-            .map(|x| x.free.len())
+            .map(|x| x.free_chunks())
             .sum();
         let want = replicas.min(self.nodes_with_space()).max(1);
         if available < (n * want) as u64 {
@@ -401,7 +395,7 @@ impl Allocator {
         let weights: Vec<i64> = self
             .nodes
             .iter()
-            .map(|x| if x.alive { x.free.len() as i64 } else { 0 })
+            .map(|x| if x.alive { x.free_chunks() as i64 } else { 0 })
             .collect();
         let mut out: Vec<Replicas> = Vec::with_capacity(n);
         for _ in 0..n {
@@ -421,7 +415,7 @@ impl Allocator {
     pub fn nodes_with_space(&self) -> usize {
         self.nodes
             .iter()
-            .filter(|x| x.alive && !x.free.is_empty())
+            .filter(|x| x.alive && x.has_free_chunk())
             .count()
     }
 
@@ -430,7 +424,7 @@ impl Allocator {
     /// highest are picked and each gives back the round's total, so that each node gets its
     /// share of replicas however many a chunk has.
     fn pick(&mut self, weights: &[i64], want: usize) -> Option<Replicas> {
-        let candidates = |x: &NodeChunks| x.alive && !x.free.is_empty();
+        let candidates = |x: &NodeChunks| x.alive && x.has_free_chunk();
         let total: i64 = self
             .nodes
             .iter()
@@ -452,7 +446,7 @@ impl Allocator {
                 .max_by_key(|x| x.current)
                 .expect("enough candidates were counted");
             node.current -= total;
-            let addr = node.free.pop().expect("candidates have a free chunk");
+            let addr = node.take_chunk().expect("candidates have a free chunk");
             // Granted per client session when a map is handed out.
             picked.push(ChunkRef {
                 node: node.id,
@@ -473,8 +467,10 @@ impl Allocator {
             .nodes
             .iter_mut()
             .filter(|x| Self::may_place(x, besides, avoid))
-            .max_by_key(|x| x.free.len())?;
-        let addr = node.free.pop().expect("placeable nodes have a free chunk");
+            .max_by_key(|x| x.free_chunks())?;
+        let addr = node
+            .take_chunk()
+            .expect("placeable nodes have a free chunk");
         let node = node.id;
         self.reserve(node);
         Some(ChunkRef {
@@ -493,7 +489,7 @@ impl Allocator {
 
     fn may_place(x: &NodeChunks, besides: &[ChunkRef], avoid: &[u32]) -> bool {
         x.alive
-            && !x.free.is_empty()
+            && x.has_free_chunk()
             && !avoid.contains(&x.id)
             && besides.iter().all(|c| c.node != x.id)
     }
@@ -502,7 +498,7 @@ impl Allocator {
     fn give_back(&mut self, chunks: impl IntoIterator<Item = ChunkRef>) {
         for c in chunks {
             if let Some(n) = self.nodes.get_mut(c.node as usize) {
-                n.free.recycled.push(c.addr);
+                n.free.give(c.addr, n.chunk_size);
             }
         }
     }
@@ -571,7 +567,9 @@ impl Allocator {
     pub fn zeroed(&mut self, node: u32, addrs: Vec<u64>, failed: usize) {
         if let Some(n) = self.nodes.get_mut(node as usize) {
             n.zeroing = n.zeroing.saturating_sub((addrs.len() + failed) as u64);
-            n.free.recycled.extend(addrs);
+            for a in addrs {
+                n.free.give(a, n.chunk_size);
+            }
         }
     }
 }

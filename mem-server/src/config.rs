@@ -60,7 +60,8 @@ pub struct NodeConfig {
 }
 
 /// What one inode costs the metadata node, as budgeted for the default file limit: about
-/// what `examples/namespace-scale.rs` measures (370 B live, 900 B after a restart), rounded up.
+/// what `examples/namespace-scale.rs` measures (about 470 B at a million files, live and after
+/// a restart), with room.
 const BYTES_PER_FILE: u64 = 1024;
 
 /// The default file limit: a quarter of the machine's memory beside a pool of `pool` bytes,

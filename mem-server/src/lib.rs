@@ -13,7 +13,7 @@
 //! - [`meta::lock_table`]: every client's file locks.
 //! - [`access`]: permission checks of the metadata service (mode bits, root squash).
 //! - [`admission`]: limits on connections, in total and per peer.
-//! - [`alloc`]: chunk allocation across nodes.
+//! - [`alloc`]: chunk allocation across nodes, each node's free space as [`extents`].
 //! - [`join`]: data nodes joining the metadata node, both halves.
 //! - [`grants`]: what each data session may reach of a node's pool; [`grant_channel`]: how the
 //!   metadata node says so.
@@ -23,6 +23,7 @@ pub mod access;
 pub mod admission;
 pub mod alloc;
 pub mod config;
+mod extents;
 mod grant_channel;
 mod grants;
 mod hangups;

@@ -125,6 +125,7 @@ impl MetaService {
         let (chunks, free) = st.alloc.totals();
         let (alive, nodes) = st.alloc.node_counts();
         let (zeroing, inodes) = (st.alloc.zeroing(), st.ns.inode_count());
+        let (allocatable, inodes_max) = (st.alloc.allocatable_bytes(), st.ns.max_inodes());
         let locks = st.locks.count() as u64;
         drop(st);
         vec![
@@ -137,7 +138,17 @@ impl MetaService {
             ),
             Metric::gauge("data_nodes_alive", "Data nodes up", alive as u64),
             Metric::gauge("data_nodes", "Data nodes ever joined", nodes as u64),
+            Metric::gauge(
+                "allocatable_bytes",
+                "Bytes that can be allocated now (chunks_free counts the whole chunks among them)",
+                allocatable,
+            ),
             Metric::gauge("inodes", "Files, directories and links", inodes),
+            Metric::gauge(
+                "inodes_max",
+                "The most inodes the namespace holds",
+                inodes_max,
+            ),
             Metric::gauge("file_locks", "File locks held, over every client", locks),
             Metric::gauge(
                 "chunks_short_of_replicas",
