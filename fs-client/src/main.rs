@@ -161,7 +161,8 @@ fn become_daemon_child() {
     // far: no OwnedFd is invalidated); it touches no memory. Neither std nor nix has it.
     unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
     if let Err(e) = set_pdeathsig(Signal::SIGKILL) {
-        log::warn!("cannot die with the starter: {e}");
+        // Logging starts later; the starter's stderr is still ours.
+        eprintln!("fs-client: cannot die with the starter: {e}");
     }
     if std::os::unix::process::parent_id() == 1 {
         std::process::exit(1); // the starter went before the request took effect

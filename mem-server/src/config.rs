@@ -64,17 +64,40 @@ pub struct NodeConfig {
 /// a restart), with room.
 const BYTES_PER_FILE: u64 = 1024;
 
-/// The default file limit: a quarter of the machine's memory beside a pool of `pool` bytes,
-/// at [`BYTES_PER_FILE`] each; at least a million files.
+/// The default file limit: a quarter of the memory beside a pool of `pool` bytes (the
+/// machine's, or the cgroup's limit if lower), at [`BYTES_PER_FILE`] each; at least a million.
 pub fn default_max_files(pool: u64) -> u64 {
-    let total = std::fs::read_to_string("/proc/meminfo")
+    (memory_limit().saturating_sub(pool) / 4 / BYTES_PER_FILE).max(1 << 20)
+}
+
+/// The memory this process may use: the machine's, or its cgroup's limit if lower.
+fn memory_limit() -> u64 {
+    let machine = std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|m| {
             let kib = m.lines().find_map(|l| l.strip_prefix("MemTotal:"))?;
             kib.trim().trim_end_matches("kB").trim().parse::<u64>().ok()
         })
         .map_or(0, |kib| kib * 1024);
-    (total.saturating_sub(pool) / 4 / BYTES_PER_FILE).max(1 << 20)
+    // v2: "0::/path" under /sys/fs/cgroup; v1: "N:memory:/path" under /sys/fs/cgroup/memory.
+    // In a container the path may name the host's hierarchy: the mount's root counts too.
+    let groups = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let v2 = groups.lines().find_map(|l| l.strip_prefix("0::"));
+    let v1 = groups
+        .lines()
+        .find_map(|l| Some(l.split_once(":memory:")?.1));
+    let files = [
+        v2.map(|p| format!("/sys/fs/cgroup{p}/memory.max")),
+        v1.map(|p| format!("/sys/fs/cgroup/memory{p}/memory.limit_in_bytes")),
+        Some("/sys/fs/cgroup/memory.max".into()),
+        Some("/sys/fs/cgroup/memory/memory.limit_in_bytes".into()),
+    ];
+    files
+        .into_iter()
+        .flatten()
+        // "max" (v2) and a huge number (v1) say there is no limit.
+        .filter_map(|f| std::fs::read_to_string(f).ok()?.trim().parse::<u64>().ok())
+        .fold(machine, u64::min)
 }
 
 impl NodeConfig {

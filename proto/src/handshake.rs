@@ -143,7 +143,8 @@ pub fn connect_over(
     if needs_auth && secret.is_none() {
         return Err(denied(
             "the node requires its shared secret: copy the node's secret file to this host \
-             (mode 0600; by default /etc/rfs/secret for root, ~/.config/rfs/secret for others) \
+             (mode 0600; by default /etc/rfs/secret for root, $XDG_CONFIG_HOME/rfs/secret or \
+             ~/.config/rfs/secret for others) \
              or pass --secret-file",
         ));
     }

@@ -22,7 +22,8 @@ use crate::errno::Errno;
 /// 14: file locks (SetLock, GetLock, DropLocks). 15: lock waiters queue (SetLock.wait,
 /// CancelWait, callbacks' locks_freed). 16: calls, replies, callbacks, their answers and pool
 /// descriptors carry a MAC by the connection's session key ([`crate::integrity`]).
-pub const VERSION: u8 = 17;
+/// 18: statfs says the most inodes the namespace holds (`StatFs::inodes_max`).
+pub const VERSION: u8 = 18;
 /// Bounds what one list (readdir page, chunk map, node list) may carry: a message is at most
 /// 64 KiB.
 pub const MAX_LIST: u32 = 256;

@@ -499,7 +499,8 @@ impl Filesystem for RfsFuse {
                 s.chunks_total * per,
                 s.chunks_free * per,
                 s.chunks_free * per,
-                s.inodes_max,
+                // A node restarted under a lower limit may hold more than it.
+                s.inodes_max.max(s.inodes),
                 s.inodes_max.saturating_sub(s.inodes),
                 4096,
                 255,
