@@ -45,7 +45,7 @@ def times_better(metric, x, y):
     CPU per operation."""
     if not x or not y:
         return "n/a"
-    lower = metric.endswith(" us") or metric.startswith("cpu")
+    lower = metric.endswith(" us") or metric.startswith("cpu") or metric.endswith("per file")
     return f"{(y / x if lower else x / y):.2f}x"
 
 
@@ -372,6 +372,54 @@ class Bench:
             self.record(target, config, f"metadata {n} files", phase, n / (time.perf_counter() - t), "ops/s")
         d.rmdir()
 
+    def small_files(self, target, config):
+        """A data set of small files: writing them (create, write, close), the space they take,
+        and reading them back cold with 4 jobs (open, read, close), a data loader's pattern."""
+        n = self.args.small_files
+        d = target.path / "small.tmp"
+
+        def used():
+            st = os.statvfs(target.path)
+            return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+        for size in (4096, 65536):
+            d.mkdir()
+            data = os.urandom(size)
+            names = [d / f"s{i:06}" for i in range(n)]
+            before = used()
+            t = time.perf_counter()
+            for p in names:
+                with open(p, "wb") as f:
+                    f.write(data)
+            test = f"small files {n} x {size >> 10}K"
+            self.record(target, config, test, "writes/s", n / (time.perf_counter() - t), "ops/s")
+            # Closes go back to the node off their path: give them a moment to count.
+            time.sleep(0.5)
+            self.record(target, config, test, "bytes per file", (used() - before) / n, "B")
+            drop_caches(self.warm_size)
+            jobs = 4
+            t = time.perf_counter()
+            pids = []
+            for j in range(jobs):
+                pid = os.fork()
+                if pid == 0:
+                    code = 0
+                    try:
+                        for p in names[j::jobs]:
+                            with open(p, "rb") as f:
+                                if len(f.read()) != size:
+                                    code = 1
+                    finally:
+                        os._exit(code)
+                pids.append(pid)
+            failed = [pid for pid in pids if os.waitpid(pid, 0)[1] != 0]
+            if failed:
+                raise RuntimeError(f"{target.name}: small files read back short")
+            self.record(target, config, test, f"reads/s {jobs} jobs", n / (time.perf_counter() - t), "ops/s")
+            for p in names:
+                p.unlink()
+            d.rmdir()
+
     def measure(self, target, config, full=True):
         self.progress.step(f"measuring {target.name} ({config})")
         if full:
@@ -379,6 +427,7 @@ class Bench:
         self.fio_suite(target, config)
         if full:
             self.metadata(target, config)
+            self.small_files(target, config)
 
     # --- the run ---------------------------------------------------------------------------
     def plan(self):
@@ -597,7 +646,8 @@ class Bench:
         missing = []
         expect_tests = [f"iozone {r}K" for r in self.args.records] + [
             "fio seq write 128K", "fio seq read 128K", "fio rand read 4K qd1 direct",
-            "fio rand write 4K qd1 direct", "fio rand read 4K 4 jobs direct", f"metadata {self.args.files} files"]
+            "fio rand write 4K qd1 direct", "fio rand read 4K 4 jobs direct", f"metadata {self.args.files} files",
+            f"small files {self.args.small_files} x 4K", f"small files {self.args.small_files} x 64K"]
         configs = ["given mount"] if self.args.mount else ["default"]
         if not self.args.mount and self.args.max_write != DEFAULT_MAX_WRITE:
             configs.append(DEFAULT_MOUNT)
@@ -629,6 +679,8 @@ def main():
                    help="IOzone record sizes in KiB (default 4,128,1024)")
     p.add_argument("--runtime", type=int, default=None, help="seconds per timed fio job (default 20, quick 2)")
     p.add_argument("--files", type=int, default=None, help="files for the metadata test (default 10000, quick 1000)")
+    p.add_argument("--small-files", type=int, default=None,
+                   help="files per small-file set (default 2000, quick 200; each costs rfs a 1 MiB chunk today)")
     p.add_argument("--max-write", default="128K", help="fs-client max_write (the paper used 128K)")
     p.add_argument("--transport", default="tcp", help="auto, verbs or tcp")
     p.add_argument("--replicas", type=int, default=1,
@@ -648,6 +700,7 @@ def main():
     a.size = a.size or (32 << 20 if a.quick else 2 << 30)
     a.runtime = a.runtime or (2 if a.quick else 20)
     a.files = a.files or (1000 if a.quick else 10000)
+    a.small_files = a.small_files or (200 if a.quick else 2000)
     if shutil.which("iozone") is None:
         sys.exit("rfsbench: iozone not found; run through iozone/run.sh, which installs it")
     sys.exit(Bench(a).go())
