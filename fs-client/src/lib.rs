@@ -4,12 +4,14 @@
 //! - [`fuse`]: the fuser adapter.
 //! - [`options`]: mount options (flags and `-o`), written once.
 //! - [`mount_helper`]: `mount.rfs`, for mount(8) and /etc/fstab.
+//! - [`kernel_mount`]: the mount itself, as `fuse.rfs`, on directories only.
 //! - [`mount_table`]: which mount is on top of a directory (unmount only our own).
 //! - [`readahead`]: the kernel's readahead for the mount.
 
 pub mod fs;
 pub mod fuse;
 pub mod host;
+pub mod kernel_mount;
 pub mod mount_helper;
 pub mod mount_table;
 pub mod options;

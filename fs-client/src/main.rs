@@ -22,6 +22,7 @@ use std::os::unix::ffi::OsStrExt;
 
 use fs_client::fs::{stats_json, FsConfig, KernelInval, Rfs, STATS_NAME};
 use fs_client::fuse::{KernelNames, RfsFuse};
+use fs_client::kernel_mount::{self, MountRequest};
 use fs_client::mount_helper::{self, HelperCall, HELPER_NAME};
 use fs_client::mount_table;
 use fs_client::options::{KernelFlag, MountConfig};
@@ -239,6 +240,22 @@ fn unmount_on_signal(mountpoint: &Path) -> bool {
     detach(mountpoint)
 }
 
+/// Unmounts and waits for the session to end: a mount of fuser's (through fusermount3) by
+/// fuser, one made here by detaching it.
+fn unmount_and_join(
+    session: fuser::BackgroundSession,
+    mountpoint: &Path,
+    own_mount: bool,
+) -> std::io::Result<()> {
+    if !own_mount {
+        return session.umount_and_join();
+    }
+    if !detach(mountpoint) {
+        return Err(std::io::Error::last_os_error());
+    }
+    ended(session)
+}
+
 /// Detaches the mount on `mountpoint` (lazily: files open there stay usable); whether it went.
 fn detach(mountpoint: &Path) -> bool {
     umount2(mountpoint, MntFlags::MNT_DETACH).is_ok()
@@ -391,6 +408,13 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Some(why) = kernel_mount::refuse(&mountpoint) {
+        eprintln!(
+            "fs-client: mount point {}: {why}",
+            args.mountpoint.display()
+        );
+        return ExitCode::FAILURE;
+    }
     if let Err(e) = start_logging(cfg.log_file.as_ref(), daemon_child) {
         eprintln!("fs-client: {e}");
         return ExitCode::from(2);
@@ -460,6 +484,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
+    let request = MountRequest {
+        source: &args.server,
+        flags: &cfg.kernel_flags,
+        allow_other: cfg.allow_other,
+    };
     let mut fuse_cfg = fuser::Config::default();
     fuse_cfg.mount_options = vec![
         // The source as given, as NFS shows it: mount -a then knows an fstab line is mounted.
@@ -487,17 +516,26 @@ fn main() -> ExitCode {
     if daemon_child {
         outlive_starter();
     }
-    let session = fuser::Session::new(
-        RfsFuse::new(fs.clone(), cfg.clone()),
-        &mountpoint,
-        &fuse_cfg,
-    )
-    .and_then(|session| {
-        // Our own descriptor of the connection, for the notices fuser does not send.
-        let device = session.as_fd().try_clone_to_owned()?;
-        let connection = session.as_fd().try_clone_to_owned()?;
-        Ok((session.spawn()?, device, connection))
-    });
+    // Ours to unmount when mounted here; fuser's (fusermount3's) otherwise.
+    let mut own_mount = false;
+    let session = kernel_mount::mount(&mountpoint, &request)
+        .and_then(|device| {
+            let served = RfsFuse::new(fs.clone(), cfg.clone());
+            match device {
+                Some(device) => {
+                    own_mount = true;
+                    let acl = fuse_cfg.acl;
+                    fuser::Session::from_fd(served, device, acl, fuse_cfg)
+                }
+                None => fuser::Session::new(served, &mountpoint, &fuse_cfg),
+            }
+        })
+        .and_then(|session| {
+            // Our own descriptor of the connection, for the notices fuser does not send.
+            let device = session.as_fd().try_clone_to_owned()?;
+            let connection = session.as_fd().try_clone_to_owned()?;
+            Ok((session.spawn()?, device, connection))
+        });
     let (session, device, connection) = match session {
         Ok(s) => s,
         Err(e) => {
@@ -517,7 +555,7 @@ fn main() -> ExitCode {
     if daemon_child {
         if !tell_ready() {
             // The starter gave up (a timeout, Ctrl-C) and reported a failure: no mount.
-            let _ = session.umount_and_join();
+            let _ = unmount_and_join(session, &mountpoint, own_mount);
             return ExitCode::FAILURE;
         }
         detach_output(cfg.log_file.as_ref());
@@ -548,7 +586,7 @@ fn main() -> ExitCode {
             if unmount_on_signal(&mountpoint) {
                 continue; // the session ends once the kernel lets go
             }
-            break match session.umount_and_join() {
+            break match unmount_and_join(session, &mountpoint, own_mount) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("fs-client: unmount: {e}");

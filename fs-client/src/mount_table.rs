@@ -8,6 +8,15 @@ use std::path::Path;
 /// The id of the mount on top of `dir` (the kernel's mount id: never the same for two mounts
 /// that exist at once), if anything is mounted there.
 pub fn top_mount_id(dir: &Path) -> Option<u64> {
+    top_mount(dir).map(|(id, _)| id)
+}
+
+/// The file system type of the mount on top of `dir` (`fuse.rfs` for ours), if any.
+pub fn top_mount_type(dir: &Path) -> Option<String> {
+    top_mount(dir).map(|(_, fs_type)| fs_type)
+}
+
+fn top_mount(dir: &Path) -> Option<(u64, String)> {
     let table = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     top_in(&table, dir.as_os_str().as_bytes())
 }
@@ -15,21 +24,23 @@ pub fn top_mount_id(dir: &Path) -> Option<u64> {
 /// [`top_mount_id`] in a mountinfo `table`: of the mounts on `dir`, the one no other is
 /// mounted on (stacked mounts name the one below as their parent; the table's order is that
 /// of the mount ids, which a mount moved onto the directory does not follow).
-fn top_in(table: &str, dir: &[u8]) -> Option<u64> {
-    let on_dir: Vec<(u64, u64)> = table
+fn top_in(table: &str, dir: &[u8]) -> Option<(u64, String)> {
+    let on_dir: Vec<(u64, u64, &str)> = table
         .lines()
         .filter_map(|line| {
             let mut fields = line.split(' ');
             let id = fields.next()?.parse().ok()?;
             let parent = fields.next()?.parse().ok()?;
             let point = fields.nth(2)?;
-            (unescape(point) == dir).then_some((id, parent))
+            // Optional fields end at "-", which the type follows.
+            let fs_type = fields.skip_while(|f| *f != "-").nth(1)?;
+            (unescape(point) == dir).then_some((id, parent, fs_type))
         })
         .collect();
     on_dir
         .iter()
-        .find(|(id, _)| !on_dir.iter().any(|(_, parent)| parent == id))
-        .map(|&(id, _)| id)
+        .find(|(id, _, _)| !on_dir.iter().any(|(_, parent, _)| parent == id))
+        .map(|&(id, _, fs_type)| (id, fs_type.to_string()))
 }
 
 /// A mountinfo path: the kernel writes space, tab, newline and backslash as `\ooo`.
@@ -69,11 +80,16 @@ mod tests {
 
     #[test]
     fn the_last_mount_listed_on_a_directory_is_its_top() {
-        assert_eq!(top_in(TABLE, b"/mnt/c"), Some(57));
-        assert_eq!(top_in(TABLE, b"/mnt/a b"), Some(40), "escaped space");
-        assert_eq!(top_in(TABLE, b"/mnt/a\\040b"), None);
-        assert_eq!(top_in(TABLE, b"/mnt"), None);
-        assert_eq!(top_in(TABLE, b"/"), Some(22));
+        let top = |dir: &[u8]| top_in(TABLE, dir);
+        assert_eq!(top(b"/mnt/c"), Some((57, "fuse.rfs".into())));
+        assert_eq!(
+            top(b"/mnt/a b"),
+            Some((40, "fuse.rfs".into())),
+            "escaped space"
+        );
+        assert_eq!(top(b"/mnt/a\\040b"), None);
+        assert_eq!(top(b"/mnt"), None);
+        assert_eq!(top(b"/"), Some((22, "ext4".into())));
     }
 
     #[test]
@@ -85,10 +101,10 @@ mod tests {
 ";
         // The tmpfs (61) was there first; the rfs mount (30, older) was moved onto it.
         let moved = table.replace("30 22 0:40", "30 61 0:40");
-        assert_eq!(top_in(&moved, b"/mnt/m"), Some(30));
+        assert_eq!(top_in(&moved, b"/mnt/m").map(|t| t.0), Some(30));
         // Stacked the other way round.
         let stacked = table.replace("61 22 0:52", "61 30 0:52");
-        assert_eq!(top_in(&stacked, b"/mnt/m"), Some(61));
+        assert_eq!(top_in(&stacked, b"/mnt/m"), Some((61, "tmpfs".into())));
     }
 
     #[test]

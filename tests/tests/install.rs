@@ -265,6 +265,46 @@ fn mount_t_rfs_and_an_fstab_line_mount_and_umount_unmounts() {
     assert!(!is_mounted(&dir));
 }
 
+/// The kernel lists a mount as `fuse.rfs` (so `findmnt -t fuse.rfs` and `umount -a -t fuse.rfs`
+/// find it), and fs-client refuses a mount point that is not a directory (the kernel would
+/// take a file, and every stat there would fail with EIO) or that has an rfs mount already.
+#[test]
+fn mounts_are_fuse_rfs_on_directories_and_never_stacked() {
+    let node = MemServer::start(&["--memory", "32M"]);
+    let scratch = Scratch::new("stack");
+    let dir = scratch.0.join("mnt");
+    std::fs::create_dir(&dir).unwrap();
+    let file = scratch.0.join("file");
+    std::fs::write(&file, b"x").unwrap();
+    let _cleanup = Unmount(&dir);
+    let out = run(Command::new(bin("fs-client"))
+        .arg(node.addr.to_string())
+        .arg(&dir)
+        .args(["--daemon", "-o", &format!("transport={}", transport())]));
+    let listed = run(Command::new("findmnt")
+        .args(["-n", "-o", "FSTYPE", "-t", "fuse.rfs"])
+        .arg(&dir));
+    assert_eq!(String::from_utf8_lossy(&listed.stdout).trim(), "fuse.rfs");
+    std::fs::write(dir.join("f"), b"first mount").unwrap();
+    for (point, why) in [
+        (&dir, "an rfs mount is there already"),
+        (&file, "not a directory"),
+    ] {
+        let refused = Command::new(bin("fs-client"))
+            .arg(node.addr.to_string())
+            .arg(point)
+            .args(["--daemon", "-o", &format!("transport={}", transport())])
+            .output()
+            .unwrap();
+        assert!(!refused.status.success());
+        let said = String::from_utf8_lossy(&refused.stderr);
+        assert!(said.contains(why), "{said}");
+    }
+    assert_eq!(std::fs::read(dir.join("f")).unwrap(), b"first mount");
+    assert_eq!(std::fs::read(&file).unwrap(), b"x");
+    umount_and_wait(&dir, mounted_pid(&out));
+}
+
 #[test]
 fn a_client_started_before_its_node_waits_for_it_and_logs_to_its_file() {
     let scratch = Scratch::new("early");
