@@ -1,12 +1,14 @@
 //! Where the binaries log, with the usual `RUST_LOG` filters: stderr (the default, which
 //! systemd's journal takes from a service), a file (`--log-file PATH`, appended to), or
 //! syslog (`--log-file syslog`: the local `/dev/log` socket, which journald also serves), for a
-//! daemon whose stderr went away with the shell that started it.
+//! daemon whose stderr went away with the shell that started it. A log file is opened again
+//! by [`reopen`] (on SIGHUP, after logrotate moved it away).
 
 use std::fs::OpenOptions;
 use std::io::{self, Write};
 use std::os::unix::net::UnixDatagram;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use env_logger::fmt::Formatter;
 use log::{Level, Record};
@@ -43,8 +45,12 @@ pub fn init(ident: &'static str, default_filter: &str, target: &LogTarget) -> io
     match target {
         LogTarget::Stderr => {}
         LogTarget::File(path) => {
-            let f = open_append(path)?;
-            b.target(env_logger::Target::Pipe(Box::new(f)));
+            let file = LogFile {
+                path: path.clone(),
+                file: Arc::new(Mutex::new(open_append(path)?)),
+            };
+            b.target(env_logger::Target::Pipe(Box::new(file.clone())));
+            let _ = LOG_FILE.set(file);
         }
         LogTarget::Syslog => {
             let sock = UnixDatagram::unbound()?;
@@ -58,6 +64,41 @@ pub fn init(ident: &'static str, default_filter: &str, target: &LogTarget) -> io
         }
     }
     b.try_init().map_err(io::Error::other)
+}
+
+/// The log file, shared between the logger and [`reopen`].
+#[derive(Clone)]
+struct LogFile {
+    path: PathBuf,
+    file: Arc<Mutex<std::fs::File>>,
+}
+
+impl Write for LogFile {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        self.file.lock().unwrap().write(b)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.file.lock().unwrap().flush()
+    }
+}
+
+static LOG_FILE: OnceLock<LogFile> = OnceLock::new();
+
+/// Opens the log file again by its name (one logrotate moved away is left to it) and logs to
+/// it from now on, saying so; on failure the old file is kept, and that is logged. Nothing to
+/// do when logging goes to no file.
+pub fn reopen() {
+    let Some(log) = LOG_FILE.get() else {
+        return;
+    };
+    match open_append(&log.path) {
+        Ok(fresh) => {
+            *log.file.lock().unwrap() = fresh;
+            log::info!("log file {} opened again", log.path.display());
+        }
+        Err(e) => log::error!("{e}: still logging to the file opened before"),
+    }
 }
 
 fn open_append(path: &Path) -> io::Result<std::fs::File> {

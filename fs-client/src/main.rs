@@ -65,12 +65,14 @@ fn parse_args(argv: &[String]) -> (Args, Result<MountConfig, String>) {
 }
 
 /// SIGINT and SIGTERM unmount; SIGUSR1 severs the metadata connection as a network partition
-/// would, until the mount's next call: a fault to test recovery with.
+/// would, until the mount's next call: a fault to test recovery with; SIGHUP opens the log
+/// file again (logrotate's way).
 fn signals() -> SigSet {
     let mut set = SigSet::empty();
     set.add(Signal::SIGINT);
     set.add(Signal::SIGTERM);
     set.add(Signal::SIGUSR1);
+    set.add(Signal::SIGHUP);
     set
 }
 
@@ -572,6 +574,8 @@ fn main() -> ExitCode {
         let sig = signalled(&signals, Duration::from_millis(200));
         if sig == Some(Signal::SIGUSR1) {
             fs.backend().sever();
+        } else if sig == Some(Signal::SIGHUP) {
+            logging::reopen();
         } else if sig.is_some() {
             if !still_ours(&mountpoint, ours, &connection) {
                 // Unmounted (or detached) already: the session ends once the kernel lets go,

@@ -183,25 +183,33 @@ fn authentication(args: &Args) -> io::Result<(Option<Vec<u8>>, String)> {
     ))
 }
 
-/// SIGINT and SIGTERM stop the node.
-fn stop_signals() -> SigSet {
+/// SIGINT and SIGTERM stop the node; SIGHUP opens its log file again (logrotate's way).
+fn signals() -> SigSet {
     let mut set = SigSet::empty();
     set.add(Signal::SIGINT);
     set.add(Signal::SIGTERM);
+    set.add(Signal::SIGHUP);
     set
 }
 
 /// Waits for a stop signal, taken synchronously (blocked in every thread by
-/// [`block_signals`]).
-fn wait_for_signal() {
-    if let Err(e) = stop_signals().wait() {
-        log::error!("waiting for a signal: {e}");
+/// [`block_signals`]), opening the log file again at each SIGHUP meanwhile.
+fn wait_for_stop() {
+    loop {
+        match signals().wait() {
+            Ok(Signal::SIGHUP) => logging::reopen(),
+            Ok(_) => return,
+            Err(e) => {
+                log::error!("waiting for a signal: {e}");
+                return;
+            }
+        }
     }
 }
 
-/// Blocks the stop signals before any thread exists, so every thread inherits the mask.
+/// Blocks our signals before any thread exists, so every thread inherits the mask.
 fn block_signals() {
-    if let Err(e) = stop_signals().thread_block() {
+    if let Err(e) = signals().thread_block() {
         log::error!("blocking signals: {e}");
     }
 }
@@ -309,7 +317,7 @@ fn main() -> ExitCode {
         }
     );
     notify_systemd_ready();
-    wait_for_signal();
+    wait_for_stop();
     log::info!("stopping");
     node.shutdown();
     ExitCode::SUCCESS

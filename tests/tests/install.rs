@@ -401,6 +401,53 @@ fn a_data_node_started_before_the_metadata_node_joins_it() {
     assert!(said.contains("tried for"), "{said}");
 }
 
+/// logrotate's way: the log files are moved away and both daemons get SIGHUP; each opens its
+/// file again by name and goes on (SIGHUP killed both, the node with its pool).
+#[test]
+fn sighup_opens_log_files_again_and_kills_neither_daemon() {
+    let scratch = Scratch::new("hup");
+    let (node_log, client_log) = (scratch.0.join("node.log"), scratch.0.join("client.log"));
+    let node = MemServer::start(&["--memory", "32M", "--log-file", node_log.to_str().unwrap()]);
+    let dir = scratch.0.join("mnt");
+    std::fs::create_dir(&dir).unwrap();
+    let _cleanup = Unmount(&dir);
+    let opts = format!(
+        "transport={},log_file={}",
+        transport(),
+        client_log.display()
+    );
+    let out = run(Command::new(bin("fs-client"))
+        .arg(node.addr.to_string())
+        .arg(&dir)
+        .args(["--daemon", "-o", &opts])
+        .env("RUST_LOG", "info"));
+    let client = mounted_pid(&out);
+    std::fs::write(dir.join("before"), b"1").unwrap();
+    for (log, pid) in [(&node_log, node.pid()), (&client_log, client)] {
+        std::fs::rename(log, log.with_extension("log.1")).unwrap();
+        run(Command::new("kill").args(["-HUP", &pid.to_string()]));
+    }
+    let start = Instant::now();
+    while !(node_log.exists() && client_log.exists()) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no new log files"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        Path::new(&format!("/proc/{}", node.pid())).exists(),
+        "the node died"
+    );
+    assert!(
+        Path::new(&format!("/proc/{client}")).exists(),
+        "the client died"
+    );
+    std::fs::write(dir.join("after"), b"2").unwrap();
+    assert_eq!(std::fs::read(dir.join("before")).unwrap(), b"1");
+    umount_and_wait(&dir, client);
+}
+
 #[test]
 fn a_node_logs_to_its_file_and_tells_systemd_when_it_is_ready() {
     let scratch = Scratch::new("notify");
