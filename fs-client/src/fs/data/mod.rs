@@ -226,9 +226,11 @@ impl<B: Backend> Rfs<B> {
             .and_then(|r| r.first().map(|c| c.node))
     }
 
-    /// Counts a failed piece.
-    fn piece_failed(stats: &ClientStats) {
-        ClientStats::add(&stats.io_errors, 1);
+    /// Counts a piece that failed with EIO (a full pool, say, is no I/O error).
+    fn piece_failed(stats: &ClientStats, e: &Error) {
+        if e.errno() == Errno::EIO {
+            ClientStats::add(&stats.io_errors, 1);
+        }
     }
 
     /// After a transfer of `ino` failed for a `stale` reference: once the attempt's pause is
@@ -254,7 +256,7 @@ impl<B: Backend> Rfs<B> {
                 then(Ok(next))
             }
             None => {
-                Self::piece_failed(&fs.stats);
+                Self::piece_failed(&fs.stats, &stale);
                 then(Err(stale))
             }
         });

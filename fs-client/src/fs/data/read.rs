@@ -118,7 +118,7 @@ impl<B: Backend> Rfs<B> {
                         })
                     }
                     Err(e) => {
-                        Self::piece_failed(&fs.stats);
+                        Self::piece_failed(&fs.stats, &e);
                         done(Err(e))
                     }
                     Ok(data) => done(Ok(data)),

@@ -221,7 +221,7 @@ impl<B: Backend> Rfs<B> {
         let last = pieces.iter().map(|(s, _)| s.index).max().expect("a piece");
         let (refs, hold) = self
             .refs(ino, first, last - first + 1, true)
-            .inspect_err(|_| Self::piece_failed(&self.stats))?;
+            .inspect_err(|e| Self::piece_failed(&self.stats, e))?;
         Ok(Mapped { first, refs, hold })
     }
 
@@ -292,7 +292,7 @@ impl<B: Backend> Rfs<B> {
         drop(job.hold.lock().unwrap().take());
         let finish = job.finish.lock().unwrap().take().expect("answered once");
         if let Some(e) = st.failure {
-            Self::piece_failed(&self.stats);
+            Self::piece_failed(&self.stats, &e);
             return finish(self, Err(e));
         }
         if st.missed.is_empty() && st.again.is_empty() {

@@ -257,6 +257,11 @@ fn a_write_short_of_space_waits_for_the_chunks_another_files_release_gives_back(
     assert_eq!(e.errno(), Errno::ENOSPC);
     fs.release(fh_c).unwrap();
     fs.release(fh_b).unwrap();
+    assert!(
+        fs.stats_text().contains("io_errors 0\n"),
+        "a full pool is no I/O error: {}",
+        fs.stats_text()
+    );
 }
 
 /// A create without O_EXCL whose answer a lost session took (the metadata node restarted
