@@ -372,6 +372,13 @@ fn main() -> ExitCode {
     }
     if argv.first().map(String::as_str) == Some("stats") {
         return match &argv[1..] {
+            [h] if h == "--help" || h == "-h" => {
+                println!(
+                    "Prints the live counters of an rfs mount (from its .rfs-stats file): \
+                     as text, or as JSON with --json.\n\nUsage: fs-client stats [--json] MOUNTPOINT"
+                );
+                ExitCode::SUCCESS
+            }
             [m] if m != "--json" => stats(m, false),
             [json, m] | [m, json] if json == "--json" && m != "--json" => stats(m, true),
             _ => {

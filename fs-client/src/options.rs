@@ -108,6 +108,9 @@ pub struct MountOption {
     pub name: &'static str,
     value: Value,
     help: &'static str,
+    /// The default as a value `set` takes (a test holds it to `MountConfig::default()`); None
+    /// where there is none, or the help says what it is.
+    default: Option<&'static str>,
     set: fn(&mut MountConfig, &str) -> Result<(), String>,
 }
 
@@ -140,12 +143,14 @@ pub const OPTIONS: &[MountOption] = &[
         name: "allow_other",
         value: Value::Switch,
         help: "Let other users access the mount",
+        default: Some("off"),
         set: |c, v| on_off(v).map(|x| c.allow_other = x),
     },
     MountOption {
         name: "max_write",
         value: Value::Takes("SIZE"),
         help: "Largest write the kernel sends, 4K to 1M",
+        default: Some("1M"),
         set: |c, v| {
             let s = parse_size(v)?;
             c.max_write = u32::try_from(s).map_err(|_| format!("{s} is too large"))?;
@@ -156,6 +161,7 @@ pub const OPTIONS: &[MountOption] = &[
         name: "max_readahead",
         value: Value::Takes("SIZE"),
         help: "Kernel readahead (set on the mount's backing device: needs root)",
+        default: Some("1M"),
         set: |c, v| parse_size(v).map(|s| c.max_readahead = s.min(u32::MAX as u64) as u32),
     },
     MountOption {
@@ -164,6 +170,7 @@ pub const OPTIONS: &[MountOption] = &[
         help: "Kernel writeback cache on/off (off). Only for a file system this mount alone \
                uses: the kernel then keeps file sizes itself and does not see other mounts' \
                writes past the size it knows",
+        default: Some("off"),
         set: |c, v| on_off(v).map(|x| c.writeback_cache = x),
     },
     MountOption {
@@ -172,6 +179,7 @@ pub const OPTIONS: &[MountOption] = &[
         help: "Answer a write once its bytes are copied and its chunks mapped, with up to SIZE in flight per \
                mount (default 32M); flush, fsync and close wait for them and report a failure. \
                O_SYNC, O_DSYNC and O_DIRECT writes are answered once they landed",
+        default: Some("32M"),
         set: |c, v| {
             c.write_behind = match v {
                 "off" | "0" => 0,
@@ -185,6 +193,7 @@ pub const OPTIONS: &[MountOption] = &[
         value: Value::Takes("SECONDS"),
         help: "Seconds the kernel caches attributes (default: half the metadata node's lease; \
                another mount's change drops them at once)",
+        default: None,
         set: |c, v| secs(v).map(|x| c.attr_timeout = Some(x)),
     },
     MountOption {
@@ -192,18 +201,21 @@ pub const OPTIONS: &[MountOption] = &[
         value: Value::Takes("SECONDS"),
         help: "Seconds the kernel caches names (default: half the metadata node's lease; \
                another mount's change drops them at once)",
+        default: None,
         set: |c, v| secs(v).map(|x| c.entry_timeout = Some(x)),
     },
     MountOption {
         name: "threads",
         value: Value::Takes("N"),
         help: "FUSE dispatch threads, 1 to 256",
+        default: Some("4"),
         set: |c, v| number(v).map(|x| c.threads = x),
     },
     MountOption {
         name: "transport",
         value: Value::Takes("auto|verbs|tcp"),
         help: "Transport: auto (verbs when an RDMA device exists), verbs or tcp",
+        default: Some("auto"),
         set: |c, v| v.parse().map(|x| c.transport = x),
     },
     MountOption {
@@ -212,12 +224,14 @@ pub const OPTIONS: &[MountOption] = &[
         help: "tcp: encrypt every byte between this mount and the nodes (AES-256-GCM, keys \
                from the shared secret): calls, callbacks and file data. Costs CPU per byte; \
                a node run with --encrypt takes no other mounts",
+        default: Some("off"),
         set: |c, v| on_off(v).map(|x| c.encrypt = x),
     },
     MountOption {
         name: "device",
         value: Value::Takes("NAME"),
         help: "verbs: the RDMA device to use, e.g. mlx5_0 (default: the first)",
+        default: None,
         set: |c, v| {
             c.device = Some(v.to_string());
             Ok(())
@@ -227,6 +241,7 @@ pub const OPTIONS: &[MountOption] = &[
         name: "gid_index",
         value: Value::Takes("N"),
         help: "verbs: the GID index (default: the last RoCE v2 GID, or 0 on InfiniBand)",
+        default: None,
         set: |c, v| {
             c.gid_index = Some(
                 v.parse()
@@ -239,6 +254,7 @@ pub const OPTIONS: &[MountOption] = &[
         name: "secret_file",
         value: Value::Takes("PATH"),
         help: "Shared secret of the storage nodes",
+        default: None,
         set: |c, v| {
             c.secret_file = Some(PathBuf::from(v));
             Ok(())
@@ -248,6 +264,7 @@ pub const OPTIONS: &[MountOption] = &[
         name: "mount_timeout",
         value: Value::Takes("SECONDS"),
         help: "Seconds mounting keeps trying to reach a metadata node that is not up yet (0: once)",
+        default: Some("30"),
         set: |c, v| secs(v).map(|x| c.mount_timeout = x),
     },
     MountOption {
@@ -255,12 +272,14 @@ pub const OPTIONS: &[MountOption] = &[
         value: Value::Takes("PATH|syslog|-"),
         help:
             "Where to log: a file, syslog or - for stderr (default: stderr, syslog with --daemon)",
+        default: None,
         set: |c, v| v.parse().map(|x| c.log_file = Some(x)),
     },
     MountOption {
         name: "metrics",
         value: Value::Takes("HOST:PORT"),
         help: "Serve the counters for Prometheus on this address (GET /metrics)",
+        default: None,
         set: |c, v| {
             c.metrics = Some(v.parse().map_err(|_| format!("{v:?} is not HOST:PORT"))?);
             Ok(())
@@ -270,24 +289,28 @@ pub const OPTIONS: &[MountOption] = &[
         name: "io_timeout",
         value: Value::Takes("SECONDS"),
         help: "Seconds before I/O to a silent storage node fails with EIO (at least 1)",
+        default: Some("5"),
         set: |c, v| secs(v).map(|x| c.io_timeout = x),
     },
     MountOption {
         name: "qps",
         value: Value::Takes("N"),
         help: "Queue pairs per storage node, 1 to 64",
+        default: Some("4"),
         set: |c, v| number(v).map(|x| c.session.qps = x),
     },
     MountOption {
         name: "window",
         value: Value::Takes("off|SIZE|adaptive"),
         help: "Admission window: off, a size (7M) or adaptive",
+        default: Some("7M"),
         set: |c, v| v.parse().map(|x| c.session.window = x),
     },
     MountOption {
         name: "dyn_threshold",
         value: Value::Takes("SIZE|never"),
         help: "Requests at least this large register their own buffer (dynMR), but for reads that fit in a staging slot; never: always copy",
+        default: Some("928K"),
         set: |c, v| {
             c.session.dyn_threshold = match v {
                 "never" => usize::MAX,
@@ -300,18 +323,21 @@ pub const OPTIONS: &[MountOption] = &[
         name: "polling",
         value: Value::Takes("MODE"),
         help: "Completion polling: busy, event, event-batch, adaptive[:MAX_POLL_WC:MAX_RETRY]",
+        default: Some("adaptive"),
         set: |c, v| v.parse().map(|x| c.session.polling = x),
     },
     MountOption {
         name: "merge",
         value: Value::OnOff,
         help: "Merging of adjacent requests on/off",
+        default: Some("on"),
         set: |c, v| on_off(v).map(|x| c.session.merge = x),
     },
     MountOption {
         name: "chain",
         value: Value::OnOff,
         help: "Doorbell chaining on/off",
+        default: Some("on"),
         set: |c, v| on_off(v).map(|x| c.session.chain = x),
     },
 ];
@@ -462,7 +488,10 @@ impl MountConfig {
         OPTIONS
             .iter()
             .map(|o| {
-                let help = format!("{} (-o {})", o.help, o.name);
+                let help = match o.default {
+                    Some(d) => format!("{} (-o {}) [default: {d}]", o.help, o.name),
+                    None => format!("{} (-o {})", o.help, o.name),
+                };
                 let arg = Arg::new(o.name).long(flag_name(o)).help(help);
                 match o.value {
                     Value::Switch => arg.action(ArgAction::SetTrue),
@@ -501,15 +530,18 @@ mod tests {
     /// The mount options as the table in `docs/configuration.md` lists them: one row per option,
     /// in order (a test keeps the two the same).
     fn markdown_table() -> String {
-        let mut t = String::from("| `-o` option | flag | value | what |\n|---|---|---|---|\n");
+        let mut t = String::from(
+            "| `-o` option | flag | value | default | what |\n|---|---|---|---|---|\n",
+        );
         for o in OPTIONS {
             let value = match o.value {
                 Value::Switch => "switch".to_string(),
                 Value::OnOff => "`on\\|off`".to_string(),
                 Value::Takes(shape) => format!("`{}`", shape.replace('|', "\\|")),
             };
+            let default = o.default.map_or(String::new(), |d| format!("`{d}`"));
             t += &format!(
-                "| `{}` | `--{}` | {value} | {} |\n",
+                "| `{}` | `--{}` | {value} | {default} | {} |\n",
                 o.name,
                 flag_name(o),
                 o.help
@@ -541,6 +573,24 @@ mod tests {
         c.apply_list(list)?;
         c.validate()?;
         Ok(c)
+    }
+
+    /// The default each option states is the default it has: set on a default configuration,
+    /// it changes nothing.
+    #[test]
+    fn stated_defaults_are_the_defaults() {
+        let fresh = format!("{:?}", MountConfig::default());
+        for o in OPTIONS {
+            let Some(d) = o.default else { continue };
+            let mut c = MountConfig::default();
+            (o.set)(&mut c, d).unwrap_or_else(|e| panic!("{}={d}: {e}", o.name));
+            assert_eq!(
+                format!("{c:?}"),
+                fresh,
+                "{} says its default is {d}",
+                o.name
+            );
+        }
     }
 
     #[test]

@@ -121,14 +121,28 @@ pub fn connect_over(
     secret: Option<&[u8]>,
 ) -> io::Result<(Option<SessionKey>, bool)> {
     let mut greeting = [0u8; 4 + 1 + NONCE];
-    s.read_exact(&mut greeting)?;
-    if &greeting[..4] != MAGIC {
-        let why = if greeting[..3] == MAGIC[..3] {
-            "the node runs another version of rfs: upgrade the nodes and clients together"
-        } else {
-            "not an rfs node"
+    // The first bytes tell another service at once (an ssh banner, an HTTP error), even one
+    // that then closes or says no more: that is no reason to try again.
+    let mut got = 0;
+    while got < greeting.len() {
+        let n = match s.read(&mut greeting[got..]) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
         };
-        return Err(io::Error::new(io::ErrorKind::InvalidData, why));
+        got += n;
+        let seen = got.min(MAGIC.len());
+        if greeting[..seen] != MAGIC[..seen] {
+            let why = if seen == MAGIC.len() && greeting[..3] == MAGIC[..3] {
+                "the node runs another version of rfs: upgrade the nodes and clients together"
+                    .to_string()
+            } else {
+                let said = String::from_utf8_lossy(&greeting[..got]);
+                format!("not an rfs node (it said {said:?})")
+            };
+            return Err(io::Error::new(io::ErrorKind::InvalidData, why));
+        }
     }
     let needs_auth = greeting[4] & NEEDS_AUTH != 0;
     let encrypted_only = greeting[4] & ENCRYPTED_ONLY != 0;
