@@ -11,6 +11,16 @@
 # Everything after the script name goes to iozone/rfsbench.py (--help lists it all).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Help before any setup: asking how to run it installs nothing.
+for arg in "$@"; do
+  case "$arg" in
+    -h | --help)
+      if [ -x /usr/bin/python3 ]; then exec /usr/bin/python3 iozone/rfsbench.py --help; fi
+      sed -n '2,11s/^# \{0,1\}//p' iozone/run.sh
+      exit 0
+      ;;
+  esac
+done
 export DEBIAN_FRONTEND=noninteractive
 bash scripts/setup.sh
 need=()

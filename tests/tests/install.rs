@@ -54,6 +54,24 @@ fn install_to(dest: &Path) {
         .env("RFS_BIN_DIR", bins));
 }
 
+/// The harness answers --help before it sets anything up: with nothing but a shell, a sed and
+/// python on the PATH, setup (apt-get, cargo) would fail.
+#[test]
+fn the_harness_says_its_help_before_setting_anything_up() {
+    let scratch = Scratch::new("harness-help");
+    for tool in ["bash", "dirname", "sed"] {
+        let found = run(Command::new("bash").args(["-c", &format!("command -v {tool}")]));
+        let at = String::from_utf8_lossy(&found.stdout).trim().to_string();
+        std::os::unix::fs::symlink(at, scratch.0.join(tool)).unwrap();
+    }
+    let out = run(Command::new("bash")
+        .arg(repo().join("iozone/run.sh"))
+        .arg("--help")
+        .env("PATH", &scratch.0));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("--small-files"), "{said}");
+}
+
 #[test]
 fn install_stages_the_binaries_the_mount_helper_and_valid_units() {
     let dest = Scratch::new("stage");
