@@ -72,13 +72,34 @@ pub fn default_max_files(pool: u64) -> u64 {
 
 /// The memory this process may use: the machine's, or its cgroup's limit if lower.
 fn memory_limit() -> u64 {
-    let machine = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            let kib = m.lines().find_map(|l| l.strip_prefix("MemTotal:"))?;
-            kib.trim().trim_end_matches("kB").trim().parse::<u64>().ok()
-        })
-        .map_or(0, |kib| kib * 1024);
+    cgroup_room(meminfo("MemTotal:").unwrap_or(0), |limit, _| limit)
+}
+
+/// The memory a pool could take now: what the kernel says is available (free, and cache it
+/// can drop), or what the cgroup leaves below its limit if less. None if /proc says nothing.
+pub fn available_memory() -> Option<u64> {
+    let available = meminfo("MemAvailable:")?;
+    Some(cgroup_room(available, |limit, used| {
+        limit.saturating_sub(used)
+    }))
+}
+
+/// A field of /proc/meminfo, in bytes.
+fn meminfo(field: &str) -> Option<u64> {
+    let m = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib = m.lines().find_map(|l| l.strip_prefix(field))?;
+    Some(
+        kib.trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse::<u64>()
+            .ok()?
+            * 1024,
+    )
+}
+
+/// `machine`, or what `room(limit, usage)` gives for this process's cgroup if less.
+fn cgroup_room(machine: u64, room: impl Fn(u64, u64) -> u64) -> u64 {
     // v2: "0::/path" under /sys/fs/cgroup; v1: "N:memory:/path" under /sys/fs/cgroup/memory.
     // In a container the path may name the host's hierarchy: the mount's root counts too.
     let groups = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
@@ -86,17 +107,22 @@ fn memory_limit() -> u64 {
     let v1 = groups
         .lines()
         .find_map(|l| Some(l.split_once(":memory:")?.1));
-    let files = [
-        v2.map(|p| format!("/sys/fs/cgroup{p}/memory.max")),
-        v1.map(|p| format!("/sys/fs/cgroup/memory{p}/memory.limit_in_bytes")),
-        Some("/sys/fs/cgroup/memory.max".into()),
-        Some("/sys/fs/cgroup/memory/memory.limit_in_bytes".into()),
+    let v2_files = ("memory.max", "memory.current");
+    let v1_files = ("memory.limit_in_bytes", "memory.usage_in_bytes");
+    let dirs = [
+        v2.map(|p| (format!("/sys/fs/cgroup{p}"), v2_files)),
+        v1.map(|p| (format!("/sys/fs/cgroup/memory{p}"), v1_files)),
+        Some(("/sys/fs/cgroup".into(), v2_files)),
+        Some(("/sys/fs/cgroup/memory".into(), v1_files)),
     ];
-    files
-        .into_iter()
+    let read = |f: String| std::fs::read_to_string(f).ok()?.trim().parse::<u64>().ok();
+    dirs.into_iter()
         .flatten()
         // "max" (v2) and a huge number (v1) say there is no limit.
-        .filter_map(|f| std::fs::read_to_string(f).ok()?.trim().parse::<u64>().ok())
+        .filter_map(|(dir, (limit, usage))| {
+            let limit = read(format!("{dir}/{limit}"))?;
+            Some(room(limit, read(format!("{dir}/{usage}")).unwrap_or(0)))
+        })
         .fold(machine, u64::min)
 }
 

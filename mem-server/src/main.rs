@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::Parser;
 use mem_server::access::Policy;
 use mem_server::admission::Limits;
-use mem_server::config::NodeConfig;
+use mem_server::config::{available_memory, NodeConfig};
 use mem_server::node::Node;
 use nix::sys::signal::{SigSet, Signal};
 use rdmabox::size::parse_size;
@@ -27,9 +27,10 @@ struct Args {
     /// Address to listen on for clients and other nodes.
     #[arg(long, default_value = "127.0.0.1:7470")]
     listen: SocketAddr,
-    /// Memory to lend, with a unit: K, M, G or T (e.g. 8G). 0 on the metadata node: it keeps
-    /// the namespace only, and every chunk is on data nodes.
-    #[arg(long, value_parser = parse_size)]
+    /// Memory to lend, with a unit: K, M, G or T (e.g. 8G), or a share of what is available
+    /// now (e.g. 80%). 0 on the metadata node: it keeps the namespace only, and every chunk is
+    /// on data nodes. More than the machine (or the cgroup) has available is refused.
+    #[arg(long, value_parser = parse_memory)]
     memory: u64,
     /// Join the metadata node at HOST:PORT as a data node.
     #[arg(long)]
@@ -117,6 +118,34 @@ struct Args {
     /// a million).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "join")]
     max_files: Option<u64>,
+}
+
+/// `--memory`: a size, or a percentage of the memory available now.
+fn parse_memory(s: &str) -> Result<u64, String> {
+    let Some(pct) = s.trim().strip_suffix('%') else {
+        return parse_size(s);
+    };
+    let pct: f64 = match pct.trim().parse() {
+        Ok(p) if (0.0..=100.0).contains(&p) => p,
+        _ => return Err(format!("{s:?} is not a percentage from 0 to 100")),
+    };
+    let available = available_memory().ok_or("cannot tell the memory available (/proc/meminfo)")?;
+    Ok((available as f64 * pct / 100.0) as u64 & !4095)
+}
+
+/// Refuses a pool the machine cannot back now: its pages are touched as files fill it, and
+/// the kernel would kill the node then, with everything in it.
+fn check_backable(memory: u64) -> Result<(), String> {
+    match available_memory() {
+        Some(available) if memory > available => Err(format!(
+            "--memory {} MiB is more than this machine can back now ({} MiB available, the \
+             cgroup's limit counted): the node would be killed as its pool fills; lend less, \
+             or a share such as 80%",
+            memory >> 20,
+            available >> 20,
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn parse_mode(s: &str) -> Result<u32, String> {
@@ -234,6 +263,10 @@ fn notify_systemd_ready() {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Err(e) = check_backable(args.memory) {
+        eprintln!("mem-server: {e}");
+        return ExitCode::from(2);
+    }
     if let Err(e) = logging::init("mem-server", "info", &args.log_file) {
         eprintln!("mem-server: {e}");
         return ExitCode::from(2);

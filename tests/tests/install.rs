@@ -466,6 +466,25 @@ fn sighup_opens_log_files_again_and_kills_neither_daemon() {
     umount_and_wait(&dir, client);
 }
 
+/// A pool the machine cannot back is refused at start (it was taken, and the node killed by
+/// the kernel later, its files with it); a share of what is available is taken.
+#[test]
+fn a_pool_the_machine_cannot_back_is_refused_and_a_share_is_taken() {
+    let out = Command::new(bin("mem-server"))
+        .args(["--listen", "127.0.0.1:0", "--memory", "100T", "--insecure"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("more than this machine can back"), "{said}");
+    let bad = Command::new(bin("mem-server"))
+        .args(["--listen", "127.0.0.1:0", "--memory", "120%", "--insecure"])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    let _node = MemServer::start(&["--memory", "1%"]);
+}
+
 #[test]
 fn a_node_logs_to_its_file_and_tells_systemd_when_it_is_ready() {
     let scratch = Scratch::new("notify");
