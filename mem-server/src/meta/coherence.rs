@@ -341,6 +341,7 @@ struct Queue {
 /// The callback side of one session: a queue, and a thread that sends it in order, merging
 /// what has piled up into one message.
 pub(crate) struct Callbacks {
+    /// Who the client is, for the log ("client ADDR (id ...)").
     client: String,
     rpc: RpcClient,
     queue: Mutex<Queue>,
@@ -404,7 +405,7 @@ impl Callbacks {
         }
         if q.items.len() >= MAX_QUEUED {
             log::warn!(
-                "client {}: {MAX_QUEUED} callbacks unanswered; ending its session",
+                "{}: {MAX_QUEUED} callbacks unanswered; ending its session",
                 self.client
             );
             q.closed = true;
@@ -497,18 +498,18 @@ impl Callbacks {
                         .is_some_and(is_ack) =>
                 {
                     if !self.responsive.swap(true, Ordering::AcqRel) {
-                        log::warn!("client {} answers callbacks again", self.client);
+                        log::warn!("{} answers callbacks again", self.client);
                     }
                     true
                 }
                 Ok(_) => {
-                    log::warn!("client {}: malformed callback answer", self.client);
+                    log::warn!("{}: malformed callback answer", self.client);
                     false
                 }
                 Err(e) => {
                     if self.responsive.swap(false, Ordering::AcqRel) {
                         log::warn!(
-                            "client {}: callback unanswered ({e}); its chunk references are \
+                            "{}: callback unanswered ({e}); its chunk references are \
                              taken as dropped (lease)",
                             self.client
                         );

@@ -405,7 +405,16 @@ impl MetaService {
         let expire = move || {
             std::thread::sleep(grace);
             if let Some(gone) = me.sessions.expire(client_id, &attached) {
-                log::info!("{who}: not back within {grace:?}; session ended");
+                let held = gone.lock().unwrap().open.len();
+                if held > 0 {
+                    log::warn!(
+                        "{who}: not back within {grace:?}; session ended, its {held} open \
+                         files closed and its locks dropped"
+                    );
+                } else {
+                    // What a clean unmount leaves: nothing to say at info.
+                    log::debug!("{who}: session ended");
+                }
                 me.end_session(&gone);
             }
         };

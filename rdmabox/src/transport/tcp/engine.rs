@@ -388,6 +388,11 @@ impl Engine {
     ) -> Result<Option<super::shared::Outstanding>, Stop> {
         let mut out = self.qp.outstanding.lock().unwrap();
         if !out.iter().any(|o| o.psn == psn) {
+            if self.qp.is_error() {
+                // Our side went to the error state (a sever, a refusal) and flushed what was
+                // outstanding: a response already on its way is no fault of the peer's.
+                return Err(Stop::Disconnected);
+            }
             return Err(Stop::Violation(format!("response for unknown psn {psn}")));
         }
         let mut done = Vec::new();
