@@ -39,8 +39,10 @@ install -m 0755 "$RFS_BIN_DIR/mem-server" "$RFS_BIN_DIR/fs-client" "$bin/"
 ln -sfn "$PREFIX/bin/fs-client" "$DESTDIR/sbin/mount.rfs"
 log "binaries in $bin, mount helper /sbin/mount.rfs"
 
-sed "s|/usr/local|$PREFIX|g" dist/systemd/rfs-node.service >"$units/rfs-node.service"
-chmod 0644 "$units/rfs-node.service"
+for unit in rfs-node.service rfs-node@.service; do
+  sed "s|/usr/local|$PREFIX|g" "dist/systemd/$unit" >"$units/$unit"
+  chmod 0644 "$units/$unit"
+done
 if [ -f "$DESTDIR/etc/rfs/node.env" ]; then
   log "kept /etc/rfs/node.env (the new default is in $doc/examples/node.env)"
 else
@@ -50,7 +52,7 @@ install -m 0644 dist/systemd/node.env dist/systemd/mnt-rfs.mount "$doc/examples/
 install -m 0644 README.md "$doc/"
 install -d "$doc/docs"
 install -m 0644 docs/*.md "$doc/docs/"
-log "unit /etc/systemd/system/rfs-node.service (settings: /etc/rfs/node.env); mount unit example in $doc/examples"
+log "unit /etc/systemd/system/rfs-node.service (settings: /etc/rfs/node.env), and rfs-node@NAME for several nodes on one machine (settings: /etc/rfs/node-NAME.env); mount unit example in $doc/examples"
 
 if [ -z "$DESTDIR" ] && [ -d /run/systemd/system ]; then
   systemctl daemon-reload

@@ -46,7 +46,8 @@ pub fn init(ident: &'static str, default_filter: &str, target: &LogTarget) -> io
         LogTarget::Stderr => {}
         LogTarget::File(path) => {
             let file = LogFile {
-                path: path.clone(),
+                // Opened again by this name on SIGHUP, from whatever directory then.
+                path: std::path::absolute(path).unwrap_or_else(|_| path.clone()),
                 file: Arc::new(Mutex::new(open_append(path)?)),
             };
             b.target(env_logger::Target::Pipe(Box::new(file.clone())));

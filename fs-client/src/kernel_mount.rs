@@ -28,7 +28,7 @@ pub fn refuse(mountpoint: &Path) -> Option<String> {
         Err(e) => Some(e.to_string()),
         Ok(_) if mount_table::top_mount_type(mountpoint).as_deref() == Some(FS_TYPE) => {
             Some(format!(
-                "an rfs mount is there already (unmount it first: fusermount3 -u {})",
+                "an rfs mount is there already (unmount it first: umount {})",
                 mountpoint.display()
             ))
         }
@@ -53,6 +53,13 @@ pub fn mount(mountpoint: &Path, req: &MountRequest<'_>) -> io::Result<Option<Own
         .write(true)
         .open("/dev/fuse")
         .map_err(|e| io::Error::new(e.kind(), format!("/dev/fuse: {e} (is fuse loaded?)")))?;
+    // Started with stdin, stdout or stderr closed, it could be one of them, which the daemon
+    // later points at its log: a copy is taken from 3 up.
+    let device = if device.as_raw_fd() <= 2 {
+        device.try_clone()?
+    } else {
+        device
+    };
     let root_mode = std::fs::metadata(mountpoint)?.mode();
     let mut data = format!(
         "fd={},rootmode={:o},user_id={},group_id={},default_permissions",

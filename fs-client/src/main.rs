@@ -239,7 +239,7 @@ fn unmount_on_signal(mountpoint: &Path) -> bool {
         "files are open on {}: detached, and served until they close",
         mountpoint.display()
     );
-    detach(mountpoint)
+    detach(mountpoint).is_ok()
 }
 
 /// Unmounts and waits for the session to end: a mount of fuser's (through fusermount3) by
@@ -252,15 +252,13 @@ fn unmount_and_join(
     if !own_mount {
         return session.umount_and_join();
     }
-    if !detach(mountpoint) {
-        return Err(std::io::Error::last_os_error());
-    }
+    detach(mountpoint)?;
     ended(session)
 }
 
 /// Detaches the mount on `mountpoint` (lazily: files open there stay usable); whether it went.
-fn detach(mountpoint: &Path) -> bool {
-    umount2(mountpoint, MntFlags::MNT_DETACH).is_ok()
+fn detach(mountpoint: &Path) -> std::io::Result<()> {
+    Ok(umount2(mountpoint, MntFlags::MNT_DETACH)?)
 }
 
 const DAEMON_ENV: &str = "RFS_DAEMON_CHILD";
@@ -269,6 +267,17 @@ const DAEMON_ENV: &str = "RFS_DAEMON_CHILD";
 /// `$(mount ...)`, would wait for them to close): stdout and stderr go to the log file, or
 /// nowhere, and a panic is logged (to the file or syslog) instead of printed.
 fn detach_output(log_file: Option<&LogTarget>) {
+    point_output_at(log_file);
+    let print = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        log::error!("{info}");
+        print(info);
+    }));
+}
+
+/// Points stdout and stderr at the log file (again, after a SIGHUP: logrotate moved the old
+/// one away), or at /dev/null when logging goes elsewhere.
+fn point_output_at(log_file: Option<&LogTarget>) {
     let sink = match log_file {
         Some(LogTarget::File(path)) => std::fs::OpenOptions::new().append(true).open(path),
         _ => std::fs::OpenOptions::new().write(true).open("/dev/null"),
@@ -278,13 +287,8 @@ fn detach_output(log_file: Option<&LogTarget>) {
             let _ = dup2_stdout(&f);
             let _ = dup2_stderr(&f);
         }
-        Err(e) => log::warn!("keeping the starting shell's output: {e}"),
+        Err(e) => log::warn!("keeping the output as it was: {e}"),
     }
-    let print = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        log::error!("{info}");
-        print(info);
-    }));
 }
 
 /// Passes the metadata node's invalidations on to the kernel, from a thread of their own (the
@@ -388,13 +392,19 @@ fn main() -> ExitCode {
         };
     }
     let (args, cfg) = parse_args(&argv);
-    let cfg = match cfg {
+    let mut cfg = match cfg {
         Ok(c) => c,
         Err(e) => {
             eprintln!("fs-client: {e}");
             return ExitCode::from(2);
         }
     };
+    // The daemon works from / (it holds no directory busy): a log file is named from here.
+    if let Some(LogTarget::File(path)) = &mut cfg.log_file {
+        if let Ok(absolute) = std::path::absolute(&*path) {
+            *path = absolute;
+        }
+    }
     if fake {
         return ExitCode::SUCCESS;
     }
@@ -548,6 +558,10 @@ fn main() -> ExitCode {
     let (session, device, connection) = match session {
         Ok(s) => s,
         Err(e) => {
+            if own_mount {
+                // Mounted, but nothing serves it: no dead mount may stay behind.
+                let _ = detach(&mountpoint);
+            }
             eprintln!(
                 "fs-client: mounting on {}: {e} (does it exist? is fuse3 installed?)",
                 args.mountpoint.display()
@@ -583,6 +597,9 @@ fn main() -> ExitCode {
             fs.backend().sever();
         } else if sig == Some(Signal::SIGHUP) {
             logging::reopen();
+            if daemon_child {
+                point_output_at(cfg.log_file.as_ref());
+            }
         } else if sig.is_some() {
             if !still_ours(&mountpoint, ours, &connection) {
                 // Unmounted (or detached) already: the session ends once the kernel lets go,
@@ -611,7 +628,7 @@ fn main() -> ExitCode {
                 // The session ended while still mounted (an error of the FUSE loop): a dead
                 // mount would answer ENOTCONN to everyone until unmounted by hand.
                 log::error!("the FUSE session ended while mounted: detaching the mount");
-                detach(&mountpoint);
+                let _ = detach(&mountpoint);
             }
             break match ended(session) {
                 Ok(()) => ExitCode::SUCCESS,

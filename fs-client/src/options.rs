@@ -167,7 +167,7 @@ pub const OPTIONS: &[MountOption] = &[
     MountOption {
         name: "writeback_cache",
         value: Value::OnOff,
-        help: "Kernel writeback cache on/off (off). Only for a file system this mount alone \
+        help: "Kernel writeback cache on/off. Only for a file system this mount alone \
                uses: the kernel then keeps file sizes itself and does not see other mounts' \
                writes past the size it knows",
         default: Some("off"),
@@ -177,7 +177,7 @@ pub const OPTIONS: &[MountOption] = &[
         name: "write_behind",
         value: Value::Takes("SIZE|off"),
         help: "Answer a write once its bytes are copied and its chunks mapped, with up to SIZE in flight per \
-               mount (default 32M); flush, fsync and close wait for them and report a failure. \
+               mount; flush, fsync and close wait for them and report a failure. \
                O_SYNC, O_DSYNC and O_DIRECT writes are answered once they landed",
         default: Some("32M"),
         set: |c, v| {

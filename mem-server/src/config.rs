@@ -76,7 +76,8 @@ fn memory_limit() -> u64 {
 }
 
 /// The memory a pool could take now: what the kernel says is available (free, and cache it
-/// can drop), or what the cgroup leaves below its limit if less. None if /proc says nothing.
+/// can drop), or what the cgroup leaves below its limit if less (its usage counts cache it
+/// can drop too: that is left out). None if /proc says nothing.
 pub fn available_memory() -> Option<u64> {
     let available = meminfo("MemAvailable:")?;
     Some(cgroup_room(available, |limit, used| {
@@ -107,8 +108,12 @@ fn cgroup_room(machine: u64, room: impl Fn(u64, u64) -> u64) -> u64 {
     let v1 = groups
         .lines()
         .find_map(|l| Some(l.split_once(":memory:")?.1));
-    let v2_files = ("memory.max", "memory.current");
-    let v1_files = ("memory.limit_in_bytes", "memory.usage_in_bytes");
+    let v2_files = ("memory.max", "memory.current", "inactive_file ");
+    let v1_files = (
+        "memory.limit_in_bytes",
+        "memory.usage_in_bytes",
+        "total_inactive_file ",
+    );
     let dirs = [
         v2.map(|p| (format!("/sys/fs/cgroup{p}"), v2_files)),
         v1.map(|p| (format!("/sys/fs/cgroup/memory{p}"), v1_files)),
@@ -119,9 +124,15 @@ fn cgroup_room(machine: u64, room: impl Fn(u64, u64) -> u64) -> u64 {
     dirs.into_iter()
         .flatten()
         // "max" (v2) and a huge number (v1) say there is no limit.
-        .filter_map(|(dir, (limit, usage))| {
+        .filter_map(|(dir, (limit, usage, inactive))| {
             let limit = read(format!("{dir}/{limit}"))?;
-            Some(room(limit, read(format!("{dir}/{usage}")).unwrap_or(0)))
+            let stat = std::fs::read_to_string(format!("{dir}/memory.stat")).unwrap_or_default();
+            let droppable = stat
+                .lines()
+                .find_map(|l| l.strip_prefix(inactive)?.trim().parse::<u64>().ok())
+                .unwrap_or(0);
+            let used = read(format!("{dir}/{usage}")).unwrap_or(0);
+            Some(room(limit, used.saturating_sub(droppable)))
         })
         .fold(machine, u64::min)
 }

@@ -31,7 +31,7 @@ struct Args {
     /// now (e.g. 80%). 0 on the metadata node: it keeps the namespace only, and every chunk is
     /// on data nodes. More than the machine (or the cgroup) has available is refused.
     #[arg(long, value_parser = parse_memory)]
-    memory: u64,
+    memory: Memory,
     /// Join the metadata node at HOST:PORT as a data node.
     #[arg(long)]
     join: Option<SocketAddr>,
@@ -120,22 +120,40 @@ struct Args {
     max_files: Option<u64>,
 }
 
+/// What `--memory` says: bytes, and whether as a share of what was available.
+#[derive(Clone, Copy)]
+struct Memory {
+    bytes: u64,
+    share: bool,
+}
+
 /// `--memory`: a size, or a percentage of the memory available now.
-fn parse_memory(s: &str) -> Result<u64, String> {
+fn parse_memory(s: &str) -> Result<Memory, String> {
     let Some(pct) = s.trim().strip_suffix('%') else {
-        return parse_size(s);
+        return parse_size(s).map(|bytes| Memory {
+            bytes,
+            share: false,
+        });
     };
     let pct: f64 = match pct.trim().parse() {
-        Ok(p) if (0.0..=100.0).contains(&p) => p,
-        _ => return Err(format!("{s:?} is not a percentage from 0 to 100")),
+        Ok(p) if p > 0.0 && p <= 100.0 => p,
+        _ => return Err(format!("{s:?} is not a percentage above 0, up to 100")),
     };
     let available = available_memory().ok_or("cannot tell the memory available (/proc/meminfo)")?;
-    Ok((available as f64 * pct / 100.0) as u64 & !4095)
+    let bytes = (available as f64 * pct / 100.0) as u64 & !4095;
+    if bytes == 0 {
+        return Err(format!("{s} of the {available} bytes available is nothing"));
+    }
+    Ok(Memory { bytes, share: true })
 }
 
 /// Refuses a pool the machine cannot back now: its pages are touched as files fill it, and
-/// the kernel would kill the node then, with everything in it.
-fn check_backable(memory: u64) -> Result<(), String> {
+/// the kernel would kill the node then, with everything in it. A share was measured already.
+fn check_backable(memory: Memory) -> Result<(), String> {
+    if memory.share {
+        return Ok(());
+    }
+    let memory = memory.bytes;
     match available_memory() {
         Some(available) if memory > available => Err(format!(
             "--memory {} MiB is more than this machine can back now ({} MiB available, the \
@@ -307,7 +325,7 @@ fn main() -> ExitCode {
         state_dir: args.state_dir.clone(),
         max_files: args
             .max_files
-            .unwrap_or_else(|| mem_server::config::default_max_files(args.memory)),
+            .unwrap_or_else(|| mem_server::config::default_max_files(args.memory.bytes)),
         root_dir: AttrChanges {
             mode: args.root_mode,
             uid: args.root_owner.map(|(uid, _)| uid),
@@ -321,7 +339,7 @@ fn main() -> ExitCode {
             total: args.max_connections,
             per_peer: args.max_connections_per_peer,
         },
-        ..NodeConfig::new(args.listen, args.memory)
+        ..NodeConfig::new(args.listen, args.memory.bytes)
     };
     let node = match Node::start(cfg) {
         Ok(n) => n,
