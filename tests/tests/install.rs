@@ -606,6 +606,27 @@ fn counters_as_json_and_for_prometheus_on_both_binaries() {
         .and_then(|v| v.parse().ok())
         .expect("chunks_free");
     assert!(free < 64, "the file took chunks: {free} free");
+    for gauge in ["rfs_node_allocatable_bytes ", "rfs_node_inodes_max "] {
+        assert!(served.contains(gauge), "{gauge} in {served}");
+    }
+    // What freeing costs: the file's chunks are zeroed before reuse, and counted.
+    std::fs::remove_file(m.path("f")).unwrap();
+    let start = Instant::now();
+    let zeroed = loop {
+        let zeroed: u64 = scrape(&node_metrics)
+            .lines()
+            .find_map(|l| l.strip_prefix("rfs_node_zeroed_bytes_total "))
+            .and_then(|v| v.parse().ok())
+            .expect("zeroed_bytes");
+        if zeroed > 0 || start.elapsed() > Duration::from_secs(30) {
+            break zeroed;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        zeroed >= 1 << 20,
+        "{zeroed} bytes zeroed after a 100 KB file went"
+    );
 
     // An address already taken is refused before anything starts.
     let out = Command::new(bin("mem-server"))

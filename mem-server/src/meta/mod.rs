@@ -150,6 +150,11 @@ impl MetaService {
                 inodes_max,
             ),
             Metric::gauge("file_locks", "File locks held, over every client", locks),
+            Metric::counter(
+                "zeroed_bytes",
+                "Bytes of freed space zeroed before reuse (a new file must read zeros)",
+                self.zeroer.zeroed_bytes(),
+            ),
             Metric::gauge(
                 "chunks_short_of_replicas",
                 "Chunks with fewer copies than --replicas",

@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,6 +25,8 @@ pub(crate) struct Zeroer {
     /// to copy replicas.
     sessions: Mutex<HashMap<u32, Arc<DataSession>>>,
     kick: Sender<()>,
+    /// Bytes zeroed so far: what freeing costs, beside what clients write.
+    zeroed_bytes: AtomicU64,
 }
 
 impl Zeroer {
@@ -35,8 +38,14 @@ impl Zeroer {
             local,
             sessions: Mutex::new(HashMap::new()),
             kick,
+            zeroed_bytes: AtomicU64::new(0),
         };
         (z, wait)
+    }
+
+    /// Bytes zeroed since the node started.
+    pub(crate) fn zeroed_bytes(&self) -> u64 {
+        self.zeroed_bytes.load(Ordering::Relaxed)
     }
 
     /// Says there are dirty chunks.
@@ -81,6 +90,8 @@ impl Zeroer {
                     self.zero_remote(node, addrs, chunk)
                 };
                 let failed = taken - done.len();
+                let bytes = (done.len() * chunk) as u64;
+                self.zeroed_bytes.fetch_add(bytes, Ordering::Relaxed);
                 state.lock().alloc.zeroed(node, done, failed);
             }
         }
