@@ -1,5 +1,5 @@
 #!/bin/bash
-# Installs rfs on this machine, as root: the binaries (mem-server, fs-client), mount.rfs for
+# Installs rfs on this machine, as root: the binaries (mem-server, fs-client, rfs), mount.rfs for
 # mount(8) and /etc/fstab, the storage-node unit rfs-node.service with its settings in
 # /etc/rfs/node.env (kept if there), and a mount unit example. Builds first (release).
 #
@@ -25,7 +25,7 @@ fi
 
 if [ -z "${RFS_BIN_DIR:-}" ]; then
   bash scripts/setup.sh --build
-  cargo build --release -p mem-server -p fs-client
+  cargo build --release -p mem-server -p fs-client -p rfs-admin
   RFS_BIN_DIR=target/release
 fi
 bin=$DESTDIR$PREFIX/bin
@@ -34,7 +34,7 @@ units=$DESTDIR/etc/systemd/system
 install -d "$bin" "$doc/examples" "$units" "$DESTDIR/sbin"
 # /etc/rfs holds the secret: made private, and left as it is when there.
 [ -d "$DESTDIR/etc/rfs" ] || install -d -m 0700 "$DESTDIR/etc/rfs"
-install -m 0755 "$RFS_BIN_DIR/mem-server" "$RFS_BIN_DIR/fs-client" "$bin/"
+install -m 0755 "$RFS_BIN_DIR/mem-server" "$RFS_BIN_DIR/fs-client" "$RFS_BIN_DIR/rfs" "$bin/"
 # mount(8) runs /sbin/mount.TYPE for `-t TYPE`; the client answers to that name.
 ln -sfn "$PREFIX/bin/fs-client" "$DESTDIR/sbin/mount.rfs"
 log "binaries in $bin, mount helper /sbin/mount.rfs"

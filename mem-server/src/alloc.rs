@@ -353,6 +353,30 @@ impl Allocator {
         (total, (free + self.pending).min(total))
     }
 
+    /// Every node, for `rfs status`: (id, address, state, pool bytes, free bytes, free whole
+    /// chunks). The state is "up", "down", or "away" (known from the journal, not back yet).
+    pub fn usage(&self) -> Vec<(u32, String, &'static str, u64, u64, u64)> {
+        self.nodes
+            .iter()
+            .map(|n| {
+                let state = match (n.alive, n.replayed) {
+                    (true, _) => "up",
+                    (false, true) => "away",
+                    (false, false) => "down",
+                };
+                let pool = n.total * n.chunk_size;
+                (
+                    n.id,
+                    n.addr.clone(),
+                    state,
+                    pool,
+                    n.free.bytes(),
+                    n.free_chunks(),
+                )
+            })
+            .collect()
+    }
+
     /// Bytes that can be allocated now over the live nodes: [`Allocator::totals`] counts the
     /// whole chunks among them.
     pub fn allocatable_bytes(&self) -> u64 {

@@ -67,10 +67,10 @@ impl InProcessService {
 
     /// The session of client `id`, as a connection of that client attaches it.
     pub fn client(&self, id: u64) -> InProcessClient<'_> {
-        let attached = self
-            .meta
-            .sessions
-            .attach(id, Arc::new(AtomicBool::new(false)));
+        let attached =
+            self.meta
+                .sessions
+                .attach(id, Arc::new(AtomicBool::new(false)), "in process".into());
         InProcessClient {
             service: self,
             attached,

@@ -9,8 +9,8 @@
 use crate::errno::Errno;
 use crate::locks::FileLock;
 use crate::types::{
-    Attr, AttrChanges, Caller, ChunkRef, DirEntry, FileAccess, FileKind, Ino, Name, NodeInfo,
-    Owner, Replicas, StatFs,
+    Attr, AttrChanges, Caller, ChunkRef, ClusterStatus, DirEntry, FileAccess, FileKind, Ino, Name,
+    NodeInfo, Owner, Replicas, StatFs,
 };
 use crate::wire::{bad, DecodeError, Reader, Wire, Writer};
 use crate::{wire_enum, wire_struct};
@@ -267,6 +267,14 @@ wire_struct! {
     pub struct CancelWait { pub ino: Ino, pub owner: u64 }
 }
 
+wire_struct! {
+    /// The state of the cluster, for its operators (`rfs status`): every data node, every
+    /// client session, what is short of copies. Only root may ask (`caller`, as the node
+    /// treats it: a squashed root may not).
+    #[derive(Clone, Debug, PartialEq)]
+    pub struct Status { pub caller: Caller }
+}
+
 wire_enum! {
     /// A metadata request, as the service receives it.
     #[derive(Clone, Debug, PartialEq)]
@@ -299,6 +307,7 @@ wire_enum! {
         26 => GetLock,
         27 => DropLocks,
         28 => CancelWait,
+        29 => Status,
     }
 }
 
@@ -369,6 +378,7 @@ calls! {
     GetLock => Option<FileLock>,
     DropLocks => (),
     CancelWait => (),
+    Status => ClusterStatus,
 }
 
 /// The bytes of reply that a readdir page may fill, in messages of `max_msg` bytes: what is

@@ -293,6 +293,58 @@ pub type Replicas = Vec<ChunkRef>;
 pub const MAX_REPLICAS: u32 = 4;
 
 wire_struct! {
+    /// A data node as `rfs status` shows it.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct NodeStatus {
+        pub id: u32,
+        pub addr: String,
+        /// "up"; "down" (it left, or was lost); "away" (known from before a restart of the
+        /// metadata node, not back yet).
+        pub state: String,
+        /// Whether it is the metadata node's own pool.
+        pub meta: bool,
+        pub pool_bytes: u64,
+        /// What can be allocated there now, and the whole chunks of it.
+        pub free_bytes: u64,
+        pub free_chunks: u64,
+    }
+}
+
+wire_struct! {
+    /// A client session as `rfs status` shows it.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct ClientStatus {
+        /// The id the client chose.
+        pub client: u64,
+        /// Where its connection comes from (its last one, while it is away).
+        pub addr: String,
+        /// Whether a connection carries the session now (else the grace period runs).
+        pub connected: bool,
+        /// Seconds since the session began.
+        pub age_secs: u64,
+        /// Files it holds open; None when its session was busy with a call just then.
+        pub open_files: Option<u32>,
+        /// Byte-range locks it holds.
+        pub locks: u32,
+    }
+}
+
+wire_struct! {
+    /// The cluster, as the metadata node sees it.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct ClusterStatus {
+        pub nodes: Vec<NodeStatus>,
+        pub clients: Vec<ClientStatus>,
+        pub replicas: u32,
+        /// Chunks with fewer copies than `replicas`, waiting to be copied again.
+        pub chunks_short: u64,
+        pub chunk_size: u64,
+        pub inodes: u64,
+        pub inodes_max: u64,
+    }
+}
+
+wire_struct! {
     /// A data node as the metadata service knows it.
     #[derive(Clone, Debug, PartialEq, Eq)]
     pub struct NodeInfo {

@@ -306,3 +306,69 @@ fn a_client_stopped_past_its_io_timeout_fails_nothing_a_healthy_node_answered() 
     assert_eq!(back.len() as u64, blocks * block.len() as u64);
     assert!(back.chunks(block.len()).all(|b| b == block));
 }
+
+/// `rfs status` lists every data node and every client session with what it holds, as text
+/// and as JSON, within a second; a user who is not root is refused.
+#[test]
+fn rfs_status_lists_nodes_and_clients() {
+    let meta = MemServer::meta("32M", "1M");
+    let data = MemServer::data(&meta, "16M", "1M");
+    let m = Mount::new(&meta, &[]);
+    let held = fs::File::create(m.path("held")).unwrap();
+    held.write_at(b"x", 0).unwrap();
+    let rfs = |args: &[&str]| {
+        std::process::Command::new(rfs_e2e::bin("rfs"))
+            .args(args)
+            .args(["--transport", &rfs_e2e::transport()])
+            .output()
+            .unwrap()
+    };
+    let addr = meta.addr.to_string();
+    let start = Instant::now();
+    let out = rfs(&["status", &addr, "--json"]);
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json = String::from_utf8(out.stdout).unwrap();
+    assert!(json.starts_with("{\"nodes\":[{\"id\":0,"), "{json}");
+    assert_eq!(json.matches("\"state\":\"up\"").count(), 2, "{json}");
+    assert!(
+        json.contains(&format!("\"address\":\"{}\"", data.addr)),
+        "{json}"
+    );
+    assert!(
+        json.contains("\"open_files\":1,"),
+        "the mount's open file: {json}"
+    );
+    assert!(json.contains("\"chunks_short\":0,"), "{json}");
+    let text = rfs(&["status", &addr]);
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(text.contains("2 data nodes (2 up)"), "{text}");
+    assert!(text.contains("(the metadata node)"), "{text}");
+    drop(held);
+
+    // A user who is not root, holding the secret, is refused by the node.
+    let theirs = std::env::temp_dir().join(format!("rfs-status-secret-{}", std::process::id()));
+    std::fs::write(&theirs, rfs_e2e::secret().unwrap()).unwrap();
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+    std::fs::set_permissions(&theirs, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let as_user = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(rfs_e2e::bin("rfs"))
+        .args(["status", &addr, "--transport", &rfs_e2e::transport()])
+        .arg("--secret-file")
+        .arg(&theirs)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&theirs);
+    let said = String::from_utf8_lossy(&as_user.stderr);
+    assert!(!as_user.status.success());
+    assert!(said.contains("it is for root"), "{said}");
+}

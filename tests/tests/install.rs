@@ -76,7 +76,11 @@ fn the_harness_says_its_help_before_setting_anything_up() {
 fn install_stages_the_binaries_the_mount_helper_and_valid_units() {
     let dest = Scratch::new("stage");
     install_to(&dest.0);
-    for f in ["usr/local/bin/mem-server", "usr/local/bin/fs-client"] {
+    for f in [
+        "usr/local/bin/mem-server",
+        "usr/local/bin/fs-client",
+        "usr/local/bin/rfs",
+    ] {
         assert!(dest.0.join(f).is_file(), "{f}");
     }
     assert_eq!(

@@ -275,6 +275,11 @@ impl LockTable {
     pub(crate) fn count(&self) -> usize {
         self.per_session.values().sum()
     }
+
+    /// Locks `session` holds, over every file.
+    pub(crate) fn held_by(&self, session: SessionId) -> usize {
+        self.per_session.get(&session).copied().unwrap_or(0)
+    }
 }
 
 #[cfg(test)]

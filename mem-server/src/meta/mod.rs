@@ -343,7 +343,9 @@ impl MetaService {
             key.clone(),
         )?;
         // From here on, every way out goes through the detach below.
-        let attached = self.sessions.attach(client_id, stop.clone());
+        let attached = self
+            .sessions
+            .attach(client_id, stop.clone(), peer.to_string());
         let replaced =
             self.state
                 .lock()

@@ -78,6 +78,9 @@ impl ClientSession {
 
 struct Entry {
     session: Arc<Mutex<ClientSession>>,
+    /// Where its connection comes from (its last one), and since when the session is.
+    peer: String,
+    since: std::time::Instant,
     /// The session's id (also inside it, whose lock a call may hold for a while).
     id: SessionId,
     /// Bumped by every connection that attaches; shared with them, so a superseded one stops
@@ -85,6 +88,16 @@ struct Entry {
     epoch: Arc<AtomicU64>,
     /// Stops the loop of the connection attached now; None while detached.
     attached: Option<Arc<AtomicBool>>,
+}
+
+/// One session as [`Sessions::list`] gives it.
+pub(crate) struct SessionListing {
+    pub(crate) client: u64,
+    pub(crate) id: SessionId,
+    pub(crate) peer: String,
+    pub(crate) connected: bool,
+    pub(crate) age: std::time::Duration,
+    pub(crate) session: Arc<Mutex<ClientSession>>,
 }
 
 /// Every client's session, by client id.
@@ -119,7 +132,7 @@ impl Attached {
 impl Sessions {
     /// Attaches a connection whose loop stops with `stop` to `client`'s session (a new one if
     /// it has none); a connection still attached to it is told to stop.
-    pub(crate) fn attach(&self, client: u64, stop: Arc<AtomicBool>) -> Attached {
+    pub(crate) fn attach(&self, client: u64, stop: Arc<AtomicBool>, peer: String) -> Attached {
         let mut all = self.by_client.lock().unwrap();
         let resumed = all.contains_key(&client);
         let e = all.entry(client).or_insert_with(|| {
@@ -136,10 +149,13 @@ impl Sessions {
                     floor: 0,
                 })),
                 id: *next,
+                peer: String::new(),
+                since: std::time::Instant::now(),
                 epoch: Arc::default(),
                 attached: None,
             }
         });
+        e.peer = peer;
         if let Some(old) = e.attached.replace(stop) {
             old.store(true, Ordering::Release);
         }
@@ -166,6 +182,24 @@ impl Sessions {
         }
     }
 
+    /// Every session, for `rfs status`: its client, id, peer, whether a connection carries it,
+    /// its age, and the session itself (whose lock a call may hold).
+    pub(crate) fn list(&self) -> Vec<SessionListing> {
+        self.by_client
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(&client, e)| SessionListing {
+                client,
+                id: e.id,
+                peer: e.peer.clone(),
+                connected: e.attached.is_some(),
+                age: e.since.elapsed(),
+                session: e.session.clone(),
+            })
+            .collect()
+    }
+
     /// Ends `client`'s session if no connection attached since `a` left it.
     pub(crate) fn expire(&self, client: u64, a: &Attached) -> Option<Arc<Mutex<ClientSession>>> {
         let mut all = self.by_client.lock().unwrap();
@@ -186,7 +220,7 @@ mod tests {
     fn a_reconnection_finds_its_session_and_supersedes_the_old_connection() {
         let s = Sessions::default();
         let first_stop = Arc::new(AtomicBool::new(false));
-        let first = s.attach(7, first_stop.clone());
+        let first = s.attach(7, first_stop.clone(), String::new());
         assert!(!first.resumed);
         let one = Handles {
             all: 1,
@@ -194,7 +228,7 @@ mod tests {
         };
         first.session.lock().unwrap().open.insert(5, one);
         // The client reconnects before the server noticed the old connection died.
-        let second = s.attach(7, Arc::new(AtomicBool::new(false)));
+        let second = s.attach(7, Arc::new(AtomicBool::new(false)), String::new());
         assert!(second.resumed);
         assert_eq!(second.id, first.id);
         assert!(
@@ -212,14 +246,17 @@ mod tests {
             s.expire(7, &second).is_some(),
             "gone after its grace period"
         );
-        assert!(!s.attach(7, Arc::default()).resumed, "a new session");
-        assert!(s.attach(8, Arc::default()).id != second.id);
+        assert!(
+            !s.attach(7, Arc::default(), String::new()).resumed,
+            "a new session"
+        );
+        assert!(s.attach(8, Arc::default(), String::new()).id != second.id);
     }
 
     #[test]
     fn replies_are_replayed_until_the_client_has_them() {
         let s = Sessions::default();
-        let a = s.attach(1, Arc::default());
+        let a = s.attach(1, Arc::default(), String::new());
         let mut sess = a.session.lock().unwrap();
         assert_eq!(sess.replayed(10, 10), None);
         sess.remember(10, b"ten");

@@ -7,7 +7,7 @@ use rfs_proto::message::{
     decode_reply, encode_call, seal, Allocate, AttachData, Call, CancelWait, ChunkMap, Commit,
     Create, DropLocks, DropReplicas, Envelope, GetAttr, GetLock, GetStatFs, Link, ListNodes,
     Lookup, Made, Mkdir, Mknod, Open, ReadDir, Readlink, Reclaim, Release, ReleaseMany, Rename,
-    Rmdir, SetAttr, SetLock, Symlink, Unlink,
+    Rmdir, SetAttr, SetLock, Status, Symlink, Unlink,
 };
 use rfs_proto::types::{
     Attr, Caller, ChunkRef, FileAccess, FileKind, Ino, Name, Owner, Replicas, RENAME_NOREPLACE,
@@ -961,4 +961,33 @@ fn a_malformed_call_is_answered_eproto_and_changes_nothing() {
     assert_eq!(decode_reply::<Mkdir>(&reply).unwrap(), Err(Errno::EPROTO));
     let no_envelope = node.handle(&c, b"short");
     assert_eq!(no_envelope, Reply::failed(0, Errno::EPROTO).bytes);
+}
+
+// The cluster.
+
+#[test]
+fn status_lists_nodes_and_sessions_with_what_they_hold_for_root_only() {
+    let node = Node::new();
+    let (mut a, mut b) = (node.client(1), node.client(2));
+    a.create(ROOT, "f");
+    let g = b.create(ROOT, "g");
+    b.call(set_lock(g.ino, 3, lock(LockKind::Write, 0, TO_END)))
+        .unwrap();
+    assert_eq!(
+        a.call(Status { caller: user(1000) }),
+        Err(Errno::EPERM),
+        "a user may not see who is connected"
+    );
+    let s = a.call(Status { caller: root() }).unwrap();
+    assert_eq!(s.nodes.len(), 1);
+    let own = &s.nodes[0];
+    assert!(own.meta && own.state == "up", "{own:?}");
+    assert_eq!(own.pool_bytes, CHUNK * CHUNKS);
+    assert!(own.free_chunks <= CHUNKS && own.free_bytes <= own.pool_bytes);
+    let by_client = |id: u64| s.clients.iter().find(|c| c.client == id).unwrap();
+    let (ca, cb) = (by_client(1), by_client(2));
+    assert_eq!((ca.open_files, ca.locks), (Some(1), 0), "{ca:?}");
+    assert_eq!((cb.open_files, cb.locks), (Some(1), 1), "{cb:?}");
+    assert!(ca.connected && cb.connected);
+    assert_eq!((s.inodes, s.chunk_size), (3, CHUNK));
 }

@@ -1,10 +1,11 @@
 //! The metadata operations, one function per request, by family: names (lookups and the
-//! directory tree), files (handles and sizes), chunks (maps, allocation, replicas, space) and
-//! locks. Each runs under the state lock with a [`Ctx`], answers with an [`Answer`], and leaves
+//! directory tree), files (handles and sizes), chunks (maps, allocation, replicas, space),
+//! locks, and the cluster's state for its operators. Each runs under the state lock with a [`Ctx`], answers with an [`Answer`], and leaves
 //! in [`Effects`] what the service does once the lock is released (callbacks, grants,
 //! revocations, freed chunks).
 
 mod chunks;
+mod cluster;
 mod files;
 mod locking;
 mod names;
@@ -94,6 +95,7 @@ pub(super) fn apply(cx: &mut Ctx<'_>, req: &Request) -> Answer {
         Request::GetStatFs(m) => chunks::statfs(cx, m),
         Request::ListNodes(m) => chunks::list_nodes(cx, m),
         Request::AttachData(m) => chunks::attach_data(cx, m),
+        Request::Status(m) => cluster::status(cx, m),
     }
 }
 

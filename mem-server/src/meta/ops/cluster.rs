@@ -1,0 +1,68 @@
+//! The cluster as its operators see it (`rfs status`): nodes, client sessions, copies short.
+
+use rfs_proto::message::Status;
+use rfs_proto::types::{ClientStatus, ClusterStatus, NodeStatus};
+use rfs_proto::Errno;
+
+use super::{answer, Answer, Ctx};
+
+pub(super) fn status(cx: &mut Ctx<'_>, m: &Status) -> Answer {
+    // Client addresses and what each holds are for root only (a squashed root is not).
+    match cx.svc.policy.caller(&m.caller) {
+        Ok(c) if c.uid == 0 => {}
+        Ok(_) => return answer(m, Err(Errno::EPERM)),
+        Err(e) => return answer(m, Err(e)),
+    }
+    let nodes = cx
+        .st
+        .alloc
+        .usage()
+        .into_iter()
+        .map(
+            |(id, addr, state, pool_bytes, free_bytes, free_chunks)| NodeStatus {
+                id,
+                addr,
+                state: state.into(),
+                meta: id == cx.svc.local,
+                pool_bytes,
+                free_bytes,
+                free_chunks,
+            },
+        )
+        .collect();
+    let clients = cx
+        .svc
+        .sessions
+        .list()
+        .into_iter()
+        .map(|s| {
+            // Never wait for another session's lock under the state lock (its holder may be
+            // waiting for that): a session busy just now says nothing of its files.
+            let open_files = if s.id == cx.cs.id {
+                Some(cx.cs.open.len() as u32)
+            } else {
+                s.session.try_lock().ok().map(|x| x.open.len() as u32)
+            };
+            ClientStatus {
+                client: s.client,
+                addr: s.peer,
+                connected: s.connected,
+                age_secs: s.age.as_secs(),
+                open_files,
+                locks: cx.st.locks.held_by(s.id) as u32,
+            }
+        })
+        .collect();
+    answer(
+        m,
+        Ok(ClusterStatus {
+            nodes,
+            clients,
+            replicas: cx.svc.replicas as u32,
+            chunks_short: cx.svc.repair.short(),
+            chunk_size: cx.st.ns.chunk_size(),
+            inodes: cx.st.ns.inode_count(),
+            inodes_max: cx.st.ns.max_inodes(),
+        }),
+    )
+}
