@@ -223,6 +223,45 @@ fn sever_now(m: &Mount, stats: &File) -> bool {
     true
 }
 
+/// A rename waits for every mount that holds the old name and can be asked, even while
+/// another holder cannot be (its connection severed): the severed one counted down the other's
+/// answer, and the rename returned while a stopped (or merely slow, under load) mount still
+/// showed the old name (the model test's rare "contents differ" below).
+#[test]
+fn a_change_waits_for_the_holders_it_asked_while_another_is_severed() {
+    let server = MemServer::meta("16M", "64K");
+    let (a, b, c) = (
+        Mount::new(&server, &[]),
+        Mount::new(&server, &[]),
+        Mount::new(&server, &[]),
+    );
+    fs::write(a.path("old"), b"x").unwrap();
+    for m in [&b, &c] {
+        fs::metadata(m.path("old")).unwrap();
+    }
+    let stats = File::open(c.path(".rfs-stats")).unwrap();
+    assert!(sever_now(&c, &stats));
+    let stopped = b.pid() as u32;
+    rfs_e2e::stop(stopped);
+    let resumer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(1500));
+        rfs_e2e::resume(stopped);
+    });
+    let start = std::time::Instant::now();
+    fs::rename(a.path("old"), a.path("new")).unwrap();
+    let took = start.elapsed();
+    resumer.join().unwrap();
+    assert!(
+        took >= Duration::from_millis(1400),
+        "the rename returned after {took:?}, before the stopped mount answered"
+    );
+    assert!(
+        !b.path("old").exists(),
+        "the stopped mount still shows the old name"
+    );
+    assert_eq!(fs::read(b.path("new")).unwrap(), b"x");
+}
+
 /// Three mounts take turns at random operations on three names (writes, cuts, removals,
 /// renames, writes through descriptors kept open, reads, stats and fstats), the third
 /// severed every few steps: whatever any of them reads or stats must be what a model says.
