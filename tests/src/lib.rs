@@ -3,7 +3,8 @@
 //! the directory) when dropped, also when a test fails.
 //!
 //! The binaries come from the workspace's target directory: `cargo test --workspace` builds them
-//! (mem-server and fs-client have integration tests of their own).
+//! (mem-server, fs-client and rfs-admin have integration tests of their own, and cargo builds a
+//! package's binaries only for those).
 //!
 //! Nodes and mounts use the tcp provider, or the one `RFS_E2E_TRANSPORT` names (`verbs` in the
 //! Soft-RoCE VM of tests/rxe).
