@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam_channel::Receiver;
-use rdmabox::transport::{Access, Context, ProviderKind, TransportConfig};
+use rdmabox::transport::{Access, Context, MemoryRegion, ProviderKind, TransportConfig};
 use rfs_proto::clock;
 use rfs_proto::message::{seal, Envelope};
 use rfs_proto::MetadataChannel;
@@ -27,6 +27,7 @@ const CALL_BUDGET_MS: u32 = 10_000;
 pub struct InProcessService {
     pub(crate) meta: Arc<MetaService>,
     grants: Arc<Grants>,
+    pool: Arc<MemoryRegion>,
     ctx: Context,
     _zeroer_kicks: Receiver<()>,
 }
@@ -48,6 +49,7 @@ impl InProcessService {
         Ok(InProcessService {
             meta,
             grants,
+            pool,
             ctx,
             _zeroer_kicks: kicks,
         })
@@ -58,6 +60,25 @@ impl InProcessService {
     pub fn data_session(&self) -> io::Result<u64> {
         let pd = Arc::new(self.ctx.alloc_pd()?);
         Ok(self.grants.open(pd))
+    }
+
+    /// `len` bytes of the pool at address `addr` (a chunk's, as maps give them, plus an
+    /// offset): what one-sided transfers would read there.
+    pub fn pool_bytes(&self, addr: u64, len: usize) -> io::Result<Vec<u8>> {
+        let mut out = vec![0; len];
+        self.pool.read_at(self.pool_offset(addr)?, &mut out)?;
+        Ok(out)
+    }
+
+    /// Writes `bytes` into the pool at address `addr`, as a one-sided write would.
+    pub fn write_pool(&self, addr: u64, bytes: &[u8]) -> io::Result<()> {
+        self.pool.write_at(self.pool_offset(addr)?, bytes)
+    }
+
+    fn pool_offset(&self, addr: u64) -> io::Result<usize> {
+        addr.checked_sub(self.pool.addr())
+            .map(|o| o as usize)
+            .ok_or_else(|| io::Error::other(format!("{addr:#x} is not in the pool")))
     }
 
     /// The data node id of the service's own pool.

@@ -80,7 +80,7 @@ fn single(map: Vec<(u64, Replicas)>) -> Vec<(u64, ChunkRef)> {
 fn allocate(c: &Client, ino: u64, first: u64, count: u32) -> Result<Vec<(u64, ChunkRef)>, Errno> {
     attach_all(c);
     c.call(Allocate { ino, first, count })
-        .map(single)
+        .map(|m| single(m.chunks))
         .map_err(|e| e.errno())
 }
 
@@ -97,7 +97,8 @@ fn chunk_map(c: &Client, ino: u64, count: u32) -> Vec<(u64, ChunkRef)> {
             first: 0,
             count,
         })
-        .unwrap(),
+        .unwrap()
+        .chunks,
     )
 }
 

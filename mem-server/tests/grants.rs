@@ -80,7 +80,7 @@ fn file(c: &Client, name: &str, chunks: u32) -> (u64, Vec<ChunkRef>) {
             count: chunks,
         })
         .unwrap();
-    let map: Vec<(u64, ChunkRef)> = map.into_iter().map(|(i, r)| (i, r[0])).collect();
+    let map: Vec<(u64, ChunkRef)> = map.chunks.into_iter().map(|(i, r)| (i, r[0])).collect();
     for (i, ch) in &map {
         assert_ne!(ch.rkey, 0, "granted to an attached session");
         write(c, ch, ch.rkey, vec![*i as u8 + 1; 4096]).unwrap();
@@ -107,7 +107,7 @@ fn map(c: &Client, ino: u64) -> Vec<ChunkRef> {
             count: 16,
         })
         .unwrap();
-    m.into_iter().map(|(_, r)| r[0]).collect()
+    m.chunks.into_iter().map(|(_, r)| r[0]).collect()
 }
 
 /// 4 KiB at the start of `chunk` through `c`'s data session, with remote key `rkey`.

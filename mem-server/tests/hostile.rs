@@ -346,6 +346,7 @@ fn a_client_reaches_only_what_it_opened_as_the_mode_allows() {
                 count: 2
             })
             .unwrap()
+            .chunks
             .len(),
         2
     );

@@ -9,8 +9,8 @@
 use crate::errno::Errno;
 use crate::locks::FileLock;
 use crate::types::{
-    Attr, AttrChanges, Caller, ChunkRef, ClusterStatus, DirEntry, FileAccess, FileKind, Ino, Name,
-    NodeInfo, Owner, Replicas, StatFs,
+    Attr, AttrChanges, Caller, ChunkRef, ClusterStatus, DirEntry, FileAccess, FileKind, FileMap,
+    Ino, Name, NodeInfo, Owner, StatFs,
 };
 use crate::wire::{bad, DecodeError, Reader, Wire, Writer};
 use crate::{wire_enum, wire_struct};
@@ -364,8 +364,8 @@ calls! {
     ReadDir => Vec<DirEntry>,
     Open => Attr,
     Release => (),
-    ChunkMap => Vec<(u64, Replicas)>,
-    Allocate => Vec<(u64, Replicas)>,
+    ChunkMap => FileMap,
+    Allocate => FileMap,
     Commit => Committed,
     GetStatFs => StatFs,
     ListNodes => Vec<NodeInfo>,

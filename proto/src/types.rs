@@ -186,6 +186,17 @@ wire_struct! {
 }
 
 wire_struct! {
+    /// A page of a file's chunk map (chunk index and replicas), and the count of cuts of the
+    /// file when it was read: a client's write admitted before a later cut must not land
+    /// through it.
+    #[derive(Clone, Debug, PartialEq, Eq, Default)]
+    pub struct FileMap {
+        pub cuts: u64,
+        pub chunks: Vec<(u64, Replicas)>,
+    }
+}
+
+wire_struct! {
     /// Who makes a call: the user behind the file-system request, for the service's permission
     /// checks (trusted as NFS's AUTH_SYS is: the client proved it knows the secret).
     #[derive(Clone, Debug, PartialEq, Eq, Default)]

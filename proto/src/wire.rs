@@ -23,7 +23,9 @@ use crate::errno::Errno;
 /// CancelWait, callbacks' locks_freed). 16: calls, replies, callbacks, their answers and pool
 /// descriptors carry a MAC by the connection's session key ([`crate::integrity`]).
 /// 18: statfs says the most inodes the namespace holds (`StatFs::inodes_max`).
-pub const VERSION: u8 = 18;
+/// 19: chunk maps carry the file's count of cuts ([`crate::types::FileMap`]), and the
+/// metadata node zeroes the tail of the chunk a cut splits.
+pub const VERSION: u8 = 19;
 /// Bounds what one list (readdir page, chunk map, node list) may carry: a message is at most
 /// 64 KiB.
 pub const MAX_LIST: u32 = 256;

@@ -350,3 +350,53 @@ fn lines_appended_under_locks_on_two_mounts_survive_severs_of_one() {
         println!("{kind:?}: {} lines, {severs} severs", numbers.len());
     }
 }
+
+/// Mount b holds a file open and has written into the chunk a cut will split; its connection
+/// drops; mount a cuts the file inside that chunk; b, still cut off, writes across the new end
+/// and syncs. Either b's write came before the cut (the bytes past the cut go with it) or
+/// after (the file grows over them): whichever, once a grows the file again, every byte past
+/// what b's write left is zero. The bytes b wrote past the cut reappeared when a grew the file
+/// (the cut was zeroed before b's write landed, which b's stale chunk map let through).
+#[test]
+fn a_cut_holds_against_a_write_through_a_map_held_across_a_lost_connection() {
+    const OLD: usize = 200 * 1024;
+    const CUT: u64 = 100_000;
+    const AT: u64 = 90_000;
+    const LEN: usize = 20_000;
+    let server = MemServer::meta("16M", "64K");
+    let (a, b) = (Mount::new(&server, &[]), Mount::new(&server, &[]));
+    fs::write(a.path("f"), vec![0xaa; OLD]).unwrap();
+    let held = open_rw(b.path("f"));
+    // b maps the chunk the cut will split (64K..128K) by writing into it.
+    held.write_at(&[0xaa], 70_000).unwrap();
+    held.sync_all().unwrap();
+    sever(&b);
+    open_rw(a.path("f")).set_len(CUT).unwrap();
+    held.write_at(&[0xbb; LEN], AT).unwrap();
+    let synced = held.sync_all();
+    drop(held);
+    let size = fs::metadata(a.path("f")).unwrap().len();
+    println!("b's fsync: {synced:?}; the file then: {size} bytes");
+    open_rw(a.path("f")).set_len(OLD as u64).unwrap();
+    let got = fs::read(a.path("f")).unwrap();
+    assert_eq!(got.len(), OLD);
+    let end = match size {
+        CUT => CUT as usize,
+        s if s == AT + LEN as u64 => {
+            assert!(
+                synced.is_ok(),
+                "b's write grew the file, yet its fsync said {synced:?}"
+            );
+            assert!(got[AT as usize..s as usize].iter().all(|&x| x == 0xbb));
+            s as usize
+        }
+        s => panic!("after b's write the file is {s} bytes: neither the cut nor b's end"),
+    };
+    let stray = got[end..].iter().position(|&x| x != 0);
+    assert_eq!(
+        stray.map(|i| (end + i, got[end + i])),
+        None,
+        "a byte past the end b's write left ({end}) is not zero after the file grew again \
+         (fsync: {synced:?})"
+    );
+}

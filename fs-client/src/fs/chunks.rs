@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use rfs_daemon::backoff::Backoff;
 use rfs_proto::message::{Allocate, ChunkMap};
-use rfs_proto::types::{Ino, Replicas};
+use rfs_proto::types::{FileMap, Ino, Replicas};
 use rfs_proto::wire::MAX_LIST;
 use rfs_proto::{CallError, Errno, MetadataChannel};
 
@@ -49,6 +49,8 @@ struct FileChunks {
     in_flight: Vec<(u64, usize)>,
     /// Fetches under way (the file's generation must outlive them).
     fetching: usize,
+    /// The most cuts of the file a fetch was told of.
+    cuts: u64,
 }
 
 impl FileChunks {
@@ -148,6 +150,12 @@ impl ChunkCache {
 
     fn lock(&self) -> MutexGuard<'_, Files> {
         self.files.lock().unwrap()
+    }
+
+    /// The most cuts of `ino` that a fetch of its map was told of (0 if none is kept): a map
+    /// read after a cut carries it.
+    pub(crate) fn cuts_mapped(&self, ino: Ino) -> u64 {
+        self.lock().files.get(&ino).map_or(0, |f| f.cuts)
     }
 
     /// References cached.
@@ -267,7 +275,7 @@ impl ChunkCache {
             let f = files.files.get_mut(&ino).expect("kept while fetching");
             f.fetching -= 1;
             let got = match got {
-                Ok(g) if g.iter().any(|(_, r)| r.is_empty()) => Err(Error::new(
+                Ok(g) if g.chunks.iter().any(|(_, r)| r.is_empty()) => Err(Error::new(
                     Errno::EIO,
                     format!("the metadata node sent a chunk of inode {ino} without a replica"),
                 )),
@@ -283,9 +291,10 @@ impl ChunkCache {
             if f.gen != gen {
                 continue; // a recall overtook the fetch: its answer may be stale
             }
+            f.cuts = f.cuts.max(got.cuts);
             let mut out = out;
             let mut added = 0;
-            for (i, replicas) in got {
+            for (i, replicas) in got.chunks {
                 if range.contains(&i) {
                     out[(i - first) as usize] = Some(replicas.clone());
                 }
@@ -333,7 +342,7 @@ impl ChunkCache {
         start: u64,
         needed: u64,
         allocate: bool,
-    ) -> Result<Vec<(u64, Replicas)>> {
+    ) -> Result<FileMap> {
         if allocate && start >= 1 && needed < ALLOC_AHEAD {
             match Self::call(meta, ino, start, ALLOC_AHEAD, true) {
                 Err(e) if e.errno() == Errno::ENOSPC => {}
@@ -354,18 +363,20 @@ impl ChunkCache {
         mut start: u64,
         mut want: u64,
         allocate: bool,
-    ) -> Result<Vec<(u64, Replicas)>> {
-        let mut all = Vec::new();
+    ) -> Result<FileMap> {
+        let mut all = FileMap::default();
         while want > 0 {
             let count = want.min(MAX_LIST as u64) as u32;
             let first = start;
-            all.extend(Self::while_frozen(ino, || {
+            let page = Self::while_frozen(ino, || {
                 if allocate {
                     meta.call(Allocate { ino, first, count })
                 } else {
                     meta.call(ChunkMap { ino, first, count })
                 }
-            })?);
+            })?;
+            all.cuts = all.cuts.max(page.cuts);
+            all.chunks.extend(page.chunks);
             start += count as u64;
             want -= count as u64;
         }
@@ -422,8 +433,8 @@ mod tests {
                 Request::Allocate(m) => (m_op(&m), m.first, m.first + m.count as u64),
                 _ => unreachable!(),
             };
-            let map: Vec<(u64, Replicas)> = (first..end).map(|i| (i, vec![chunk(i)])).collect();
-            Ok(encode_reply(op, &Ok(map)))
+            let chunks = (first..end).map(|i| (i, vec![chunk(i)])).collect();
+            Ok(encode_reply(op, &Ok(FileMap { cuts: 0, chunks })))
         }
     }
 

@@ -11,7 +11,7 @@ use rdmabox::transport::WcStatus;
 use rdmabox::Snapshot;
 use rfs_proto::message::{decode_reply, encode_reply, Call, Committed, Made, Request, RequestOp};
 use rfs_proto::types::{
-    Attr, ChunkRef, FileAccess, FileKind, Ino, Owner, Replicas, StatFs, Timestamp, ROOT,
+    Attr, ChunkRef, FileAccess, FileKind, FileMap, Ino, Owner, Replicas, StatFs, Timestamp, ROOT,
 };
 use rfs_proto::wire::MAX_LIST;
 use rfs_proto::{Errno, MetadataChannel};
@@ -185,6 +185,7 @@ impl FakeCluster {
     /// Cuts `ino` to `size`, as another client's truncate would, without callbacks.
     pub(crate) fn cut(&self, ino: Ino, size: u64) {
         let mut st = self.state.lock().unwrap();
+        st.zero_tail(ino, size);
         let a = st.files.get_mut(&ino).unwrap();
         a.size = size;
         a.cuts += 1;
@@ -436,6 +437,7 @@ impl FakeCluster {
             }
             Request::SetAttr(m) => {
                 if let Some(size) = m.changes.size {
+                    st.zero_tail(m.ino, size);
                     let keep = size.div_ceil(CHUNK);
                     st.chunks.retain(|&(i, idx), _| i != m.ino || idx < keep);
                 }
@@ -550,17 +552,39 @@ impl FakeCluster {
     }
 }
 
+impl State {
+    /// Zeroes the rest of the chunk a cut of `ino` to `size` splits, on every replica, as the
+    /// metadata node does (growing the file zeroes nothing).
+    fn zero_tail(&mut self, ino: Ino, size: u64) {
+        if self.files.get(&ino).is_none_or(|a| size >= a.size) {
+            return;
+        }
+        let Some(replicas) = self.chunks.get(&(ino, size / CHUNK)) else {
+            return;
+        };
+        for c in replicas {
+            if let Some(mem) = self.memory.get_mut(&(c.node, c.addr)) {
+                mem[(size % CHUNK) as usize..].fill(0);
+            }
+        }
+    }
+}
+
 /// Chunks `first..first+count` of `ino`, with the keys handed out now.
-fn map(st: &State, ino: Ino, first: u64, count: u32) -> Vec<(u64, Replicas)> {
+fn map(st: &State, ino: Ino, first: u64, count: u32) -> FileMap {
     let with_key = |c: &ChunkRef| ChunkRef {
         rkey: st.key(),
         ..*c
     };
-    st.chunks
-        .range((ino, first)..(ino, first + count as u64))
-        .map(|(&(_, idx), c)| (idx, c.iter().map(with_key).collect()))
-        .take(MAX_LIST as usize)
-        .collect()
+    FileMap {
+        cuts: st.files.get(&ino).map_or(0, |a| a.cuts),
+        chunks: st
+            .chunks
+            .range((ino, first)..(ino, first + count as u64))
+            .map(|(&(_, idx), c)| (idx, c.iter().map(with_key).collect()))
+            .take(MAX_LIST as usize)
+            .collect(),
+    }
 }
 
 impl MetadataChannel for Fake {

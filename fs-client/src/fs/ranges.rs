@@ -207,7 +207,7 @@ impl<B: Backend> Rfs<B> {
                 count,
             })
         })?;
-        Ok((count, page))
+        Ok((count, page.chunks))
     }
 
     /// The indices of `ino`'s chunks in `first..=last` that are allocated. The node's map

@@ -29,6 +29,16 @@ pub(crate) struct Effects {
     /// their handles again, a file closed here may be open at a client that wrote past the
     /// size it committed, into chunks allocated ahead.
     pub(crate) keep_past_size: bool,
+    /// Chunks a cut split, frozen: their tails are zeroed once their holders let go.
+    pub(crate) tails: Vec<Tail>,
+}
+
+/// The chunk a cut splits (its tail is zeroed by [`super::tails`]): chunk `index` of `ino`, from byte `from` of it on, on `replicas`.
+pub(crate) struct Tail {
+    pub(crate) ino: Ino,
+    pub(crate) index: u64,
+    pub(crate) from: u64,
+    pub(crate) replicas: Replicas,
 }
 
 /// A chunk map to hand out once its chunks are granted to the caller's data sessions.
@@ -37,6 +47,8 @@ pub(crate) struct Granting {
     pub(crate) writable: bool,
     /// The free number when the map was read.
     pub(crate) seq: u64,
+    /// The file's count of cuts when the map was read.
+    pub(crate) cuts: u64,
     pub(crate) chunks: Vec<(u64, Replicas)>,
 }
 

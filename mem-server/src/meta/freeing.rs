@@ -69,6 +69,7 @@ impl MetaService {
             change,
             quick,
             woken,
+            tails,
             ..
         } = effects;
         // Waiters for locks are told, not waited for: one that is slow must not hold up the
@@ -109,6 +110,8 @@ impl MetaService {
         // now. One that cannot be asked (its connection is down) is not waited for; the
         // chunks wait out its lease instead.
         let mut all_answered = answered.wait(wait_until);
+        // Those that did not answer in time are fenced off the split chunks by revocation.
+        self.zero_cut_tails(tails);
         if freed.chunks.is_empty() {
             return;
         }

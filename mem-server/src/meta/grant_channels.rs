@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rfs_proto::grant::{GrantChunks, GrantRequest, RevokeChunks, RevokeFreed};
-use rfs_proto::types::ChunkRef;
+use rfs_proto::types::{ChunkRef, FileMap};
 use rfs_proto::wire::MAX_LIST;
 
 use super::effects::{by_node, Granting};
@@ -95,6 +95,7 @@ impl GrantChannels {
             op,
             writable,
             seq,
+            cuts,
             mut chunks,
         } = g;
         let nodes = by_node(chunks.iter().flat_map(|(_, r)| r));
@@ -132,7 +133,7 @@ impl GrantChannels {
                 c.rkey = keys.next().unwrap_or(0);
             }
         }
-        Reply::new(op as u8, &Ok(chunks))
+        Reply::new(op as u8, &Ok(FileMap { cuts, chunks }))
     }
 
     /// Takes back what the session was granted on `chunks` (only for writing if

@@ -15,6 +15,7 @@ mod recovery;
 pub(crate) mod repair;
 pub(crate) mod sessions;
 mod state;
+mod tails;
 #[cfg(test)]
 mod tests;
 pub(crate) mod zeroer;
@@ -169,7 +170,7 @@ impl MetaService {
     pub(crate) fn new(
         cfg: &NodeConfig,
         advertise: String,
-        pool: &MemoryRegion,
+        pool: &Arc<MemoryRegion>,
         chunks: u64,
         grants: &Arc<Grants>,
     ) -> io::Result<(Arc<MetaService>, Receiver<()>)> {
@@ -237,7 +238,7 @@ impl MetaService {
             state.take_records(&mut Vec::new());
             j.start(&state.records())?;
         }
-        let (zeroer, wait) = Zeroer::new(local);
+        let (zeroer, wait) = Zeroer::new(local, pool.clone());
         let meta = Arc::new(MetaService {
             state: Journaled::new(state, journal),
             local,
@@ -520,8 +521,17 @@ impl MetaService {
         // the time it had left.
         let left_ms = (envelope.budget_ms as u64).saturating_sub(age);
         let copies_wait_until = Instant::now() + Duration::from_millis(left_ms / 2);
+        let busy_wait_until = Instant::now() + Duration::from_millis(left_ms.saturating_sub(50));
         let mut reply = loop {
             let mut st = self.state.lock();
+            if let Request::SetAttr(m) = &req {
+                if ops::cut_must_wait(&st, m) && Instant::now() < busy_wait_until {
+                    // Another cut's tail is being zeroed, or a copy made: moments, as a rule.
+                    drop(st);
+                    std::thread::sleep(Duration::from_millis(2));
+                    continue;
+                }
+            }
             if matches!(req, Request::Allocate(_))
                 && self.copies_are_coming_back(&st.alloc)
                 && Instant::now() < copies_wait_until

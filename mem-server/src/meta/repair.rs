@@ -208,7 +208,7 @@ impl MetaService {
                 continue;
             }
             let started = Instant::now();
-            self.freeze(ino, &indices);
+            let indices = self.freeze(ino, &indices);
             let mut bytes = 0;
             for &index in &indices {
                 match self.copy_one(local, ino, index) {
@@ -244,10 +244,18 @@ impl MetaService {
     }
 
     /// Takes `ino`'s map back from every holder and hands out none of `indices` until
-    /// [`Self::thaw`].
-    fn freeze(&self, ino: Ino, indices: &[u64]) {
+    /// [`Self::thaw`]; those it froze (not those frozen already: a cut's tail being zeroed,
+    /// copied at the next pass).
+    fn freeze(&self, ino: Ino, indices: &[u64]) -> Vec<u64> {
         let mut st = self.state.lock();
-        st.frozen.extend(indices.iter().map(|&i| (ino, i)));
+        let indices: Vec<u64> = indices
+            .iter()
+            .copied()
+            .filter(|&i| st.frozen.insert((ino, i)))
+            .collect();
+        if indices.is_empty() {
+            return indices;
+        }
         let change = Change {
             remaps: vec![ino],
             ..Change::default()
@@ -267,6 +275,7 @@ impl MetaService {
             );
             std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
         }
+        indices
     }
 
     fn thaw(&self, ino: Ino, indices: &[u64]) {

@@ -160,7 +160,7 @@ impl Client<'_> {
         first: u64,
         count: u32,
     ) -> Result<Vec<(u64, Replicas)>, Errno> {
-        self.call(Allocate { ino, first, count })
+        self.call(Allocate { ino, first, count }).map(|m| m.chunks)
     }
 
     fn names(&mut self, dir: Ino) -> Vec<Vec<u8>> {
@@ -344,7 +344,7 @@ fn setattr_lets_the_owner_chmod_refuses_others_and_truncation_frees_chunks() {
         count: 8,
     });
     assert!(
-        map.unwrap().iter().all(|(_, r)| r.is_empty()),
+        map.unwrap().chunks.iter().all(|(_, r)| r.is_empty()),
         "no chunk left"
     );
     // Nobody else holds the map: the chunks go back to the pool (to be zeroed) at once.
@@ -447,7 +447,11 @@ fn unlink_of_an_open_file_keeps_it_for_its_handle_until_the_last_release() {
         first: 0,
         count: 2,
     });
-    assert_eq!(map.unwrap().len(), 2, "its chunks stay while it is open");
+    assert_eq!(
+        map.unwrap().chunks.len(),
+        2,
+        "its chunks stay while it is open"
+    );
     c.call(Release {
         ino: f.ino,
         access: RW,
@@ -786,11 +790,11 @@ fn chunk_map_goes_through_a_handle_and_is_granted_to_the_attached_data_session()
         first: 0,
         count: 4,
     };
-    let ungranted = c.call(map.clone()).unwrap();
+    let ungranted = c.call(map.clone()).unwrap().chunks;
     assert_eq!(ungranted.len(), 2);
     assert!(ungranted.iter().flat_map(|(_, r)| r).all(|c| c.rkey == 0));
     c.attach_data();
-    let granted = c.call(map.clone()).unwrap();
+    let granted = c.call(map.clone()).unwrap().chunks;
     assert!(granted.iter().flat_map(|(_, r)| r).all(|c| c.rkey != 0));
     let mut other = node.client(2);
     assert_eq!(other.call(map), Err(Errno::EBADF));
@@ -990,4 +994,73 @@ fn status_lists_nodes_and_sessions_with_what_they_hold_for_root_only() {
     assert_eq!((cb.open_files, cb.locks), (Some(1), 1), "{cb:?}");
     assert!(ca.connected && cb.connected);
     assert_eq!((s.inodes, s.chunk_size), (3, CHUNK));
+}
+
+/// A cut inside a chunk zeroes the rest of that chunk on the node (what was written past the
+/// new end, committed or not, must not come back when the file grows), leaves the bytes
+/// before the cut and the chunks before it alone, and maps read after it carry its count.
+#[test]
+fn a_cut_inside_a_chunk_zeroes_its_tail_and_maps_carry_the_count_of_cuts() {
+    let node = Node::new();
+    let mut c = node.client(1);
+    let f = c.create(ROOT, "f");
+    let map = c.allocate(f.ino, 0, 2).unwrap();
+    let addr = |index: usize| map[index].1[0].addr;
+    for index in 0..2 {
+        node.0
+            .write_pool(addr(index), &vec![0xaa; CHUNK as usize])
+            .unwrap();
+    }
+    let cut_to = |size| SetAttr {
+        ino: f.ino,
+        changes: AttrChanges {
+            size: Some(size),
+            ..AttrChanges::default()
+        },
+        caller: root(),
+    };
+    c.call(Commit {
+        ino: f.ino,
+        size: 2 * CHUNK,
+        mtime: None,
+        cuts: 0,
+    })
+    .unwrap();
+    assert_eq!(c.call(cut_to(CHUNK + 100)).unwrap().size, CHUNK + 100);
+    let kept = node.0.pool_bytes(addr(1), CHUNK as usize).unwrap();
+    assert!(
+        kept[..100].iter().all(|&b| b == 0xaa),
+        "bytes before the cut kept"
+    );
+    assert_eq!(
+        kept[100..].iter().position(|&b| b != 0),
+        None,
+        "the tail past the cut is zeros"
+    );
+    let first = node.0.pool_bytes(addr(0), CHUNK as usize).unwrap();
+    assert!(
+        first.iter().all(|&b| b == 0xaa),
+        "the chunk before untouched"
+    );
+    let map = c
+        .call(ChunkMap {
+            ino: f.ino,
+            first: 0,
+            count: 2,
+        })
+        .unwrap();
+    assert_eq!((map.cuts, map.chunks.len()), (1, 2));
+    // Growing the file zeroes nothing, and neither does a cut at a chunk's edge.
+    node.0.write_pool(addr(0), &[0xbb; 16]).unwrap();
+    c.call(cut_to(2 * CHUNK)).unwrap();
+    c.call(cut_to(CHUNK)).unwrap();
+    assert_eq!(node.0.pool_bytes(addr(0), 16).unwrap(), vec![0xbb; 16]);
+    let map = c
+        .call(ChunkMap {
+            ino: f.ino,
+            first: 0,
+            count: 2,
+        })
+        .unwrap();
+    assert_eq!((map.cuts, map.chunks.len()), (3, 1));
 }

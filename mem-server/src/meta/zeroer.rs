@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
-use rdmabox::transport::RemoteAddr;
+use rdmabox::transport::{MemoryRegion, RemoteAddr};
 use rfs_proto::data::DataSession;
 use rfs_proto::types::ChunkRef;
 
@@ -21,6 +21,8 @@ use crate::runtime::Runtime;
 pub(crate) struct Zeroer {
     /// The metadata node's own pool's id: zeroed and copied by memory operations.
     local: u32,
+    /// That pool.
+    pool: Arc<MemoryRegion>,
     /// Sessions to the other data nodes, reaching their whole pools: to zero freed chunks and
     /// to copy replicas.
     sessions: Mutex<HashMap<u32, Arc<DataSession>>>,
@@ -31,11 +33,12 @@ pub(crate) struct Zeroer {
 
 impl Zeroer {
     /// The zeroer, and the kicks its thread waits on ([`Zeroer::run`]).
-    pub(crate) fn new(local: u32) -> (Zeroer, Receiver<()>) {
+    pub(crate) fn new(local: u32, pool: Arc<MemoryRegion>) -> (Zeroer, Receiver<()>) {
         // One pending kick is enough: a pass takes every dirty chunk there is.
         let (kick, wait) = crossbeam_channel::bounded(1);
         let z = Zeroer {
             local,
+            pool,
             sessions: Mutex::new(HashMap::new()),
             kick,
             zeroed_bytes: AtomicU64::new(0),
@@ -136,9 +139,40 @@ impl Zeroer {
         if chunk.node == self.local {
             return local.pool.write_at(local_offset(local, chunk)?, &data);
         }
+        self.write_remote(chunk, 0, data, limit)
+    }
+
+    /// Writes zeros over `len` bytes of `chunk` from `offset` in it (the tail a cut left),
+    /// given `limit` on another node; a write given up on may still land, zeros all the same.
+    pub(crate) fn zero_range(
+        &self,
+        chunk: &ChunkRef,
+        offset: u64,
+        len: usize,
+        limit: Duration,
+    ) -> io::Result<()> {
+        if chunk.node == self.local {
+            let start = chunk.addr.checked_sub(self.pool.addr()).ok_or_else(|| {
+                io::Error::other(format!("chunk {:#x} is not in this pool", chunk.addr))
+            })?;
+            self.pool.fill((start + offset) as usize, len, 0)?;
+        } else {
+            self.write_remote(chunk, offset, vec![0; len], limit)?;
+        }
+        self.zeroed_bytes.fetch_add(len as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn write_remote(
+        &self,
+        chunk: &ChunkRef,
+        offset: u64,
+        data: Vec<u8>,
+        limit: Duration,
+    ) -> io::Result<()> {
         let d = self.session(chunk.node)?;
         let at = RemoteAddr {
-            addr: chunk.addr,
+            addr: chunk.addr + offset,
             rkey: d.pool.rkey,
         };
         d.session

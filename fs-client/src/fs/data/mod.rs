@@ -384,7 +384,7 @@ mod tests {
         fs.write_pieces(
             ino,
             pieces,
-            attempt,
+            (attempt, None),
             Box::new(move |_, r| tx.send(r).unwrap()),
         );
         rx.recv().unwrap().unwrap();

@@ -2,7 +2,10 @@
 //! the map (to be copied again) so that nobody reads them; a piece refused for a stale
 //! reference goes again with a fresh map; write-behind answers once the chunks are mapped.
 
+use rfs_proto::message::GetAttr;
+
 use super::*;
+use crate::fs::KernelInval;
 
 impl<B: Backend> Rfs<B> {
     /// Writes `data` at `offset` of a chunk to every replica at once; `done` gets None once
@@ -159,6 +162,7 @@ impl<B: Backend> Rfs<B> {
             return done(Err(e));
         }
         ClientStats::add(&self.stats.writes, 1);
+        let admitted = Some(self.cuts_heard(ino));
         let pieces: Vec<_> = segments(offset, data.len(), self.chunk_size)
             .into_iter()
             .map(|s| (s, data[s.at..s.at + s.len].to_vec()))
@@ -196,20 +200,35 @@ impl<B: Backend> Rfs<B> {
             }
         }
         let attempt = Attempt::first(self.retry_window);
-        self.post_pieces(ino, pieces, mapped, attempt, finish);
+        self.post_pieces(ino, pieces, mapped, (attempt, admitted), finish);
     }
 
     /// One try of the pieces of a write (see [`Self::write`]); those refused for a stale
-    /// reference make another, with the bytes their transfers gave back.
+    /// reference make another, with the bytes their transfers gave back. `admitted`: the count
+    /// of cuts of the file we had heard of when the write was admitted, if it must not land
+    /// after a cut made since: the cut's tail may have been zeroed, so bytes landing past the
+    /// cut now would show when the file grows again. Such a write fails (EIO) instead; the
+    /// cut holds over it, as over a write that landed before the cut.
     pub(super) fn write_pieces(
         self: &Arc<Self>,
         ino: Ino,
         pieces: Vec<(Segment, Vec<u8>)>,
-        attempt: Attempt,
+        (attempt, admitted): (Attempt, Option<u64>),
         finish: FinishWrite<B>,
     ) {
-        match self.map_pieces(ino, &pieces) {
-            Ok(mapped) => self.post_pieces(ino, pieces, mapped, attempt, finish),
+        // A cut after the map was read is recalled from us and waits for this transfer (or
+        // revokes its grant, if we cannot be asked): its bytes land before the cut's zeros.
+        let mapped = self
+            .map_pieces(ino, &pieces)
+            .and_then(|mapped| match admitted {
+                Some(cuts) if self.chunks.cuts_mapped(ino) > cuts => {
+                    drop(mapped);
+                    Err(self.cut_under_write(ino))
+                }
+                _ => Ok(mapped),
+            });
+        match mapped {
+            Ok(mapped) => self.post_pieces(ino, pieces, mapped, (attempt, admitted), finish),
             Err(e) => finish(self, Err(e)),
         }
     }
@@ -232,11 +251,12 @@ impl<B: Backend> Rfs<B> {
         ino: Ino,
         pieces: Vec<(Segment, Vec<u8>)>,
         mapped: Mapped,
-        attempt: Attempt,
+        (attempt, admitted): (Attempt, Option<u64>),
         finish: FinishWrite<B>,
     ) {
         let Mapped { first, refs, hold } = mapped;
         let job = Arc::new(WriteJob {
+            admitted,
             state: Mutex::new(WriteState {
                 left: pieces.len(),
                 ..WriteState::default()
@@ -298,7 +318,7 @@ impl<B: Backend> Rfs<B> {
         if st.missed.is_empty() && st.again.is_empty() {
             return finish(self, Ok(()));
         }
-        let fs = self.clone();
+        let (fs, admitted) = (self.clone(), job.admitted);
         off_the_completion_path("rfs-write-missed", move || {
             if !st.missed.is_empty() {
                 if let Err(e) = fs.drop_missed(ino, st.missed) {
@@ -311,10 +331,36 @@ impl<B: Backend> Rfs<B> {
             let from = st.again.iter().map(|(s, _)| s.index).min().expect("some");
             let (again, retry_fs) = (st.again, fs.clone());
             fs.again(ino, from, attempt, stale, move |next| match next {
-                Ok(next) => retry_fs.write_pieces(ino, again, next, finish),
+                Ok(next) => retry_fs.write_pieces(ino, again, (next, admitted), finish),
                 Err(e) => finish(&retry_fs, Err(e)),
             });
         });
+    }
+
+    /// The error of a write of `ino` that a cut made elsewhere overtook, unheard of here
+    /// when the write was admitted (see [`Self::write_pieces`]). We hear of the cut now, if
+    /// we had not: it holds over our writes so far.
+    pub(crate) fn cut_under_write(&self, ino: Ino) -> Error {
+        if let Ok(now) = self.call(GetAttr { ino }) {
+            let learned = self
+                .open
+                .lock()
+                .unwrap()
+                .get_mut(&ino)
+                .is_some_and(|f| f.learn(&now));
+            if learned {
+                ClientStats::add(&self.stats.commits_over_cuts, 1);
+                self.pages_changed(ino);
+                self.kernel(KernelInval::Inode { ino, data: true });
+            }
+        }
+        Error::new(
+            Errno::EIO,
+            format!(
+                "inode {ino}: cut by another client while a write of ours was on its way, \
+                 unheard of here when it was made: the write is not applied"
+            ),
+        )
     }
 
     /// On truncation inside a chunk, zeroes the rest of that chunk (up to the old size), so
@@ -367,7 +413,7 @@ impl<B: Backend> Rfs<B> {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         let attempt = Attempt::first(self.retry_window);
         let finish: FinishWrite<B> = Box::new(move |_, r| drop(tx.send(r)));
-        self.write_pieces(ino, vec![(piece, bytes)], attempt, finish);
+        self.write_pieces(ino, vec![(piece, bytes)], (attempt, None), finish);
         rx.recv().unwrap_or_else(|_| {
             Err(Error::new(
                 Errno::EIO,
@@ -412,6 +458,8 @@ struct FanoutState {
 /// One try of the pieces of a write: what came of them, the references they hold, and how to
 /// answer.
 struct WriteJob<B: Backend> {
+    /// See [`Rfs::write_pieces`].
+    admitted: Option<u64>,
     state: Mutex<WriteState>,
     hold: Mutex<Option<InFlight>>,
     finish: Mutex<Option<FinishWrite<B>>>,

@@ -116,3 +116,32 @@ fn punching_a_hole_leaves_holes_unallocated() {
     assert_eq!(read(&fs, ino, 10 * CHUNK, 3).unwrap(), b"end");
     fs.release(fh).unwrap();
 }
+
+/// A write admitted before a cut made elsewhere that this mount had not heard of (its callback
+/// lost), and refused for the key the cut revoked, is not sent again through a map read after
+/// the cut: its bytes would land past the cut's zeros and show when the file grows. It fails,
+/// reported by the flush, and the cut holds. (Sent again, it did land there: found end to end
+/// with a severed mount.)
+#[test]
+fn a_write_a_cut_fenced_off_is_not_sent_again_past_the_cut() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client_with(&cluster, BEHIND);
+    let (ino, fh, data) = committed_file(&fs, CHUNK);
+    let half = CHUNK / 2;
+    cluster.hold_writes();
+    let answered = write_behind(&fs, ino, half + 100, &[0xbb; 100], false);
+    assert_eq!(
+        answered.recv().unwrap().unwrap(),
+        100,
+        "answered once mapped"
+    );
+    // Another client cuts the file; its callback never reaches us; the cut revokes our keys.
+    cluster.cut(ino, half);
+    cluster.revoke_keys();
+    cluster.let_writes_go();
+    assert_eq!(fs.flush(ino, fh).unwrap_err().errno(), Errno::EIO);
+    assert_eq!(cluster.size(ino), half);
+    assert_eq!(fs.getattr(ino).unwrap().size, half, "the cut is heard of");
+    assert_grows_with_zeros_past(&fs, ino, half, &data);
+    fs.release(fh).unwrap();
+}

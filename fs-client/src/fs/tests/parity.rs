@@ -32,12 +32,13 @@ fn attr(a: Attr) -> String {
     )
 }
 
-fn indices(map: Vec<(u64, rfs_proto::types::Replicas)>) -> String {
+fn indices(map: rfs_proto::types::FileMap) -> String {
     let shown: Vec<_> = map
+        .chunks
         .iter()
         .map(|(i, r)| format!("{i}x{}", r.len()))
         .collect();
-    shown.join(" ")
+    format!("{} (cuts {})", shown.join(" "), map.cuts)
 }
 
 fn committed(c: Committed) -> String {
@@ -142,7 +143,7 @@ fn script(ch: &impl MetadataChannel) -> Vec<String> {
         said(ch.call(commit(10, 1)), committed)
     ));
 
-    let copy = ch.call(map()).unwrap()[0].1[0];
+    let copy = ch.call(map()).unwrap().chunks[0].1[0];
     let drop_replicas = |index, reached: Vec<ChunkRef>| DropReplicas {
         ino,
         index,

@@ -25,7 +25,7 @@ pub(super) fn chunk_map(cx: &mut Ctx<'_>, m: &ChunkMap) -> Answer {
         Ok(chunks) => {
             cx.st.holders.fetched(cx.cs.id, m.ino);
             let writable = cx.writable(m.ino);
-            cx.granting(RequestOp::ChunkMap, writable, chunks)
+            cx.granting(RequestOp::ChunkMap, m.ino, writable, chunks)
         }
         Err(e) => answer(m, Err(e)),
     }
@@ -59,7 +59,7 @@ pub(super) fn allocate(cx: &mut Ctx<'_>, m: &Allocate) -> Answer {
     match result {
         Ok(chunks) => {
             cx.st.holders.fetched(cx.cs.id, m.ino);
-            cx.granting(RequestOp::Allocate, true, chunks)
+            cx.granting(RequestOp::Allocate, m.ino, true, chunks)
         }
         Err(e) => answer(m, Err(e)),
     }

@@ -21,6 +21,7 @@ use super::state::MetaState;
 use super::MetaService;
 
 pub(super) use files::release;
+pub(super) use names::cut_must_wait;
 
 /// What one operation needs: the service's settings, the state (its lock held), the calling
 /// session, and where to leave what it changed.
@@ -163,6 +164,7 @@ impl Ctx<'_> {
     fn granting(
         &self,
         op: RequestOp,
+        ino: Ino,
         writable: bool,
         chunks: Vec<(u64, rfs_proto::types::Replicas)>,
     ) -> Answer {
@@ -170,6 +172,7 @@ impl Ctx<'_> {
             op,
             writable,
             seq: self.st.frees,
+            cuts: self.st.ns.getattr(ino).map_or(0, |a| a.cuts),
             chunks,
         })
     }

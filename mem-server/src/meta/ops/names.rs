@@ -14,6 +14,10 @@ use crate::access::{
     check_change, check_list, check_rename, check_search, check_setattr, check_sticky, made_in,
 };
 use crate::meta::coherence::Recall;
+use crate::meta::effects::Tail;
+use crate::meta::state::MetaState;
+use rfs_proto::types::Ino;
+use rfs_proto::Errno;
 
 pub(super) fn lookup(cx: &mut Ctx<'_>, m: &Lookup) -> Answer {
     let r = cx
@@ -34,13 +38,26 @@ pub(super) fn setattr(cx: &mut Ctx<'_>, m: &SetAttr) -> Answer {
     let r = svc
         .policy
         .caller(&m.caller)
-        .and_then(|c| check_setattr(&st.ns.getattr(m.ino)?, &c, &m.changes, writing))
-        .and_then(|()| st.ns.setattr(m.ino, &m.changes))
-        .map(|(a, freed)| {
+        .and_then(|c| {
+            let before = st.ns.getattr(m.ino)?;
+            check_setattr(&before, &c, &m.changes, writing)?;
+            let tail = match m.changes.size {
+                Some(size) => cut_tail(st, m.ino, before.size, size)?,
+                None => None,
+            };
+            let (a, freed) = st.ns.setattr(m.ino, &m.changes)?;
+            Ok((a, freed, tail))
+        })
+        .map(|(a, freed, tail)| {
             fx.change.inodes.push((m.ino, m.changes.size.is_some()));
             if let Some(size) = m.changes.size {
-                // Every size cut is told, freed chunks or not: holders cut their sizes.
-                let from = size.div_ceil(chunk_size);
+                // Every size cut is told, freed chunks or not: holders cut their sizes. The
+                // chunk the cut splits is recalled too: its tail is zeroed once nobody can
+                // write there (see [`crate::meta::tails`]).
+                let from = match &tail {
+                    Some(t) => t.index,
+                    None => size.div_ceil(chunk_size),
+                };
                 fx.change.recalls.push(Recall {
                     ino: m.ino,
                     from,
@@ -48,9 +65,53 @@ pub(super) fn setattr(cx: &mut Ctx<'_>, m: &SetAttr) -> Answer {
                 });
                 fx.freed.extend(freed);
             }
+            if let Some(t) = tail {
+                st.frozen.insert((m.ino, t.index));
+                fx.tails.push(t);
+            }
             a
         });
     answer(m, cx.told(r, None))
+}
+
+/// The tail of the chunk that a cut of `ino` from `old` to `size` bytes splits, if there is
+/// one to zero (a cut at a chunk's edge, into a hole, or growing the file zeroes nothing).
+/// EIO if no copy of that chunk is on a live node: its tail could not be zeroed, and the
+/// bytes cut off would come back when the file grew again.
+fn cut_tail(st: &MetaState, ino: Ino, old: u64, size: u64) -> Result<Option<Tail>, Errno> {
+    let chunk_size = st.ns.chunk_size();
+    if size >= old || size.is_multiple_of(chunk_size) {
+        return Ok(None);
+    }
+    let index = size / chunk_size;
+    if st.frozen.contains(&(ino, index)) {
+        log::warn!(
+            "inode {ino}: chunk {index} stayed frozen through a whole call: a cut in it fails"
+        );
+        return Err(Errno::EIO);
+    }
+    let Some(replicas) = st.ns.replicas(ino, index) else {
+        return Ok(None);
+    };
+    if !replicas.iter().any(|c| st.alloc.is_alive(c.node)) {
+        return Err(Errno::EIO);
+    }
+    Ok(Some(Tail {
+        ino,
+        index,
+        from: size % chunk_size,
+        replicas,
+    }))
+}
+
+/// Whether a cut by `m` must wait: the chunk it splits is frozen (being copied to a new
+/// replica, or another cut's tail is being zeroed).
+pub(in crate::meta) fn cut_must_wait(st: &MetaState, m: &SetAttr) -> bool {
+    let Some(size) = m.changes.size else {
+        return false;
+    };
+    let chunk_size = st.ns.chunk_size();
+    !size.is_multiple_of(chunk_size) && st.frozen.contains(&(m.ino, size / chunk_size))
 }
 
 pub(super) fn mknod(cx: &mut Ctx<'_>, m: &Mknod) -> Answer {
