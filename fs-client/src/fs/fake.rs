@@ -554,11 +554,8 @@ impl FakeCluster {
 
 impl State {
     /// Zeroes the rest of the chunk a cut of `ino` to `size` splits, on every replica, as the
-    /// metadata node does (growing the file zeroes nothing).
+    /// metadata node does (growing the file too: it holds over uncommitted writes).
     fn zero_tail(&mut self, ino: Ino, size: u64) {
-        if self.files.get(&ino).is_none_or(|a| size >= a.size) {
-            return;
-        }
         let Some(replicas) = self.chunks.get(&(ino, size / CHUNK)) else {
             return;
         };

@@ -607,9 +607,9 @@ impl<B: Backend> Rfs<B> {
     }
 
     /// A write of `len` bytes ending at `end` is in remote memory.
-    /// The count of cuts of `ino` we have heard of (0 if it is not open here).
-    pub(crate) fn cuts_heard(&self, ino: Ino) -> u64 {
-        self.open.lock().unwrap().get(&ino).map_or(0, |f| f.cuts)
+    /// The count of cuts of `ino` we have heard of, if it is open here.
+    pub(crate) fn cuts_heard(&self, ino: Ino) -> Option<u64> {
+        self.open.lock().unwrap().get(&ino).map(|f| f.cuts)
     }
 
     pub(crate) fn wrote(&self, ino: Ino, end: u64, len: u32) {

@@ -22,6 +22,9 @@ use crate::journal::Guard;
 /// are under way, and two writers each dropping a replica wait on each other's transfers.
 pub(super) const REMAP_WAIT: Duration = Duration::from_millis(200);
 
+/// How soon freed chunks whose tail a cut is zeroing are looked at again.
+const TAIL_ZEROING_RECHECK: Duration = Duration::from_millis(10);
+
 /// Freed chunks waiting to be reused, each batch with when it is due and whether that is the
 /// end of a lease.
 #[derive(Default)]
@@ -150,6 +153,20 @@ impl MetaService {
     /// Freed chunks whose every holder let go: out of every session's reach, zeroed, then
     /// allocatable again. Chunks a live node did not confirm revoked are never reused.
     fn reuse(&self, freed: Freed) {
+        let zeroing = {
+            let st = self.state.lock();
+            freed
+                .chunks
+                .iter()
+                .any(|c| st.tails_zeroing.contains(&(c.node, c.addr)))
+        };
+        if zeroing {
+            // A cut is zeroing the tail of one of them (freed by a cut below it, the last
+            // close of the unlinked file, a dropped replica): after it is done.
+            self.quarantine
+                .push(Instant::now() + TAIL_ZEROING_RECHECK, freed, false);
+            return;
+        }
         let mut reusable = Vec::with_capacity(freed.chunks.len());
         for (node, addrs) in by_node(&freed.chunks) {
             if self.state.lock().alloc.rejoined_since(node, freed.rejoins) {

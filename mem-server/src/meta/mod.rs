@@ -225,6 +225,7 @@ impl MetaService {
             holders: Holders::default(),
             frees: 0,
             frozen: HashSet::new(),
+            tails_zeroing: HashSet::new(),
             locks: LockTable::default(),
             // Still holding until they are back, or the grace is over: a restart meanwhile
             // waits for them too.

@@ -25,6 +25,9 @@ pub(crate) struct MetaState {
     /// Chunks being copied to new replicas: maps of them are not handed out (EAGAIN: the
     /// client asks again) until the copies are in them.
     pub(crate) frozen: HashSet<(Ino, u64)>,
+    /// Copies (node, address) whose tail a cut is zeroing: freed meanwhile, they are not
+    /// reused until it is done (a late zero must not land in another file's data).
+    pub(crate) tails_zeroing: HashSet<(u32, u64)>,
     /// Every client's file locks (not journaled: clients take them again after a restart).
     pub(crate) locks: LockTable,
     /// The clients holding handles open (journaled): those a restart waits for.

@@ -29,6 +29,9 @@ impl MetaService {
             let zeroed = self.zero_tail(&tail);
             let mut st = self.state.lock();
             st.frozen.remove(&(tail.ino, tail.index));
+            for c in &tail.replicas {
+                st.tails_zeroing.remove(&(c.node, c.addr));
+            }
             if zeroed.len() == tail.replicas.len() {
                 continue;
             }
@@ -65,7 +68,8 @@ impl MetaService {
     }
 
     /// Revokes every session's grant of `tail`'s chunk on each copy, then zeroes the tail
-    /// there; the copies done.
+    /// there; the copies done (a copy zeroed whose node did not confirm the revocation is not:
+    /// a write through an old grant may still land there).
     fn zero_tail(&self, tail: &Tail) -> Vec<ChunkRef> {
         // A grant decided before this number is refused by the node: none of this chunk is
         // decided while it is frozen, and one decided before must not come back after.
@@ -83,16 +87,16 @@ impl MetaService {
                     .revoke_freed(c.node, seq, &[c.addr], Some(GRANT_WAIT));
             if !revoked {
                 log::warn!(
-                    "inode {}: chunk {}: data node {} did not confirm the revocation before \
-                     its tail is zeroed",
+                    "inode {}: chunk {}: data node {} did not confirm the revocation of its \
+                     grants before its tail is zeroed",
                     tail.ino,
                     tail.index,
                     c.node
                 );
-                continue;
             }
             match self.zeroer.zero_range(c, tail.from, len, ZERO_LIMIT) {
-                Ok(()) => zeroed.push(*c),
+                Ok(()) if revoked => zeroed.push(*c),
+                Ok(()) => {}
                 Err(e) => log::warn!(
                     "inode {}: chunk {}: zeroing its tail on data node {}: {e}",
                     tail.ino,

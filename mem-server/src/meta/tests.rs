@@ -1050,7 +1050,7 @@ fn a_cut_inside_a_chunk_zeroes_its_tail_and_maps_carry_the_count_of_cuts() {
         })
         .unwrap();
     assert_eq!((map.cuts, map.chunks.len()), (1, 2));
-    // Growing the file zeroes nothing, and neither does a cut at a chunk's edge.
+    // A cut at a chunk's edge zeroes nothing.
     node.0.write_pool(addr(0), &[0xbb; 16]).unwrap();
     c.call(cut_to(2 * CHUNK)).unwrap();
     c.call(cut_to(CHUNK)).unwrap();
@@ -1063,4 +1063,39 @@ fn a_cut_inside_a_chunk_zeroes_its_tail_and_maps_carry_the_count_of_cuts() {
         })
         .unwrap();
     assert_eq!((map.cuts, map.chunks.len()), (3, 1));
+}
+
+/// A cut above the size the node knows zeroes past it too: another client's writes past its
+/// last commit are there, and the cut holds over them (its commit is refused), so they must
+/// not show when the file grows further.
+#[test]
+fn a_cut_above_the_committed_size_zeroes_uncommitted_bytes_past_it() {
+    let node = Node::new();
+    let mut c = node.client(1);
+    let f = c.create(ROOT, "f");
+    let map = c.allocate(f.ino, 0, 1).unwrap();
+    let addr = map[0].1[0].addr;
+    // Written but committed only up to 10 bytes.
+    node.0
+        .write_pool(addr, &vec![0xaa; CHUNK as usize])
+        .unwrap();
+    c.call(Commit {
+        ino: f.ino,
+        size: 10,
+        mtime: None,
+        cuts: 0,
+    })
+    .unwrap();
+    c.call(SetAttr {
+        ino: f.ino,
+        changes: AttrChanges {
+            size: Some(100),
+            ..AttrChanges::default()
+        },
+        caller: root(),
+    })
+    .unwrap();
+    let chunk = node.0.pool_bytes(addr, CHUNK as usize).unwrap();
+    assert!(chunk[..100].iter().all(|&b| b == 0xaa));
+    assert_eq!(chunk[100..].iter().position(|&b| b != 0), None);
 }

@@ -162,7 +162,6 @@ impl<B: Backend> Rfs<B> {
             return done(Err(e));
         }
         ClientStats::add(&self.stats.writes, 1);
-        let admitted = Some(self.cuts_heard(ino));
         let pieces: Vec<_> = segments(offset, data.len(), self.chunk_size)
             .into_iter()
             .map(|s| (s, data[s.at..s.at + s.len].to_vec()))
@@ -188,7 +187,7 @@ impl<B: Backend> Rfs<B> {
                 done(r.map(|()| len))
             })
         };
-        let mapped = match self.map_pieces(ino, &pieces) {
+        let (mapped, admitted) = match self.map_pieces_after_cuts_heard(ino, &pieces) {
             Ok(mapped) => mapped,
             Err(e) => return finish(self, Err(e)),
         };
@@ -201,6 +200,33 @@ impl<B: Backend> Rfs<B> {
         }
         let attempt = Attempt::first(self.retry_window);
         self.post_pieces(ino, pieces, mapped, (attempt, admitted), finish);
+    }
+
+    /// The references of a new write's pieces (see [`Self::map_pieces`]), from a map that
+    /// shows no cut we have not heard of, and the count of cuts heard of then (the write is
+    /// ordered after them). A map read after a cut whose callback is still on its way is let
+    /// go and the cut heard of first (it holds over our writes until then), so that this
+    /// write's bytes, landing after the cut's zeros, count from its new end.
+    fn map_pieces_after_cuts_heard(
+        &self,
+        ino: Ino,
+        pieces: &[(Segment, Vec<u8>)],
+    ) -> Result<(Mapped, Option<u64>)> {
+        for _ in 0..MAX_CUTS_OVERTAKING {
+            let mapped = self.map_pieces(ino, pieces)?;
+            let Some(heard) = self.cuts_heard(ino) else {
+                return Ok((mapped, None)); // not open here: nothing of ours to order
+            };
+            if self.chunks.cuts_mapped(ino) <= heard {
+                return Ok((mapped, Some(heard)));
+            }
+            drop(mapped);
+            self.hear_of_cut(ino)?;
+        }
+        Err(Error::new(
+            Errno::EIO,
+            format!("inode {ino}: cut by others faster than a write of ours could be mapped"),
+        ))
     }
 
     /// One try of the pieces of a write (see [`Self::write`]); those refused for a stale
@@ -337,22 +363,29 @@ impl<B: Backend> Rfs<B> {
         });
     }
 
+    /// Asks the node for `ino`'s attributes and hears of a cut it tells of that we had not:
+    /// it holds over our writes so far.
+    fn hear_of_cut(&self, ino: Ino) -> Result<()> {
+        let now = self.call(GetAttr { ino })?;
+        let learned = self
+            .open
+            .lock()
+            .unwrap()
+            .get_mut(&ino)
+            .is_some_and(|f| f.learn(&now));
+        if learned {
+            ClientStats::add(&self.stats.commits_over_cuts, 1);
+            self.pages_changed(ino);
+            self.kernel(KernelInval::Inode { ino, data: true });
+        }
+        Ok(())
+    }
+
     /// The error of a write of `ino` that a cut made elsewhere overtook, unheard of here
-    /// when the write was admitted (see [`Self::write_pieces`]). We hear of the cut now, if
-    /// we had not: it holds over our writes so far.
-    pub(crate) fn cut_under_write(&self, ino: Ino) -> Error {
-        if let Ok(now) = self.call(GetAttr { ino }) {
-            let learned = self
-                .open
-                .lock()
-                .unwrap()
-                .get_mut(&ino)
-                .is_some_and(|f| f.learn(&now));
-            if learned {
-                ClientStats::add(&self.stats.commits_over_cuts, 1);
-                self.pages_changed(ino);
-                self.kernel(KernelInval::Inode { ino, data: true });
-            }
+    /// when the write was admitted (see [`Self::write_pieces`]); the cut is heard of.
+    fn cut_under_write(&self, ino: Ino) -> Error {
+        if let Err(e) = self.hear_of_cut(ino) {
+            log::warn!("inode {ino}: a cut overtook a write, and asking for its size failed: {e}");
         }
         Error::new(
             Errno::EIO,
@@ -422,6 +455,9 @@ impl<B: Backend> Rfs<B> {
         })
     }
 }
+
+/// How many times a new write's map may show a cut we had not heard of before it gives up.
+const MAX_CUTS_OVERTAKING: usize = 8;
 
 /// The chunks a write's pieces go to, from the first piece's chunk on, and the hold on their
 /// references (see [`Rfs::refs`]).

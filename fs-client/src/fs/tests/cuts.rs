@@ -145,3 +145,30 @@ fn a_write_a_cut_fenced_off_is_not_sent_again_past_the_cut() {
     assert_grows_with_zeros_past(&fs, ino, half, &data);
     fs.release(fh).unwrap();
 }
+
+/// A write whose fresh map shows a cut made elsewhere that this mount has not heard of yet
+/// (its callback on its way; here our cached map was dropped, as a reconnection drops it)
+/// hears of the cut first and goes after it: the file grows over the write's bytes. Without
+/// that, its size counted from before the cut was refused, and its bytes past the cut, landed
+/// after the cut's zeros, showed when the file grew.
+#[test]
+fn a_write_mapped_after_a_cut_it_had_not_heard_of_goes_after_the_cut() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let fs = client_with(&cluster, BEHIND);
+    let (ino, fh, data) = committed_file(&fs, CHUNK);
+    let half = CHUNK / 2;
+    fs.chunks.forget(ino, 0);
+    cluster.cut(ino, half);
+    let bytes = [0xbb; 100];
+    let answered = write_behind(&fs, ino, half + 100, &bytes, false);
+    assert_eq!(answered.recv().unwrap().unwrap(), 100);
+    fs.flush(ino, fh).unwrap();
+    assert_eq!(cluster.size(ino), half + 200, "the write grew the cut file");
+    let back = read(&fs, ino, 0, (half + 200) as usize).unwrap();
+    assert!(back[..half as usize] == data[..half as usize]);
+    assert!(back[half as usize..(half + 100) as usize]
+        .iter()
+        .all(|&b| b == 0));
+    assert!(back[(half + 100) as usize..] == bytes);
+    fs.release(fh).unwrap();
+}

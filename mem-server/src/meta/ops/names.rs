@@ -42,7 +42,7 @@ pub(super) fn setattr(cx: &mut Ctx<'_>, m: &SetAttr) -> Answer {
             let before = st.ns.getattr(m.ino)?;
             check_setattr(&before, &c, &m.changes, writing)?;
             let tail = match m.changes.size {
-                Some(size) => cut_tail(st, m.ino, before.size, size)?,
+                Some(size) => cut_tail(st, m.ino, size)?,
                 None => None,
             };
             let (a, freed) = st.ns.setattr(m.ino, &m.changes)?;
@@ -67,6 +67,8 @@ pub(super) fn setattr(cx: &mut Ctx<'_>, m: &SetAttr) -> Answer {
             }
             if let Some(t) = tail {
                 st.frozen.insert((m.ino, t.index));
+                st.tails_zeroing
+                    .extend(t.replicas.iter().map(|c| (c.node, c.addr)));
                 fx.tails.push(t);
             }
             a
@@ -74,13 +76,14 @@ pub(super) fn setattr(cx: &mut Ctx<'_>, m: &SetAttr) -> Answer {
     answer(m, cx.told(r, None))
 }
 
-/// The tail of the chunk that a cut of `ino` from `old` to `size` bytes splits, if there is
-/// one to zero (a cut at a chunk's edge, into a hole, or growing the file zeroes nothing).
-/// EIO if no copy of that chunk is on a live node: its tail could not be zeroed, and the
-/// bytes cut off would come back when the file grew again.
-fn cut_tail(st: &MetaState, ino: Ino, old: u64, size: u64) -> Result<Option<Tail>, Errno> {
+/// The tail of the chunk that a cut of `ino` to `size` bytes splits, if there is one to
+/// zero (a cut at a chunk's edge or into a hole zeroes nothing). Growing the file zeroes it
+/// too: past the size the node knows may lie writes another client has not committed, which
+/// the cut holds over. EIO if no copy of that chunk is on a live node: its tail could not be
+/// zeroed, and the bytes cut off would come back when the file grew again.
+fn cut_tail(st: &MetaState, ino: Ino, size: u64) -> Result<Option<Tail>, Errno> {
     let chunk_size = st.ns.chunk_size();
-    if size >= old || size.is_multiple_of(chunk_size) {
+    if size.is_multiple_of(chunk_size) {
         return Ok(None);
     }
     let index = size / chunk_size;
