@@ -2,17 +2,22 @@
 //! asks the metadata node, as root.
 //!
 //!   rfs status HOST:PORT [--json]   every data node, every client session, copies short
+//!   rfs drain HOST:PORT NODE        moves every copy off a data node, then says it may stop
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{Args as ClapArgs, Parser, Subcommand};
 use nix::unistd::{getegid, geteuid};
 use rdmabox::transport::{ProviderKind, TransportConfig};
 use rfs_client::{Client, ClientConfig};
-use rfs_proto::message::Status;
-use rfs_proto::types::{Caller, ClusterStatus};
+use rfs_proto::message::{Drain, Status};
+use rfs_proto::types::{Caller, ClusterStatus, NodeStatus};
 use rfs_proto::MetadataChannel;
+
+/// How often `rfs drain` looks at how much the node still holds.
+const DRAIN_POLL: Duration = Duration::from_secs(1);
 
 /// Operate an rfs cluster.
 #[derive(Parser)]
@@ -27,61 +32,174 @@ enum Command {
     /// The cluster as the metadata node sees it: data nodes (state, pool, free space), client
     /// sessions (address, age, open files, locks) and chunks short of copies.
     Status {
-        /// The metadata node, HOST:PORT.
-        server: String,
+        #[command(flatten)]
+        to: Node,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
-        /// The shared secret of the nodes [default: /etc/rfs/secret for root,
-        /// $XDG_CONFIG_HOME/rfs/secret or ~/.config/rfs/secret for others].
-        #[arg(long, value_name = "PATH")]
-        secret_file: Option<PathBuf>,
-        /// Transport: auto (verbs when an RDMA device exists), verbs or tcp.
-        #[arg(long, default_value = "auto")]
-        transport: ProviderKind,
+    },
+    /// Drain a data node: it takes no new chunks, and every copy it holds moves to other
+    /// nodes. Waits until it holds nothing (printing what is left), after which it can be
+    /// stopped losing nothing.
+    Drain {
+        #[command(flatten)]
+        to: Node,
+        /// The data node, by its address as `rfs status` lists it (or its id).
+        node: String,
+        /// End draining instead: the node takes new chunks again.
+        #[arg(long)]
+        stop: bool,
+        /// Start draining and return without waiting.
+        #[arg(long)]
+        no_wait: bool,
     },
 }
 
-fn main() -> ExitCode {
-    let Command::Status {
-        server,
-        json,
-        secret_file,
-        transport,
-    } = Args::parse().command;
-    let secret = match rfs_daemon::secret::for_peer(secret_file.as_deref()) {
-        Ok(s) => s,
-        Err(e) => {
+/// How to reach the metadata node.
+#[derive(ClapArgs)]
+struct Node {
+    /// The metadata node, HOST:PORT.
+    server: String,
+    /// The shared secret of the nodes [default: /etc/rfs/secret for root,
+    /// $XDG_CONFIG_HOME/rfs/secret or ~/.config/rfs/secret for others].
+    #[arg(long, value_name = "PATH")]
+    secret_file: Option<PathBuf>,
+    /// Transport: auto (verbs when an RDMA device exists), verbs or tcp.
+    #[arg(long, default_value = "auto")]
+    transport: ProviderKind,
+}
+
+impl Node {
+    /// A client of the metadata node, or the exit status of why not (said on stderr).
+    fn connect(&self) -> Result<Client, ExitCode> {
+        let secret = rfs_daemon::secret::for_peer(self.secret_file.as_deref()).map_err(|e| {
             eprintln!("rfs: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    let cfg = ClientConfig {
-        transport: TransportConfig::with_provider(transport),
-        secret,
-        ..ClientConfig::default()
-    };
-    let client = match Client::connect(&server, cfg) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("rfs: cannot reach {server}: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let caller = Caller {
+            ExitCode::from(2)
+        })?;
+        let cfg = ClientConfig {
+            transport: TransportConfig::with_provider(self.transport),
+            secret,
+            ..ClientConfig::default()
+        };
+        Client::connect(&self.server, cfg).map_err(|e| {
+            eprintln!("rfs: cannot reach {}: {e}", self.server);
+            ExitCode::FAILURE
+        })
+    }
+}
+
+fn caller() -> Caller {
+    Caller {
         uid: geteuid().as_raw(),
         gid: getegid().as_raw(),
         groups: Vec::new(),
+    }
+}
+
+fn main() -> ExitCode {
+    match Args::parse().command {
+        Command::Status { to, json } => status(&to, json),
+        Command::Drain {
+            to,
+            node,
+            stop,
+            no_wait,
+        } => drain(&to, &node, !stop, !(stop || no_wait)),
+    }
+}
+
+fn cluster(client: &Client, server: &str) -> Result<ClusterStatus, ExitCode> {
+    client.call(Status { caller: caller() }).map_err(|e| {
+        eprintln!("rfs: status of {server}: {e} (it is for root)");
+        ExitCode::FAILURE
+    })
+}
+
+fn status(to: &Node, json: bool) -> ExitCode {
+    let status = match to.connect().and_then(|c| cluster(&c, &to.server)) {
+        Ok(s) => s,
+        Err(code) => return code,
     };
-    match client.call(Status { caller }) {
-        Ok(status) if json => println!("{}", as_json(&status)),
-        Ok(status) => print!("{}", as_text(&server, &status)),
-        Err(e) => {
-            eprintln!("rfs: status of {server}: {e} (it is for root)");
-            return ExitCode::FAILURE;
-        }
+    match json {
+        true => println!("{}", as_json(&status)),
+        false => print!("{}", as_text(&to.server, &status)),
     }
     ExitCode::SUCCESS
+}
+
+/// The node `name` names (its address, or its id).
+fn find<'a>(s: &'a ClusterStatus, name: &str) -> Option<&'a NodeStatus> {
+    s.nodes
+        .iter()
+        .find(|n| n.addr == name || name.parse() == Ok(n.id))
+}
+
+fn used(n: &NodeStatus) -> u64 {
+    n.pool_bytes.saturating_sub(n.free_bytes)
+}
+
+fn drain(to: &Node, name: &str, on: bool, wait: bool) -> ExitCode {
+    let run = || -> Result<(), ExitCode> {
+        let client = to.connect()?;
+        let mut status = cluster(&client, &to.server)?;
+        let Some(node) = find(&status, name).map(|n| n.id) else {
+            eprintln!(
+                "rfs: {} has no data node {name} (see rfs status)",
+                to.server
+            );
+            return Err(ExitCode::from(2));
+        };
+        let mut asked = false;
+        let mut said = None;
+        loop {
+            let n = find(&status, name).expect("nodes are never forgotten");
+            // Asked again if the metadata node restarted meanwhile (it forgets drains).
+            if !asked || (on && n.state == "up") {
+                client
+                    .call(Drain {
+                        caller: caller(),
+                        node,
+                        on,
+                    })
+                    .map_err(|e| {
+                        eprintln!("rfs: drain of {name}: {e}");
+                        ExitCode::FAILURE
+                    })?;
+                asked = true;
+                if !wait {
+                    let what = if on {
+                        "draining"
+                    } else {
+                        "taking new chunks again"
+                    };
+                    println!("data node {name} (id {node}): {what}");
+                    return Ok(());
+                }
+            }
+            if n.state == "down" || n.state == "away" {
+                eprintln!(
+                    "rfs: data node {name} is {}: its copies cannot be read to move them",
+                    n.state
+                );
+                return Err(ExitCode::FAILURE);
+            }
+            let left = used(n);
+            if left == 0 {
+                println!("data node {name} (id {node}) holds nothing: it can be stopped");
+                return Ok(());
+            }
+            if said != Some(left) {
+                println!("data node {name} (id {node}): {} left", mib(left));
+                said = Some(left);
+            }
+            std::thread::sleep(DRAIN_POLL);
+            status = cluster(&client, &to.server)?;
+        }
+    };
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(code) => code,
+    }
 }
 
 fn mib(bytes: u64) -> String {

@@ -27,6 +27,8 @@ pub struct NodeChunks {
     pub pool_addr: u64,
     pub total: u64,
     pub alive: bool,
+    /// Being drained: takes no new chunks, and its copies are moved to other nodes.
+    pub draining: bool,
     /// Known from the journal and not back since the metadata node restarted: its pool, if it
     /// comes back, still holds the chunks the maps name.
     pub replayed: bool,
@@ -50,6 +52,11 @@ impl NodeChunks {
 
     fn has_free_chunk(&self) -> bool {
         self.free.units() > 0
+    }
+
+    /// Whether new chunks may go here.
+    fn takes_chunks(&self) -> bool {
+        self.alive && !self.draining && self.has_free_chunk()
     }
 
     fn take_chunk(&mut self) -> Option<u64> {
@@ -100,6 +107,7 @@ impl Allocator {
             pool_addr,
             total: count,
             alive: true,
+            draining: false,
             replayed: false,
             reserved: pool_addr,
             chunk_size,
@@ -360,6 +368,7 @@ impl Allocator {
             .iter()
             .map(|n| {
                 let state = match (n.alive, n.replayed) {
+                    (true, _) if n.draining => "draining",
                     (true, _) => "up",
                     (false, true) => "away",
                     (false, false) => "down",
@@ -407,7 +416,7 @@ impl Allocator {
         let available: u64 = self
             .nodes
             .iter()
-            .filter(|x| x.alive)
+            .filter(|x| x.alive && !x.draining)
             .map(|x| x.free_chunks())
             .sum();
         let want = replicas.min(self.nodes_with_space()).max(1);
@@ -419,7 +428,10 @@ impl Allocator {
         let weights: Vec<i64> = self
             .nodes
             .iter()
-            .map(|x| if x.alive { x.free_chunks() as i64 } else { 0 })
+            .map(|x| match x.alive && !x.draining {
+                true => x.free_chunks() as i64,
+                false => 0,
+            })
             .collect();
         let mut out: Vec<Replicas> = Vec::with_capacity(n);
         for _ in 0..n {
@@ -435,12 +447,25 @@ impl Allocator {
         Ok(out)
     }
 
-    /// Live nodes that have a free chunk.
+    /// Live nodes that have a free chunk and take new chunks.
     pub fn nodes_with_space(&self) -> usize {
+        self.nodes.iter().filter(|x| x.takes_chunks()).count()
+    }
+
+    /// Starts (`on`) or ends draining node `id`; ENOENT if there is no such node.
+    pub fn set_draining(&mut self, id: u32, on: bool) -> Result<(), Errno> {
+        let node = self.nodes.get_mut(id as usize).ok_or(Errno::ENOENT)?;
+        node.draining = on;
+        Ok(())
+    }
+
+    /// The nodes being drained.
+    pub fn draining(&self) -> Vec<u32> {
         self.nodes
             .iter()
-            .filter(|x| x.alive && x.has_free_chunk())
-            .count()
+            .filter(|x| x.draining)
+            .map(|x| x.id)
+            .collect()
     }
 
     /// One chunk on `want` distinct nodes, by smooth weighted round robin generalized to
@@ -448,7 +473,7 @@ impl Allocator {
     /// highest are picked and each gives back the round's total, so that each node gets its
     /// share of replicas however many a chunk has.
     fn pick(&mut self, weights: &[i64], want: usize) -> Option<Replicas> {
-        let candidates = |x: &NodeChunks| x.alive && x.has_free_chunk();
+        let candidates = |x: &NodeChunks| x.takes_chunks();
         let total: i64 = self
             .nodes
             .iter()
@@ -512,10 +537,7 @@ impl Allocator {
     }
 
     fn may_place(x: &NodeChunks, besides: &[ChunkRef], avoid: &[u32]) -> bool {
-        x.alive
-            && x.has_free_chunk()
-            && !avoid.contains(&x.id)
-            && besides.iter().all(|c| c.node != x.id)
+        x.takes_chunks() && !avoid.contains(&x.id) && besides.iter().all(|c| c.node != x.id)
     }
 
     /// Chunks allocated and never handed out: free again at once (they were never written).
@@ -633,6 +655,29 @@ mod tests {
         let got = a.alloc(3, 1).unwrap().concat();
         assert!(got.iter().all(|c| c.node == 0));
         assert_eq!(a.alloc(1, 1), Err(Errno::ENOSPC));
+    }
+
+    #[test]
+    fn a_draining_node_takes_no_new_chunks_nor_copies_and_says_so() {
+        let mut a = Allocator::default();
+        a.add_node("a".into(), 7, 0, 100, 4);
+        a.add_node("b".into(), 7, 1000, 100, 4);
+        assert_eq!(a.set_draining(2, true), Err(Errno::ENOENT));
+        a.set_draining(1, true).unwrap();
+        assert_eq!(a.draining(), vec![1]);
+        assert_eq!(a.usage()[1].2, "draining");
+        let got = a.alloc(4, 1).unwrap().concat();
+        assert!(got.iter().all(|c| c.node == 0));
+        assert_eq!(
+            a.alloc(1, 1),
+            Err(Errno::ENOSPC),
+            "only the draining node has room"
+        );
+        assert!(!a.can_place(&[], &[]));
+        assert_eq!(a.alloc_replica(&[], &[]), None);
+        a.set_draining(1, false).unwrap();
+        assert_eq!(a.usage()[1].2, "up");
+        assert_eq!(a.alloc(1, 1).unwrap()[0][0].node, 1);
     }
 
     #[test]

@@ -275,6 +275,14 @@ wire_struct! {
     pub struct Status { pub caller: Caller }
 }
 
+wire_struct! {
+    /// Starts (`on`) or ends draining data node `node`: it takes no new chunks, and the
+    /// metadata node moves every copy it holds to other nodes, after which it can be stopped
+    /// losing nothing (`rfs drain`). Root only, as [`Status`]; ENOENT for an unknown node.
+    #[derive(Clone, Debug, PartialEq)]
+    pub struct Drain { pub caller: Caller, pub node: u32, pub on: bool }
+}
+
 wire_enum! {
     /// A metadata request, as the service receives it.
     #[derive(Clone, Debug, PartialEq)]
@@ -308,6 +316,7 @@ wire_enum! {
         27 => DropLocks,
         28 => CancelWait,
         29 => Status,
+        30 => Drain,
     }
 }
 
@@ -379,6 +388,7 @@ calls! {
     DropLocks => (),
     CancelWait => (),
     Status => ClusterStatus,
+    Drain => (),
 }
 
 /// The bytes of reply that a readdir page may fill, in messages of `max_msg` bytes: what is
@@ -671,6 +681,16 @@ mod tests {
             .into(),
             DropLocks { ino: 4, owner: 9 }.into(),
             CancelWait { ino: 4, owner: 9 }.into(),
+            Status {
+                caller: Caller::default(),
+            }
+            .into(),
+            Drain {
+                caller: Caller::default(),
+                node: 3,
+                on: true,
+            }
+            .into(),
         ]
     }
 
@@ -745,7 +765,7 @@ mod tests {
     #[test]
     fn every_request_round_trips_and_keeps_its_op() {
         let all = all_requests();
-        assert_eq!(all.len(), 28, "one of each");
+        assert_eq!(all.len(), 30, "one of each");
         for (i, r) in all.iter().enumerate() {
             assert_eq!(r.op() as usize, i + 1);
             assert_eq!(Request::decode(&r.encode()).unwrap(), *r);

@@ -309,8 +309,9 @@ wire_struct! {
     pub struct NodeStatus {
         pub id: u32,
         pub addr: String,
-        /// "up"; "down" (it left, or was lost); "away" (known from before a restart of the
-        /// metadata node, not back yet).
+        /// "up"; "draining" (up, taking no new chunks, its copies moving elsewhere); "down"
+        /// (it left, or was lost); "away" (known from before a restart of the metadata node,
+        /// not back yet).
         pub state: String,
         /// Whether it is the metadata node's own pool.
         pub meta: bool,

@@ -6,6 +6,7 @@
 //! dropped them (or its lease ran out): a stale chunk map can never reach another file.
 
 pub(crate) mod coherence;
+mod drain;
 mod effects;
 mod freeing;
 mod grant_channels;

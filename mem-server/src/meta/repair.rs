@@ -77,6 +77,11 @@ impl Repair {
         let _ = self.kick.try_send(());
     }
 
+    /// Bytes per second copies may take.
+    pub(crate) fn rate(&self) -> u64 {
+        self.rate
+    }
+
     /// Chunks short of copies, as last counted.
     pub(crate) fn short(&self) -> u64 {
         self.short.load(Ordering::Relaxed)
@@ -98,7 +103,7 @@ impl Repair {
     }
 
     /// Nodes to give no new copies now.
-    fn avoided(&self) -> Vec<u32> {
+    pub(super) fn avoided(&self) -> Vec<u32> {
         let now = Instant::now();
         let mut avoid = self.avoid.lock().unwrap();
         avoid.retain(|_, until| *until > now);
@@ -116,7 +121,7 @@ impl Repair {
 }
 
 /// How copying one chunk went.
-enum Copied {
+pub(super) enum Copied {
     /// This many bytes.
     Done(usize),
     /// Nothing to do (any more): whole, freed, or no node to put a copy on.
@@ -125,11 +130,8 @@ enum Copied {
 }
 
 impl MetaService {
-    /// Starts the re-replication thread (nothing to do with one copy per chunk).
+    /// Starts the re-replication thread, which also moves copies off draining nodes.
     pub(crate) fn start_repair(self: &Arc<Self>, local: Arc<Runtime>) -> std::io::Result<()> {
-        if self.replicas < 2 {
-            return Ok(());
-        }
         let me = self.clone();
         std::thread::Builder::new()
             .name("repair".into())
@@ -187,6 +189,14 @@ impl MetaService {
                     self.repair.copied_chunks.load(Ordering::Relaxed),
                     self.repair.copied_bytes.load(Ordering::Relaxed) >> 20,
                 );
+            }
+            let (moved, left) = self.drain_pass(local);
+            if moved > 0 || left > 0 {
+                log::info!("draining: {moved} chunks moved off draining nodes, {left} left there");
+            }
+            if left > 0 {
+                // Until they hold nothing (or a move failed: tried again shortly).
+                wait = if moved > 0 { Duration::ZERO } else { RETRY };
             }
         }
     }
@@ -246,7 +256,7 @@ impl MetaService {
     /// Takes `ino`'s map back from every holder and hands out none of `indices` until
     /// [`Self::thaw`]; those it froze (not those frozen already: a cut's tail being zeroed,
     /// copied at the next pass).
-    fn freeze(&self, ino: Ino, indices: &[u64]) -> Vec<u64> {
+    pub(super) fn freeze(&self, ino: Ino, indices: &[u64]) -> Vec<u64> {
         let mut st = self.state.lock();
         let indices: Vec<u64> = indices
             .iter()
@@ -278,7 +288,7 @@ impl MetaService {
         indices
     }
 
-    fn thaw(&self, ino: Ino, indices: &[u64]) {
+    pub(super) fn thaw(&self, ino: Ino, indices: &[u64]) {
         let mut st = self.state.lock();
         for &i in indices {
             st.frozen.remove(&(ino, i));
@@ -311,9 +321,24 @@ impl MetaService {
             live.sort_by_key(|c| avoided.contains(&c.node));
             (live, target, st.ns.chunk_size() as usize)
         };
+        self.copy_into(local, ino, index, &sources, target, len)
+    }
+
+    /// Copies chunk `index` of `ino` from the first of `sources` that reads to `target`
+    /// (allocated for it) and adds it to the chunk's replicas; `target` goes back if the copy
+    /// fails or the chunk went meanwhile.
+    pub(super) fn copy_into(
+        &self,
+        local: &Runtime,
+        ino: Ino,
+        index: u64,
+        sources: &[ChunkRef],
+        target: ChunkRef,
+        len: usize,
+    ) -> Copied {
         let mut result = Err(std::io::Error::other("no source"));
         let mut source = sources[0];
-        for s in sources {
+        for &s in sources {
             source = s;
             result = self.zeroer.read_chunk(local, &s, len, COPY_LIMIT);
             match &result {

@@ -1099,3 +1099,28 @@ fn a_cut_above_the_committed_size_zeroes_uncommitted_bytes_past_it() {
     assert!(chunk[..100].iter().all(|&b| b == 0xaa));
     assert_eq!(chunk[100..].iter().position(|&b| b != 0), None);
 }
+
+/// Draining is root's, names a node that exists, and shows in the status.
+#[test]
+fn drain_is_for_root_and_shows_in_the_status() {
+    use rfs_proto::message::Drain;
+    let node = Node::new();
+    let mut c = node.client(1);
+    let own = node.0.own_node();
+    let drain = |caller: Caller, node: u32, on: bool| Drain { caller, node, on };
+    assert_eq!(c.call(drain(user(1000), own, true)), Err(Errno::EPERM));
+    assert_eq!(c.call(drain(root(), 99, true)), Err(Errno::ENOENT));
+    c.call(drain(root(), own, true)).unwrap();
+    let state = |c: &mut Client<'_>| {
+        c.call(Status { caller: root() }).unwrap().nodes[0]
+            .state
+            .clone()
+    };
+    assert_eq!(state(&mut c), "draining");
+    // Nowhere else to put new chunks.
+    let f = c.create(ROOT, "f");
+    assert_eq!(c.allocate(f.ino, 0, 1), Err(Errno::ENOSPC));
+    c.call(drain(root(), own, false)).unwrap();
+    assert_eq!(state(&mut c), "up");
+    assert!(c.allocate(f.ino, 0, 1).is_ok());
+}

@@ -130,6 +130,31 @@ impl Namespace {
         (found, total)
     }
 
+    /// Up to `limit` chunks with a replica on a node `on` says yes to, file by file, and how
+    /// many there are in all.
+    pub fn chunks_held_on(
+        &self,
+        on: impl Fn(u32) -> bool,
+        limit: usize,
+    ) -> (Vec<(Ino, u64)>, usize) {
+        let mut found = Vec::new();
+        let mut total = 0;
+        for (&ino, i) in &self.inodes {
+            if let Data::File { chunks } = &i.data {
+                for (&index, chunk) in chunks {
+                    if chunk.iter().any(|c| on(c.node)) {
+                        total += 1;
+                        if found.len() < limit {
+                            found.push((ino, index));
+                        }
+                    }
+                }
+            }
+        }
+        found.sort_unstable();
+        (found, total)
+    }
+
     /// The replicas of chunk `index` of `ino`, if it has that chunk.
     pub fn replicas(&self, ino: Ino, index: u64) -> Option<Replicas> {
         self.chunks(ino).ok()?.get(&index).cloned()

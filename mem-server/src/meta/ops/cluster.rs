@@ -1,17 +1,39 @@
 //! The cluster as its operators see it (`rfs status`): nodes, client sessions, copies short.
 
-use rfs_proto::message::Status;
+use rfs_proto::message::{Drain, Status};
 use rfs_proto::types::{ClientStatus, ClusterStatus, NodeStatus};
 use rfs_proto::Errno;
 
 use super::{answer, Answer, Ctx};
 
+/// Whether `caller` is root as the node treats it (a squashed root is not).
+fn root_only(cx: &Ctx<'_>, caller: &rfs_proto::types::Caller) -> Result<(), Errno> {
+    match cx.svc.policy.caller(caller) {
+        Ok(c) if c.uid == 0 => Ok(()),
+        Ok(_) => Err(Errno::EPERM),
+        Err(e) => Err(e),
+    }
+}
+
+/// Starts or ends draining a data node: the repair thread moves its copies (see
+/// [`crate::meta::drain`]).
+pub(super) fn drain(cx: &mut Ctx<'_>, m: &Drain) -> Answer {
+    let r = root_only(cx, &m.caller).and_then(|()| cx.st.alloc.set_draining(m.node, m.on));
+    if r.is_ok() {
+        log::warn!(
+            "data node {}: draining {}",
+            m.node,
+            if m.on { "started" } else { "ended" }
+        );
+        cx.svc.repair.kick();
+    }
+    answer(m, r)
+}
+
 pub(super) fn status(cx: &mut Ctx<'_>, m: &Status) -> Answer {
-    // Client addresses and what each holds are for root only (a squashed root is not).
-    match cx.svc.policy.caller(&m.caller) {
-        Ok(c) if c.uid == 0 => {}
-        Ok(_) => return answer(m, Err(Errno::EPERM)),
-        Err(e) => return answer(m, Err(e)),
+    // Client addresses and what each holds are for root only.
+    if let Err(e) = root_only(cx, &m.caller) {
+        return answer(m, Err(e));
     }
     let nodes = cx
         .st

@@ -97,6 +97,7 @@ pub(super) fn apply(cx: &mut Ctx<'_>, req: &Request) -> Answer {
         Request::ListNodes(m) => chunks::list_nodes(cx, m),
         Request::AttachData(m) => chunks::attach_data(cx, m),
         Request::Status(m) => cluster::status(cx, m),
+        Request::Drain(m) => cluster::drain(cx, m),
     }
 }
 
