@@ -127,21 +127,19 @@ fn status(to: &Node, json: bool) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// The node `name` names (its address, or its id).
+/// The node `name` names: its id, or its address (the newest node there: one that left and
+/// joined again has a new id).
 fn find<'a>(s: &'a ClusterStatus, name: &str) -> Option<&'a NodeStatus> {
     s.nodes
         .iter()
-        .find(|n| n.addr == name || name.parse() == Ok(n.id))
-}
-
-fn used(n: &NodeStatus) -> u64 {
-    n.pool_bytes.saturating_sub(n.free_bytes)
+        .filter(|n| n.addr == name || name.parse() == Ok(n.id))
+        .max_by_key(|n| (n.state != "down", n.id))
 }
 
 fn drain(to: &Node, name: &str, on: bool, wait: bool) -> ExitCode {
     let run = || -> Result<(), ExitCode> {
         let client = to.connect()?;
-        let mut status = cluster(&client, &to.server)?;
+        let status = cluster(&client, &to.server)?;
         let Some(node) = find(&status, name).map(|n| n.id) else {
             eprintln!(
                 "rfs: {} has no data node {name} (see rfs status)",
@@ -149,51 +147,67 @@ fn drain(to: &Node, name: &str, on: bool, wait: bool) -> ExitCode {
             );
             return Err(ExitCode::from(2));
         };
-        let mut asked = false;
+        let drain = Drain {
+            caller: caller(),
+            node,
+            on,
+        };
+        client.call(drain).map_err(|e| {
+            eprintln!("rfs: drain of {name}: {e}");
+            ExitCode::FAILURE
+        })?;
+        if !wait {
+            let what = if on {
+                "draining"
+            } else {
+                "taking new chunks again"
+            };
+            println!("data node {name} (id {node}): {what}");
+            return Ok(());
+        }
         let mut said = None;
         loop {
-            let n = find(&status, name).expect("nodes are never forgotten");
-            // Asked again if the metadata node restarted meanwhile (it forgets drains).
-            if !asked || (on && n.state == "up") {
-                client
-                    .call(Drain {
-                        caller: caller(),
-                        node,
-                        on,
-                    })
-                    .map_err(|e| {
-                        eprintln!("rfs: drain of {name}: {e}");
-                        ExitCode::FAILURE
-                    })?;
-                asked = true;
-                if !wait {
-                    let what = if on {
-                        "draining"
-                    } else {
-                        "taking new chunks again"
-                    };
-                    println!("data node {name} (id {node}): {what}");
-                    return Ok(());
+            let status = cluster(&client, &to.server)?;
+            let n = status
+                .nodes
+                .iter()
+                .find(|n| n.id == node)
+                .expect("nodes are never forgotten");
+            match n.state.as_str() {
+                "draining" => {}
+                "up" => {
+                    eprintln!(
+                        "rfs: data node {name} is no longer draining (ended with --stop, or the \
+                         metadata node restarted): {} copies left",
+                        n.copies
+                    );
+                    return Err(ExitCode::FAILURE);
+                }
+                state => {
+                    eprintln!(
+                        "rfs: data node {name} is {state}: its {} copies cannot be moved",
+                        n.copies
+                    );
+                    return Err(ExitCode::FAILURE);
                 }
             }
-            if n.state == "down" || n.state == "away" {
-                eprintln!(
-                    "rfs: data node {name} is {}: its copies cannot be read to move them",
-                    n.state
-                );
-                return Err(ExitCode::FAILURE);
-            }
-            let left = used(n);
-            if left == 0 {
-                println!("data node {name} (id {node}) holds nothing: it can be stopped");
+            if n.copies == 0 {
+                match n.meta {
+                    true => println!(
+                        "the metadata node's own pool ({name}) holds nothing; the metadata \
+                         service itself must keep running"
+                    ),
+                    false => {
+                        println!("data node {name} (id {node}) holds nothing: it can be stopped")
+                    }
+                }
                 return Ok(());
             }
-            if said != Some(left) {
-                println!("data node {name} (id {node}): {} left", mib(left));
-                said = Some(left);
+            if said != Some(n.copies) {
+                println!("data node {name} (id {node}): {} copies left", n.copies);
+                said = Some(n.copies);
             }
             std::thread::sleep(DRAIN_POLL);
-            status = cluster(&client, &to.server)?;
         }
     };
     match run() {
@@ -219,19 +233,20 @@ fn as_text(server: &str, s: &ClusterStatus) -> String {
         s.inodes_max
     );
     out += &format!(
-        "{:<5} {:<24} {:<6} {:>12} {:>12} {:>12}\n",
-        "NODE", "ADDRESS", "STATE", "POOL", "USED", "FREE CHUNKS"
+        "{:<5} {:<24} {:<8} {:>12} {:>12} {:>12} {:>8}\n",
+        "NODE", "ADDRESS", "STATE", "POOL", "USED", "FREE CHUNKS", "COPIES"
     );
     for n in &s.nodes {
         let meta = if n.meta { "  (the metadata node)" } else { "" };
         out += &format!(
-            "{:<5} {:<24} {:<6} {:>12} {:>12} {:>12}{meta}\n",
+            "{:<5} {:<24} {:<8} {:>12} {:>12} {:>12} {:>8}{meta}\n",
             n.id,
             n.addr,
             n.state,
             mib(n.pool_bytes),
             mib(n.pool_bytes.saturating_sub(n.free_bytes)),
-            n.free_chunks
+            n.free_chunks,
+            n.copies
         );
     }
     out += &format!(
@@ -274,7 +289,7 @@ fn as_json(s: &ClusterStatus) -> String {
         .map(|n| {
             format!(
                 "{{\"id\":{},\"address\":{},\"state\":{},\"metadata\":{},\"pool_bytes\":{},\
-                 \"used_bytes\":{},\"free_bytes\":{},\"free_chunks\":{}}}",
+                 \"used_bytes\":{},\"free_bytes\":{},\"free_chunks\":{},\"copies\":{}}}",
                 n.id,
                 quoted(&n.addr),
                 quoted(&n.state),
@@ -282,7 +297,8 @@ fn as_json(s: &ClusterStatus) -> String {
                 n.pool_bytes,
                 n.pool_bytes.saturating_sub(n.free_bytes),
                 n.free_bytes,
-                n.free_chunks
+                n.free_chunks,
+                n.copies
             )
         })
         .collect();

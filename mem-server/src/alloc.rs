@@ -352,11 +352,13 @@ impl Allocator {
             .nodes
             .iter()
             .filter(|n| n.alive)
-            .fold((0, 0), |(t, f), n| {
-                (
+            .fold((0, 0), |(t, f), n| match n.draining {
+                // Its space is leaving with it.
+                true => (t + n.total - n.free_chunks(), f),
+                false => (
                     t + n.total,
                     f + n.free_chunks() + n.dirty.len() as u64 + n.zeroing,
-                )
+                ),
             });
         (total, (free + self.pending).min(total))
     }

@@ -319,6 +319,9 @@ wire_struct! {
         /// What can be allocated there now, and the whole chunks of it.
         pub free_bytes: u64,
         pub free_chunks: u64,
+        /// Copies of chunks there that file maps name: none left, it can be stopped losing
+        /// nothing.
+        pub copies: u64,
     }
 }
 

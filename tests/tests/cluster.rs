@@ -401,8 +401,8 @@ fn a_drained_node_can_be_killed_losing_nothing() {
         let at = json
             .find(&format!("\"address\":\"{node}\""))
             .expect("the node is listed");
-        let used = &json[at..][json[at..].find("\"used_bytes\":").unwrap() + 13..];
-        used[..used.find(',').unwrap()].parse::<u64>().unwrap()
+        let copies = &json[at..][json[at..].find("\"copies\":").unwrap() + 9..];
+        copies[..copies.find('}').unwrap()].parse::<u64>().unwrap()
     };
     assert!(held(&status) > 0, "the data node holds copies: {status}");
     let start = Instant::now();

@@ -1,9 +1,11 @@
 //! Draining a data node (`rfs drain`): it takes no new chunks, and the repair thread moves
 //! every copy it holds to other nodes, a few chunks of one file per freeze as re-replication
-//! copies them: a new copy is made elsewhere (unless the chunk has enough copies on nodes that
-//! stay), then the draining node's copy is dropped from the map and freed like any other
-//! (recalled from its holders, revoked, zeroed). Once it holds nothing it can be stopped losing
-//! nothing.
+//! copies them (every holder lets go of the file's map first). Each copy on a draining node is
+//! copied from itself to a new node (it has every write that reached it, even one that missed
+//! another copy), then dropped from the map and freed like any other (revoked, zeroed). A write
+//! that reached the old copy and missed another may still ask for the others to be dropped: the
+//! copy made from it stands for it ([`MetaState::moved`]). Once a node holds no copy a map
+//! names it can be stopped losing nothing.
 
 use std::time::{Duration, Instant};
 
@@ -11,7 +13,7 @@ use rfs_proto::types::{ChunkRef, Ino};
 
 use super::effects::Effects;
 use super::repair::Copied;
-use super::MetaService;
+use super::{MetaService, MetaState};
 use crate::runtime::Runtime;
 
 /// Chunks looked at per pass, and moved per freeze of one file.
@@ -23,14 +25,13 @@ const THAWED: Duration = Duration::from_millis(60);
 impl MetaService {
     /// Moves copies off the draining nodes, a pass's worth; (moved, chunks still there).
     pub(super) fn drain_pass(&self, local: &Runtime) -> (usize, usize) {
-        let (work, left, draining) = {
+        let (work, left) = {
             let st = self.state.lock();
             let draining = st.alloc.draining();
             if draining.is_empty() {
                 return (0, 0);
             }
-            let (work, left) = st.ns.chunks_held_on(|n| draining.contains(&n), PASS);
-            (work, left, draining)
+            st.ns.chunks_held_on(|n| draining.contains(&n), PASS)
         };
         let mut moved = 0;
         let mut rest = &work[..];
@@ -42,13 +43,25 @@ impl MetaService {
                 .count();
             let indices: Vec<u64> = rest[..n].iter().map(|&(_, i)| i).collect();
             rest = &rest[n..];
+            if !self.can_move(ino, &indices) {
+                continue;
+            }
             let started = Instant::now();
             let indices = self.freeze(ino, &indices);
-            let mut here = 0;
+            let (mut here, mut dropped) = (0, Vec::new());
             for &index in &indices {
-                if self.move_off(local, ino, index, &draining) {
-                    here += 1;
-                }
+                let (done, gone) = self.move_off(local, ino, index);
+                here += usize::from(done);
+                dropped.extend(gone);
+            }
+            if !dropped.is_empty() {
+                let mut effects = Effects {
+                    freed: dropped,
+                    quick: true,
+                    ..Effects::default()
+                };
+                effects.change.remaps.push(ino);
+                self.settle(self.state.lock(), None, effects);
             }
             self.thaw(ino, &indices);
             moved += here;
@@ -60,74 +73,80 @@ impl MetaService {
         (moved, left.saturating_sub(moved))
     }
 
-    /// Moves chunk `index` of `ino` (frozen) off the `draining` nodes: a copy on another node
-    /// if those that stay hold fewer than the file system keeps, then the draining copies go.
-    /// Whether it holds no copy on them any more.
-    fn move_off(&self, local: &Runtime, ino: Ino, index: u64, draining: &[u32]) -> bool {
-        let leaving = |c: &ChunkRef| draining.contains(&c.node);
-        let copy = {
-            let mut st = self.state.lock();
-            let Some(replicas) = st.ns.replicas(ino, index) else {
-                return true; // freed meanwhile
-            };
-            if !replicas.iter().any(leaving) {
-                return true;
-            }
-            let staying = replicas
-                .iter()
-                .filter(|c| !leaving(c) && st.alloc.is_alive(c.node))
-                .count();
-            if staying >= self.replicas {
-                None
-            } else {
-                let mut avoid = self.repair.avoided();
-                avoid.extend_from_slice(draining);
-                let Some(target) = st.alloc.alloc_replica(&replicas, &avoid) else {
-                    return false; // no room elsewhere now: the next pass tries again
+    /// Whether some chunk among `indices` of `ino` has a copy on a live draining node and a
+    /// place for a new one (else the file is not frozen for nothing).
+    fn can_move(&self, ino: Ino, indices: &[u64]) -> bool {
+        let st = self.state.lock();
+        let mut avoid = self.repair.avoided();
+        avoid.extend(st.alloc.draining());
+        indices.iter().any(|&index| {
+            st.ns.replicas(ino, index).is_some_and(|r| {
+                r.iter()
+                    .any(|c| avoid.contains(&c.node) && st.alloc.is_alive(c.node))
+                    && st.alloc.can_place(&r, &avoid)
+            })
+        })
+    }
+
+    /// Moves every copy of chunk `index` of `ino` (frozen) off the draining nodes: whether
+    /// none is left there, and the copies dropped from the map (to be freed).
+    fn move_off(&self, local: &Runtime, ino: Ino, index: u64) -> (bool, Vec<ChunkRef>) {
+        let mut dropped = Vec::new();
+        loop {
+            let (leaving, target, len) = {
+                let mut st = self.state.lock();
+                let Some(replicas) = st.ns.replicas(ino, index) else {
+                    return (true, dropped); // freed meanwhile
                 };
-                // Live copies that stay are read first, the draining ones after.
-                let mut sources: Vec<ChunkRef> = replicas
+                let draining = st.alloc.draining();
+                let Some(leaving) = replicas
                     .iter()
                     .copied()
-                    .filter(|c| st.alloc.is_alive(c.node))
-                    .collect();
-                sources.sort_by_key(|c| leaving(c));
-                if sources.is_empty() {
-                    st.alloc.release([target]);
-                    return false;
+                    .find(|c| draining.contains(&c.node))
+                else {
+                    return (true, dropped);
+                };
+                if !st.alloc.is_alive(leaving.node) {
+                    return (false, dropped); // its copy cannot be read
                 }
-                Some((sources, target, st.ns.chunk_size() as usize))
-            }
-        };
-        if let Some((sources, target, len)) = copy {
+                let mut avoid = self.repair.avoided();
+                avoid.extend(draining);
+                let Some(target) = st.alloc.alloc_replica(&replicas, &avoid) else {
+                    return (false, dropped); // no room elsewhere now: the next pass tries again
+                };
+                (leaving, target, st.ns.chunk_size() as usize)
+            };
             if !matches!(
-                self.copy_into(local, ino, index, &sources, target, len),
+                self.copy_into(local, ino, index, &[leaving], target, len),
                 Copied::Done(_)
             ) {
-                return false;
+                return (false, dropped);
             }
-        }
-        let mut st = self.state.lock();
-        let Some(replicas) = st.ns.replicas(ino, index) else {
-            return true;
-        };
-        let kept: Vec<ChunkRef> = replicas.iter().copied().filter(|c| !leaving(c)).collect();
-        if kept.is_empty() {
-            return false;
-        }
-        match st.ns.drop_replicas(ino, index, &kept) {
-            Ok(dropped) if !dropped.is_empty() => {
-                let mut effects = Effects {
-                    freed: dropped,
-                    quick: true,
-                    ..Effects::default()
-                };
-                effects.change.remaps.push(ino);
-                self.settle(st, None, effects);
-                true
+            let mut st = self.state.lock();
+            let Some(replicas) = st.ns.replicas(ino, index) else {
+                return (true, dropped);
+            };
+            let kept: Vec<ChunkRef> = replicas
+                .iter()
+                .copied()
+                .filter(|c| (c.node, c.addr) != (leaving.node, leaving.addr))
+                .collect();
+            match st.ns.drop_replicas(ino, index, &kept) {
+                Ok(gone) => {
+                    remember_moved(&mut st, leaving, target, self.lease);
+                    dropped.extend(gone);
+                }
+                Err(_) => return (false, dropped),
             }
-            Ok(_) => true,
-            Err(_) => false,
         }
     }
+}
+
+/// Records that `from` was moved to `to`, forgetting moves older than two leases (a write's
+/// drop of the copies it missed comes within its call's deadline).
+fn remember_moved(st: &mut MetaState, from: ChunkRef, to: ChunkRef, lease: Duration) {
+    let now = Instant::now();
+    st.moved
+        .retain(|_, &mut (_, at)| now.duration_since(at) < 2 * lease);
+    st.moved.insert((from.node, from.addr), (to, now));
 }

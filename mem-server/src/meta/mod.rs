@@ -21,7 +21,7 @@ mod tails;
 mod tests;
 pub(crate) mod zeroer;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -227,6 +227,7 @@ impl MetaService {
             frees: 0,
             frozen: HashSet::new(),
             tails_zeroing: HashSet::new(),
+            moved: HashMap::new(),
             locks: LockTable::default(),
             // Still holding until they are back, or the grace is over: a restart meanwhile
             // waits for them too.

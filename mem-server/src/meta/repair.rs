@@ -147,6 +147,9 @@ impl MetaService {
             let started = Instant::now();
             let (mut copied, mut failed) = (0, 0);
             loop {
+                if self.replicas < 2 {
+                    break; // with one copy per chunk nothing is ever short: no scan
+                }
                 let (work, left) = {
                     let st = self.state.lock();
                     let found = st.ns.under_replicated(
@@ -191,8 +194,13 @@ impl MetaService {
                 );
             }
             let (moved, left) = self.drain_pass(local);
-            if moved > 0 || left > 0 {
+            if moved > 0 {
                 log::info!("draining: {moved} chunks moved off draining nodes, {left} left there");
+            } else if left > 0 {
+                self.repair.stuck.lock().unwrap().warn(format_args!(
+                    "draining: {left} chunks left on draining nodes and none could be moved now \
+                     (no other live node with space, or copies fail)"
+                ));
             }
             if left > 0 {
                 // Until they hold nothing (or a move failed: tried again shortly).

@@ -2,9 +2,10 @@
 //! caches what, file locks, and which clients hold handles (journaled with the rest, so that a
 //! restart knows whom to wait for).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::time::Instant;
 
-use rfs_proto::types::Ino;
+use rfs_proto::types::{ChunkRef, Ino};
 
 use super::coherence::Holders;
 use crate::alloc::Allocator;
@@ -28,6 +29,10 @@ pub(crate) struct MetaState {
     /// Copies (node, address) whose tail a cut is zeroing: freed meanwhile, they are not
     /// reused until it is done (a late zero must not land in another file's data).
     pub(crate) tails_zeroing: HashSet<(u32, u64)>,
+    /// Copies a drain moved (node, address of the old one), to the copy made from each, and
+    /// when: a write that reached the old one and missed another copy names it when it asks
+    /// for the others to be dropped (see [`crate::meta::drain`]).
+    pub(crate) moved: HashMap<(u32, u64), (ChunkRef, Instant)>,
     /// Every client's file locks (not journaled: clients take them again after a restart).
     pub(crate) locks: LockTable,
     /// The clients holding handles open (journaled): those a restart waits for.

@@ -155,6 +155,19 @@ impl Namespace {
         (found, total)
     }
 
+    /// How many copies of chunks each node holds, by node.
+    pub fn copies_per_node(&self) -> HashMap<u32, u64> {
+        let mut out = HashMap::new();
+        for i in self.inodes.values() {
+            if let Data::File { chunks } = &i.data {
+                for c in chunks.values().flatten() {
+                    *out.entry(c.node).or_default() += 1;
+                }
+            }
+        }
+        out
+    }
+
     /// The replicas of chunk `index` of `ino`, if it has that chunk.
     pub fn replicas(&self, ino: Ino, index: u64) -> Option<Replicas> {
         self.chunks(ino).ok()?.get(&index).cloned()

@@ -4,7 +4,7 @@
 
 use rfs_proto::message::RequestOp;
 use rfs_proto::message::{Allocate, AttachData, ChunkMap, DropReplicas, GetStatFs, ListNodes};
-use rfs_proto::types::{NodeInfo, StatFs};
+use rfs_proto::types::{ChunkRef, NodeInfo, StatFs};
 use rfs_proto::wire::MAX_LIST;
 use rfs_proto::Errno;
 
@@ -71,7 +71,15 @@ pub(super) fn drop_replicas(cx: &mut Ctx<'_>, m: &DropReplicas) -> Answer {
     let r = writable
         .then_some(())
         .ok_or(Errno::EBADF)
-        .and_then(|()| st.ns.drop_replicas(m.ino, m.index, &m.reached))
+        .and_then(|()| {
+            // A copy a drain moved meanwhile has the write in the copy made from it.
+            let reached: Vec<ChunkRef> = m
+                .reached
+                .iter()
+                .map(|c| st.moved.get(&(c.node, c.addr)).map_or(*c, |&(to, _)| to))
+                .collect();
+            st.ns.drop_replicas(m.ino, m.index, &reached)
+        })
         .map(|dropped| {
             let n = dropped.len() as u32;
             if !dropped.is_empty() {

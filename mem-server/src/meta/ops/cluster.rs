@@ -35,6 +35,7 @@ pub(super) fn status(cx: &mut Ctx<'_>, m: &Status) -> Answer {
     if let Err(e) = root_only(cx, &m.caller) {
         return answer(m, Err(e));
     }
+    let copies = cx.st.ns.copies_per_node();
     let nodes = cx
         .st
         .alloc
@@ -49,6 +50,7 @@ pub(super) fn status(cx: &mut Ctx<'_>, m: &Status) -> Answer {
                 pool_bytes,
                 free_bytes,
                 free_chunks,
+                copies: copies.get(&id).copied().unwrap_or(0),
             },
         )
         .collect();
