@@ -1124,3 +1124,44 @@ fn drain_is_for_root_and_shows_in_the_status() {
     assert_eq!(state(&mut c), "up");
     assert!(c.allocate(f.ino, 0, 1).is_ok());
 }
+
+/// A write that reached a copy a drain has moved since, and missed another copy, names the old
+/// copy when it asks for the copies it missed to be dropped: the copy made from the old one
+/// stands for it (it was copied after the write landed, the file frozen), so the stale copy
+/// goes and the new one stays. Without that, the drop found none of what the write reached
+/// and the stale copy stayed, the write lost.
+#[test]
+fn a_drop_naming_a_copy_a_drain_moved_keeps_the_copy_made_from_it() {
+    let node = Node::new();
+    let mut c = node.client(1);
+    let f = c.create(ROOT, "f");
+    let slots: Vec<ChunkRef> = c
+        .allocate(f.ino, 0, 3)
+        .unwrap()
+        .into_iter()
+        .map(|(_, r)| ChunkRef { rkey: 0, ..r[0] })
+        .collect();
+    let (old, stale, new) = (slots[0], slots[1], slots[2]);
+    {
+        // Chunk 0 had copies `old` (the write reached it) and `stale` (missed it); a drain
+        // copied `old` to `new` and dropped `old`.
+        let mut st = node.0.meta.state.lock();
+        assert!(st.ns.add_replica(f.ino, 0, &old, stale));
+        assert!(st.ns.add_replica(f.ino, 0, &old, new));
+        st.ns.drop_replicas(f.ino, 0, &[stale, new]).unwrap();
+        st.moved
+            .insert((old.node, old.addr), (new, std::time::Instant::now()));
+    }
+    let dropped = c.call(DropReplicas {
+        ino: f.ino,
+        index: 0,
+        reached: vec![old],
+    });
+    assert_eq!(dropped, Ok(1), "the stale copy goes");
+    let left = node.0.meta.state.lock().ns.replicas(f.ino, 0).unwrap();
+    assert_eq!(
+        (left.len(), left[0].addr),
+        (1, new.addr),
+        "the moved copy stays"
+    );
+}
