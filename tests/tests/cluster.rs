@@ -307,6 +307,15 @@ fn a_client_stopped_past_its_io_timeout_fails_nothing_a_healthy_node_answered() 
     assert!(back.chunks(block.len()).all(|b| b == block));
 }
 
+/// Runs the admin tool with `args`, on the transport the tests use.
+fn rfs(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(rfs_e2e::bin("rfs"))
+        .args(args)
+        .args(["--transport", &rfs_e2e::transport()])
+        .output()
+        .unwrap()
+}
+
 /// `rfs status` lists every data node and every client session with what it holds, as text
 /// and as JSON, within a second; a user who is not root is refused.
 #[test]
@@ -316,13 +325,6 @@ fn rfs_status_lists_nodes_and_clients() {
     let m = Mount::new(&meta, &[]);
     let held = fs::File::create(m.path("held")).unwrap();
     held.write_at(b"x", 0).unwrap();
-    let rfs = |args: &[&str]| {
-        std::process::Command::new(rfs_e2e::bin("rfs"))
-            .args(args)
-            .args(["--transport", &rfs_e2e::transport()])
-            .output()
-            .unwrap()
-    };
     let addr = meta.addr.to_string();
     let start = Instant::now();
     let out = rfs(&["status", &addr, "--json"]);
@@ -388,13 +390,6 @@ fn a_drained_node_can_be_killed_losing_nothing() {
     for (name, bytes) in &files {
         fs::write(m.path(name), bytes).unwrap();
     }
-    let rfs = |args: &[&str]| {
-        std::process::Command::new(rfs_e2e::bin("rfs"))
-            .args(args)
-            .args(["--transport", &rfs_e2e::transport()])
-            .output()
-            .unwrap()
-    };
     let (addr, node) = (meta.addr.to_string(), data.addr.to_string());
     let status = String::from_utf8(rfs(&["status", &addr, "--json"]).stdout).unwrap();
     let held = |json: &str| {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use rfs_proto::types::{ChunkRef, Ino};
 
 use super::effects::Effects;
-use super::repair::Copied;
+use super::repair::{per_freeze, Copied};
 use super::{MetaService, MetaState};
 use crate::runtime::Runtime;
 
@@ -34,15 +34,7 @@ impl MetaService {
             st.ns.chunks_held_on(|n| draining.contains(&n), PASS)
         };
         let mut moved = 0;
-        let mut rest = &work[..];
-        while let Some(&(ino, _)) = rest.first() {
-            let n = rest
-                .iter()
-                .take(PER_FREEZE)
-                .take_while(|&&(i, _)| i == ino)
-                .count();
-            let indices: Vec<u64> = rest[..n].iter().map(|&(_, i)| i).collect();
-            rest = &rest[n..];
+        for (ino, indices) in per_freeze(&work, PER_FREEZE) {
             if !self.can_move(ino, &indices) {
                 continue;
             }

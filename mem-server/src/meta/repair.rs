@@ -120,6 +120,25 @@ impl Repair {
     }
 }
 
+/// `work` (chunks sorted by file) a few chunks of one file at a time, at most `most`.
+pub(super) fn per_freeze(
+    work: &[(Ino, u64)],
+    most: usize,
+) -> impl Iterator<Item = (Ino, Vec<u64>)> + '_ {
+    let mut rest = work;
+    std::iter::from_fn(move || {
+        let &(ino, _) = rest.first()?;
+        let n = rest
+            .iter()
+            .take(most)
+            .take_while(|&&(i, _)| i == ino)
+            .count();
+        let indices = rest[..n].iter().map(|&(_, i)| i).collect();
+        rest = &rest[n..];
+        Some((ino, indices))
+    })
+}
+
 /// How copying one chunk went.
 pub(super) enum Copied {
     /// This many bytes.
@@ -213,15 +232,7 @@ impl MetaService {
     /// whose copy fails is left for the next pass; (copied, failed).
     fn repair_pass(&self, local: &Runtime, work: &[(Ino, u64)]) -> (usize, usize) {
         let (mut copied, mut failed) = (0, 0);
-        let mut rest = work;
-        while let Some(&(ino, _)) = rest.first() {
-            let n = rest
-                .iter()
-                .take(PER_FREEZE)
-                .take_while(|&&(i, _)| i == ino)
-                .count();
-            let indices: Vec<u64> = rest[..n].iter().map(|&(_, i)| i).collect();
-            rest = &rest[n..];
+        for (ino, indices) in per_freeze(work, PER_FREEZE) {
             if !self.can_copy(ino, &indices) {
                 continue;
             }

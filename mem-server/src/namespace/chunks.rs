@@ -111,23 +111,13 @@ impl Namespace {
         alive: impl Fn(u32) -> bool,
         limit: usize,
     ) -> (Vec<(Ino, u64)>, usize) {
-        let mut found = Vec::new();
-        let mut total = 0;
-        for (&ino, i) in &self.inodes {
-            if let Data::File { chunks } = &i.data {
-                for (&index, chunk) in chunks {
-                    let live = chunk.iter().filter(|c| alive(c.node)).count();
-                    if live > 0 && live < target {
-                        total += 1;
-                        if found.len() < limit {
-                            found.push((ino, index));
-                        }
-                    }
-                }
-            }
-        }
-        found.sort_unstable();
-        (found, total)
+        self.chunks_where(
+            |chunk| {
+                let live = chunk.iter().filter(|c| alive(c.node)).count();
+                live > 0 && live < target
+            },
+            limit,
+        )
     }
 
     /// Up to `limit` chunks with a replica on a node `on` says yes to, file by file, and how
@@ -137,12 +127,22 @@ impl Namespace {
         on: impl Fn(u32) -> bool,
         limit: usize,
     ) -> (Vec<(Ino, u64)>, usize) {
+        self.chunks_where(|chunk| chunk.iter().any(|c| on(c.node)), limit)
+    }
+
+    /// Up to `limit` chunks whose replicas `wanted` says yes to, file by file, and how many
+    /// there are in all.
+    fn chunks_where(
+        &self,
+        wanted: impl Fn(&Replicas) -> bool,
+        limit: usize,
+    ) -> (Vec<(Ino, u64)>, usize) {
         let mut found = Vec::new();
         let mut total = 0;
         for (&ino, i) in &self.inodes {
             if let Data::File { chunks } = &i.data {
                 for (&index, chunk) in chunks {
-                    if chunk.iter().any(|c| on(c.node)) {
+                    if wanted(chunk) {
                         total += 1;
                         if found.len() < limit {
                             found.push((ino, index));
