@@ -3,6 +3,7 @@
 //!
 //!   rfs status HOST:PORT [--json]   every data node, every client session, copies short
 //!   rfs drain HOST:PORT NODE        moves every copy off a data node, then says it may stop
+//!   rfs rebalance HOST:PORT         evens the data nodes' fill out
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -12,7 +13,7 @@ use clap::{Args as ClapArgs, Parser, Subcommand};
 use nix::unistd::{getegid, geteuid};
 use rdmabox::transport::{ProviderKind, TransportConfig};
 use rfs_client::{Client, ClientConfig};
-use rfs_proto::message::{Drain, Status};
+use rfs_proto::message::{Drain, Rebalance, Status};
 use rfs_proto::types::{Caller, ClusterStatus, NodeStatus};
 use rfs_proto::MetadataChannel;
 
@@ -50,6 +51,16 @@ enum Command {
         #[arg(long)]
         stop: bool,
         /// Start draining and return without waiting.
+        #[arg(long)]
+        no_wait: bool,
+    },
+    /// Even the data nodes' fill out: copies move from the fullest live node to emptier ones
+    /// until each holds within a tenth of the mean share of its pool (within the repair
+    /// rate, while I/O goes on). Waits until it is done, printing each node's copies.
+    Rebalance {
+        #[command(flatten)]
+        to: Node,
+        /// Start and return without waiting.
         #[arg(long)]
         no_wait: bool,
     },
@@ -105,6 +116,7 @@ fn main() -> ExitCode {
             stop,
             no_wait,
         } => drain(&to, &node, !stop, !(stop || no_wait)),
+        Command::Rebalance { to, no_wait } => rebalance(&to, !no_wait),
     }
 }
 
@@ -206,6 +218,52 @@ fn drain(to: &Node, name: &str, on: bool, wait: bool) -> ExitCode {
             if said != Some(n.copies) {
                 println!("data node {name} (id {node}): {} copies left", n.copies);
                 said = Some(n.copies);
+            }
+            std::thread::sleep(DRAIN_POLL);
+        }
+    };
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(code) => code,
+    }
+}
+
+fn rebalance(to: &Node, wait: bool) -> ExitCode {
+    let run = || -> Result<(), ExitCode> {
+        let client = to.connect()?;
+        client.call(Rebalance { caller: caller() }).map_err(|e| {
+            eprintln!("rfs: rebalance of {}: {e} (it is for root)", to.server);
+            ExitCode::FAILURE
+        })?;
+        let mut said = None;
+        loop {
+            let status = cluster(&client, &to.server)?;
+            let copies: Vec<String> = status
+                .nodes
+                .iter()
+                .filter(|n| n.state == "up")
+                .map(|n| {
+                    format!(
+                        "{} {}/{}",
+                        n.addr,
+                        n.copies,
+                        n.pool_bytes / status.chunk_size.max(1)
+                    )
+                })
+                .collect();
+            let line = copies.join(", ");
+            if said.as_ref() != Some(&line) {
+                println!("copies held/pool chunks: {line}");
+                said = Some(line);
+            }
+            if !status.rebalancing || !wait {
+                let what = if status.rebalancing {
+                    "rebalancing"
+                } else {
+                    "balanced"
+                };
+                println!("{}: {what}", to.server);
+                return Ok(());
             }
             std::thread::sleep(DRAIN_POLL);
         }
@@ -320,14 +378,15 @@ fn as_json(s: &ClusterStatus) -> String {
         .collect();
     format!(
         "{{\"nodes\":[{}],\"clients\":[{}],\"replicas\":{},\"chunks_short\":{},\
-         \"chunk_size\":{},\"inodes\":{},\"inodes_max\":{}}}",
+         \"chunk_size\":{},\"inodes\":{},\"inodes_max\":{},\"rebalancing\":{}}}",
         nodes.join(","),
         clients.join(","),
         s.replicas,
         s.chunks_short,
         s.chunk_size,
         s.inodes,
-        s.inodes_max
+        s.inodes_max,
+        s.rebalancing
     )
 }
 

@@ -283,6 +283,13 @@ wire_struct! {
     pub struct Drain { pub caller: Caller, pub node: u32, pub on: bool }
 }
 
+wire_struct! {
+    /// Moves copies from the fullest data nodes to the emptiest until every live node's fill
+    /// (copies held over its pool) is within a tenth of the mean (`rfs rebalance`). Root only.
+    #[derive(Clone, Debug, PartialEq)]
+    pub struct Rebalance { pub caller: Caller }
+}
+
 wire_enum! {
     /// A metadata request, as the service receives it.
     #[derive(Clone, Debug, PartialEq)]
@@ -317,6 +324,7 @@ wire_enum! {
         28 => CancelWait,
         29 => Status,
         30 => Drain,
+        31 => Rebalance,
     }
 }
 
@@ -389,6 +397,7 @@ calls! {
     CancelWait => (),
     Status => ClusterStatus,
     Drain => (),
+    Rebalance => (),
 }
 
 /// The bytes of reply that a readdir page may fill, in messages of `max_msg` bytes: what is
@@ -691,6 +700,10 @@ mod tests {
                 on: true,
             }
             .into(),
+            Rebalance {
+                caller: Caller::default(),
+            }
+            .into(),
         ]
     }
 
@@ -765,7 +778,7 @@ mod tests {
     #[test]
     fn every_request_round_trips_and_keeps_its_op() {
         let all = all_requests();
-        assert_eq!(all.len(), 30, "one of each");
+        assert_eq!(all.len(), 31, "one of each");
         for (i, r) in all.iter().enumerate() {
             assert_eq!(r.op() as usize, i + 1);
             assert_eq!(Request::decode(&r.encode()).unwrap(), *r);

@@ -356,6 +356,8 @@ wire_struct! {
         pub chunk_size: u64,
         pub inodes: u64,
         pub inodes_max: u64,
+        /// Whether copies are moving to even out the nodes' fill (`rfs rebalance`).
+        pub rebalancing: bool,
     }
 }
 

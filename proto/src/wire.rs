@@ -24,7 +24,8 @@ use crate::errno::Errno;
 /// descriptors carry a MAC by the connection's session key ([`crate::integrity`]).
 /// 18: statfs says the most inodes the namespace holds (`StatFs::inodes_max`).
 /// 19: chunk maps carry the file's count of cuts ([`crate::types::FileMap`]), and the
-/// metadata node zeroes the tail of the chunk a cut splits; `Drain` moves a node's copies off.
+/// metadata node zeroes the tail of the chunk a cut splits; `Drain` moves a node's copies off,
+/// `Rebalance` evens the nodes' fill out.
 pub const VERSION: u8 = 19;
 /// Bounds what one list (readdir page, chunk map, node list) may carry: a message is at most
 /// 64 KiB.

@@ -429,3 +429,53 @@ fn a_drained_node_can_be_killed_losing_nothing() {
     let out = rfs(&["drain", &addr, "127.0.0.1:1"]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// `rfs rebalance` after a node joined an existing cluster: copies move until both nodes hold
+/// the same share of their pools within a tenth, and every file reads back whole on a fresh
+/// mount. Before it, the new node held nothing and all of them stayed where they were.
+#[test]
+fn a_rebalance_evens_the_fill_out_after_a_node_joins() {
+    let meta = MemServer::meta("32M", "1M");
+    let m = Mount::new(&meta, &[]);
+    let files: Vec<(String, Vec<u8>)> = (0..6u8)
+        .map(|i| (format!("f{i}"), vec![i + 1; (2 << 20) + i as usize * 7919]))
+        .collect();
+    for (name, bytes) in &files {
+        fs::write(m.path(name), bytes).unwrap();
+    }
+    let data = MemServer::data(&meta, "32M", "1M");
+    let addr = meta.addr.to_string();
+    let copies = |json: &str, node: &str| {
+        let at = json
+            .find(&format!("\"address\":\"{node}\""))
+            .expect("listed");
+        let c = &json[at..][json[at..].find("\"copies\":").unwrap() + 9..];
+        c[..c.find('}').unwrap()].parse::<f64>().unwrap()
+    };
+    let status = String::from_utf8(rfs(&["status", &addr, "--json"]).stdout).unwrap();
+    assert_eq!(copies(&status, &data.addr.to_string()), 0.0, "{status}");
+    let out = rfs(&["rebalance", &addr]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains("balanced"), "{said}");
+    println!("{said}");
+    let status = String::from_utf8(rfs(&["status", &addr, "--json"]).stdout).unwrap();
+    let (a, b) = (
+        copies(&status, &addr),
+        copies(&status, &data.addr.to_string()),
+    );
+    let mean = (a + b) / 2.0;
+    assert!(
+        a <= mean * 1.1 + 1.0 && b <= mean * 1.1 + 1.0 && b > 0.0,
+        "copies {a} and {b} on equal pools: {said}"
+    );
+    assert!(status.contains("\"rebalancing\":false"), "{status}");
+    let fresh = Mount::new(&meta, &[]);
+    for (name, bytes) in &files {
+        assert!(fs::read(fresh.path(name)).unwrap() == *bytes, "{name}");
+    }
+}

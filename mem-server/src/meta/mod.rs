@@ -6,11 +6,11 @@
 //! dropped them (or its lease ran out): a stale chunk map can never reach another file.
 
 pub(crate) mod coherence;
-mod drain;
 mod effects;
 mod freeing;
 mod grant_channels;
 mod lock_table;
+mod moves;
 mod ops;
 mod recovery;
 pub(crate) mod repair;
@@ -228,6 +228,7 @@ impl MetaService {
             frozen: HashSet::new(),
             tails_zeroing: HashSet::new(),
             moved: HashMap::new(),
+            rebalancing: false,
             locks: LockTable::default(),
             // Still holding until they are back, or the grace is over: a restart meanwhile
             // waits for them too.

@@ -212,6 +212,13 @@ impl MetaService {
                     self.repair.copied_bytes.load(Ordering::Relaxed) >> 20,
                 );
             }
+            let rebalanced = self.rebalance_pass(local);
+            if rebalanced > 0 {
+                log::info!("rebalancing: {rebalanced} chunks moved");
+                wait = Duration::ZERO;
+            } else if self.state.lock().rebalancing {
+                wait = RETRY; // nothing could move now
+            }
             let (moved, left) = self.drain_pass(local);
             if moved > 0 {
                 log::info!("draining: {moved} chunks moved off draining nodes, {left} left there");

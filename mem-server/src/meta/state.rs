@@ -31,8 +31,10 @@ pub(crate) struct MetaState {
     pub(crate) tails_zeroing: HashSet<(u32, u64)>,
     /// Copies a drain moved (node, address of the old one), to the copy made from each, and
     /// when: a write that reached the old one and missed another copy names it when it asks
-    /// for the others to be dropped (see [`crate::meta::drain`]).
+    /// for the others to be dropped (see [`crate::meta::moves`]).
     pub(crate) moved: HashMap<(u32, u64), (ChunkRef, Instant)>,
+    /// A rebalance was asked for and the nodes' fill is not even yet (not journaled).
+    pub(crate) rebalancing: bool,
     /// Every client's file locks (not journaled: clients take them again after a restart).
     pub(crate) locks: LockTable,
     /// The clients holding handles open (journaled): those a restart waits for.

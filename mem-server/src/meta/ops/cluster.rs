@@ -1,6 +1,6 @@
 //! The cluster as its operators see it (`rfs status`): nodes, client sessions, copies short.
 
-use rfs_proto::message::{Drain, Status};
+use rfs_proto::message::{Drain, Rebalance, Status};
 use rfs_proto::types::{ClientStatus, ClusterStatus, NodeStatus};
 use rfs_proto::Errno;
 
@@ -16,7 +16,7 @@ fn root_only(cx: &Ctx<'_>, caller: &rfs_proto::types::Caller) -> Result<(), Errn
 }
 
 /// Starts or ends draining a data node: the repair thread moves its copies (see
-/// [`crate::meta::drain`]).
+/// [`crate::meta::moves`]).
 pub(super) fn drain(cx: &mut Ctx<'_>, m: &Drain) -> Answer {
     let r = root_only(cx, &m.caller).and_then(|()| cx.st.alloc.set_draining(m.node, m.on));
     if r.is_ok() {
@@ -25,6 +25,17 @@ pub(super) fn drain(cx: &mut Ctx<'_>, m: &Drain) -> Answer {
             m.node,
             if m.on { "started" } else { "ended" }
         );
+        cx.svc.repair.kick();
+    }
+    answer(m, r)
+}
+
+/// Has the repair thread even the nodes' fill out (see [`crate::meta::moves`]).
+pub(super) fn rebalance(cx: &mut Ctx<'_>, m: &Rebalance) -> Answer {
+    let r = root_only(cx, &m.caller);
+    if r.is_ok() && !cx.st.rebalancing {
+        log::warn!("rebalancing the data nodes' fill");
+        cx.st.rebalancing = true;
         cx.svc.repair.kick();
     }
     answer(m, r)
@@ -87,6 +98,7 @@ pub(super) fn status(cx: &mut Ctx<'_>, m: &Status) -> Answer {
             chunk_size: cx.st.ns.chunk_size(),
             inodes: cx.st.ns.inode_count(),
             inodes_max: cx.st.ns.max_inodes(),
+            rebalancing: cx.st.rebalancing,
         }),
     )
 }

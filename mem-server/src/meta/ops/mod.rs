@@ -98,6 +98,7 @@ pub(super) fn apply(cx: &mut Ctx<'_>, req: &Request) -> Answer {
         Request::AttachData(m) => chunks::attach_data(cx, m),
         Request::Status(m) => cluster::status(cx, m),
         Request::Drain(m) => cluster::drain(cx, m),
+        Request::Rebalance(m) => cluster::rebalance(cx, m),
     }
 }
 
