@@ -256,14 +256,21 @@ fn rebalance(to: &Node, wait: bool) -> ExitCode {
                 println!("copies held/pool chunks: {line}");
                 said = Some(line);
             }
-            if !status.rebalancing || !wait {
-                let what = if status.rebalancing {
-                    "rebalancing"
-                } else {
-                    "balanced"
-                };
-                println!("{}: {what}", to.server);
+            if status.rebalancing && !wait {
+                println!("{}: rebalancing", to.server);
                 return Ok(());
+            }
+            if !status.rebalancing {
+                if even(&status) {
+                    println!("{}: balanced", to.server);
+                    return Ok(());
+                }
+                eprintln!(
+                    "rfs: the rebalance of {} ended short of even: the fullest node's copies \
+                     could not move to the emptier ones (see the metadata node's log)",
+                    to.server
+                );
+                return Err(ExitCode::FAILURE);
             }
             std::thread::sleep(DRAIN_POLL);
         }
@@ -272,6 +279,18 @@ fn rebalance(to: &Node, wait: bool) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(code) => code,
     }
+}
+
+/// Whether every live node holds within a tenth of the mean share of its pool (as the
+/// metadata node rebalances), or a chunk of it.
+fn even(s: &ClusterStatus) -> bool {
+    let up: Vec<&NodeStatus> = s.nodes.iter().filter(|n| n.state == "up").collect();
+    let room = |n: &NodeStatus| (n.pool_bytes / s.chunk_size.max(1)).max(1) as f64;
+    let held: u64 = up.iter().map(|n| n.copies).sum();
+    let total: f64 = up.iter().map(|n| room(n)).sum();
+    let mean = held as f64 / total.max(1.0);
+    up.iter()
+        .all(|n| n.copies as f64 <= (mean * room(n) * 1.1).max(mean * room(n) + 1.0))
 }
 
 fn mib(bytes: u64) -> String {
@@ -393,6 +412,73 @@ fn as_json(s: &ClusterStatus) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn node(id: u32, state: &str, pool_chunks: u64, copies: u64) -> NodeStatus {
+        NodeStatus {
+            id,
+            addr: format!("n{id}"),
+            state: state.into(),
+            meta: id == 0,
+            pool_bytes: pool_chunks << 20,
+            free_bytes: 0,
+            free_chunks: 0,
+            copies,
+        }
+    }
+
+    fn cluster_of(nodes: Vec<NodeStatus>) -> ClusterStatus {
+        ClusterStatus {
+            nodes,
+            clients: Vec::new(),
+            replicas: 1,
+            chunks_short: 0,
+            chunk_size: 1 << 20,
+            inodes: 0,
+            inodes_max: 0,
+            rebalancing: false,
+        }
+    }
+
+    #[test]
+    fn even_means_within_a_tenth_of_the_mean_share_of_each_pool() {
+        let even_with = |nodes| even(&cluster_of(nodes));
+        assert!(even_with(vec![node(0, "up", 32, 8), node(1, "up", 32, 9)]));
+        assert!(!even_with(vec![
+            node(0, "up", 32, 17),
+            node(1, "up", 32, 0)
+        ]));
+        // Shares of the pools, not counts: 100 of 300 and 50 of 150 are even.
+        assert!(even_with(vec![
+            node(0, "up", 300, 100),
+            node(1, "up", 150, 50)
+        ]));
+        // Nodes that are down or draining do not count.
+        assert!(even_with(vec![
+            node(0, "up", 32, 8),
+            node(1, "up", 32, 8),
+            node(2, "down", 32, 30)
+        ]));
+        // Within a chunk of the share is even, for small pools.
+        assert!(even_with(vec![node(0, "up", 2, 2), node(1, "up", 2, 1)]));
+    }
+
+    #[test]
+    fn a_node_is_found_by_address_or_id_and_the_newest_live_one_wins() {
+        let s = cluster_of(vec![
+            node(0, "up", 32, 0),
+            NodeStatus {
+                addr: "10.0.0.7:7470".into(),
+                ..node(1, "down", 32, 0)
+            },
+            NodeStatus {
+                addr: "10.0.0.7:7470".into(),
+                ..node(2, "up", 32, 0)
+            },
+        ]);
+        assert_eq!(find(&s, "10.0.0.7:7470").map(|n| n.id), Some(2));
+        assert_eq!(find(&s, "1").map(|n| n.id), Some(1));
+        assert!(find(&s, "10.0.0.8:7470").is_none());
+    }
 
     #[test]
     fn strings_are_quoted_as_json_wants() {

@@ -29,6 +29,8 @@ pub(crate) struct Effects {
     /// their handles again, a file closed here may be open at a client that wrote past the
     /// size it committed, into chunks allocated ahead.
     pub(crate) keep_past_size: bool,
+    /// The freed chunks wait out the lease whatever the answers (copies a move dropped).
+    pub(crate) linger: bool,
     /// Chunks a cut split, frozen: their tails are zeroed once their holders let go.
     pub(crate) tails: Vec<Tail>,
 }

@@ -73,6 +73,7 @@ impl MetaService {
             quick,
             woken,
             tails,
+            linger,
             ..
         } = effects;
         // Waiters for locks are told, not waited for: one that is slow must not hold up the
@@ -126,7 +127,7 @@ impl MetaService {
         // Reused by the quarantine thread: making them unreachable takes a call to each node
         // they are on, and a stopped node must not hold the caller up for the channel deadline.
         let lease = !(all_answered || Instant::now() >= deadline);
-        let due = if lease {
+        let due = if lease || linger {
             // A holder could not be asked: its references die with its lease.
             start + self.lease
         } else {
@@ -193,6 +194,9 @@ impl MetaService {
             }
         }
         let mut st = self.state.lock();
+        for c in &reusable {
+            st.moved.remove(&(c.node, c.addr));
+        }
         st.alloc.release_freed(reusable, freed.rejoins);
         st.alloc.freed_now(freed.chunks.len());
         drop(st);

@@ -54,15 +54,16 @@ impl MetaService {
             from: st.alloc.draining(),
             avoid: st.alloc.draining(),
         };
-        let moved = self.move_pass(local, &work, &draining);
+        let moved = self.move_pass(local, &work, &draining, usize::MAX);
         (moved, left.saturating_sub(moved))
     }
 
     /// While a rebalance is asked for, moves copies off the fullest live node, a pass's worth;
-    /// it ends once every live node is within [`BALANCED_WITHIN`] of the mean fill. How many
-    /// moved.
+    /// it ends once every live node is within [`BALANCED_WITHIN`] of the mean fill, or when a
+    /// pass can move nothing (the nodes below the mean hold copies of every chunk tried, or
+    /// have no room). How many moved.
     pub(super) fn rebalance_pass(&self, local: &Runtime) -> usize {
-        let (work, moves) = {
+        let (work, moves, excess) = {
             let mut st = self.state.lock();
             if !st.rebalancing {
                 return 0;
@@ -70,8 +71,8 @@ impl MetaService {
             match unbalanced(&st) {
                 Some((moves, excess)) => {
                     let over = moves.from[0];
-                    let (work, _) = st.ns.chunks_held_on(|n| n == over, excess.min(PASS));
-                    (work, moves)
+                    let (work, _) = st.ns.chunks_held_on(|n| n == over, PASS);
+                    (work, moves, excess)
                 }
                 None => {
                     st.rebalancing = false;
@@ -82,19 +83,33 @@ impl MetaService {
                 }
             }
         };
-        self.move_pass(local, &work, &|_: &MetaState| moves.clone())
+        let moved = self.move_pass(local, &work, &|_: &MetaState| moves.clone(), excess);
+        if moved == 0 {
+            self.state.lock().rebalancing = false;
+            log::warn!(
+                "rebalancing: no copy could move off data node {} (the nodes below the mean \
+                 fill hold copies of its chunks, or have no room): ended",
+                moves.from[0]
+            );
+        }
+        moved
     }
 
     /// Moves what `moves` says of the chunks `work` lists (sorted by file), a few chunks of
-    /// one file per freeze; how many moved.
+    /// one file per freeze, until `most` moved; how many moved.
     fn move_pass(
         &self,
         local: &Runtime,
         work: &[(Ino, u64)],
         moves: &dyn Fn(&MetaState) -> Moves,
+        most: usize,
     ) -> usize {
         let mut moved = 0;
-        for (ino, indices) in per_freeze(work, PER_FREEZE) {
+        for (ino, mut indices) in per_freeze(work, PER_FREEZE) {
+            if moved >= most {
+                break;
+            }
+            indices.truncate(most - moved);
             if !self.can_move(ino, &indices, moves) {
                 continue;
             }
@@ -107,9 +122,12 @@ impl MetaService {
                 dropped.extend(gone);
             }
             if !dropped.is_empty() {
+                // Kept out of reuse for a lease: a write's late drop of the copies it missed
+                // may still name one ([`MetaState::moved`]).
                 let mut effects = Effects {
                     freed: dropped,
                     quick: true,
+                    linger: true,
                     ..Effects::default()
                 };
                 effects.change.remaps.push(ino);
@@ -187,7 +205,7 @@ impl MetaService {
                 .collect();
             match st.ns.drop_replicas(ino, index, &kept) {
                 Ok(gone) => {
-                    remember_moved(&mut st, leaving, target, self.lease);
+                    remember_moved(&mut st, leaving, target);
                     dropped.extend(gone);
                 }
                 Err(_) => return (false, dropped),
@@ -218,7 +236,7 @@ fn unbalanced(st: &MetaState) -> Option<(Moves, usize)> {
     let mean = held as f64 / room as f64;
     let fill = |&(_, c, pool): &(u32, u64, u64)| c as f64 / (pool / chunk).max(1) as f64;
     let &(over, held_there, pool) = nodes.iter().max_by(|a, b| fill(a).total_cmp(&fill(b)))?;
-    let fair = (mean * (pool / chunk) as f64).ceil() as u64;
+    let fair = (mean * (pool / chunk) as f64) as u64;
     let excess = held_there.saturating_sub(fair) as usize;
     let someone_below = nodes.iter().any(|n| fill(n) < mean);
     if fill(&(over, held_there, pool)) <= mean * (1.0 + BALANCED_WITHIN)
@@ -242,11 +260,8 @@ fn unbalanced(st: &MetaState) -> Option<(Moves, usize)> {
     ))
 }
 
-/// Records that `from` was moved to `to`, forgetting moves older than two leases (a write's
-/// drop of the copies it missed comes within its call's deadline).
-fn remember_moved(st: &mut MetaState, from: ChunkRef, to: ChunkRef, lease: Duration) {
-    let now = Instant::now();
-    st.moved
-        .retain(|_, &mut (_, at)| now.duration_since(at) < 2 * lease);
-    st.moved.insert((from.node, from.addr), (to, now));
+/// Records that `from` was moved to `to` (forgotten when `from` is reused, a lease at least
+/// later: a write's drop of the copies it missed comes within its call's deadline).
+fn remember_moved(st: &mut MetaState, from: ChunkRef, to: ChunkRef) {
+    st.moved.insert((from.node, from.addr), to);
 }

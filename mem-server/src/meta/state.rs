@@ -3,7 +3,6 @@
 //! restart knows whom to wait for).
 
 use std::collections::{HashMap, HashSet};
-use std::time::Instant;
 
 use rfs_proto::types::{ChunkRef, Ino};
 
@@ -29,10 +28,10 @@ pub(crate) struct MetaState {
     /// Copies (node, address) whose tail a cut is zeroing: freed meanwhile, they are not
     /// reused until it is done (a late zero must not land in another file's data).
     pub(crate) tails_zeroing: HashSet<(u32, u64)>,
-    /// Copies a drain moved (node, address of the old one), to the copy made from each, and
-    /// when: a write that reached the old one and missed another copy names it when it asks
-    /// for the others to be dropped (see [`crate::meta::moves`]).
-    pub(crate) moved: HashMap<(u32, u64), (ChunkRef, Instant)>,
+    /// Copies moved (node, address of the old one) until the old one is reused, to the copy
+    /// made from each: a write that reached the old one and missed another copy names it when
+    /// it asks for the others to be dropped (see [`crate::meta::moves`]).
+    pub(crate) moved: HashMap<(u32, u64), ChunkRef>,
     /// A rebalance was asked for and the nodes' fill is not even yet (not journaled).
     pub(crate) rebalancing: bool,
     /// Every client's file locks (not journaled: clients take them again after a restart).

@@ -76,7 +76,7 @@ pub(super) fn drop_replicas(cx: &mut Ctx<'_>, m: &DropReplicas) -> Answer {
             let reached: Vec<ChunkRef> = m
                 .reached
                 .iter()
-                .map(|c| st.moved.get(&(c.node, c.addr)).map_or(*c, |&(to, _)| to))
+                .map(|c| st.moved.get(&(c.node, c.addr)).copied().unwrap_or(*c))
                 .collect();
             st.ns.drop_replicas(m.ino, m.index, &reached)
         })
