@@ -17,8 +17,8 @@ use rfs_proto::message::{Drain, Rebalance, Status};
 use rfs_proto::types::{Caller, ClusterStatus, NodeStatus};
 use rfs_proto::MetadataChannel;
 
-/// How often `rfs drain` looks at how much the node still holds.
-const DRAIN_POLL: Duration = Duration::from_secs(1);
+/// How often `rfs drain` and `rfs rebalance` look at the nodes again.
+const POLL: Duration = Duration::from_secs(1);
 
 /// Operate an rfs cluster.
 #[derive(Parser)]
@@ -219,7 +219,7 @@ fn drain(to: &Node, name: &str, on: bool, wait: bool) -> ExitCode {
                 println!("data node {name} (id {node}): {} copies left", n.copies);
                 said = Some(n.copies);
             }
-            std::thread::sleep(DRAIN_POLL);
+            std::thread::sleep(POLL);
         }
     };
     match run() {
@@ -272,7 +272,7 @@ fn rebalance(to: &Node, wait: bool) -> ExitCode {
                 );
                 return Err(ExitCode::FAILURE);
             }
-            std::thread::sleep(DRAIN_POLL);
+            std::thread::sleep(POLL);
         }
     };
     match run() {

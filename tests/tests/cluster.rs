@@ -316,6 +316,15 @@ fn rfs(args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// The copies node `node` holds, as `rfs status --json` printed in `json` says.
+fn copies_on(json: &str, node: &str) -> u64 {
+    let at = json
+        .find(&format!("\"address\":\"{node}\""))
+        .expect("the node is listed");
+    let copies = &json[at..][json[at..].find("\"copies\":").unwrap() + 9..];
+    copies[..copies.find('}').unwrap()].parse().unwrap()
+}
+
 /// `rfs status` lists every data node and every client session with what it holds, as text
 /// and as JSON, within a second; a user who is not root is refused.
 #[test]
@@ -392,14 +401,10 @@ fn a_drained_node_can_be_killed_losing_nothing() {
     }
     let (addr, node) = (meta.addr.to_string(), data.addr.to_string());
     let status = String::from_utf8(rfs(&["status", &addr, "--json"]).stdout).unwrap();
-    let held = |json: &str| {
-        let at = json
-            .find(&format!("\"address\":\"{node}\""))
-            .expect("the node is listed");
-        let copies = &json[at..][json[at..].find("\"copies\":").unwrap() + 9..];
-        copies[..copies.find('}').unwrap()].parse::<u64>().unwrap()
-    };
-    assert!(held(&status) > 0, "the data node holds copies: {status}");
+    assert!(
+        copies_on(&status, &node) > 0,
+        "the data node holds copies: {status}"
+    );
     let start = Instant::now();
     let out = rfs(&["drain", &addr, &node]);
     let said = String::from_utf8_lossy(&out.stdout);
@@ -415,7 +420,7 @@ fn a_drained_node_can_be_killed_losing_nothing() {
     fs::write(m.path("new"), vec![9u8; 3 << 20]).unwrap();
     let status = String::from_utf8(rfs(&["status", &addr, "--json"]).stdout).unwrap();
     assert_eq!(
-        held(&status),
+        copies_on(&status, &node),
         0,
         "a draining node took new chunks: {status}"
     );
@@ -445,13 +450,7 @@ fn a_rebalance_evens_the_fill_out_after_a_node_joins() {
     }
     let data = MemServer::data(&meta, "32M", "1M");
     let addr = meta.addr.to_string();
-    let copies = |json: &str, node: &str| {
-        let at = json
-            .find(&format!("\"address\":\"{node}\""))
-            .expect("listed");
-        let c = &json[at..][json[at..].find("\"copies\":").unwrap() + 9..];
-        c[..c.find('}').unwrap()].parse::<f64>().unwrap()
-    };
+    let copies = |json: &str, node: &str| copies_on(json, node) as f64;
     let status = String::from_utf8(rfs(&["status", &addr, "--json"]).stdout).unwrap();
     assert_eq!(copies(&status, &data.addr.to_string()), 0.0, "{status}");
     let out = rfs(&["rebalance", &addr]);

@@ -118,6 +118,8 @@ pub(crate) struct InFlight {
     cache: Arc<ChunkCache>,
     ino: Ino,
     gen: u64,
+    /// The most cuts of the file a fetch of its map was told of, when the hold was taken.
+    pub(crate) cuts_mapped: u64,
 }
 
 impl Drop for InFlight {
@@ -150,12 +152,6 @@ impl ChunkCache {
 
     fn lock(&self) -> MutexGuard<'_, Files> {
         self.files.lock().unwrap()
-    }
-
-    /// The most cuts of `ino` that a fetch of its map was told of (0 if none is kept): a map
-    /// read after a cut carries it.
-    pub(crate) fn cuts_mapped(&self, ino: Ino) -> u64 {
-        self.lock().files.get(&ino).map_or(0, |f| f.cuts)
     }
 
     /// References cached.
@@ -330,6 +326,7 @@ impl ChunkCache {
             cache: self.clone(),
             ino,
             gen: f.gen,
+            cuts_mapped: f.cuts,
         }
     }
 

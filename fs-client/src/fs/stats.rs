@@ -68,7 +68,8 @@ pub(crate) struct ClientStats {
     pub(crate) handles_closed: AtomicU64,
     /// Commits made again after a fault kept them from the metadata node (see `owed`).
     pub(crate) commits_resent: AtomicU64,
-    /// Commits the metadata node refused for a cut made elsewhere that we had not heard of.
+    /// Cuts made elsewhere heard of late: a commit the metadata node refused for one, or a
+    /// write whose map was read after one.
     pub(crate) commits_over_cuts: AtomicU64,
     /// Allocations short of space tried again once a release of ours gave chunks back.
     pub(crate) space_retries: AtomicU64,
@@ -171,7 +172,7 @@ impl<B: Backend> Rfs<B> {
             ),
             Metric::counter(
                 "commits_over_cuts",
-                "Commits refused for a cut made elsewhere that this mount had not heard of",
+                "Cuts made elsewhere heard of late: a commit refused for one, or a write mapped after one",
                 n(&s.commits_over_cuts),
             ),
             Metric::counter(

@@ -205,7 +205,8 @@ impl MetaService {
                 .collect();
             match st.ns.drop_replicas(ino, index, &kept) {
                 Ok(gone) => {
-                    remember_moved(&mut st, leaving, target);
+                    // Until `leaving` is reused, a lease at least from now.
+                    st.moved.insert((leaving.node, leaving.addr), target);
                     dropped.extend(gone);
                 }
                 Err(_) => return (false, dropped),
@@ -258,10 +259,4 @@ fn unbalanced(st: &MetaState) -> Option<(Moves, usize)> {
         },
         excess,
     ))
-}
-
-/// Records that `from` was moved to `to` (forgotten when `from` is reused, a lease at least
-/// later: a write's drop of the copies it missed comes within its call's deadline).
-fn remember_moved(st: &mut MetaState, from: ChunkRef, to: ChunkRef) {
-    st.moved.insert((from.node, from.addr), to);
 }

@@ -73,12 +73,11 @@ impl MetaService {
     fn zero_tail(&self, tail: &Tail) -> Vec<ChunkRef> {
         // A grant decided before this number is refused by the node: none of this chunk is
         // decided while it is frozen, and one decided before must not come back after.
-        let seq = {
+        let (seq, chunk_size) = {
             let mut st = self.state.lock();
             st.frees += 1;
-            st.frees
+            (st.frees, st.ns.chunk_size())
         };
-        let chunk_size = self.state.lock().ns.chunk_size();
         let len = (chunk_size - tail.from) as usize;
         let mut zeroed = Vec::with_capacity(tail.replicas.len());
         for c in &tail.replicas {

@@ -217,7 +217,7 @@ impl<B: Backend> Rfs<B> {
             let Some(heard) = self.cuts_heard(ino) else {
                 return Ok((mapped, None)); // not open here: nothing of ours to order
             };
-            if self.chunks.cuts_mapped(ino) <= heard {
+            if mapped.hold.cuts_mapped <= heard {
                 return Ok((mapped, Some(heard)));
             }
             drop(mapped);
@@ -247,7 +247,7 @@ impl<B: Backend> Rfs<B> {
         let mapped = self
             .map_pieces(ino, &pieces)
             .and_then(|mapped| match admitted {
-                Some(cuts) if self.chunks.cuts_mapped(ino) > cuts => {
+                Some(cuts) if mapped.hold.cuts_mapped > cuts => {
                     drop(mapped);
                     Err(self.cut_under_write(ino))
                 }
