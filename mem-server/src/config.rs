@@ -137,6 +137,14 @@ fn cgroup_room(machine: u64, room: impl Fn(u64, u64) -> u64) -> u64 {
         .fold(machine, u64::min)
 }
 
+/// A node's transport: on tcp, every queue pair is served by the process's event loops, so
+/// that a node's threads do not grow with the mounts and peers it serves.
+pub fn node_transport(provider: rdmabox::transport::ProviderKind) -> TransportConfig {
+    let mut t = TransportConfig::with_provider(provider);
+    t.tcp.served_by_loops = true;
+    t
+}
+
 impl NodeConfig {
     /// A metadata node on `listen` lending `memory` bytes, with the defaults.
     pub fn new(listen: SocketAddr, memory: u64) -> NodeConfig {
@@ -144,7 +152,7 @@ impl NodeConfig {
             listen,
             memory,
             chunk_size: 1 << 20,
-            transport: TransportConfig::default(),
+            transport: node_transport(TransportConfig::default().provider),
             secret: None,
             insecure: false,
             encrypt: false,

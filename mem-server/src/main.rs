@@ -311,7 +311,7 @@ fn main() -> ExitCode {
                 gid_index: args.gid_index,
                 ..VerbsConfig::default()
             },
-            ..TransportConfig::with_provider(args.transport)
+            ..mem_server::config::node_transport(args.transport)
         },
         secret,
         insecure: args.insecure,

@@ -118,7 +118,7 @@ fn data_sessions_cost_the_node_no_threads_of_their_own() {
     // The threads that set them up end moments after; two more are let pass (once in a
     // dozen runs a connection thread was seen lingering past 10 s, in the list below with
     // its wait channel: not yet explained), 40 would be one per session.
-    let most = threads + rdmabox::transport::tcp::responder_threads() as u64 + 2;
+    let most = threads + rdmabox::transport::tcp::loop_threads() as u64 + 2;
     let names = || {
         let mut n: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
             .unwrap()

@@ -1,6 +1,10 @@
 //! The verbs-model conformance suite. Every test runs against the provider named by
 //! RDMABOX_TEST_PROVIDER (`tcp` by default; the Soft-RoCE harness in tests/rxe runs it with
 //! `verbs`), so both providers are held to the same semantics.
+//!
+//! On tcp, the first side of a pair has its queue pairs served by engines and the second by
+//! the event loops, as a client and a storage node are: each kind is held to the suite against
+//! the other. RDMABOX_TCP_SERVING=engines or =loops serves both sides alike.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -22,8 +26,21 @@ fn provider() -> ProviderKind {
         .unwrap_or(ProviderKind::Tcp)
 }
 
-fn config() -> TransportConfig {
+/// Which side of a pair a context is for.
+#[derive(Clone, Copy, PartialEq)]
+enum Role {
+    First,
+    Second,
+}
+
+fn config(role: Role) -> TransportConfig {
     let mut cfg = TransportConfig::with_provider(provider());
+    cfg.tcp.served_by_loops = match std::env::var("RDMABOX_TCP_SERVING").as_deref() {
+        Ok("engines") => false,
+        Ok("loops") => true,
+        Ok(other) => panic!("RDMABOX_TCP_SERVING={other}: engines or loops"),
+        Err(_) => role == Role::Second,
+    };
     cfg.tcp.rnr_timeout = Duration::from_millis(300);
     cfg.tcp.dead_peer_timeout = Duration::from_secs(2);
     cfg.verbs.dead_peer_timeout = Duration::from_secs(2);
@@ -47,8 +64,8 @@ struct Half {
     prepared: rdmabox::transport::PreparedQueuePair,
 }
 
-fn half(caps: QpCaps) -> Half {
-    let ctx = Context::open(&config()).expect("open provider");
+fn half(caps: QpCaps, role: Role) -> Half {
+    let ctx = Context::open(&config(role)).expect("open provider");
     let pd = ctx.alloc_pd().unwrap();
     let scq = ctx.create_cq(4096).unwrap();
     let rcq = ctx.create_cq(4096).unwrap();
@@ -87,12 +104,12 @@ fn pair_of(caps: QpCaps, b_caps: QpCaps) -> (Side, Side) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
     let b = std::thread::spawn(move || {
-        let h = half(b_caps);
+        let h = half(b_caps, Role::Second);
         let mut c = TcpStream::connect(addr).unwrap();
         let remote = exchange_endpoints(&mut c, &[h.prepared.endpoint().unwrap()]).unwrap();
         h.connect(&remote[0])
     });
-    let h = half(caps);
+    let h = half(caps, Role::First);
     let (mut s, _) = l.accept().unwrap();
     let remote = exchange_endpoints(&mut s, &[h.prepared.endpoint().unwrap()]).unwrap();
     let a = h.connect(&remote[0]);
@@ -937,7 +954,7 @@ fn peer_process() {
     let Ok(addr) = std::env::var(PEER_ENV) else {
         return;
     };
-    let h = half(QpCaps::default());
+    let h = half(QpCaps::default(), Role::Second);
     let mem = h.pd.alloc_region(64 << 20, Access::ALL).unwrap();
     let mut c = TcpStream::connect(addr).unwrap();
     let remote = exchange_endpoints(&mut c, &[h.prepared.endpoint().unwrap()]).unwrap();
@@ -1004,7 +1021,7 @@ impl ChildPeer {
             .spawn()
             .unwrap();
         let child = KillOnDrop(child);
-        let h = half(QpCaps::default());
+        let h = half(QpCaps::default(), Role::First);
         let (mut c, _) = l.accept().unwrap();
         let remote = exchange_endpoints(&mut c, &[h.prepared.endpoint().unwrap()]).unwrap();
         let mut m = [0u8; 20];

@@ -334,7 +334,7 @@ impl Engine {
         let deadline = Instant::now() + self.qp.rnr_timeout;
         let mut recvs = self.qp.recvs.lock().unwrap();
         loop {
-            if let Some(r) = recvs.pop_front() {
+            if let Some(r) = recvs.queue.pop_front() {
                 return Some(r);
             }
             if self.qp.is_error() {
@@ -379,49 +379,20 @@ impl Engine {
         self.respond(Response::Ack(h.psn))
     }
 
-    /// Completes our requests up to and including `psn`, which a response acknowledged.
-    /// Returns the entry for `psn` itself (not completed) when `keep_last` is set.
+    /// Completes our requests up to and including `psn` (see [`QpShared::complete_through`]).
     fn complete_through(
         &self,
         psn: u32,
         keep_last: bool,
     ) -> Result<Option<super::shared::Outstanding>, Stop> {
-        let mut out = self.qp.outstanding.lock().unwrap();
-        if !out.iter().any(|o| o.psn == psn) {
-            if self.qp.is_error() {
-                // Our side went to the error state (a sever, a refusal) and flushed what was
-                // outstanding: a response already on its way is no fault of the peer's.
-                return Err(Stop::Disconnected);
+        match self.qp.complete_through(psn, keep_last) {
+            Ok((done, last)) => {
+                self.qp.send_cq.push_deferred(done);
+                Ok(last)
             }
-            return Err(Stop::Violation(format!("response for unknown psn {psn}")));
+            Err(None) => Err(Stop::Disconnected),
+            Err(Some(why)) => Err(Stop::Violation(why)),
         }
-        let mut done = Vec::new();
-        let mut last = None;
-        while let Some(o) = out.pop_front() {
-            let is_last = o.psn == psn;
-            if is_last && keep_last {
-                last = Some(o);
-                break;
-            }
-            if o.opcode == WcOpcode::Read && !is_last {
-                return Err(Stop::Violation(format!(
-                    "acknowledgement {psn} skips READ {}",
-                    o.psn
-                )));
-            }
-            if o.signaled {
-                done.push(Completion {
-                    byte_len: o.byte_len,
-                    ..self.qp.completion(o.wr_id, WcStatus::Success, o.opcode)
-                });
-            }
-            if is_last {
-                break;
-            }
-        }
-        drop(out);
-        self.qp.send_cq.push_deferred(done);
-        Ok(last)
     }
 
     fn on_ack(&mut self, psn: u32) -> Result<(), Stop> {

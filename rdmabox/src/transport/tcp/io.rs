@@ -24,10 +24,15 @@ pub(crate) unsafe fn writev_all(fd: RawFd, iovs: &mut [libc::iovec]) -> io::Resu
         calls += 1;
         if n < 0 {
             let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
+            match e.kind() {
+                io::ErrorKind::Interrupted => continue,
+                // A socket a loop serves is non-blocking: wait for room here instead.
+                io::ErrorKind::WouldBlock => {
+                    wait_writable(fd)?;
+                    continue;
+                }
+                _ => return Err(e),
             }
-            return Err(e);
         }
         let mut n = n as usize;
         // Skip what was written; shorten the first partly written element.
@@ -47,6 +52,25 @@ pub(crate) unsafe fn writev_all(fd: RawFd, iovs: &mut [libc::iovec]) -> io::Resu
         }
     }
     Ok(calls)
+}
+
+/// Waits until `fd` can take more bytes, or has failed or been shut (the write then says so).
+fn wait_writable(fd: RawFd) -> io::Result<()> {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: one pollfd, alive for the call.
+        if unsafe { libc::poll(&mut p, 1, -1) } >= 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
 }
 
 /// `sendmsg` without waiting, again when interrupted: the bytes the socket took.

@@ -15,10 +15,11 @@
 mod cq;
 
 pub use cq::InlineConsumer;
+mod conn;
 mod engine;
+mod event_loop;
 mod io;
 mod qp;
-mod responder;
 mod route;
 mod seal;
 mod shared;
@@ -33,8 +34,8 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, Weak};
 use std::time::Duration;
 
 pub use cq::Cq;
+pub use event_loop::loop_threads;
 pub use qp::{configure_socket, PreparedQp, Qp};
-pub use responder::responder_threads;
 pub use route::{Arrivals, Dialer, QpRoute};
 pub use seal::WireKeys;
 
@@ -54,6 +55,10 @@ pub struct TcpConfig {
     /// How long sent data may stay unacknowledged, or an idle peer silent, before the
     /// connection is declared dead (TCP_USER_TIMEOUT and keepalive).
     pub dead_peer_timeout: Duration,
+    /// Queue pairs that post are served by the process's event loops too, instead of two
+    /// threads each (passive ones always are): for a process with many of them, a storage
+    /// node. Their completions always wake the poller (no inline consumer runs on a loop).
+    pub served_by_loops: bool,
 }
 
 impl Default for TcpConfig {
@@ -63,6 +68,7 @@ impl Default for TcpConfig {
             rnr_timeout: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(10),
             dead_peer_timeout: Duration::from_secs(5),
+            served_by_loops: false,
         }
     }
 }

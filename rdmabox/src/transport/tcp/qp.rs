@@ -4,7 +4,7 @@ use std::collections::VecDeque;
 use std::io;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -17,7 +17,7 @@ use super::io::iovec;
 use super::seal::Sealer;
 use super::shared::{Outstanding, PostedRecv, QpShared, Target, TxState, STATE_RTS};
 use super::wire::{Header, Kind, HEADER_LEN};
-use super::{engine, responder, PdShared, TcpConfig, TcpEndpoint};
+use super::{engine, event_loop, PdShared, TcpConfig, TcpEndpoint};
 use crate::transport::region::Access;
 use crate::transport::types::{
     check_recv_chain, check_send_chain, PostError, QpCaps, QpState, RecvWr, SendOp, SendWr,
@@ -105,15 +105,17 @@ impl PreparedQp {
             }),
             responses_queued: AtomicUsize::new(0),
             outstanding: Mutex::new(VecDeque::new()),
-            recvs: Mutex::new(VecDeque::new()),
+            recvs: Mutex::default(),
             recv_ready: Condvar::new(),
+            answered: Mutex::default(),
+            wake_loop: OnceLock::new(),
             post_calls: AtomicU64::new(0),
             wire_writes: AtomicU64::new(0),
         });
         log::debug!("tcp qp {qpn} connected to remote qp {}", remote.qpn);
         // A queue pair we never post on needs no threads of its own.
-        let threads = if caps.is_responder() {
-            responder::serve(shared.clone())?;
+        let threads = if caps.is_responder() || cfg.served_by_loops {
+            event_loop::serve(shared.clone())?;
             Vec::new()
         } else {
             engine::spawn(shared.clone())
@@ -282,10 +284,13 @@ impl Qp {
         // borrows for the duration of this call.
         let sent = unsafe { sh.transmit(&mut tx, &mut iovs) };
         drop(tx);
-        if let Err(e) = sent {
-            log::warn!("qp {}: send failed: {e}", sh.qpn);
-            sh.enter_error();
-            sh.close();
+        match sent {
+            Ok(()) => sh.send_answered_left(),
+            Err(e) => {
+                log::warn!("qp {}: send failed: {e}", sh.qpn);
+                sh.enter_error();
+                sh.close();
+            }
         }
         if valid == fits && fits < chain.len() {
             return Err(PostError::QueueFull { posted: fits });
@@ -337,10 +342,10 @@ impl Qp {
             );
             return Ok(());
         }
-        if recvs.len() + chain.len() > sh.caps.max_recv_wr as usize {
+        if recvs.queue.len() + chain.len() > sh.caps.max_recv_wr as usize {
             return Err(PostError::QueueFull { posted: 0 });
         }
-        recvs.extend(chain.iter().map(|wr| {
+        recvs.queue.extend(chain.iter().map(|wr| {
             PostedRecv {
                 wr_id: wr.wr_id,
                 targets: wr
@@ -354,8 +359,12 @@ impl Qp {
                     .collect(),
             }
         }));
+        let loop_waits = std::mem::take(&mut recvs.loop_waits);
         drop(recvs);
         sh.recv_ready.notify_all();
+        if loop_waits {
+            sh.wake_loop();
+        }
         Ok(())
     }
 }

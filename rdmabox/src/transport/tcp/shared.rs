@@ -1,4 +1,4 @@
-//! What a tcp queue pair's handle, its engine threads or its responder loop share: the socket
+//! What a tcp queue pair's handle, its engine threads or the loop serving it share: the socket
 //! and its transmit state, requests outstanding, receives posted, the completion queues.
 
 use std::collections::VecDeque;
@@ -6,8 +6,7 @@ use std::io;
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
 use super::cq::Cq;
@@ -36,6 +35,22 @@ pub(crate) struct Outstanding {
     pub read_targets: Vec<Target>,
 }
 
+/// The receives posted and not yet consumed.
+#[derive(Default)]
+pub(crate) struct PostedRecvs {
+    pub queue: VecDeque<PostedRecv>,
+    /// A SEND waits in the serving loop for a receive: the next post wakes it.
+    pub loop_waits: bool,
+}
+
+/// Frames the serving loop answered while someone else held the transmit lock.
+#[derive(Default)]
+pub(crate) struct Answered {
+    pub frames: Vec<u8>,
+    /// The loop stopped reading until these go: wake it when they are taken.
+    pub loop_waits: bool,
+}
+
 pub(crate) struct PostedRecv {
     pub wr_id: u64,
     pub targets: Vec<Target>,
@@ -61,7 +76,7 @@ pub(crate) struct TxState {
 pub(super) const STATE_RTS: u8 = 0;
 const STATE_ERROR: u8 = 1;
 
-/// What the user's handle and the two engine threads share.
+/// What the user's handle and the engine threads, or the loop that serves it, share.
 pub(crate) struct QpShared {
     pub qpn: u32,
     pub caps: QpCaps,
@@ -79,8 +94,13 @@ pub(crate) struct QpShared {
     /// must queue its own behind them to keep responses in order.
     pub responses_queued: AtomicUsize,
     pub outstanding: Mutex<VecDeque<Outstanding>>,
-    pub recvs: Mutex<VecDeque<PostedRecv>>,
+    pub recvs: Mutex<PostedRecvs>,
     pub recv_ready: Condvar,
+    /// On a queue pair a loop serves (see `event_loop`): responses it could not send because
+    /// the transmit lock was taken. Whoever holds the lock sends them before letting go.
+    pub answered: Mutex<Answered>,
+    /// Wakes the loop that serves this queue pair, if one does.
+    pub wake_loop: OnceLock<Box<dyn Fn() + Send + Sync>>,
     pub post_calls: AtomicU64,
     pub wire_writes: AtomicU64,
 }
@@ -111,7 +131,7 @@ impl QpShared {
                 .into_iter()
                 .map(|o| self.completion(o.wr_id, WcStatus::WrFlushError, o.opcode)),
         );
-        let recvs: Vec<_> = self.recvs.lock().unwrap().drain(..).collect();
+        let recvs: Vec<_> = self.recvs.lock().unwrap().queue.drain(..).collect();
         self.recv_ready.notify_all();
         self.recv_cq.push_all(
             recvs
@@ -134,6 +154,16 @@ impl QpShared {
         tx: &mut TxState,
         iovs: &mut [libc::iovec],
     ) -> io::Result<()> {
+        // What the serving loop answered meanwhile goes along, behind ours.
+        let answered = self.take_answered();
+        let mut joined;
+        let iovs = if answered.is_empty() {
+            iovs
+        } else {
+            joined = iovs.to_vec();
+            joined.push(iovec(answered.as_ptr(), answered.len()));
+            &mut joined[..]
+        };
         if let Some(sealer) = tx.sealer.as_mut() {
             let mut wire = std::mem::take(&mut tx.pending);
             // SAFETY: forwarded from the caller.
@@ -157,6 +187,129 @@ impl QpShared {
         calls += unsafe { writev_all(self.stream.as_raw_fd(), iovs)? };
         self.wire_writes.fetch_add(calls, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// The frames the serving loop answered and left for the transmit lock's holder, waking
+    /// the loop if it stopped reading for them.
+    fn take_answered(&self) -> Vec<u8> {
+        let mut a = self.answered.lock().unwrap();
+        let frames = std::mem::take(&mut a.frames);
+        let wake = std::mem::take(&mut a.loop_waits);
+        drop(a);
+        if wake {
+            self.wake_loop();
+        }
+        frames
+    }
+
+    /// Has the serving loop look at this queue pair again (a receive was posted, answers it
+    /// held back went out).
+    pub(crate) fn wake_loop(&self) {
+        if let Some(wake) = self.wake_loop.get() {
+            wake();
+        }
+    }
+
+    /// After letting go of the transmit lock: sends what the loop answered while it was held
+    /// (it found the lock taken and left them to us), unless another holder has it now.
+    pub(crate) fn send_answered_left(&self) {
+        while !self.answered.lock().unwrap().frames.is_empty() {
+            let Ok(mut tx) = self.tx.try_lock() else {
+                return;
+            };
+            // SAFETY: no iovecs of ours; the answered frames are owned by the call.
+            if let Err(e) = unsafe { self.transmit(&mut tx, &mut []) } {
+                drop(tx);
+                log::warn!("qp {}: send failed: {e}", self.qpn);
+                self.enter_error();
+                self.close();
+                return;
+            }
+        }
+    }
+
+    /// For the serving loop, which must not wait: queues `frames` (plain) behind what waits
+    /// for the socket and sends as much as it takes now, if the transmit lock is free; else
+    /// leaves them to its holder (None). Some(true) when bytes are left in `pending` for the
+    /// loop to send when the socket has room.
+    pub(crate) fn answer_now(&self, frames: &[u8]) -> io::Result<Option<bool>> {
+        self.answered
+            .lock()
+            .unwrap()
+            .frames
+            .extend_from_slice(frames);
+        let Ok(mut tx) = self.tx.try_lock() else {
+            return Ok(None);
+        };
+        let answered = self.take_answered();
+        let TxState {
+            sealer, pending, ..
+        } = &mut *tx;
+        match sealer.as_mut() {
+            // SAFETY: one iovec over `answered`, alive for the call.
+            Some(s) => unsafe { s.seal(&[iovec(answered.as_ptr(), answered.len())], pending) },
+            None => pending.extend_from_slice(&answered),
+        }
+        self.send_pending_now(&mut tx).map(Some)
+    }
+
+    /// Sends what waits in `pending` as far as the socket takes it without waiting; true when
+    /// some is left.
+    pub(crate) fn send_pending_now(&self, tx: &mut TxState) -> io::Result<bool> {
+        while !tx.pending.is_empty() {
+            let all = [iovec(tx.pending.as_ptr(), tx.pending.len())];
+            // SAFETY: one iovec over `pending`, alive for the call.
+            match unsafe { send_now(self.stream.as_raw_fd(), &all) } {
+                Ok(n) => {
+                    self.wire_writes.fetch_add(1, Ordering::Relaxed);
+                    tx.pending.drain(..n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(true),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(false)
+    }
+
+    /// Completes our requests up to and including `psn`, which a response acknowledged: the
+    /// completions of the signaled ones, and the entry for `psn` itself (not completed) when
+    /// `keep_last` is set. Err(None) when our side went to the error state meanwhile (the
+    /// response was on its way: no fault of the peer's), Err(Some(why)) for a response that
+    /// breaks the protocol.
+    pub(crate) fn complete_through(
+        &self,
+        psn: u32,
+        keep_last: bool,
+    ) -> Result<(Vec<Completion>, Option<Outstanding>), Option<String>> {
+        let mut out = self.outstanding.lock().unwrap();
+        if !out.iter().any(|o| o.psn == psn) {
+            if self.is_error() {
+                return Err(None);
+            }
+            return Err(Some(format!("response for unknown psn {psn}")));
+        }
+        let mut done = Vec::new();
+        let mut last = None;
+        while let Some(o) = out.pop_front() {
+            let is_last = o.psn == psn;
+            if is_last && keep_last {
+                last = Some(o);
+                break;
+            }
+            if o.opcode == WcOpcode::Read && !is_last {
+                return Err(Some(format!("acknowledgement {psn} skips READ {}", o.psn)));
+            }
+            if o.signaled {
+                done.push(Completion {
+                    byte_len: o.byte_len,
+                    ..self.completion(o.wr_id, WcStatus::Success, o.opcode)
+                });
+            }
+            if is_last {
+                break;
+            }
+        }
+        Ok((done, last))
     }
 
     /// Sends frames without blocking, for the engine, which must never wait on the socket (it

@@ -1,6 +1,7 @@
-//! The responder sides of the tcp provider, driven by a raw socket that speaks the wire
-//! protocol: the engine of a queue pair that posts (two threads of its own) and the responder
-//! loop of a passive one (no send or receive queue) are held to the same behaviour.
+//! The serving sides of the tcp provider, driven by a raw socket that speaks the wire protocol:
+//! the engine of a queue pair that posts (two threads of its own), the event loop serving one
+//! that posts, and the event loop serving a passive one (no send or receive queue) are held to
+//! the same behaviour.
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
@@ -8,10 +9,41 @@ use std::time::Duration;
 use super::route::hello;
 use super::wire::{Header, Kind, NakReason, HEADER_LEN};
 use super::TcpEndpoint;
-use crate::transport::{Access, Context, Endpoint, ProviderKind, QpCaps, QpRoute, TransportConfig};
+use crate::transport::{
+    Access, Completion, CompletionQueue, Context, Endpoint, ProviderKind, QpCaps, QpRoute,
+    TransportConfig,
+};
 
-/// Both kinds of responder: a queue pair's engine, and the loop that serves passive ones.
-const BOTH: [QpCaps; 2] = [QpCaps::DEFAULT, QpCaps::RESPONDER];
+/// How a queue pair is served.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Served {
+    /// One that posts, by an engine of its own.
+    Engine,
+    /// One that posts, by an event loop.
+    Loop,
+    /// A passive one, by an event loop.
+    Passive,
+}
+
+const ALL: [Served; 3] = [Served::Engine, Served::Loop, Served::Passive];
+/// Those that post.
+const POSTING: [Served; 2] = [Served::Engine, Served::Loop];
+
+impl Served {
+    fn context(self) -> Context {
+        let mut cfg = TransportConfig::with_provider(ProviderKind::Tcp);
+        cfg.tcp.served_by_loops = self == Served::Loop;
+        cfg.tcp.rnr_timeout = Duration::from_millis(500);
+        Context::open(&cfg).unwrap()
+    }
+
+    fn caps(self) -> QpCaps {
+        match self {
+            Served::Passive => QpCaps::RESPONDER,
+            _ => QpCaps::DEFAULT,
+        }
+    }
+}
 
 /// A peer connected to a fresh tcp queue pair over `pd`, as a raw socket that speaks the
 /// wire protocol, and the queue pair.
@@ -20,7 +52,17 @@ fn raw_peer(
     pd: &crate::transport::ProtectionDomain,
     caps: QpCaps,
 ) -> (TcpStream, crate::transport::QueuePair) {
-    let cq = ctx.create_cq(16).unwrap();
+    let (s, qp, _) = raw_peer_cq(ctx, pd, caps);
+    (s, qp)
+}
+
+/// [`raw_peer`], with the queue pair's one completion queue (send and receive).
+fn raw_peer_cq(
+    ctx: &Context,
+    pd: &crate::transport::ProtectionDomain,
+    caps: QpCaps,
+) -> (TcpStream, crate::transport::QueuePair, CompletionQueue) {
+    let cq = ctx.create_cq(4096).unwrap();
     let prepared = ctx
         .create_qp(pd, &cq, &cq, caps, &QpRoute::OwnPort)
         .unwrap();
@@ -38,7 +80,7 @@ fn raw_peer(
     s.write_all(&hello(0, ep.token)).unwrap();
     let mut answer = [0u8; 20];
     s.read_exact(&mut answer).unwrap();
-    (s, accepting.join().unwrap().unwrap())
+    (s, accepting.join().unwrap().unwrap(), cq)
 }
 
 /// A READ request frame for `len` bytes at `addr` of the region `rkey` names.
@@ -54,13 +96,13 @@ fn read_request(psn: u32, addr: u64, rkey: u32, len: u32) -> [u8; HEADER_LEN] {
 /// for 16 responses instead of 16.
 #[test]
 fn reads_that_arrive_together_are_answered_in_one_write() {
-    for caps in BOTH {
-        let ctx = Context::open(&TransportConfig::with_provider(ProviderKind::Tcp)).unwrap();
+    for served in ALL {
+        let ctx = served.context();
         let pd = ctx.alloc_pd().unwrap();
         let region = pd.alloc_region(1 << 16, Access::ALL).unwrap();
         let pattern: Vec<u8> = (0..1 << 16).map(|i| (i * 7 % 251) as u8).collect();
         region.write_at(0, &pattern).unwrap();
-        let (mut s, qp) = raw_peer(&ctx, &pd, caps);
+        let (mut s, qp) = raw_peer(&ctx, &pd, served.caps());
         let mut requests = Vec::new();
         for psn in 0..16u32 {
             let at = region.addr() + psn as u64 * 1000;
@@ -96,13 +138,13 @@ fn reads_that_arrive_together_are_answered_in_one_write() {
 /// MAX_HELD responses (or MAX_HELD_BYTES of data), still in order and whole.
 #[test]
 fn held_responses_go_out_once_there_are_enough_of_them() {
-    for caps in BOTH {
-        let ctx = Context::open(&TransportConfig::with_provider(ProviderKind::Tcp)).unwrap();
+    for served in ALL {
+        let ctx = served.context();
         let pd = ctx.alloc_pd().unwrap();
         let region = pd.alloc_region(1 << 20, Access::ALL).unwrap();
         let pattern: Vec<u8> = (0..1 << 20).map(|i| (i * 13 % 253) as u8).collect();
         region.write_at(0, &pattern).unwrap();
-        let (mut s, qp) = raw_peer(&ctx, &pd, caps);
+        let (mut s, qp) = raw_peer(&ctx, &pd, served.caps());
         let writes = || qp.wire_writes().expect("tcp").1;
         for (count, len, fewest) in [(200u32, 64u32, 4), (16, 64 << 10, 4)] {
             let mut requests = Vec::new();
@@ -137,8 +179,14 @@ fn held_responses_go_out_once_there_are_enough_of_them() {
 /// quick follows, not when some later request comes.
 #[test]
 fn a_response_held_for_an_ack_behind_it_is_not_kept_waiting() {
+    for served in POSTING {
+        a_response_held_for_an_ack_is_not_kept_waiting_on(served);
+    }
+}
+
+fn a_response_held_for_an_ack_is_not_kept_waiting_on(served: Served) {
     use crate::transport::{RemoteAddr, SendOp, SendWr, Sge};
-    let ctx = Context::open(&TransportConfig::with_provider(ProviderKind::Tcp)).unwrap();
+    let ctx = served.context();
     let pd = ctx.alloc_pd().unwrap();
     let region = pd.alloc_region(4096, Access::ALL).unwrap();
     let (mut s, qp) = raw_peer(&ctx, &pd, QpCaps::DEFAULT);
@@ -170,15 +218,15 @@ fn a_response_held_for_an_ack_behind_it_is_not_kept_waiting() {
 /// then waits on the socket, but how many it answered does not matter).
 #[test]
 fn reads_a_peer_does_not_take_neither_hold_up_a_deregistration_nor_see_past_it() {
-    for caps in BOTH {
-        let ctx = Context::open(&TransportConfig::with_provider(ProviderKind::Tcp)).unwrap();
+    for served in ALL {
+        let ctx = served.context();
         let pool_pd = ctx.alloc_pd().unwrap();
         let pool = pool_pd.alloc_region(1 << 16, Access::ALL).unwrap();
         let pattern: Vec<u8> = (0..LEN).map(|i| (i % 249) as u8 + 1).collect();
         pool.write_at(0, &pattern).unwrap();
         let pd = ctx.alloc_pd().unwrap();
         let grant = pd.register_within(&pool, 0, LEN, Access::ALL).unwrap();
-        let (mut s, _qp) = raw_peer(&ctx, &pd, caps);
+        let (mut s, _qp) = raw_peer(&ctx, &pd, served.caps());
         const READS: u32 = 1024;
         const LEN: usize = 1 << 16; // 64 MiB of answers, far more than loopback buffers hold
         let mut requests = Vec::new();
@@ -219,7 +267,7 @@ fn reads_a_peer_does_not_take_neither_hold_up_a_deregistration_nor_see_past_it()
             );
             false
         });
-        assert!(refused.is_some(), "no READ was refused ({caps:?})");
+        assert!(refused.is_some(), "no READ was refused ({served:?})");
     }
 }
 
@@ -229,13 +277,13 @@ fn reads_a_peer_does_not_take_neither_hold_up_a_deregistration_nor_see_past_it()
 /// the WRITE is refused.
 #[test]
 fn a_payload_dripped_past_a_deregistration_lands_nothing_after_it() {
-    for caps in BOTH {
-        let ctx = Context::open(&TransportConfig::with_provider(ProviderKind::Tcp)).unwrap();
+    for served in ALL {
+        let ctx = served.context();
         let pool_pd = ctx.alloc_pd().unwrap();
         let pool = pool_pd.alloc_region(1 << 16, Access::ALL).unwrap();
         let pd = ctx.alloc_pd().unwrap();
         let grant = pd.register_within(&pool, 0, 8192, Access::ALL).unwrap();
-        let (mut s, _qp) = raw_peer(&ctx, &pd, caps);
+        let (mut s, _qp) = raw_peer(&ctx, &pd, served.caps());
         let mut h = Header::new(Kind::Write, 0);
         h.remote_addr = grant.addr();
         h.rkey = grant.rkey();
@@ -312,12 +360,9 @@ fn passive_queue_pairs_share_the_responder_loops() {
     let names = thread_names();
     let engines = names.iter().filter(|n| n.starts_with("tcp-qp")).count();
     assert!(engines < 50, "{engines} queue-pair threads");
-    let loops = names
-        .iter()
-        .filter(|n| n.starts_with("tcp-responder"))
-        .count();
+    let loops = names.iter().filter(|n| n.starts_with("tcp-loop")).count();
     assert!(
-        (1..=super::responder_threads()).contains(&loops),
+        (1..=super::loop_threads()).contains(&loops),
         "{loops} responder threads"
     );
 }
@@ -385,7 +430,7 @@ fn a_greedy_peer_does_not_starve_the_others_of_its_loop() {
     let region = pd.alloc_region(4096, Access::ALL).unwrap();
     let (greedy, _g) = raw_peer(&ctx, &pd, QpCaps::RESPONDER);
     // Victims on every loop, whichever the greedy one landed on.
-    let victims: Vec<_> = (0..2 * super::responder_threads())
+    let victims: Vec<_> = (0..2 * super::loop_threads())
         .map(|_| raw_peer(&ctx, &pd, QpCaps::RESPONDER))
         .collect();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -426,4 +471,246 @@ fn a_greedy_peer_does_not_starve_the_others_of_its_loop() {
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = flood.join();
+}
+
+/// Waits up to 5 s for `n` completions.
+fn completions(cq: &CompletionQueue, n: usize) -> Vec<Completion> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut got = Vec::new();
+    let mut buf = [Completion::EMPTY; 16];
+    while got.len() < n {
+        let k = cq.poll(&mut buf).unwrap();
+        got.extend_from_slice(&buf[..k]);
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} of {n} completions: {got:?}",
+            got.len()
+        );
+        if k == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    got
+}
+
+/// A SEND that comes before its receive is posted waits for it (without holding up anything
+/// else the loop serves), lands once it is posted, scattered over its buffers, and is
+/// acknowledged; one that finds no receive within the RNR window is refused.
+#[test]
+fn a_send_waits_for_a_receive_up_to_the_rnr_window() {
+    use crate::transport::{RecvWr, Sge, WcOpcode, WcStatus};
+    for served in POSTING {
+        let ctx = served.context();
+        let pd = ctx.alloc_pd().unwrap();
+        let buf = pd.alloc_region(4096, Access::ALL).unwrap();
+        let (mut s, qp, cq) = raw_peer_cq(&ctx, &pd, QpCaps::DEFAULT);
+        let mut send = Header::new(Kind::SendWithImm, 0);
+        send.len = 300;
+        send.imm = 77;
+        s.write_all(&send.encode()).unwrap();
+        let payload: Vec<u8> = (0..300u32).map(|i| i as u8).collect();
+        s.write_all(&payload).unwrap();
+        std::thread::sleep(Duration::from_millis(150));
+        let sges = [
+            Sge::new(&buf, 0, 100).unwrap(),
+            Sge::new(&buf, 1000, 0).unwrap(),
+            Sge::new(&buf, 2000, 400).unwrap(),
+        ];
+        qp.post_recv(&[RecvWr {
+            wr_id: 5,
+            sges: &sges,
+        }])
+        .unwrap();
+        let c = completions(&cq, 1)[0];
+        assert_eq!(
+            (c.wr_id, c.status, c.opcode, c.byte_len, c.imm),
+            (5, WcStatus::Success, WcOpcode::RecvWithImm, 300, Some(77)),
+            "{served:?}"
+        );
+        let got = buf.to_vec();
+        assert_eq!(got[..100], payload[..100]);
+        assert_eq!(got[2000..2200], payload[100..]);
+        let mut raw = [0u8; HEADER_LEN];
+        s.read_exact(&mut raw).unwrap();
+        assert_eq!(Header::decode(&raw).unwrap().kind, Kind::Ack);
+
+        // None posted in time: refused as receiver-not-ready, after the window, not before.
+        let mut send = Header::new(Kind::Send, 1);
+        send.len = 8;
+        let sent = std::time::Instant::now();
+        s.write_all(&send.encode()).unwrap();
+        s.write_all(&[9u8; 8]).unwrap();
+        s.read_exact(&mut raw).unwrap();
+        let nak = Header::decode(&raw).unwrap();
+        assert_eq!(
+            (nak.kind, nak.psn, nak.imm),
+            (Kind::Nak, 1, NakReason::ReceiverNotReady as u32),
+            "{served:?}"
+        );
+        let waited = sent.elapsed();
+        assert!(
+            waited >= Duration::from_millis(450),
+            "{served:?}: refused after {waited:?}"
+        );
+    }
+}
+
+/// READ data that the peer drips in pieces lands in our buffers in order, and completes the
+/// READ once whole; a NAK completes the request it names with its error and ends the queue
+/// pair, flushing what was posted after it.
+#[test]
+fn read_data_dripped_in_pieces_lands_whole_and_a_nak_ends_the_queue_pair() {
+    use crate::transport::{RemoteAddr, SendOp, SendWr, Sge, WcOpcode, WcStatus};
+    for served in POSTING {
+        let ctx = served.context();
+        let pd = ctx.alloc_pd().unwrap();
+        let buf = pd.alloc_region(1 << 16, Access::ALL).unwrap();
+        let (mut s, qp, cq) = raw_peer_cq(&ctx, &pd, QpCaps::DEFAULT);
+        let sges = [
+            Sge::new(&buf, 0, 30_000).unwrap(),
+            Sge::new(&buf, 40_000, 10_000).unwrap(),
+        ];
+        let target = RemoteAddr { addr: 0, rkey: 1 };
+        qp.post_send(&[SendWr::new(1, SendOp::Read(target), &sges)])
+            .unwrap();
+        let mut raw = [0u8; HEADER_LEN];
+        s.read_exact(&mut raw).unwrap();
+        let read = Header::decode(&raw).unwrap();
+        assert_eq!((read.kind, read.len), (Kind::ReadRequest, 40_000));
+        let mut answer = Header::new(Kind::ReadResponse, read.psn);
+        answer.len = 40_000;
+        let data: Vec<u8> = (0..40_000u32).map(|i| (i % 251) as u8).collect();
+        let mut wire = answer.encode().to_vec();
+        wire.extend_from_slice(&data);
+        for piece in wire.chunks(7_001) {
+            s.write_all(piece).unwrap();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let c = completions(&cq, 1)[0];
+        assert_eq!(
+            (c.wr_id, c.status, c.opcode, c.byte_len),
+            (1, WcStatus::Success, WcOpcode::Read, 40_000),
+            "{served:?}"
+        );
+        let got = buf.to_vec();
+        assert!(got[..30_000] == data[..30_000] && got[40_000..50_000] == data[30_000..]);
+
+        let one = [Sge::new(&buf, 0, 8).unwrap()];
+        qp.post_send(&[
+            SendWr::new(2, SendOp::Write(target), &one),
+            SendWr::new(3, SendOp::Write(target), &one),
+        ])
+        .unwrap();
+        for _ in 0..2 {
+            s.read_exact(&mut raw).unwrap();
+            s.read_exact(&mut [0u8; 8]).unwrap();
+        }
+        let mut nak = Header::new(Kind::Nak, Header::decode(&raw).unwrap().psn - 1);
+        nak.imm = NakReason::RemoteAccess as u32;
+        s.write_all(&nak.encode()).unwrap();
+        let got = completions(&cq, 2);
+        assert_eq!(
+            got.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+            [
+                (2, WcStatus::RemoteAccessError),
+                (3, WcStatus::WrFlushError)
+            ],
+            "{served:?}"
+        );
+    }
+}
+
+/// A queue pair whose poster waits on a full socket (the peer reads nothing) still serves
+/// the peer's requests meanwhile, and their answers go out behind the posted frames, in
+/// order, once the peer reads again: nobody deadlocks, nothing is lost.
+#[test]
+fn requests_served_while_a_poster_waits_on_a_full_socket_are_answered_in_order() {
+    use crate::transport::{RemoteAddr, SendOp, SendWr, Sge};
+    for served in POSTING {
+        let ctx = served.context();
+        let pd = ctx.alloc_pd().unwrap();
+        let big = pd.alloc_region(8 << 20, Access::ALL).unwrap();
+        let small = pd.alloc_region(4096, Access::ALL).unwrap();
+        small.write_at(0, &[5u8; 64]).unwrap();
+        let (s, qp, cq) = raw_peer_cq(&ctx, &pd, QpCaps::DEFAULT);
+        let qp = std::sync::Arc::new(qp);
+        let poster = {
+            let (qp, big) = (qp.clone(), big);
+            std::thread::spawn(move || {
+                let sge = [Sge::new(&big, 0, 8 << 20).unwrap()];
+                let target = RemoteAddr { addr: 0, rkey: 1 };
+                // Blocks until the peer reads: far more than the socket buffers hold.
+                qp.post_send(&[SendWr::new(1, SendOp::Write(target), &sge)])
+                    .unwrap();
+            })
+        };
+        std::thread::sleep(Duration::from_millis(200));
+        let mut requests = Vec::new();
+        for psn in 0..200u32 {
+            requests.extend_from_slice(&read_request(psn, small.addr(), small.rkey(), 64));
+        }
+        let mut w = s.try_clone().unwrap();
+        w.write_all(&requests).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        // Now read it all: the WRITE, then the 200 READ responses.
+        let mut r = s;
+        r.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut raw = [0u8; HEADER_LEN];
+        let mut answers = Vec::new();
+        let mut write_psn = None;
+        while answers.len() < 200 {
+            r.read_exact(&mut raw).unwrap();
+            let h = Header::decode(&raw).unwrap();
+            match h.kind {
+                Kind::Write => {
+                    let mut payload = vec![0u8; h.len as usize];
+                    r.read_exact(&mut payload).unwrap();
+                    write_psn = Some(h.psn);
+                }
+                Kind::ReadResponse => {
+                    let mut data = [0u8; 64];
+                    r.read_exact(&mut data).unwrap();
+                    assert_eq!(data, [5u8; 64]);
+                    answers.push(h.psn);
+                }
+                other => panic!("{served:?}: unexpected {other:?}"),
+            }
+        }
+        assert_eq!(answers, (0..200).collect::<Vec<_>>(), "{served:?}");
+        poster.join().unwrap();
+        let psn = write_psn.expect("the WRITE went out");
+        w.write_all(&Header::new(Kind::Ack, psn).encode()).unwrap();
+        assert_eq!(completions(&cq, 1)[0].wr_id, 1);
+    }
+}
+
+/// Queue pairs that post, served by the loops, have no threads of their own either.
+#[test]
+fn posting_queue_pairs_served_by_the_loops_have_no_threads() {
+    use crate::transport::{RecvWr, Sge};
+    let ctx = Served::Loop.context();
+    let pd = ctx.alloc_pd().unwrap();
+    let buf = pd.alloc_region(4096, Access::ALL).unwrap();
+    let before = thread_names().len();
+    let peers: Vec<_> = (0..60)
+        .map(|_| raw_peer_cq(&ctx, &pd, QpCaps::DEFAULT))
+        .collect();
+    for (i, (s, qp, cq)) in peers.iter().enumerate() {
+        let sge = [Sge::new(&buf, i * 64, 64).unwrap()];
+        qp.post_recv(&[RecvWr {
+            wr_id: i as u64,
+            sges: &sge,
+        }])
+        .unwrap();
+        let mut send = Header::new(Kind::Send, 0);
+        send.len = 4;
+        let mut s = s;
+        s.write_all(&send.encode()).unwrap();
+        s.write_all(&[i as u8; 4]).unwrap();
+        assert_eq!(completions(cq, 1)[0].wr_id, i as u64);
+    }
+    let added = thread_names().len().saturating_sub(before);
+    // Other tests run beside this one and start threads of their own; 60 queue pairs with
+    // engines would add 120.
+    assert!(added < 40, "{added} threads more for 60 queue pairs");
 }
