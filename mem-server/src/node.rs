@@ -309,7 +309,7 @@ impl Shared {
                     .deliver(s, deadline, keys, move || drop(slot))
             }
             Hello::Data(Data { qps }) => self.serve_data(s, *qps as usize, key, slot),
-            Hello::Metadata(m) => meta()?.serve(&self.rt, s, m.client_id, key),
+            Hello::Metadata(m) => meta()?.serve(&self.rt, s, m.client_id, key, slot),
             Hello::Join(j) => crate::join::admit(&self.rt, meta()?, s, j, key),
         }
     }

@@ -50,8 +50,11 @@ impl Runtime {
     }
 }
 
-/// Blocks until the peer closes the control connection (or sends anything: a protocol error).
-pub(crate) fn wait_for_close(s: &mut TcpStream) {
+/// Whether the peer closed the control connection (or sent anything: a protocol error),
+/// waiting a moment for it: when a client goes, its queue pairs and its control connection
+/// close together, and either may be seen first.
+pub(crate) fn closed_by_peer(s: &TcpStream) -> bool {
+    let _ = s.set_read_timeout(Some(std::time::Duration::from_millis(200)));
     let mut b = [0u8; 1];
-    let _ = s.read(&mut b);
+    (&*s).read(&mut b).is_ok()
 }

@@ -155,6 +155,69 @@ fn data_sessions_cost_the_node_no_threads_of_their_own() {
     still_serves(&meta, &c);
 }
 
+/// Metadata sessions cost the node no threads of their own either: 40 mounts' sessions, each
+/// with its calls and callbacks, leave the node with the threads it had once they are idle
+/// (a pool serves whichever are busy; before, each held eight); and their ends need none.
+#[test]
+fn metadata_sessions_cost_the_node_no_threads_of_their_own() {
+    let meta = MemServer::start(&["--memory", "4M", "--max-connections-per-peer", "250"]);
+    let first = client(&meta);
+    let pid = meta.pid();
+    // The pool keeps two threads, and one watches the sessions' events.
+    let settled = |most: u64, what: &str| {
+        let start = Instant::now();
+        while status(pid, "Threads:") > most {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "{} threads {what}, at most {most} expected",
+                status(pid, "Threads:")
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    let threads = status(pid, "Threads:");
+    let clients: Vec<Client> = (0..40).map(|_| client(&meta)).collect();
+    for c in &clients {
+        assert_eq!(c.call(GetAttr { ino: ROOT }).unwrap().ino, ROOT);
+    }
+    // A change every session is told of: callbacks to all 40 at once.
+    let owner = Owner {
+        perm: 0o755,
+        uid: 0,
+        gid: 0,
+    };
+    let f = clients[0]
+        .call(Mkdir {
+            parent: ROOT,
+            name: "told".into(),
+            owner,
+            caller: user(0),
+        })
+        .unwrap();
+    for c in &clients {
+        c.call(Lookup {
+            parent: ROOT,
+            name: "told".into(),
+            caller: user(0),
+        })
+        .unwrap();
+    }
+    clients[1]
+        .call(SetAttr {
+            caller: user(0),
+            ino: f.attr.ino,
+            changes: AttrChanges {
+                mode: Some(0o700),
+                ..AttrChanges::default()
+            },
+        })
+        .unwrap();
+    settled(threads + 3, "with 40 idle metadata sessions");
+    drop(clients);
+    settled(threads + 3, "after 40 sessions ended");
+    still_serves(&meta, &first);
+}
+
 #[test]
 fn a_silent_data_hello_pins_nothing_past_the_setup_deadline() {
     let meta = MemServer::start(&["--memory", "4M"]);

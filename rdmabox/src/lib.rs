@@ -31,6 +31,7 @@ pub mod session;
 pub mod size;
 pub mod transport;
 pub mod window;
+pub mod workers;
 
 pub use counters::Snapshot;
 pub use poller::PollMode;

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use rfs_proto::types::ChunkRef;
 
-use super::coherence::{Countdown, SessionId};
+use super::callbacks::Countdown;
+use super::coherence::SessionId;
 use super::effects::{by_node, Effects, Freed};
 use super::grant_channels::GRANT_WAIT;
 use super::state::MetaState;

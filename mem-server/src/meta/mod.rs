@@ -5,6 +5,7 @@
 //! with it released, and chunks a change freed go to the zeroer only after every holder
 //! dropped them (or its lease ran out): a stale chunk map can never reach another file.
 
+pub(crate) mod callbacks;
 pub(crate) mod coherence;
 mod effects;
 mod freeing;
@@ -29,7 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
-use rdmabox::rpc;
+use rdmabox::rpc::Dispatcher;
 use rdmabox::transport::{MemoryRegion, QpCaps};
 use rfs_daemon::metrics::Metric;
 use rfs_proto::clock;
@@ -41,7 +42,8 @@ use rfs_proto::session_key::SessionKey;
 use rfs_proto::types::{AttrChanges, ROOT};
 use rfs_proto::Errno;
 
-use self::coherence::{Callbacks, Holders};
+use self::callbacks::Callbacks;
+use self::coherence::Holders;
 use self::effects::Effects;
 use self::freeing::Quarantine;
 use self::grant_channels::GrantChannels;
@@ -58,7 +60,7 @@ use crate::journal::{Durable, Journal, Journaled};
 use crate::meta::lock_table::LockTable;
 use crate::namespace::Namespace;
 use crate::record::Record;
-use crate::runtime::{wait_for_close, Runtime};
+use crate::runtime::{closed_by_peer, Runtime};
 
 use self::state::HandleHolders;
 pub(crate) use self::state::MetaState;
@@ -82,6 +84,8 @@ pub(crate) struct MetaService {
     /// Copies of each chunk the file system keeps.
     pub(crate) replicas: usize,
     pub(crate) repair: Repair,
+    /// Serves every session's calls and callbacks on a pool that grows with what is busy.
+    dispatcher: Dispatcher,
 }
 
 /// The sequence number and the sealed call (envelope and call) of `frame`, if its MAC by `key`
@@ -256,6 +260,7 @@ impl MetaService {
             grant_channels: GrantChannels::new(local, grants.clone()),
             replicas: cfg.replicas as usize,
             repair: Repair::new(cfg.repair_rate),
+            dispatcher: Dispatcher::start("session")?,
         });
         for id in lost {
             log::warn!("this node's own pool before the restart (data node {id}) is gone");
@@ -322,23 +327,25 @@ impl MetaService {
 
     /// Serves one connection of client `client_id`'s session until it goes (first telling the
     /// client whether its session was still there); the session waits a grace period (twice
-    /// the lease) for the client to come back before it ends.
+    /// the lease) for the client to come back before it ends. Returns once the connection is
+    /// set up: its calls and callbacks are served by the dispatcher's pool, and `slot` (what
+    /// the connection holds of the node's admission) goes with the connection.
     pub(crate) fn serve(
         self: &Arc<Self>,
         node: &Runtime,
         mut s: TcpStream,
         client_id: u64,
         key: Option<SessionKey>,
+        slot: impl Send + 'static,
     ) -> io::Result<()> {
         let peer = s.peer_addr()?;
         let mut qps = node.queue_pairs(&node.pd, &mut s, 2, QpCaps::default())?;
         let (cb_qp, cb_cq) = qps.pop().expect("two queue pairs");
-        let (qp, cq) = qps.pop().expect("two queue pairs");
-        let closed = Arc::new(AtomicBool::new(false));
-        let mut watch = s.try_clone()?;
+        let calls = qps.pop().expect("two queue pairs");
         let stop = Arc::new(AtomicBool::new(false));
         let who = format!("client {peer} (id {client_id:016x})");
         let callbacks = Callbacks::start(
+            &self.dispatcher,
             &node.pd,
             cb_qp,
             cb_cq,
@@ -347,10 +354,11 @@ impl MetaService {
             stop.clone(),
             key.clone(),
         )?;
-        // From here on, every way out goes through the detach below.
-        let attached = self
-            .sessions
-            .attach(client_id, stop.clone(), peer.to_string());
+        // From here on, every way out goes through `ended` below.
+        let attached = Arc::new(
+            self.sessions
+                .attach(client_id, stop.clone(), peer.to_string()),
+        );
         let replaced =
             self.state
                 .lock()
@@ -362,60 +370,68 @@ impl MetaService {
         if attached.resumed {
             log::warn!("{who} reconnected");
         }
-        let result = send_frame(&mut s, &[attached.resumed as u8]).and_then(|()| {
-            let closer = {
-                let closed = closed.clone();
-                std::thread::spawn(move || {
-                    wait_for_close(&mut watch);
-                    closed.store(true, Ordering::Release);
-                })
-            };
-            let served = rpc::serve(&node.pd, qp, cq, node.cfg.rpc, &stop, |frame| {
-                match opened_call(key.as_ref(), frame) {
-                    Some((seq, body)) => {
-                        let reply = self.handle(&attached, body);
-                        integrity::seal(key.as_ref(), integrity::REPLY, seq, reply)
-                    }
-                    None => {
-                        // Not the client's: whoever sent it is on the path. Nothing more is
-                        // taken from this connection.
-                        log::error!("{who}: a call without the session's MAC; connection closed");
-                        stop.store(true, Ordering::Release);
-                        Vec::new()
-                    }
-                }
-            });
-            let _ = s.shutdown(std::net::Shutdown::Both);
-            let _ = closer.join();
-            served
-        });
-        callbacks.close();
-        if self.sessions.detach(client_id, &attached) {
-            match &result {
-                Err(e) if !closed.load(Ordering::Acquire) => {
-                    log::warn!("{who}: metadata connection ended: {e}")
-                }
-                _ => log::info!("{who}: connection closed"),
+        let greeted = send_frame(&mut s, &[attached.resumed as u8]);
+        let ended = {
+            let (me, attached, who) = (self.clone(), attached.clone(), who.clone());
+            move |result: io::Result<()>| {
+                let closed = closed_by_peer(&s);
+                let _ = s.shutdown(std::net::Shutdown::Both);
+                callbacks.close();
+                me.connection_ended(client_id, &attached, who, result, closed);
+                drop(slot);
             }
-            self.expire_later(client_id, attached, who);
+        };
+        if let Err(e) = greeted {
+            ended(Err(e));
+            return Ok(());
         }
-        result.or_else(|e| {
-            if closed.load(Ordering::Acquire) {
-                Ok(())
-            } else {
-                Err(e)
+        let handler = {
+            let (me, stop) = (self.clone(), stop.clone());
+            move |frame: &[u8]| match opened_call(key.as_ref(), frame) {
+                Some((seq, body)) => {
+                    let reply = me.handle(&attached, body);
+                    integrity::seal(key.as_ref(), integrity::REPLY, seq, reply)
+                }
+                None => {
+                    // Not the client's: whoever sent it is on the path. Nothing more is
+                    // taken from this connection.
+                    log::error!("{who}: a call without the session's MAC; connection closed");
+                    stop.store(true, Ordering::Release);
+                    Vec::new()
+                }
             }
-        })
+        };
+        self.dispatcher
+            .serve(&node.pd, calls, node.cfg.rpc, stop, handler, ended)
+    }
+
+    /// A connection of a session ended (`closed`: by its client); the session waits for the
+    /// client to come back.
+    fn connection_ended(
+        self: &Arc<Self>,
+        client_id: u64,
+        attached: &Arc<Attached>,
+        who: String,
+        result: io::Result<()>,
+        closed: bool,
+    ) {
+        if !self.sessions.detach(client_id, attached) {
+            return;
+        }
+        match &result {
+            Err(e) if !closed => log::warn!("{who}: metadata connection ended: {e}"),
+            _ => log::info!("{who}: connection closed"),
+        }
+        self.expire_later(client_id, attached.clone(), who);
     }
 
     /// Ends a detached session unless its client comes back within the grace period: twice
     /// the lease, since clients resend for up to their call deadline, which the lease is meant
     /// to exceed.
-    fn expire_later(self: &Arc<Self>, client_id: u64, attached: Attached, who: String) {
+    fn expire_later(self: &Arc<Self>, client_id: u64, attached: Arc<Attached>, who: String) {
         let me = self.clone();
         let grace = self.lease * 2;
         let expire = move || {
-            std::thread::sleep(grace);
             if let Some(gone) = me.sessions.expire(client_id, &attached) {
                 let held = gone.lock().unwrap().open.len();
                 if held > 0 {
@@ -430,14 +446,7 @@ impl MetaService {
                 me.end_session(&gone);
             }
         };
-        if let Err(e) = std::thread::Builder::new()
-            .name("session-grace".into())
-            .spawn(expire)
-        {
-            log::error!(
-                "no thread to end a session later ({e}); it stays until its client returns"
-            );
-        }
+        self.dispatcher.workers().run_after(grace, expire);
     }
 
     /// A session ended: it caches nothing any more, and its handles are released (with the

@@ -22,7 +22,8 @@ use crossbeam_channel::{Receiver, Sender};
 use rfs_proto::types::{ChunkRef, Ino};
 
 use crate::admission::RateLimitedLog;
-use crate::meta::coherence::{Change, Countdown};
+use crate::meta::callbacks::Countdown;
+use crate::meta::coherence::Change;
 use crate::meta::{MetaService, MetaState};
 use crate::runtime::Runtime;
 

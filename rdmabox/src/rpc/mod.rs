@@ -19,6 +19,10 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 
+mod dispatch;
+
+pub use dispatch::Dispatcher;
+
 use crate::poller::{self, PollMode, PollTarget};
 use crate::transport::{
     Access, Completion, CompletionQueue, MemoryRegion, ProtectionDomain, QpState, QueuePair,
@@ -247,29 +251,49 @@ impl RpcClient {
         cq: CompletionQueue,
         cfg: RpcConfig,
     ) -> io::Result<RpcClient> {
+        let (mut client, mut delivering) = RpcClient::parts(pd, qp, cq, cfg)?;
+        let pump = {
+            let (ch, stop) = (client.ch.clone(), client.stop.clone());
+            std::thread::Builder::new()
+                .name("rpc-client".into())
+                .spawn(move || {
+                    pump(&ch, &stop, |c| delivering.on(c));
+                    delivering.end();
+                })?
+        };
+        client.pump = Some(pump);
+        Ok(client)
+    }
+
+    /// The client, and what delivers its replies (for a pump to run).
+    fn parts(
+        pd: &ProtectionDomain,
+        qp: QueuePair,
+        cq: CompletionQueue,
+        cfg: RpcConfig,
+    ) -> io::Result<(RpcClient, Delivering)> {
         let ch = Arc::new(Channel::new(pd, qp, cq, cfg)?);
         let (slot_back, free_slots) = crossbeam_channel::bounded(cfg.slots);
         for i in 0..cfg.slots {
             slot_back.send(i).expect("room for every slot");
         }
         let waiters: Arc<Waiters> = Arc::default();
-        let stop = Arc::new(AtomicBool::new(false));
-        let pump = {
-            let (ch, waiters, stop, slot_back) =
-                (ch.clone(), waiters.clone(), stop.clone(), slot_back.clone());
-            std::thread::Builder::new()
-                .name("rpc-client".into())
-                .spawn(move || client_pump(&ch, &waiters, &stop, &slot_back))?
+        let delivering = Delivering {
+            ch: ch.clone(),
+            waiters: waiters.clone(),
+            slot_back: slot_back.clone(),
+            slots: vec![SlotUse::default(); cfg.slots],
         };
-        Ok(RpcClient {
+        let client = RpcClient {
             ch,
             free_slots,
             slot_back,
             waiters,
             next_id: AtomicU64::new(1),
-            stop,
-            pump: Some(pump),
-        })
+            stop: Arc::new(AtomicBool::new(false)),
+            pump: None,
+        };
+        Ok((client, delivering))
     }
 
     /// Sends `body` and waits for the reply (up to the configured timeout).
@@ -336,39 +360,49 @@ impl RpcClient {
     }
 }
 
-fn client_pump(ch: &Channel, waiters: &Waiters, stop: &AtomicBool, slot_back: &Sender<usize>) {
-    let mut slots = vec![SlotUse::default(); ch.cfg.slots];
-    // A slot is a credit: it returns when both its SEND completed and its reply arrived.
-    let mut progress = |slot: usize, f: fn(&mut SlotUse)| {
-        if let Some(u) = slots.get_mut(slot) {
+/// What delivers a client's replies to its callers: owned by whatever pumps its CQ.
+struct Delivering {
+    ch: Arc<Channel>,
+    waiters: Arc<Waiters>,
+    slot_back: Sender<usize>,
+    /// What each slot still waits for.
+    slots: Vec<SlotUse>,
+}
+
+impl Delivering {
+    /// A slot is a credit: it returns when both its SEND completed and its reply arrived.
+    fn progress(&mut self, slot: usize, f: fn(&mut SlotUse)) {
+        if let Some(u) = self.slots.get_mut(slot) {
             f(u);
             if u.sent && u.answered {
                 *u = SlotUse::default();
-                let _ = slot_back.send(slot);
+                let _ = self.slot_back.send(slot);
             }
         }
-    };
-    pump(ch, stop, |c| {
+    }
+
+    /// Takes one completion; false once the connection failed.
+    fn on(&mut self, c: &Completion) -> bool {
         if !c.status.is_ok() {
             // The owner says why at its level (a lost metadata connection, a client gone).
             log::debug!("rpc client: connection failed ({:?})", c.status);
             return false;
         }
         match c.opcode {
-            WcOpcode::Send => progress(c.wr_id as usize, |u| u.sent = true),
+            WcOpcode::Send => self.progress(c.wr_id as usize, |u| u.sent = true),
             WcOpcode::Recv => {
                 let slot = (c.wr_id - RECV_BASE) as usize;
-                let msg = ch.received(slot, c.byte_len as usize);
-                if let Err(e) = ch.post_recv(slot) {
+                let msg = self.ch.received(slot, c.byte_len as usize);
+                if let Err(e) = self.ch.post_recv(slot) {
                     log::warn!("rpc client: re-posting a receive failed: {e}");
                     return false;
                 }
                 match msg {
                     Some((id, body)) => {
-                        let w = waiters.lock().unwrap().remove(&id);
+                        let w = self.waiters.lock().unwrap().remove(&id);
                         if let Some(w) = w {
                             let _ = w.reply.send(Ok(body));
-                            progress(w.slot, |u| u.answered = true);
+                            self.progress(w.slot, |u| u.answered = true);
                         }
                     }
                     None => log::warn!("rpc client: malformed reply dropped"),
@@ -377,14 +411,18 @@ fn client_pump(ch: &Channel, waiters: &Waiters, stop: &AtomicBool, slot_back: &S
             _ => {}
         }
         true
-    });
-    // The QP is in error (or we were stopped): nothing more will come; fail everyone waiting.
-    ch.qp.set_error();
-    for (_, w) in waiters.lock().unwrap().drain() {
-        let _ = w.reply.send(Err(io::Error::new(
-            io::ErrorKind::BrokenPipe,
-            "rpc connection lost",
-        )));
+    }
+
+    /// The QP is in error (or the client stopped): nothing more will come; everyone waiting
+    /// fails.
+    fn end(self) {
+        self.ch.qp.set_error();
+        for (_, w) in self.waiters.lock().unwrap().drain() {
+            let _ = w.reply.send(Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "rpc connection lost",
+            )));
+        }
     }
 }
 
@@ -406,16 +444,38 @@ pub fn serve(
     cq: CompletionQueue,
     cfg: RpcConfig,
     stop: &AtomicBool,
-    mut handler: impl FnMut(&[u8]) -> Vec<u8>,
+    handler: impl FnMut(&[u8]) -> Vec<u8>,
 ) -> io::Result<()> {
-    let ch = Channel::new(pd, qp, cq, cfg)?;
-    let mut ended = None;
-    let mut end = |why: String| {
-        ended = Some(why);
-        false
-    };
-    // Replies reuse the receive slot's index as their send slot: at most `slots` are pending.
-    pump(&ch, stop, |c| {
+    let ch = Arc::new(Channel::new(pd, qp, cq, cfg)?);
+    let mut answering = Answering::new(ch.clone(), handler);
+    pump(&ch, stop, |c| answering.on(c));
+    answering.result(stop.load(Ordering::Acquire))
+}
+
+/// The serving side of a channel: answers each request with its handler, in order. Replies
+/// reuse the receive slot's index as their send slot: at most `slots` are pending.
+struct Answering<H> {
+    ch: Arc<Channel>,
+    handler: H,
+    /// Why the connection ended, if it did.
+    ended: Option<String>,
+}
+
+impl<H: FnMut(&[u8]) -> Vec<u8>> Answering<H> {
+    fn new(ch: Arc<Channel>, handler: H) -> Answering<H> {
+        Answering {
+            ch,
+            handler,
+            ended: None,
+        }
+    }
+
+    /// Takes one completion; false once the connection ended.
+    fn on(&mut self, c: &Completion) -> bool {
+        let mut end = |why: String| {
+            self.ended = Some(why);
+            false
+        };
         if !c.status.is_ok() {
             return end(format!("{:?}", c.status));
         }
@@ -423,31 +483,38 @@ pub fn serve(
             return true;
         }
         let slot = (c.wr_id - RECV_BASE) as usize;
-        let msg = ch.received(slot, c.byte_len as usize);
-        if let Err(e) = ch.post_recv(slot) {
+        let msg = self.ch.received(slot, c.byte_len as usize);
+        if let Err(e) = self.ch.post_recv(slot) {
             return end(format!("re-posting a receive: {e}"));
         }
         let Some((id, body)) = msg else {
             return end("malformed message".into());
         };
-        let mut reply = handler(&body);
-        if reply.len() > cfg.max_msg {
+        let mut reply = (self.handler)(&body);
+        if reply.len() > self.ch.cfg.max_msg {
             log::error!("rpc server: reply of {} bytes over the limit", reply.len());
             reply.clear();
         }
-        match ch.send(slot, id, &reply) {
+        match self.ch.send(slot, id, &reply) {
             Ok(()) => true,
-            Err(e) => end(format!("sending a reply: {e}")),
+            Err(e) => {
+                self.ended = Some(format!("sending a reply: {e}"));
+                false
+            }
         }
-    });
-    ch.qp.set_error();
-    match ended {
-        Some(why) => Err(io::Error::new(io::ErrorKind::ConnectionAborted, why)),
-        None if stop.load(Ordering::Acquire) => Ok(()),
-        None => Err(io::Error::new(
-            io::ErrorKind::ConnectionAborted,
-            "completion queue failed",
-        )),
+    }
+
+    /// Ends the channel: Ok if it was stopped, else why it ended.
+    fn result(self, stopped: bool) -> io::Result<()> {
+        self.ch.qp.set_error();
+        match self.ended {
+            Some(why) => Err(io::Error::new(io::ErrorKind::ConnectionAborted, why)),
+            None if stopped => Ok(()),
+            None => Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "completion queue failed",
+            )),
+        }
     }
 }
 
