@@ -7,7 +7,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
@@ -24,7 +24,7 @@ const IDLE_EXIT: Duration = Duration::from_secs(10);
 #[cfg(test)]
 const IDLE_EXIT: Duration = Duration::from_secs(1);
 
-/// The pool; cheap to clone.
+/// The pool; cheap to clone. Its threads end once every clone is gone and their jobs are done.
 #[derive(Clone)]
 pub struct Workers {
     inner: Arc<Inner>,
@@ -32,10 +32,29 @@ pub struct Workers {
 
 struct Inner {
     name: String,
-    jobs: (Sender<Job>, Receiver<Job>),
+    jobs: Sender<Job>,
+    threads: Arc<Threads>,
+    later: Arc<Timer>,
+}
+
+/// What the pool's threads hold: the queue and the counts.
+struct Threads {
+    jobs: Receiver<Job>,
     counts: Mutex<Counts>,
+}
+
+#[derive(Default)]
+struct Counts {
+    live: usize,
+    idle: usize,
+    queued: usize,
+}
+
+/// Jobs set for later, and the condition their timer thread waits on.
+#[derive(Default)]
+struct Timer {
     later: Mutex<Later>,
-    later_changed: Condvar,
+    changed: Condvar,
 }
 
 /// Jobs set for later, by when, numbered in the order they were set.
@@ -47,23 +66,22 @@ struct Later {
     timer_started: bool,
 }
 
-#[derive(Default)]
-struct Counts {
-    live: usize,
-    idle: usize,
-    queued: usize,
-}
+/// How long the timer thread sleeps at most, to notice that the pool is gone.
+const TIMER_CHECK: Duration = Duration::from_secs(1);
 
 impl Workers {
     /// An empty pool whose threads are called `name`.
     pub fn new(name: &str) -> Workers {
+        let (tx, rx) = crossbeam_channel::unbounded();
         Workers {
             inner: Arc::new(Inner {
                 name: name.to_string(),
-                jobs: crossbeam_channel::unbounded(),
-                counts: Mutex::default(),
-                later: Mutex::default(),
-                later_changed: Condvar::new(),
+                jobs: tx,
+                threads: Arc::new(Threads {
+                    jobs: rx,
+                    counts: Mutex::default(),
+                }),
+                later: Arc::default(),
             }),
         }
     }
@@ -75,41 +93,42 @@ impl Workers {
 
     /// Runs `job` on a thread of the pool once `delay` has passed.
     pub fn run_after(&self, delay: Duration, job: impl FnOnce() + Send + 'static) {
-        let mut later = self.inner.later.lock().unwrap();
+        let timer = &self.inner.later;
+        let mut later = timer.later.lock().unwrap();
         let n = later.next;
         later.next += 1;
         later.due.push(Reverse((Instant::now() + delay, n)));
         later.jobs.insert(n, Box::new(job));
         if !later.timer_started {
-            let inner = self.inner.clone();
+            let (pool, timer) = (Arc::downgrade(&self.inner), timer.clone());
             match std::thread::Builder::new()
                 .name(format!("{}-timer", self.inner.name))
-                .spawn(move || inner.keep_time())
+                .spawn(move || keep_time(&pool, &timer))
             {
                 Ok(_) => later.timer_started = true,
                 Err(e) => log::error!("{}: no timer thread: {e}", self.inner.name),
             }
         }
-        self.inner.later_changed.notify_one();
+        timer.changed.notify_one();
     }
 
     /// Threads alive now.
     pub fn threads(&self) -> usize {
-        self.inner.counts.lock().unwrap().live
+        self.inner.threads.counts.lock().unwrap().live
     }
 }
 
 impl Inner {
-    fn run(self: &Arc<Self>, job: Job) {
-        let mut c = self.counts.lock().unwrap();
+    fn run(&self, job: Job) {
+        let mut c = self.threads.counts.lock().unwrap();
         // Sent under the lock: a thread deciding to end sees it.
-        let _ = self.jobs.0.send(job);
+        let _ = self.jobs.send(job);
         c.queued += 1;
         if c.queued > c.idle {
-            let inner = self.clone();
+            let threads = self.threads.clone();
             match std::thread::Builder::new()
                 .name(self.name.clone())
-                .spawn(move || inner.work())
+                .spawn(move || threads.work())
             {
                 Ok(_) => {
                     c.live += 1;
@@ -120,32 +139,42 @@ impl Inner {
             }
         }
     }
+}
 
-    /// The timer thread: hands each job set for later to the pool when it is due.
-    fn keep_time(self: Arc<Self>) {
-        let mut later = self.later.lock().unwrap();
-        loop {
-            let now = Instant::now();
-            match later.due.peek().copied() {
-                Some(Reverse((at, n))) if at <= now => {
-                    later.due.pop();
-                    if let Some(job) = later.jobs.remove(&n) {
-                        drop(later);
-                        self.run(job);
-                        later = self.later.lock().unwrap();
-                    }
+/// The timer thread: hands each job set for later to the pool when it is due; ends with the
+/// pool (its jobs not yet due are dropped with it).
+fn keep_time(pool: &Weak<Inner>, timer: &Timer) {
+    let mut later = timer.later.lock().unwrap();
+    loop {
+        let now = Instant::now();
+        match later.due.peek().copied() {
+            Some(Reverse((at, n))) if at <= now => {
+                later.due.pop();
+                if let Some(job) = later.jobs.remove(&n) {
+                    drop(later);
+                    let Some(pool) = pool.upgrade() else {
+                        return;
+                    };
+                    pool.run(job);
+                    drop(pool);
+                    later = timer.later.lock().unwrap();
                 }
-                Some(Reverse((at, _))) => {
-                    later = self.later_changed.wait_timeout(later, at - now).unwrap().0;
+            }
+            next => {
+                if pool.strong_count() == 0 {
+                    return;
                 }
-                None => later = self.later_changed.wait(later).unwrap(),
+                let wait = next.map_or(TIMER_CHECK, |Reverse((at, _))| (at - now).min(TIMER_CHECK));
+                later = timer.changed.wait_timeout(later, wait).unwrap().0;
             }
         }
     }
+}
 
+impl Threads {
     fn work(&self) {
         loop {
-            match self.jobs.1.recv_timeout(IDLE_EXIT) {
+            match self.jobs.recv_timeout(IDLE_EXIT) {
                 Ok(job) => {
                     {
                         let mut c = self.counts.lock().unwrap();
@@ -163,7 +192,13 @@ impl Inner {
                         return;
                     }
                 }
-                Err(RecvTimeoutError::Disconnected) => return,
+                // Every handle of the pool is gone, and every job was taken.
+                Err(RecvTimeoutError::Disconnected) => {
+                    let mut c = self.counts.lock().unwrap();
+                    c.live -= 1;
+                    c.idle -= 1;
+                    return;
+                }
             }
         }
     }
@@ -216,6 +251,25 @@ mod tests {
             .collect();
         assert_eq!(order, [1, 2, 0]);
         assert!(start.elapsed() >= Duration::from_millis(300));
+    }
+
+    #[test]
+    fn the_threads_end_with_the_pool() {
+        let w = Workers::new("test-worker");
+        let threads = w.inner.threads.clone();
+        for _ in 0..4 {
+            w.run(|| std::thread::sleep(Duration::from_millis(50)));
+        }
+        w.run_after(Duration::from_secs(60), || {});
+        drop(w);
+        let start = Instant::now();
+        while threads.counts.lock().unwrap().live > 0 {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "threads outlive the pool"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     #[test]

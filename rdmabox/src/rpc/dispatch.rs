@@ -72,7 +72,8 @@ impl Dispatcher {
 
     /// Serves requests on `qp` as [`super::serve`] does, without a thread of its own: returns
     /// at once, and `ended` runs (on a pool thread) with what `serve` would have returned, once
-    /// `stop` is set or the connection ends.
+    /// `stop` is set or the connection ends. If serving cannot start, `ended` runs at once,
+    /// with the error this returns too.
     pub fn serve(
         &self,
         pd: &ProtectionDomain,
@@ -82,15 +83,21 @@ impl Dispatcher {
         handler: impl FnMut(&[u8]) -> Vec<u8> + Send + 'static,
         ended: impl FnOnce(io::Result<()>) + Send + 'static,
     ) -> io::Result<()> {
-        let ch = Arc::new(Channel::new(pd, qp, cq, cfg)?);
+        let ch = match Channel::new(pd, qp, cq, cfg) {
+            Ok(ch) => Arc::new(ch),
+            Err(e) => {
+                ended(Err(io::Error::new(e.kind(), e.to_string())));
+                return Err(e);
+            }
+        };
         let answering = Arc::new(Mutex::new(Some(Answering::new(ch.clone(), handler))));
         let a = answering.clone();
         self.add(
             &ch.cq,
             stop,
-            move |c| a.lock().unwrap().as_mut().is_some_and(|a| a.on(c)),
+            move |c| unpoisoned(&a).as_mut().is_some_and(|a| a.on(c)),
             move |stopped| {
-                let a = answering.lock().unwrap().take().expect("ends once");
+                let a = unpoisoned(&answering).take().expect("ends once");
                 ended(a.result(stopped));
             },
         )
@@ -111,9 +118,9 @@ impl Dispatcher {
         self.add(
             &client.ch.cq,
             client.stop.clone(),
-            move |c| d.lock().unwrap().as_mut().is_some_and(|d| d.on(c)),
+            move |c| unpoisoned(&d).as_mut().is_some_and(|d| d.on(c)),
             move |_| {
-                if let Some(d) = end.lock().unwrap().take() {
+                if let Some(d) = unpoisoned(&end).take() {
                     d.end();
                 }
             },
@@ -143,11 +150,34 @@ impl Dispatcher {
             .unwrap()
             .insert(id, entry.clone());
         // A first look at once: requests may have come before the event was armed.
-        self.inner.epoll.add(cq.event_fd(), id, 0)?;
+        if let Err(e) = self.inner.epoll.add(cq.event_fd(), id, 0) {
+            self.inner.channels.lock().unwrap().remove(&id);
+            let s = entry.serving.lock().unwrap().take();
+            if let Some(Serving { ended, .. }) = s {
+                ended(false);
+            }
+            return Err(e);
+        }
         let inner = self.inner.clone();
         self.inner.workers.run(move || inner.turn(id, &entry, 1));
         Ok(())
     }
+}
+
+/// The lock of a side's state, also after a handler panicked holding it: the side is only
+/// ended then.
+fn unpoisoned<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Hands completions to a channel's handler; false once it says the channel is over, or
+/// panicked (the channel ends then, as a thread of its own would have: its peer sees it go).
+fn handled(on: &mut Box<dyn FnMut(&Completion) -> bool + Send>, wc: &[Completion]) -> bool {
+    let run = std::panic::AssertUnwindSafe(|| wc.iter().all(&mut *on));
+    std::panic::catch_unwind(run).unwrap_or_else(|_| {
+        log::error!("rpc: a handler panicked; its channel is closed");
+        false
+    })
 }
 
 /// The watcher thread: each channel whose event fired gets a turn; every [`STOP_SCAN`], each
@@ -212,7 +242,7 @@ impl Inner {
                     break false;
                 }
             };
-            if !wc[..n].iter().all(|c| (s.on)(c)) {
+            if !handled(&mut s.on, &wc[..n]) {
                 break false;
             }
             if n > 0 {
@@ -232,7 +262,7 @@ impl Inner {
             if n == 0 {
                 break true;
             }
-            if !wc[..n].iter().all(|c| (s.on)(c)) {
+            if !handled(&mut s.on, &wc[..n]) {
                 break false;
             }
             empty = 0;
@@ -407,6 +437,24 @@ mod tests {
             start.elapsed()
         );
         assert_eq!(waiting.join().unwrap(), b"slow");
+    }
+
+    /// A handler that panics ends its channel (its client is told at once, as when a thread
+    /// of its own unwound), and the others go on.
+    #[test]
+    fn a_panicking_handler_ends_only_its_channel() {
+        let d = Dispatcher::start("test-rpc").unwrap();
+        let e = ends();
+        let (bad, ended) = served(&d, &e, Arc::default(), |req| {
+            assert!(req != b"boom", "a handler's bug");
+            req.to_vec()
+        });
+        let (good, _) = served(&d, &e, Arc::default(), reversed);
+        assert_eq!(bad.call(b"ok").unwrap(), b"ok");
+        assert!(bad.call(b"boom").is_err());
+        let r = ended.recv_timeout(Duration::from_secs(5)).expect("ended");
+        assert!(r.is_err());
+        assert_eq!(good.call(b"xy").unwrap(), b"yx");
     }
 
     #[test]

@@ -88,8 +88,9 @@ impl Loop {
                 let _ = l.wake.write(1);
             }
         }));
-        let conn = Conn::new(qp.clone());
+        let mut conn = Conn::new(qp.clone());
         let interest = conn.interest();
+        conn.registered = interest;
         self.conns
             .lock()
             .unwrap()
@@ -143,7 +144,6 @@ impl Loop {
                     continue;
                 };
                 let mut conn = conn.lock().unwrap();
-                let before = conn.interest();
                 match conn.serve(ready) {
                     Turn::Done => {
                         let _ = self.epoll.remove(&conn.qp.stream);
@@ -156,10 +156,13 @@ impl Loop {
                     Turn::Until(at) if !deadlines.contains(&(at, id)) => deadlines.push((at, id)),
                     Turn::Until(_) => {}
                 }
-                let after = conn.interest();
-                if after != before {
-                    if let Err(e) = self.epoll.modify(&conn.qp.stream, id, after) {
-                        log::warn!("qp {}: epoll: {e}", conn.qp.qpn);
+                // Compared with what is registered, not with what the turn began with: on a
+                // shared socket, posting threads change the backlog between turns.
+                let now = conn.interest();
+                if now != conn.registered {
+                    match self.epoll.modify(&conn.qp.stream, id, now) {
+                        Ok(()) => conn.registered = now,
+                        Err(e) => log::warn!("qp {}: epoll: {e}", conn.qp.qpn),
                     }
                 }
             }

@@ -206,11 +206,14 @@ impl Qp {
         sh.post_calls.fetch_add(1, Ordering::Relaxed);
         let mut tx = sh.tx.lock().unwrap();
         if sh.is_error() {
+            drop(tx);
             sh.send_cq.push_all(
                 chain
                     .iter()
                     .map(|wr| sh.completion(wr.wr_id, WcStatus::WrFlushError, opcode_of(&wr.op).1)),
             );
+            // A refusal's NAK may have been left to us by the loop.
+            sh.send_answered_left();
             return Ok(());
         }
         // A request whose local buffers are not ours fails like a NIC's local protection

@@ -714,3 +714,96 @@ fn posting_queue_pairs_served_by_the_loops_have_no_threads() {
     // engines would add 120.
     assert!(added < 40, "{added} threads more for 60 queue pairs");
 }
+
+/// A READ that arrives before a SEND whose payload lands on the same bytes reads them as they
+/// were: held responses go out before anything behind them touches memory.
+#[test]
+fn a_read_held_for_its_burst_does_not_see_a_send_that_came_after_it() {
+    use crate::transport::{RecvWr, Sge};
+    for served in POSTING {
+        let ctx = served.context();
+        let pd = ctx.alloc_pd().unwrap();
+        let region = pd.alloc_region(4096, Access::ALL).unwrap();
+        region.write_at(0, &[1u8; 64]).unwrap();
+        let (mut s, qp, cq) = raw_peer_cq(&ctx, &pd, QpCaps::DEFAULT);
+        let sge = [Sge::new(&region, 0, 64).unwrap()];
+        qp.post_recv(&[RecvWr {
+            wr_id: 9,
+            sges: &sge,
+        }])
+        .unwrap();
+        let mut frames = read_request(0, region.addr(), region.rkey(), 64).to_vec();
+        let mut send = Header::new(Kind::Send, 1);
+        send.len = 64;
+        frames.extend_from_slice(&send.encode());
+        frames.extend_from_slice(&[2u8; 64]);
+        s.write_all(&frames).unwrap();
+        let mut raw = [0u8; HEADER_LEN];
+        s.read_exact(&mut raw).unwrap();
+        assert_eq!(Header::decode(&raw).unwrap().kind, Kind::ReadResponse);
+        let mut data = [0u8; 64];
+        s.read_exact(&mut data).unwrap();
+        assert_eq!(
+            data, [1u8; 64],
+            "{served:?}: the READ saw the SEND behind it"
+        );
+        assert_eq!(completions(&cq, 1)[0].wr_id, 9);
+        assert_eq!(region.to_vec()[..64], [2u8; 64]);
+    }
+}
+
+/// More answers than a loop holds back for a peer (4 MiB of READ data) pile up while a
+/// poster waits on the full socket; once the peer reads, the loop takes its requests again:
+/// every READ is answered.
+#[test]
+fn a_loop_reads_again_after_its_backlog_of_answers_went_out() {
+    use crate::transport::{RemoteAddr, SendOp, SendWr, Sge};
+    for served in POSTING {
+        let ctx = served.context();
+        let pd = ctx.alloc_pd().unwrap();
+        let big = pd.alloc_region(16 << 20, Access::ALL).unwrap();
+        let reads = pd.alloc_region(256 << 10, Access::ALL).unwrap();
+        let (s, qp, _cq) = raw_peer_cq(&ctx, &pd, QpCaps::DEFAULT);
+        let qp = std::sync::Arc::new(qp);
+        let poster = {
+            let qp = qp.clone();
+            std::thread::spawn(move || {
+                let sge = [Sge::new(&big, 0, 16 << 20).unwrap()];
+                let target = RemoteAddr { addr: 0, rkey: 1 };
+                qp.post_send(&[SendWr::new(1, SendOp::Write(target), &sge)])
+                    .unwrap();
+            })
+        };
+        std::thread::sleep(Duration::from_millis(200));
+        let mut w = s.try_clone().unwrap();
+        let requests: Vec<u8> = (0..40u32)
+            .flat_map(|psn| read_request(psn, reads.addr(), reads.rkey(), 256 << 10))
+            .collect();
+        let writer = std::thread::spawn(move || w.write_all(&requests).unwrap());
+        std::thread::sleep(Duration::from_millis(300));
+        let mut r = s;
+        r.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut raw = [0u8; HEADER_LEN];
+        let mut answered = 0;
+        let mut payload = vec![0u8; 16 << 20];
+        while answered < 40 {
+            r.read_exact(&mut raw)
+                .unwrap_or_else(|e| panic!("{served:?}: {answered} of 40 READs answered: {e}"));
+            let h = Header::decode(&raw).unwrap();
+            r.read_exact(&mut payload[..h.len as usize]).unwrap();
+            if h.kind == Kind::ReadResponse {
+                assert_eq!(h.psn, answered);
+                answered += 1;
+            }
+        }
+        writer.join().unwrap();
+        poster.join().unwrap();
+        // And later requests are read too.
+        let mut w = r.try_clone().unwrap();
+        w.write_all(&read_request(40, reads.addr(), reads.rkey(), 8))
+            .unwrap();
+        r.read_exact(&mut raw)
+            .unwrap_or_else(|e| panic!("{served:?}: a READ after the backlog: {e}"));
+        assert_eq!(Header::decode(&raw).unwrap().psn, 40);
+    }
+}

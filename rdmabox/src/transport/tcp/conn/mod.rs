@@ -85,6 +85,8 @@ enum Held {
 
 pub(super) struct Conn {
     pub(super) qp: Arc<QpShared>,
+    /// The interest its loop has registered for it.
+    pub(super) registered: u32,
     /// On an encrypted connection, what the socket's bytes are opened with.
     opener: Option<Opener>,
     out: Output,
@@ -104,6 +106,7 @@ pub(super) struct Conn {
 impl Conn {
     pub(super) fn new(qp: Arc<QpShared>) -> Conn {
         Conn {
+            registered: 0,
             opener: qp.keys.as_ref().map(Opener::new),
             out: Output::new(&qp),
             qp,
@@ -135,7 +138,14 @@ impl Conn {
     /// Serves what `ready` says is ready, for one turn.
     pub(super) fn serve(&mut self, ready: u32) -> Turn {
         let result = self.flush_out().and_then(|()| {
-            if ready & ((libc::EPOLLERR | libc::EPOLLHUP) as u32) != 0 {
+            if ready & libc::EPOLLERR as u32 != 0 {
+                return Err(End::Disconnected);
+            }
+            // Closed by both ends: what was received before is still served (its end of
+            // stream follows), unless input is not being read now (the hangup would be
+            // reported again and again meanwhile).
+            let hangup = ready & libc::EPOLLHUP as u32 != 0;
+            if hangup && (self.awaiting.is_some() || self.backed_up()) {
                 return Err(End::Disconnected);
             }
             self.read_frames()
@@ -209,6 +219,12 @@ impl Conn {
     }
 
     fn on_frame(&mut self, h: &Header) -> Result<(), End> {
+        // Held READs are answered before anything behind them touches memory or completes
+        // (a WRITE or SEND landing, READ data arriving, a NAK): only READ requests and ACKs
+        // are quick to serve.
+        if !matches!(h.kind, Kind::ReadRequest | Kind::Ack) {
+            self.flush_held()?;
+        }
         let posts = !self.qp.caps.is_responder();
         match h.kind {
             Kind::Write | Kind::WriteWithImm => self.on_write(h),
@@ -248,8 +264,6 @@ impl Conn {
                 Ok(())
             }
             Some(Some((mr, offset))) => {
-                // Held READs are answered before this WRITE lands anything.
-                self.flush_held()?;
                 self.landing = Some(Landing::into_region(*h, mr, offset));
                 Ok(())
             }

@@ -141,10 +141,8 @@ impl Conn {
                 let mut frames = Vec::new();
                 // SAFETY: forwarded from the caller.
                 unsafe { keep_unsent(iovs, 0, &mut frames) };
-                match self.qp.answer_now(&frames) {
-                    Ok(Some(left)) => *pending = left,
-                    Ok(None) => {}
-                    Err(_) => return Err(End::Disconnected),
+                if let Some(left) = self.qp.answer_now(&frames).map_err(|_| End::Disconnected)? {
+                    *pending = left;
                 }
                 Ok(())
             }
@@ -186,11 +184,11 @@ impl Conn {
         }
     }
 
-    /// Sends what waits for the socket, as far as it takes it; once a refusal's NAK is out,
-    /// shuts the write side (the peer reads the NAK, then sees the end).
+    /// Sends what waits for the socket, as far as it takes it; once a refusal's NAK is out of
+    /// a socket of its own, shuts the write side (the peer reads the NAK, then sees the end).
     pub(super) fn flush_out(&mut self) -> Result<(), End> {
         let fd = self.qp.stream.as_raw_fd();
-        let all_out = match &mut self.out {
+        let nak_out = match &mut self.out {
             Output::Own { out, sent, .. } => {
                 while out.len() > *sent {
                     let rest = &out[*sent..];
@@ -209,19 +207,18 @@ impl Conn {
                 true
             }
             Output::Shared { pending } => {
-                // A holder of the lock sends what is pending before anything of its own.
-                if let Ok(mut tx) = self.qp.tx.try_lock() {
-                    *pending = self
-                        .qp
-                        .send_pending_now(&mut tx)
-                        .map_err(|_| End::Disconnected)?;
-                } else {
-                    *pending = false;
+                // Answers left to a holder of the lock that let go before it saw them go too.
+                // With the lock taken, its holder sends them (and what is pending) before
+                // anything of its own; what is pending is tried again when the socket has room.
+                if let Some(left) = self.qp.answer_now(&[]).map_err(|_| End::Disconnected)? {
+                    *pending = left;
                 }
-                !*pending && self.qp.answered.lock().unwrap().frames.is_empty()
+                // The socket stays whole: a posting thread may be writing what was left to
+                // it, and the peer closes once it reads the NAK (its queue pair fails).
+                false
             }
         };
-        if all_out && self.refused && !self.shut {
+        if nak_out && self.refused && !self.shut {
             self.shut = true;
             let _ = self.qp.stream.shutdown(std::net::Shutdown::Write);
         }
