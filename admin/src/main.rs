@@ -139,20 +139,11 @@ fn status(to: &Node, json: bool) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// The node `name` names: its id, or its address (the newest node there: one that left and
-/// joined again has a new id).
-fn find<'a>(s: &'a ClusterStatus, name: &str) -> Option<&'a NodeStatus> {
-    s.nodes
-        .iter()
-        .filter(|n| n.addr == name || name.parse() == Ok(n.id))
-        .max_by_key(|n| (n.state != "down", n.id))
-}
-
 fn drain(to: &Node, name: &str, on: bool, wait: bool) -> ExitCode {
     let run = || -> Result<(), ExitCode> {
         let client = to.connect()?;
         let status = cluster(&client, &to.server)?;
-        let Some(node) = find(&status, name).map(|n| n.id) else {
+        let Some(node) = status.node(name).map(|n| n.id) else {
             eprintln!(
                 "rfs: {} has no data node {name} (see rfs status)",
                 to.server
@@ -475,9 +466,9 @@ mod tests {
                 ..node(2, "up", 32, 0)
             },
         ]);
-        assert_eq!(find(&s, "10.0.0.7:7470").map(|n| n.id), Some(2));
-        assert_eq!(find(&s, "1").map(|n| n.id), Some(1));
-        assert!(find(&s, "10.0.0.8:7470").is_none());
+        assert_eq!(s.node("10.0.0.7:7470").map(|n| n.id), Some(2));
+        assert_eq!(s.node("1").map(|n| n.id), Some(1));
+        assert!(s.node("10.0.0.8:7470").is_none());
     }
 
     #[test]

@@ -48,6 +48,9 @@ pub struct NodeConfig {
     pub replicas: u32,
     /// Bytes per second that re-replication may copy.
     pub repair_rate: u64,
+    /// Whether copies move to even the data nodes' fill out when one joins (else only when
+    /// `rfs rebalance` asks).
+    pub rebalance_on_join: bool,
     /// Where the metadata node journals its state, to come back with it after a restart
     /// (none: the namespace lives in memory only).
     pub state_dir: Option<std::path::PathBuf>,
@@ -165,6 +168,7 @@ impl NodeConfig {
             policy: Policy::default(),
             replicas: 1,
             repair_rate: 256 << 20,
+            rebalance_on_join: true,
             state_dir: None,
             root_dir: rfs_proto::types::AttrChanges::default(),
             max_files: default_max_files(memory),

@@ -269,7 +269,11 @@ pub(crate) fn join(
         join_once(node, meta, &advertise, &pool).map_err(io::Error::from)
     })?;
     let current = Arc::new(Mutex::new(Some(first.0.try_clone()?)));
-    let membership = Membership(current.clone());
+    let membership = Membership {
+        current: current.clone(),
+        meta,
+        advertise: advertise.clone(),
+    };
     let node = node.clone();
     std::thread::Builder::new()
         .name("join-grants".into())
@@ -421,11 +425,16 @@ fn join_once(
 
 /// A data node's membership: ended (the join connection shut down, not just closed, so that
 /// the metadata node sees the node leave; no joining again) when dropped.
-pub(crate) struct Membership(Arc<Mutex<Option<TcpStream>>>);
+pub(crate) struct Membership {
+    current: Arc<Mutex<Option<TcpStream>>>,
+    /// Where the metadata node is, and the address it knows this node by.
+    pub(crate) meta: SocketAddr,
+    pub(crate) advertise: String,
+}
 
 impl Drop for Membership {
     fn drop(&mut self) {
-        if let Some(s) = self.0.lock().unwrap().take() {
+        if let Some(s) = self.current.lock().unwrap().take() {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
     }

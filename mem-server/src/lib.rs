@@ -30,6 +30,7 @@ mod hangups;
 pub mod in_process;
 mod join;
 pub mod journal;
+mod leave;
 mod meta;
 pub mod namespace;
 pub mod node;

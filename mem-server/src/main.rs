@@ -39,6 +39,11 @@ struct Args {
     /// it prepares its pool) before giving up.
     #[arg(long, default_value = "60", value_parser = parse_secs, requires = "join")]
     join_timeout: Duration,
+    /// Seconds a data node asked to stop (SIGTERM, SIGINT) may spend moving its copies to the
+    /// other data nodes first, so that stopping loses nothing; 0 stops at once. A second
+    /// signal stops it at once too.
+    #[arg(long, default_value = "60", value_parser = parse_secs, requires = "join")]
+    drain_on_stop: Duration,
     /// Where to log: a file (appended to), `syslog` (the local /dev/log, which journald also
     /// serves) or `-` for stderr (the default). RUST_LOG filters as usual.
     #[arg(long, value_name = "PATH|syslog|-", default_value = "-")]
@@ -103,6 +108,10 @@ struct Args {
     /// How fast lost copies are made again, in bytes per second with a unit (e.g. 256M).
     #[arg(long, default_value = "256M", value_parser = parse_size, conflicts_with = "join")]
     repair_rate: u64,
+    /// Move copies to even the data nodes' fill out only when `rfs rebalance` asks, not also
+    /// each time a data node joins.
+    #[arg(long, conflicts_with = "join")]
+    manual_rebalance: bool,
     /// Keep the namespace in this directory (a journal of every change, synced before each
     /// answer, and snapshots): a metadata node restarted with it comes back with every file,
     /// data nodes join it again with their data, and clients carry on without a remount.
@@ -254,6 +263,22 @@ fn wait_for_stop() {
     }
 }
 
+/// What says whether a stop signal came within a wait: a thread that takes the signals from
+/// now on (a SIGHUP still opens the log file again).
+fn later_stop_signals() -> impl FnMut(Duration) -> bool {
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let taking = std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            wait_for_stop();
+            let _ = tx.send(());
+        });
+    if let Err(e) = taking {
+        log::warn!("no thread to take a second stop signal: {e}");
+    }
+    move |wait| rx.recv_timeout(wait).is_ok()
+}
+
 /// Blocks our signals before any thread exists, so every thread inherits the mask.
 fn block_signals() {
     if let Err(e) = signals().thread_block() {
@@ -322,6 +347,7 @@ fn main() -> ExitCode {
         lease: args.lease,
         replicas: args.replicas,
         repair_rate: args.repair_rate,
+        rebalance_on_join: !args.manual_rebalance,
         state_dir: args.state_dir.clone(),
         max_files: args
             .max_files
@@ -369,6 +395,7 @@ fn main() -> ExitCode {
     );
     notify_systemd_ready();
     wait_for_stop();
+    node.drain_before_stop(args.drain_on_stop, later_stop_signals());
     log::info!("stopping");
     node.shutdown();
     ExitCode::SUCCESS

@@ -43,7 +43,7 @@ pub struct Node {
     addr: SocketAddr,
     accept: Option<JoinHandle<()>>,
     /// A data node's membership: the metadata node marks it dead when this closes.
-    _join: Option<crate::join::Membership>,
+    membership: Option<crate::join::Membership>,
 }
 
 impl Node {
@@ -131,11 +131,11 @@ impl Node {
             shared: shared.clone(),
             addr,
             accept: Some(accept),
-            _join: None,
+            membership: None,
         };
         if let Some(meta) = shared.rt.cfg.join {
             match crate::join::join(&shared.rt, meta, addr) {
-                Ok(m) => node._join = Some(m),
+                Ok(m) => node.membership = Some(m),
                 Err(e) => {
                     node.shutdown();
                     return Err(io::Error::new(e.kind(), format!("joining {meta}: {e}")));
@@ -177,6 +177,23 @@ impl Node {
     /// Bytes of pool the node lends.
     pub fn pool_bytes(&self) -> usize {
         self.shared.rt.cfg.memory as usize
+    }
+
+    /// A data node about to stop moves its copies to the other nodes first, for up to
+    /// `patience` (see [`crate::leave`]); `interrupted(wait)` waits up to `wait` for a signal
+    /// to stop at once. Nothing to do on a metadata node.
+    pub fn drain_before_stop(&self, patience: Duration, interrupted: impl FnMut(Duration) -> bool) {
+        if let Some(m) = &self.membership {
+            if !patience.is_zero() {
+                crate::leave::drain_before_stop(
+                    &self.shared.rt,
+                    m.meta,
+                    &m.advertise,
+                    patience,
+                    interrupted,
+                );
+            }
+        }
     }
 
     /// Stops accepting; established sessions end with the process.

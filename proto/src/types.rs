@@ -361,6 +361,17 @@ wire_struct! {
     }
 }
 
+impl ClusterStatus {
+    /// The data node `name` names: its id, or its address (the newest node there: one that
+    /// left and joined again has a new id).
+    pub fn node(&self, name: &str) -> Option<&NodeStatus> {
+        self.nodes
+            .iter()
+            .filter(|n| n.addr == name || name.parse() == Ok(n.id))
+            .max_by_key(|n| (n.state != "down", n.id))
+    }
+}
+
 wire_struct! {
     /// A data node as the metadata service knows it.
     #[derive(Clone, Debug, PartialEq, Eq)]

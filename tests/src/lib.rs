@@ -367,6 +367,23 @@ impl MemServer {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// How the node exited, if it did within `limit` (after a signal of the test's).
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        exited_within(&mut self.child, limit)
+    }
+}
+
+/// How `child` exited, if it did within `limit`.
+fn exited_within(child: &mut Process, limit: Duration) -> Option<std::process::ExitStatus> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
 }
 
 impl Drop for MemServer {
@@ -483,14 +500,7 @@ impl Mount {
 
     /// How fs-client exited, if it did within `limit`.
     pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
-        let start = Instant::now();
-        while start.elapsed() < limit {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
+        exited_within(&mut self.child, limit)
     }
 
     /// Unmounts with fusermount3 and waits (up to 10 s) for fs-client to exit; returns its

@@ -435,12 +435,19 @@ fn a_drained_node_can_be_killed_losing_nothing() {
     assert_eq!(out.status.code(), Some(2));
 }
 
-/// `rfs rebalance` after a node joined an existing cluster: copies move until both nodes hold
-/// the same share of their pools within a tenth, and every file reads back whole on a fresh
-/// mount. Before it, the new node held nothing and all of them stayed where they were.
+/// `rfs rebalance` after a node joined an existing cluster whose metadata node moves copies
+/// only when asked (`--manual-rebalance`): copies move until both nodes hold the same share of
+/// their pools within a tenth, and every file reads back whole on a fresh mount. Before it,
+/// the new node held nothing and all of them stayed where they were.
 #[test]
 fn a_rebalance_evens_the_fill_out_after_a_node_joins() {
-    let meta = MemServer::meta("32M", "1M");
+    let meta = MemServer::start(&[
+        "--memory",
+        "32M",
+        "--chunk-size",
+        "1M",
+        "--manual-rebalance",
+    ]);
     let m = Mount::new(&meta, &[]);
     let files: Vec<(String, Vec<u8>)> = (0..6u8)
         .map(|i| (format!("f{i}"), vec![i + 1; (2 << 20) + i as usize * 7919]))
@@ -473,6 +480,86 @@ fn a_rebalance_evens_the_fill_out_after_a_node_joins() {
         "copies {a} and {b} on equal pools: {said}"
     );
     assert!(status.contains("\"rebalancing\":false"), "{status}");
+    let fresh = Mount::new(&meta, &[]);
+    for (name, bytes) in &files {
+        assert!(fs::read(fresh.path(name)).unwrap() == *bytes, "{name}");
+    }
+}
+
+/// By default a node that joins gets its share by itself: copies move to it until both nodes'
+/// fill is within a tenth of the mean, while a reader checks every file all along.
+#[test]
+fn a_node_that_joins_gets_its_share_of_the_copies_by_itself() {
+    let meta = MemServer::meta("32M", "1M");
+    let m = Mount::new(&meta, &[]);
+    let files: Vec<(String, Vec<u8>)> = (0..6u8)
+        .map(|i| (format!("f{i}"), vec![i + 1; (2 << 20) + i as usize * 7919]))
+        .collect();
+    for (name, bytes) in &files {
+        fs::write(m.path(name), bytes).unwrap();
+    }
+    let data = MemServer::data(&meta, "32M", "1M");
+    let (addr, node) = (meta.addr.to_string(), data.addr.to_string());
+    let start = Instant::now();
+    let status = loop {
+        for (name, bytes) in &files {
+            assert!(
+                fs::read(m.path(name)).unwrap() == *bytes,
+                "{name} while copies move"
+            );
+        }
+        let status = String::from_utf8(rfs(&["status", &addr, "--json"]).stdout).unwrap();
+        let (a, b) = (
+            copies_on(&status, &addr) as f64,
+            copies_on(&status, &node) as f64,
+        );
+        let mean = (a + b) / 2.0;
+        if b > 0.0 && a <= mean * 1.1 + 1.0 && b <= mean * 1.1 + 1.0 {
+            break status;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "not even after a minute: {status}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    println!("even after {:?}: {status}", start.elapsed());
+    let fresh = Mount::new(&meta, &[]);
+    for (name, bytes) in &files {
+        assert!(fs::read(fresh.path(name)).unwrap() == *bytes, "{name}");
+    }
+}
+
+/// A data node stopped by SIGTERM while it holds the only copy of files (one copy per chunk,
+/// the default) moves them to the other nodes first, then exits: every file reads back whole.
+/// Before, SIGTERM made them unreadable (EIO).
+#[test]
+fn a_data_node_stopped_by_sigterm_moves_its_copies_off_first() {
+    let meta = MemServer::meta("48M", "1M");
+    let mut data = MemServer::data(&meta, "32M", "1M");
+    let m = Mount::new(&meta, &[]);
+    let files: Vec<(String, Vec<u8>)> = (0..8u8)
+        .map(|i| (format!("f{i}"), vec![i + 1; (3 << 19) + i as usize * 4099]))
+        .collect();
+    for (name, bytes) in &files {
+        fs::write(m.path(name), bytes).unwrap();
+    }
+    let (addr, node) = (meta.addr.to_string(), data.addr.to_string());
+    let status = String::from_utf8(rfs(&["status", &addr, "--json"]).stdout).unwrap();
+    assert!(
+        copies_on(&status, &node) > 0,
+        "the data node holds copies: {status}"
+    );
+    let start = Instant::now();
+    // SAFETY: a signal to our own child process.
+    unsafe { libc::kill(data.pid() as i32, libc::SIGTERM) };
+    let exit = data
+        .wait_exit(Duration::from_secs(60))
+        .expect("the node stops once its copies moved");
+    assert!(exit.success(), "{exit:?}");
+    println!("stopped in {:?}", start.elapsed());
+    let status = String::from_utf8(rfs(&["status", &addr, "--json"]).stdout).unwrap();
+    assert_eq!(copies_on(&status, &node), 0, "{status}");
     let fresh = Mount::new(&meta, &[]);
     for (name, bytes) in &files {
         assert!(fs::read(fresh.path(name)).unwrap() == *bytes, "{name}");

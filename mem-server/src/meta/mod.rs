@@ -84,6 +84,9 @@ pub(crate) struct MetaService {
     /// Copies of each chunk the file system keeps.
     pub(crate) replicas: usize,
     pub(crate) repair: Repair,
+    /// Whether copies move to even the nodes' fill out when one joins (else only on
+    /// `rfs rebalance`).
+    rebalance_on_join: bool,
     /// Serves every session's calls and callbacks on a pool that grows with what is busy.
     dispatcher: Dispatcher,
 }
@@ -260,6 +263,7 @@ impl MetaService {
             grant_channels: GrantChannels::new(local, grants.clone()),
             replicas: cfg.replicas as usize,
             repair: Repair::new(cfg.repair_rate),
+            rebalance_on_join: cfg.rebalance_on_join,
             dispatcher: Dispatcher::start("session")?,
         });
         for id in lost {
@@ -287,9 +291,12 @@ impl MetaService {
         Ok((ns, alloc))
     }
 
-    /// A data node joined: chunks short of copies may get them there, and a node back after
-    /// a restart has chunks to zero.
+    /// A data node joined: chunks short of copies may get them there, a node back after a
+    /// restart has chunks to zero, and copies move to even the fill out (when asked to).
     pub(crate) fn node_joined(&self) {
+        if self.rebalance_on_join {
+            self.state.lock().rebalancing = true;
+        }
         self.repair.kick();
         self.zeroer.kick();
     }
