@@ -54,6 +54,13 @@ enum Command {
         #[arg(long)]
         no_wait: bool,
     },
+    /// End a drain: the data node takes new chunks again (as `rfs drain --stop`).
+    Undrain {
+        #[command(flatten)]
+        to: Node,
+        /// The data node, by its address as `rfs status` lists it (or its id).
+        node: String,
+    },
     /// Even the data nodes' fill out: copies move from the fullest live node to emptier ones
     /// until each holds within a tenth of the mean share of its pool (within the repair
     /// rate, while I/O goes on). Waits until it is done, printing each node's copies.
@@ -116,6 +123,7 @@ fn main() -> ExitCode {
             stop,
             no_wait,
         } => drain(&to, &node, !stop, !(stop || no_wait)),
+        Command::Undrain { to, node } => drain(&to, &node, false, false),
         Command::Rebalance { to, no_wait } => rebalance(&to, !no_wait),
     }
 }

@@ -424,6 +424,11 @@ fn a_drained_node_can_be_killed_losing_nothing() {
         0,
         "a draining node took new chunks: {status}"
     );
+    // Undrained it is up again; drained again (it holds nothing) at once.
+    assert!(rfs(&["undrain", &addr, &node]).status.success());
+    let status = String::from_utf8(rfs(&["status", &addr, "--json"]).stdout).unwrap();
+    assert!(!status.contains("\"state\":\"draining\""), "{status}");
+    assert!(rfs(&["drain", &addr, &node]).status.success());
     data.kill();
     let fresh = Mount::new(&meta, &[]);
     for (name, bytes) in &files {
