@@ -1,33 +1,37 @@
 //! A data node asked to stop (SIGTERM, SIGINT) while it holds copies moves them to other nodes
 //! first, as `rfs drain` does, for up to `--drain-on-stop`: stopping then loses nothing, even at
-//! one copy per chunk. Past that time, or at a second signal, it stops anyway and says how
-//! many copies it took with it.
+//! one copy per chunk. Past that time, at a second signal, or once nothing has moved for
+//! [`STUCK`] (no other node can take them), it stops anyway and says how many copies it took
+//! with it.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use rfs_client::{Client, ClientConfig};
 use rfs_proto::message::{Drain, Status};
-use rfs_proto::types::{Caller, ClusterStatus, NodeStatus};
+use rfs_proto::types::{Caller, NodeStatus};
 use rfs_proto::MetadataChannel;
 
 use crate::runtime::Runtime;
 
 /// How often the copies left are looked at.
 const POLL: Duration = Duration::from_millis(200);
+/// How long the copies left may stay the same before the drain is taken to be stuck.
+const STUCK: Duration = Duration::from_secs(30);
 
 /// Moves this data node's copies (it is `advertise` to the metadata node at `meta`) to the
 /// other nodes, within `patience`; `interrupted(wait)` waits up to `wait` for a signal to stop
-/// at once, and says whether one came.
+/// at once, and says whether one came. Whether it holds nothing now.
 pub(crate) fn drain_before_stop(
     rt: &Runtime,
     meta: SocketAddr,
     advertise: &str,
     patience: Duration,
     mut interrupted: impl FnMut(Duration) -> bool,
-) {
+) -> bool {
+    let deadline = Instant::now() + patience;
     let cfg = ClientConfig {
-        transport: rdmabox::transport::TransportConfig::with_provider(rt.cfg.transport.provider),
+        transport: rt.cfg.transport.clone(),
         secret: rt.cfg.secret.clone(),
         encrypt: rt.cfg.encrypt,
         ..ClientConfig::default()
@@ -35,11 +39,11 @@ pub(crate) fn drain_before_stop(
     let client = match Client::connect(&meta.to_string(), cfg) {
         Ok(c) => c,
         Err(e) => {
-            log::warn!(
+            log::error!(
                 "cannot reach the metadata node {meta} to move this node's copies off ({e}); \
                  stopping with them"
             );
-            return;
+            return false;
         }
     };
     let root = Caller {
@@ -47,77 +51,99 @@ pub(crate) fn drain_before_stop(
         gid: 0,
         groups: Vec::new(),
     };
-    let me = |s: &ClusterStatus| s.node(advertise).cloned();
     let status = || {
         client.call(Status {
             caller: root.clone(),
         })
     };
-    let here = match status().map(|s| me(&s)) {
-        Ok(Some(n)) => n,
+    let id = match status().map(|s| s.node(advertise).map(|n| n.id)) {
+        Ok(Some(id)) => id,
         Ok(None) => {
-            log::warn!("the metadata node {meta} does not list this node ({advertise}); stopping");
-            return;
+            log::error!("the metadata node {meta} does not list this node ({advertise}); stopping");
+            return false;
         }
         Err(e) => {
-            log::warn!("cannot ask the metadata node {meta} what this node holds ({e}); stopping");
-            return;
+            log::error!(
+                "cannot ask the metadata node {meta} what this node holds ({e}; a node run with \
+                 --root-squash refuses it to root too); stopping"
+            );
+            return false;
         }
     };
-    if here.copies == 0 {
-        log::info!("this data node holds no copies: nothing to move before stopping");
-        return;
-    }
-    let drain = Drain {
-        caller: root.clone(),
-        node: here.id,
-        on: true,
+    // Asked first, even of a node that holds nothing now: it takes no new chunks from here on.
+    let drain = || {
+        client.call(Drain {
+            caller: root.clone(),
+            node: id,
+            on: true,
+        })
     };
-    if let Err(e) = client.call(drain) {
-        log::warn!(
-            "the metadata node {meta} would not drain this node ({e}; a node run with \
-             --root-squash refuses it): stopping with {} copies here",
-            here.copies
-        );
-        return;
+    if let Err(e) = drain() {
+        log::error!("the metadata node {meta} would not drain this node ({e}); stopping");
+        return false;
     }
-    log::warn!(
-        "moving this node's {} copies to the other data nodes before stopping (up to {}s; \
-         signal again to stop at once)",
-        here.copies,
-        patience.as_secs()
-    );
-    let deadline = Instant::now() + patience;
-    let mut left = here.copies;
+    let mut left: Option<u64> = None;
+    let mut moved_at = Instant::now();
     loop {
-        match status().map(|s| me(&s)) {
+        let now_held = status().map(|s| s.nodes.into_iter().find(|n| n.id == id));
+        match now_held {
             Ok(Some(NodeStatus { copies: 0, .. })) => {
-                log::info!("every copy moved: this node can stop losing nothing");
-                return;
+                if left.is_some() {
+                    log::info!("every copy moved: this node stops losing nothing");
+                }
+                return true;
             }
-            Ok(Some(n)) if n.state == "draining" => left = n.copies,
-            Ok(n) => {
-                let state = n.map_or("gone".to_string(), |n| n.state);
-                log::warn!("this node is {state} at the metadata node, not draining; stopping");
-                return;
+            Ok(Some(n)) => {
+                if n.state != "draining" {
+                    // The metadata node restarted (drains are not journaled): ask again.
+                    log::warn!(
+                        "this node is {} at the metadata node: draining it again",
+                        n.state
+                    );
+                    if let Err(e) = drain() {
+                        log::warn!("draining again: {e}");
+                    }
+                }
+                if left.is_none() {
+                    log::warn!(
+                        "moving this node's {} copies to the other data nodes before stopping \
+                         (up to {}s; signal again to stop at once)",
+                        n.copies,
+                        patience.as_secs()
+                    );
+                }
+                if left != Some(n.copies) {
+                    left = Some(n.copies);
+                    moved_at = Instant::now();
+                }
             }
+            Ok(None) => log::warn!("the metadata node no longer lists this node (id {id})"),
             Err(e) => log::warn!("asking the metadata node what is left: {e}"),
         }
+        let held = left.map_or("its".to_string(), |n| n.to_string());
         let now = Instant::now();
         if now >= deadline {
             log::error!(
-                "{left} copies still here after {}s: stopping anyway; chunks that had no other \
+                "{held} copies still here after {}s: stopping anyway; chunks that had no other \
                  copy are lost",
                 patience.as_secs()
             );
-            return;
+            return false;
+        }
+        if now.duration_since(moved_at) >= STUCK {
+            log::error!(
+                "no copy moved for {}s (no other node can take them?): stopping with {held} \
+                 copies; chunks that had no other copy are lost",
+                STUCK.as_secs()
+            );
+            return false;
         }
         if interrupted(POLL.min(deadline - now)) {
             log::error!(
-                "stopped at once with {left} copies still here; chunks that had no other copy \
+                "stopped at once with {held} copies still here; chunks that had no other copy \
                  are lost"
             );
-            return;
+            return false;
         }
     }
 }

@@ -181,18 +181,22 @@ impl Node {
 
     /// A data node about to stop moves its copies to the other nodes first, for up to
     /// `patience` (see [`crate::leave`]); `interrupted(wait)` waits up to `wait` for a signal
-    /// to stop at once. Nothing to do on a metadata node.
-    pub fn drain_before_stop(&self, patience: Duration, interrupted: impl FnMut(Duration) -> bool) {
-        if let Some(m) = &self.membership {
-            if !patience.is_zero() {
-                crate::leave::drain_before_stop(
-                    &self.shared.rt,
-                    m.meta,
-                    &m.advertise,
-                    patience,
-                    interrupted,
-                );
-            }
+    /// to stop at once. False when it stops with copies the metadata node still counts on
+    /// (or could not tell); nothing to do on a metadata node, or with no patience.
+    pub fn drain_before_stop(
+        &self,
+        patience: Duration,
+        interrupted: impl FnMut(Duration) -> bool,
+    ) -> bool {
+        match &self.membership {
+            Some(m) if !patience.is_zero() => crate::leave::drain_before_stop(
+                &self.shared.rt,
+                m.meta,
+                &m.advertise,
+                patience,
+                interrupted,
+            ),
+            _ => true,
         }
     }
 

@@ -492,7 +492,8 @@ fn a_rebalance_evens_the_fill_out_after_a_node_joins() {
 }
 
 /// By default a node that joins gets its share by itself: copies move to it until both nodes'
-/// fill is within a tenth of the mean, while a reader checks every file all along.
+/// fill is within a tenth of the mean, while a reader checks every file all along (O_DIRECT:
+/// from the nodes, not the page cache).
 #[test]
 fn a_node_that_joins_gets_its_share_of_the_copies_by_itself() {
     let meta = MemServer::meta("32M", "1M");
@@ -508,10 +509,20 @@ fn a_node_that_joins_gets_its_share_of_the_copies_by_itself() {
     let start = Instant::now();
     let status = loop {
         for (name, bytes) in &files {
-            assert!(
-                fs::read(m.path(name)).unwrap() == *bytes,
-                "{name} while copies move"
-            );
+            let f = fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(m.path(name))
+                .unwrap();
+            // A page of each chunk, from the nodes.
+            for at in (0..bytes.len() as u64 - 4096).step_by(1 << 20) {
+                let (read, _) = direct_read(&f, at);
+                let at = at as usize;
+                assert!(
+                    read.unwrap() == bytes[at..at + 4096],
+                    "{name} at {at} while copies move"
+                );
+            }
         }
         let status = String::from_utf8(rfs(&["status", &addr, "--json"]).stdout).unwrap();
         let (a, b) = (
@@ -561,7 +572,7 @@ fn a_data_node_stopped_by_sigterm_moves_its_copies_off_first() {
     let exit = data
         .wait_exit(Duration::from_secs(60))
         .expect("the node stops once its copies moved");
-    assert!(exit.success(), "{exit:?}");
+    assert!(exit.success(), "it stopped holding copies: {exit:?}");
     println!("stopped in {:?}", start.elapsed());
     let status = String::from_utf8(rfs(&["status", &addr, "--json"]).stdout).unwrap();
     assert_eq!(copies_on(&status, &node), 0, "{status}");
@@ -569,4 +580,15 @@ fn a_data_node_stopped_by_sigterm_moves_its_copies_off_first() {
     for (name, bytes) in &files {
         assert!(fs::read(fresh.path(name)).unwrap() == *bytes, "{name}");
     }
+
+    // With --drain-on-stop 0 a data node stops at once, as before.
+    let m = meta.addr.to_string();
+    let mut quick = MemServer::start(&["--memory", "8M", "--join", &m, "--drain-on-stop", "0"]);
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: a signal to our own child process.
+    unsafe { libc::kill(quick.pid() as i32, libc::SIGTERM) };
+    assert!(
+        quick.wait_exit(Duration::from_secs(5)).is_some(),
+        "--drain-on-stop 0 stops at once"
+    );
 }

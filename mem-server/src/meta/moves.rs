@@ -43,7 +43,13 @@ impl MetaService {
     pub(super) fn drain_pass(&self, local: &Runtime) -> (usize, usize) {
         let (work, left) = {
             let st = self.state.lock();
-            let draining = st.alloc.draining();
+            // A draining node that went down has nothing to copy from: not looked for.
+            let draining: Vec<u32> = st
+                .alloc
+                .draining()
+                .into_iter()
+                .filter(|&n| st.alloc.is_alive(n))
+                .collect();
             if draining.is_empty() {
                 return (0, 0);
             }
