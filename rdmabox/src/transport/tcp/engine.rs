@@ -401,12 +401,9 @@ impl Engine {
 
     fn on_nak(&mut self, h: &Header) -> Result<(), Stop> {
         let o = self.complete_through(h.psn, true)?.expect("kept");
-        let status = match NakReason::from_u32(h.imm).expect("validated by decode") {
-            NakReason::RemoteAccess => WcStatus::RemoteAccessError,
-            NakReason::InvalidRequest => WcStatus::RemoteInvalidRequest,
-            NakReason::ReceiverNotReady => WcStatus::RnrRetryExceeded,
-            NakReason::RemoteOperation => WcStatus::RemoteOperationError,
-        };
+        let status = NakReason::from_u32(h.imm)
+            .expect("validated by decode")
+            .status();
         // Errors complete even unsignaled requests.
         self.qp
             .send_cq

@@ -78,6 +78,17 @@ impl NakReason {
             _ => return None,
         })
     }
+
+    /// How the refused request completes at its requester.
+    pub fn status(self) -> crate::transport::types::WcStatus {
+        use crate::transport::types::WcStatus;
+        match self {
+            NakReason::RemoteAccess => WcStatus::RemoteAccessError,
+            NakReason::InvalidRequest => WcStatus::RemoteInvalidRequest,
+            NakReason::ReceiverNotReady => WcStatus::RnrRetryExceeded,
+            NakReason::RemoteOperation => WcStatus::RemoteOperationError,
+        }
+    }
 }
 
 /// A frame header, decoded.

@@ -280,12 +280,9 @@ impl Conn {
             return Ok(());
         };
         if h.kind == Kind::Nak {
-            let status = match NakReason::from_u32(h.imm).expect("validated by decode") {
-                NakReason::RemoteAccess => WcStatus::RemoteAccessError,
-                NakReason::InvalidRequest => WcStatus::RemoteInvalidRequest,
-                NakReason::ReceiverNotReady => WcStatus::RnrRetryExceeded,
-                NakReason::RemoteOperation => WcStatus::RemoteOperationError,
-            };
+            let status = NakReason::from_u32(h.imm)
+                .expect("validated by decode")
+                .status();
             // Errors complete even unsignaled requests; the queue pair is done.
             self.qp
                 .send_cq
