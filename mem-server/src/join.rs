@@ -230,9 +230,11 @@ pub(crate) fn admit(
         Ok(Err(e)) => log::warn!("data node {id}: {e}"),
         _ => {}
     }
-    log::warn!("data node {id} at {addr} left; its chunks are unavailable");
     // Dead before the channel goes: a node without a channel counts as gone (see `reuse`).
-    meta.node_left(id);
+    match meta.node_left(id) {
+        0 => log::info!("data node {id} at {addr} left, holding no copies"),
+        held => log::warn!("data node {id} at {addr} left; its {held} copies are unavailable"),
+    }
     meta.grant_channels.remove(id);
     meta.zeroer.remove_node(id);
     Ok(())

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use rfs_client::{Client, ClientConfig};
 use rfs_proto::message::{Drain, Status};
 use rfs_proto::types::{Caller, NodeStatus};
-use rfs_proto::MetadataChannel;
+use rfs_proto::{CallError, MetadataChannel};
 
 use crate::runtime::Runtime;
 
@@ -18,6 +18,8 @@ use crate::runtime::Runtime;
 const POLL: Duration = Duration::from_millis(200);
 /// How long the copies left may stay the same before the drain is taken to be stuck.
 const STUCK: Duration = Duration::from_secs(30);
+/// The pause before the metadata node is tried again when it did not answer.
+const AGAIN: Duration = Duration::from_secs(1);
 
 /// Moves this data node's copies (it is `advertise` to the metadata node at `meta`) to the
 /// other nodes, within `patience`; `interrupted(wait)` waits up to `wait` for a signal to stop
@@ -36,14 +38,24 @@ pub(crate) fn drain_before_stop(
         encrypt: rt.cfg.encrypt,
         ..ClientConfig::default()
     };
-    let client = match Client::connect(&meta.to_string(), cfg) {
-        Ok(c) => c,
-        Err(e) => {
-            log::error!(
-                "cannot reach the metadata node {meta} to move this node's copies off ({e}); \
-                 stopping with them"
-            );
-            return false;
+    // A metadata node that is paused or restarting is tried again until the time is up.
+    let mut out_of_time = |what: &dyn std::fmt::Display| {
+        let now = Instant::now();
+        let over = now >= deadline || interrupted(AGAIN.min(deadline - now));
+        if over {
+            log::error!("{what}: stopping with this node's copies");
+        }
+        over
+    };
+    let client = loop {
+        match Client::connect(&meta.to_string(), cfg.clone()) {
+            Ok(c) => break c,
+            Err(e) => {
+                log::warn!("cannot reach the metadata node {meta} ({e}); trying again");
+                if out_of_time(&"the metadata node did not answer in time") {
+                    return false;
+                }
+            }
         }
     };
     let root = Caller {
@@ -56,18 +68,28 @@ pub(crate) fn drain_before_stop(
             caller: root.clone(),
         })
     };
-    let id = match status().map(|s| s.node(advertise).map(|n| n.id)) {
-        Ok(Some(id)) => id,
-        Ok(None) => {
-            log::error!("the metadata node {meta} does not list this node ({advertise}); stopping");
-            return false;
-        }
-        Err(e) => {
-            log::error!(
-                "cannot ask the metadata node {meta} what this node holds ({e}; a node run with \
-                 --root-squash refuses it to root too); stopping"
-            );
-            return false;
+    let id = loop {
+        match status().map(|s| s.node(advertise).map(|n| n.id)) {
+            Ok(Some(id)) => break id,
+            Ok(None) => {
+                log::error!(
+                    "the metadata node {meta} does not list this node ({advertise}); stopping"
+                );
+                return false;
+            }
+            // Refused (a node run with --root-squash refuses it to root too): no use asking again.
+            Err(e @ CallError::Remote(_)) => {
+                log::error!(
+                    "the metadata node {meta} will not say what this node holds ({e}); stopping"
+                );
+                return false;
+            }
+            Err(e) => {
+                log::warn!("asking the metadata node {meta} what this node holds: {e}");
+                if out_of_time(&"the metadata node did not answer in time") {
+                    return false;
+                }
+            }
         }
     };
     // Asked first, even of a node that holds nothing now: it takes no new chunks from here on.
@@ -78,9 +100,20 @@ pub(crate) fn drain_before_stop(
             on: true,
         })
     };
-    if let Err(e) = drain() {
-        log::error!("the metadata node {meta} would not drain this node ({e}); stopping");
-        return false;
+    loop {
+        match drain() {
+            Ok(_) => break,
+            Err(e @ CallError::Remote(_)) => {
+                log::error!("the metadata node {meta} would not drain this node ({e}); stopping");
+                return false;
+            }
+            Err(e) => {
+                log::warn!("asking the metadata node {meta} to drain this node: {e}");
+                if out_of_time(&"the metadata node did not answer in time") {
+                    return false;
+                }
+            }
+        }
     }
     let mut left: Option<u64> = None;
     let mut moved_at = Instant::now();
@@ -117,8 +150,15 @@ pub(crate) fn drain_before_stop(
                     moved_at = Instant::now();
                 }
             }
-            Ok(None) => log::warn!("the metadata node no longer lists this node (id {id})"),
-            Err(e) => log::warn!("asking the metadata node what is left: {e}"),
+            // A metadata node that does not answer is no drain that is stuck.
+            Ok(None) => {
+                log::warn!("the metadata node no longer lists this node (id {id})");
+                moved_at = Instant::now();
+            }
+            Err(e) => {
+                log::warn!("asking the metadata node what is left: {e}");
+                moved_at = Instant::now();
+            }
         }
         let held = left.map_or("its".to_string(), |n| n.to_string());
         let now = Instant::now();

@@ -546,6 +546,38 @@ fn a_node_that_joins_gets_its_share_of_the_copies_by_itself() {
     }
 }
 
+/// A data node asked to stop while the metadata node is paused (SIGSTOP, 8 s) waits for it
+/// and then drains: it exits once its copies moved, and every file reads back whole. Before,
+/// it gave up at its first try to reach the metadata node and took the files with it.
+#[test]
+fn a_data_node_stopping_while_the_metadata_node_is_paused_drains_once_it_answers() {
+    let meta = MemServer::meta("48M", "1M");
+    let mut data = MemServer::data(&meta, "32M", "1M");
+    let m = Mount::new(&meta, &[]);
+    let files: Vec<(String, Vec<u8>)> = (0..6u8)
+        .map(|i| (format!("f{i}"), vec![i + 1; (3 << 19) + i as usize * 4099]))
+        .collect();
+    for (name, bytes) in &files {
+        fs::write(m.path(name), bytes).unwrap();
+    }
+    // SAFETY: signals to our own child processes.
+    unsafe {
+        libc::kill(meta.pid() as i32, libc::SIGSTOP);
+        libc::kill(data.pid() as i32, libc::SIGTERM);
+    }
+    std::thread::sleep(Duration::from_secs(8));
+    // SAFETY: as above.
+    unsafe { libc::kill(meta.pid() as i32, libc::SIGCONT) };
+    let exit = data
+        .wait_exit(Duration::from_secs(60))
+        .expect("the node stops once its copies moved");
+    assert!(exit.success(), "it stopped holding copies: {exit:?}");
+    let fresh = Mount::new(&meta, &[]);
+    for (name, bytes) in &files {
+        assert!(fs::read(fresh.path(name)).unwrap() == *bytes, "{name}");
+    }
+}
+
 /// A data node stopped by SIGTERM while it holds the only copy of files (one copy per chunk,
 /// the default) moves them to the other nodes first, then exits: every file reads back whole.
 /// Before, SIGTERM made them unreadable (EIO).

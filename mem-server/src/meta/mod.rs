@@ -309,8 +309,10 @@ impl MetaService {
 
     /// Data node `id` left (its join connection closed): nothing more is allocated there, and
     /// its copies of chunks that have others go from the maps, to be made again elsewhere.
-    pub(crate) fn node_left(&self, id: u32) {
+    /// How many copies the maps named there.
+    pub(crate) fn node_left(&self, id: u32) -> u64 {
         let mut st = self.state.lock();
+        let held = st.ns.copies_per_node().get(&id).copied().unwrap_or(0);
         st.alloc.set_alive(id, false);
         let lost = st.ns.drop_node(id);
         if lost > 0 {
@@ -318,6 +320,7 @@ impl MetaService {
             drop(st);
             log::warn!("data node {id}: {lost} chunks lost a copy; copying them again");
         }
+        held
     }
 
     pub(crate) fn start_zeroer(
