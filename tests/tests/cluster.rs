@@ -384,21 +384,36 @@ fn rfs_status_lists_nodes_and_clients() {
     assert!(said.contains("it is for root"), "{said}");
 }
 
+/// A metadata node and a data node (48M and 32M pools, 1M chunks), a mount, and `n` files of
+/// 1.5 MiB and more written through it (spread over both nodes, one copy per chunk).
+fn files_on_two_nodes(n: u8) -> (MemServer, MemServer, Mount, Vec<(String, Vec<u8>)>) {
+    let meta = MemServer::meta("48M", "1M");
+    let data = MemServer::data(&meta, "32M", "1M");
+    let m = Mount::new(&meta, &[]);
+    let files: Vec<(String, Vec<u8>)> = (0..n)
+        .map(|i| (format!("f{i}"), vec![i + 1; (3 << 19) + i as usize * 4099]))
+        .collect();
+    for (name, bytes) in &files {
+        fs::write(m.path(name), bytes).unwrap();
+    }
+    (meta, data, m, files)
+}
+
+/// Every one of `files` reads back the same on a new mount of `meta`.
+fn every_file_whole_on_a_fresh_mount(meta: &MemServer, files: &[(String, Vec<u8>)]) {
+    let fresh = Mount::new(meta, &[]);
+    for (name, bytes) in files {
+        assert!(fs::read(fresh.path(name)).unwrap() == *bytes, "{name}");
+    }
+}
+
 /// `rfs drain` moves every copy off a data node (one copy per chunk, the default): it waits
 /// until the node holds nothing, the node shows as draining meanwhile and takes no new
 /// chunks, and once it is killed every file reads back whole, old and new, on a fresh mount.
 /// Killed undrained, its files were unreadable (EIO).
 #[test]
 fn a_drained_node_can_be_killed_losing_nothing() {
-    let meta = MemServer::meta("48M", "1M");
-    let mut data = MemServer::data(&meta, "32M", "1M");
-    let m = Mount::new(&meta, &[]);
-    let files: Vec<(String, Vec<u8>)> = (0..8u8)
-        .map(|i| (format!("f{i}"), vec![i + 1; (3 << 19) + i as usize * 4099]))
-        .collect();
-    for (name, bytes) in &files {
-        fs::write(m.path(name), bytes).unwrap();
-    }
+    let (meta, mut data, m, files) = files_on_two_nodes(8);
     let (addr, node) = (meta.addr.to_string(), data.addr.to_string());
     let status = String::from_utf8(rfs(&["status", &addr, "--json"]).stdout).unwrap();
     assert!(
@@ -430,11 +445,9 @@ fn a_drained_node_can_be_killed_losing_nothing() {
     assert!(!status.contains("\"state\":\"draining\""), "{status}");
     assert!(rfs(&["drain", &addr, &node]).status.success());
     data.kill();
-    let fresh = Mount::new(&meta, &[]);
-    for (name, bytes) in &files {
-        assert!(fs::read(fresh.path(name)).unwrap() == *bytes, "{name}");
-    }
-    assert_eq!(fs::read(fresh.path("new")).unwrap(), vec![9u8; 3 << 20]);
+    let mut all = files;
+    all.push(("new".into(), vec![9u8; 3 << 20]));
+    every_file_whole_on_a_fresh_mount(&meta, &all);
     // An unknown node is a usage error.
     let out = rfs(&["drain", &addr, "127.0.0.1:1"]);
     assert_eq!(out.status.code(), Some(2));
@@ -485,10 +498,7 @@ fn a_rebalance_evens_the_fill_out_after_a_node_joins() {
         "copies {a} and {b} on equal pools: {said}"
     );
     assert!(status.contains("\"rebalancing\":false"), "{status}");
-    let fresh = Mount::new(&meta, &[]);
-    for (name, bytes) in &files {
-        assert!(fs::read(fresh.path(name)).unwrap() == *bytes, "{name}");
-    }
+    every_file_whole_on_a_fresh_mount(&meta, &files);
 }
 
 /// By default a node that joins gets its share by itself: copies move to it until both nodes'
@@ -540,10 +550,7 @@ fn a_node_that_joins_gets_its_share_of_the_copies_by_itself() {
         std::thread::sleep(Duration::from_millis(200));
     };
     println!("even after {:?}: {status}", start.elapsed());
-    let fresh = Mount::new(&meta, &[]);
-    for (name, bytes) in &files {
-        assert!(fs::read(fresh.path(name)).unwrap() == *bytes, "{name}");
-    }
+    every_file_whole_on_a_fresh_mount(&meta, &files);
 }
 
 /// A data node asked to stop while the metadata node is paused (SIGSTOP, 8 s) waits for it
@@ -551,15 +558,7 @@ fn a_node_that_joins_gets_its_share_of_the_copies_by_itself() {
 /// it gave up at its first try to reach the metadata node and took the files with it.
 #[test]
 fn a_data_node_stopping_while_the_metadata_node_is_paused_drains_once_it_answers() {
-    let meta = MemServer::meta("48M", "1M");
-    let mut data = MemServer::data(&meta, "32M", "1M");
-    let m = Mount::new(&meta, &[]);
-    let files: Vec<(String, Vec<u8>)> = (0..6u8)
-        .map(|i| (format!("f{i}"), vec![i + 1; (3 << 19) + i as usize * 4099]))
-        .collect();
-    for (name, bytes) in &files {
-        fs::write(m.path(name), bytes).unwrap();
-    }
+    let (meta, mut data, _m, files) = files_on_two_nodes(6);
     // SAFETY: signals to our own child processes.
     unsafe {
         libc::kill(meta.pid() as i32, libc::SIGSTOP);
@@ -572,10 +571,7 @@ fn a_data_node_stopping_while_the_metadata_node_is_paused_drains_once_it_answers
         .wait_exit(Duration::from_secs(60))
         .expect("the node stops once its copies moved");
     assert!(exit.success(), "it stopped holding copies: {exit:?}");
-    let fresh = Mount::new(&meta, &[]);
-    for (name, bytes) in &files {
-        assert!(fs::read(fresh.path(name)).unwrap() == *bytes, "{name}");
-    }
+    every_file_whole_on_a_fresh_mount(&meta, &files);
 }
 
 /// A data node stopped by SIGTERM while it holds the only copy of files (one copy per chunk,
@@ -583,15 +579,7 @@ fn a_data_node_stopping_while_the_metadata_node_is_paused_drains_once_it_answers
 /// Before, SIGTERM made them unreadable (EIO).
 #[test]
 fn a_data_node_stopped_by_sigterm_moves_its_copies_off_first() {
-    let meta = MemServer::meta("48M", "1M");
-    let mut data = MemServer::data(&meta, "32M", "1M");
-    let m = Mount::new(&meta, &[]);
-    let files: Vec<(String, Vec<u8>)> = (0..8u8)
-        .map(|i| (format!("f{i}"), vec![i + 1; (3 << 19) + i as usize * 4099]))
-        .collect();
-    for (name, bytes) in &files {
-        fs::write(m.path(name), bytes).unwrap();
-    }
+    let (meta, mut data, _m, files) = files_on_two_nodes(8);
     let (addr, node) = (meta.addr.to_string(), data.addr.to_string());
     let status = String::from_utf8(rfs(&["status", &addr, "--json"]).stdout).unwrap();
     assert!(
@@ -608,10 +596,7 @@ fn a_data_node_stopped_by_sigterm_moves_its_copies_off_first() {
     println!("stopped in {:?}", start.elapsed());
     let status = String::from_utf8(rfs(&["status", &addr, "--json"]).stdout).unwrap();
     assert_eq!(copies_on(&status, &node), 0, "{status}");
-    let fresh = Mount::new(&meta, &[]);
-    for (name, bytes) in &files {
-        assert!(fs::read(fresh.path(name)).unwrap() == *bytes, "{name}");
-    }
+    every_file_whole_on_a_fresh_mount(&meta, &files);
 
     // With --drain-on-stop 0 a data node stops at once, as before.
     let m = meta.addr.to_string();

@@ -413,15 +413,8 @@ impl Engine {
 
     fn on_read_response(&mut self, h: &Header) -> Result<(), Stop> {
         let o = self.complete_through(h.psn, true)?.expect("kept");
-        if o.opcode != WcOpcode::Read || o.byte_len != h.len {
-            // Put nothing anywhere: a response that does not match its request is garbage.
-            self.qp
-                .send_cq
-                .push(self.qp.completion(o.wr_id, WcStatus::BadResponse, o.opcode));
-            return Err(Stop::Violation(format!(
-                "READ response {} of {} bytes does not match the request",
-                h.psn, h.len
-            )));
+        if let Some(why) = self.qp.mismatched_read(&o, h) {
+            return Err(Stop::Violation(why));
         }
         if let Err(stop) = on_io(scatter(&mut self.reader, &o.read_targets, h.len as usize)) {
             // Already taken off the outstanding queue, so the flush would not see it.

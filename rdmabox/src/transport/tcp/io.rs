@@ -56,9 +56,14 @@ pub(crate) unsafe fn writev_all(fd: RawFd, iovs: &mut [libc::iovec]) -> io::Resu
 
 /// Waits until `fd` can take more bytes, or has failed or been shut (the write then says so).
 fn wait_writable(fd: RawFd) -> io::Result<()> {
+    wait_for(fd, libc::POLLOUT)
+}
+
+/// Waits until `fd` is ready for `events` (or has failed, or ended).
+fn wait_for(fd: RawFd, events: libc::c_short) -> io::Result<()> {
     let mut p = libc::pollfd {
         fd,
-        events: libc::POLLOUT,
+        events,
         revents: 0,
     };
     loop {
@@ -274,21 +279,7 @@ impl FrameReader {
         if self.opener.as_ref().is_some_and(Opener::has_buffered) {
             return Ok(());
         }
-        let mut fds = libc::pollfd {
-            fd: self.fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        loop {
-            // SAFETY: one pollfd, ours, for the duration of the call.
-            if unsafe { libc::poll(&mut fds, 1, -1) } >= 0 {
-                return Ok(());
-            }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        }
+        wait_for(self.fd, libc::POLLIN)
     }
 
     /// Reads and drops `len` bytes.

@@ -12,6 +12,7 @@ use std::time::Duration;
 use super::cq::Cq;
 use super::io::{iovec, keep_unsent, send_now, writev_all};
 use super::seal::Sealer;
+use super::wire::Header;
 use super::{PdShared, WireKeys};
 use crate::transport::memory::MrInner;
 use crate::transport::types::{Completion, QpCaps, WcOpcode, WcStatus};
@@ -192,6 +193,10 @@ impl QpShared {
     /// The frames the serving loop answered and left for the transmit lock's holder, waking
     /// the loop if it stopped reading for them.
     fn take_answered(&self) -> Vec<u8> {
+        // Only a loop leaves answers: an engine's queue pair takes no lock for them.
+        if self.wake_loop.get().is_none() {
+            return Vec::new();
+        }
         let mut a = self.answered.lock().unwrap();
         let frames = std::mem::take(&mut a.frames);
         let wake = std::mem::take(&mut a.loop_waits);
@@ -213,6 +218,9 @@ impl QpShared {
     /// After letting go of the transmit lock: sends what the loop answered while it was held
     /// (it found the lock taken and left them to us), unless another holder has it now.
     pub(crate) fn send_answered_left(&self) {
+        if self.wake_loop.get().is_none() {
+            return;
+        }
         while !self.answered.lock().unwrap().frames.is_empty() {
             let Ok(mut tx) = self.tx.try_lock() else {
                 return;
@@ -310,6 +318,20 @@ impl QpShared {
             }
         }
         Ok((done, last))
+    }
+
+    /// Whether READ data `h` answers its request `o` (a READ of that length); if not, `o`
+    /// completes with a bad response and the reason is returned: nothing of it lands anywhere.
+    pub(crate) fn mismatched_read(&self, o: &Outstanding, h: &Header) -> Option<String> {
+        if o.opcode == WcOpcode::Read && o.byte_len == h.len {
+            return None;
+        }
+        self.send_cq
+            .push(self.completion(o.wr_id, WcStatus::BadResponse, o.opcode));
+        Some(format!(
+            "READ response {} of {} bytes does not match the request",
+            h.psn, h.len
+        ))
     }
 
     /// Sends frames without blocking, for the engine, which must never wait on the socket (it

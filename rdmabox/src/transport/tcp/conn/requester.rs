@@ -289,15 +289,8 @@ impl Conn {
                 .push(self.qp.completion(o.wr_id, status, o.opcode));
             return Err(End::Disconnected);
         }
-        if o.opcode != WcOpcode::Read || o.byte_len != h.len {
-            // Put nothing anywhere: a response that does not match its request is garbage.
-            self.qp
-                .send_cq
-                .push(self.qp.completion(o.wr_id, WcStatus::BadResponse, o.opcode));
-            return Err(End::Violation(format!(
-                "READ response {} of {} bytes does not match the request",
-                h.psn, h.len
-            )));
+        if let Some(why) = self.qp.mismatched_read(&o, h) {
+            return Err(End::Violation(why));
         }
         let completion = o.signaled.then(|| Completion {
             byte_len: o.byte_len,
