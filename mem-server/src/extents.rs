@@ -93,6 +93,57 @@ impl FreeExtents {
         Some(at)
     }
 
+    /// Whether [`FreeExtents::take`] would find `len` bytes aligned to `align`.
+    pub(crate) fn can_take(&self, len: u64, align: u64) -> bool {
+        let base = self.base;
+        self.by_len
+            .range((len, 0)..)
+            .any(|&(l, a)| fitting(a - base, l, len, align) > 0)
+            || self
+                .aligned(self.next_fresh, align)
+                .checked_add(len)
+                .is_some_and(|end| end <= self.end)
+    }
+
+    /// Whether all of `[addr, addr + len)` is free (an empty range is).
+    pub(crate) fn is_free(&self, addr: u64, len: u64) -> bool {
+        if len == 0 {
+            return true;
+        }
+        if addr >= self.next_fresh {
+            return addr + len <= self.end;
+        }
+        self.by_addr
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(&a, &l)| a + l >= addr + len)
+    }
+
+    /// Takes `[addr, addr + len)`, which [`FreeExtents::is_free`] says is free.
+    pub(crate) fn take_at(&mut self, addr: u64, len: u64) {
+        if len == 0 {
+            return;
+        }
+        if addr >= self.next_fresh {
+            let skipped = (self.next_fresh, addr - self.next_fresh);
+            self.next_fresh = addr + len;
+            self.give(skipped.0, skipped.1);
+            return;
+        }
+        let (&a, &l) = self
+            .by_addr
+            .range(..=addr)
+            .next_back()
+            .expect("taken only where free");
+        self.remove(a, l);
+        if addr > a {
+            self.insert(a, addr - a);
+        }
+        if addr + len < a + l {
+            self.insert(addr + len, a + l - addr - len);
+        }
+    }
+
     /// Gives back `[addr, addr + len)` (zeroed): it merges with free neighbours.
     pub(crate) fn give(&mut self, mut addr: u64, mut len: u64) {
         if len == 0 {

@@ -268,7 +268,7 @@ mod tests {
                 let req = integrity::open(None, integrity::GRANT_CALL, number, &f).unwrap();
                 let req = GrantRequest::decode(req).unwrap();
                 let first = match &req {
-                    GrantRequest::GrantChunks(g) => g.addrs[0],
+                    GrantRequest::GrantChunks(g) => g.extents[0].0,
                     GrantRequest::RevokeChunks(r) => r.addrs[0],
                     _ => 0,
                 };
@@ -293,7 +293,7 @@ mod tests {
             session: 1,
             seq: 0,
             writable: false,
-            addrs: vec![addr],
+            extents: vec![(addr, 4096)],
         }
         .into()
     }

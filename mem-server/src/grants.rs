@@ -1,10 +1,11 @@
 //! What each data session on this node may reach of the pool. A data session's queue pairs
 //! live in a protection domain of their own, where nothing is registered until the metadata
-//! node grants chunks to it ([`rfs_proto::grant`]): each grant is a registration of one chunk
-//! in that domain (its own remote key), and a revocation drops it, after which the key fails
-//! with a remote access error. The pool's own key is never handed out.
+//! node grants copies to it ([`rfs_proto::grant`]): each grant is a registration of exactly
+//! one copy's extent in that domain (its own remote key; small files share chunks of the pool,
+//! and a grant never reaches a neighbour's bytes), and a revocation drops it, after which the
+//! key fails with a remote access error. The pool's own key is never handed out.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use rdmabox::transport::{Access, MemoryRegion, ProtectionDomain};
@@ -13,18 +14,38 @@ use rfs_proto::grant::{
 };
 use rfs_proto::Errno;
 
-/// One data session: its domain and what it was granted, by (chunk address, writable).
+/// What a copy's extent starts and ends on.
+const PAGE: u64 = 4096;
+
+/// One data session: its domain and what it was granted, by (address, length, writable).
 struct SessionGrants {
     pd: Arc<ProtectionDomain>,
-    chunks: HashMap<(u64, bool), MemoryRegion>,
+    chunks: BTreeMap<(u64, u32, bool), MemoryRegion>,
     pool: Option<MemoryRegion>,
+}
+
+impl SessionGrants {
+    /// Drops every grant that reaches into `[addr, addr + len)` (grants are at most a chunk
+    /// long, `longest`).
+    fn drop_overlapping(&mut self, addr: u64, len: u64, longest: u64) {
+        let from = (addr.saturating_sub(longest), 0, false);
+        let hit: Vec<_> = self
+            .chunks
+            .range(from..(addr + len, 0, false))
+            .filter(|((a, l, _), _)| a + *l as u64 > addr)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in hit {
+            self.chunks.remove(&k);
+        }
+    }
 }
 
 #[derive(Default)]
 struct State {
     sessions: HashMap<u64, SessionGrants>,
-    /// Per chunk of the pool, the number of the latest free that revoked it: a grant decided
-    /// before it is refused.
+    /// Per chunk of the pool, the number of the latest free that revoked anything in it: a
+    /// grant in it decided before is refused.
     freed: Vec<u64>,
 }
 
@@ -71,7 +92,7 @@ impl Grants {
             name,
             SessionGrants {
                 pd,
-                chunks: HashMap::new(),
+                chunks: BTreeMap::new(),
                 pool: None,
             },
         );
@@ -95,11 +116,16 @@ impl Grants {
         st.freed.fill(0);
     }
 
-    /// The chunk index of a chunk's first byte, if it is one of ours.
-    fn index(&self, addr: u64) -> Option<usize> {
+    /// The chunks of the pool that extent `[addr, addr + len)` is in, if it is a copy's
+    /// (page-aligned, at most a chunk long, within the pool).
+    fn chunks_of(&self, addr: u64, len: u32) -> Option<std::ops::Range<usize>> {
         let off = addr.checked_sub(self.pool.addr())?;
-        let i = off / self.chunk_size;
-        (off % self.chunk_size == 0 && off < self.pool.len() as u64).then_some(i as usize)
+        let end = off.checked_add(len as u64)?;
+        let fits = off % PAGE == 0
+            && len > 0
+            && len as u64 <= self.chunk_size
+            && end <= self.pool.len() as u64;
+        fits.then(|| (off / self.chunk_size) as usize..end.div_ceil(self.chunk_size) as usize)
     }
 
     /// Does what the metadata node asks: the remote keys of a grant, nothing for a revocation.
@@ -111,33 +137,37 @@ impl Grants {
                 session,
                 seq,
                 writable,
-                addrs,
+                extents,
             }) => {
                 let Some(s) = sessions.get_mut(session) else {
-                    return Ok(vec![0; addrs.len()]);
+                    return Ok(vec![0; extents.len()]);
                 };
-                Ok(addrs
+                Ok(extents
                     .iter()
-                    .map(|&addr| {
-                        let Some(i) = self.index(addr) else {
-                            log::warn!("the metadata node granted {addr:#x}, not a chunk here");
+                    .map(|&(addr, len)| {
+                        let Some(chunks) = self.chunks_of(addr, len) else {
+                            log::warn!(
+                                "the metadata node granted {len} bytes at {addr:#x}, not a \
+                                 copy's extent here"
+                            );
                             return 0;
                         };
-                        if freed[i] > *seq {
+                        if freed[chunks].iter().any(|&f| f > *seq) {
                             return 0; // freed after the grant was decided
                         }
-                        if let Some(mr) = s.chunks.get(&(addr, *writable)) {
+                        if let Some(mr) = s.chunks.get(&(addr, len, *writable)) {
                             return mr.rkey();
                         }
                         let off = (addr - self.pool.addr()) as usize;
-                        let len = self.chunk_size as usize;
-                        match s
-                            .pd
-                            .register_within(&self.pool, off, len, grant_access(*writable))
-                        {
+                        match s.pd.register_within(
+                            &self.pool,
+                            off,
+                            len as usize,
+                            grant_access(*writable),
+                        ) {
                             Ok(mr) => {
                                 let rkey = mr.rkey();
-                                s.chunks.insert((addr, *writable), mr);
+                                s.chunks.insert((addr, len, *writable), mr);
                                 rkey
                             }
                             Err(e) => {
@@ -156,19 +186,20 @@ impl Grants {
                 if let Some(s) = sessions.get_mut(session) {
                     let addrs: HashSet<u64> = addrs.iter().copied().collect();
                     s.chunks
-                        .retain(|(a, w), _| !(addrs.contains(a) && (*w || !writable_only)));
+                        .retain(|(a, _, w), _| !(addrs.contains(a) && (*w || !writable_only)));
                 }
                 Ok(Vec::new())
             }
-            GrantRequest::RevokeFreed(RevokeFreed { seq, addrs }) => {
-                let addrs: HashSet<u64> = addrs.iter().copied().collect();
-                for &a in &addrs {
-                    if let Some(i) = self.index(a) {
-                        freed[i] = freed[i].max(*seq);
+            GrantRequest::RevokeFreed(RevokeFreed { seq, extents }) => {
+                for &(a, len) in extents {
+                    if let Some(chunks) = self.chunks_of(a, len) {
+                        for f in &mut freed[chunks] {
+                            *f = (*f).max(*seq);
+                        }
                     }
-                }
-                for s in sessions.values_mut() {
-                    s.chunks.retain(|(a, _), _| !addrs.contains(a));
+                    for s in sessions.values_mut() {
+                        s.drop_overlapping(a, len as u64, self.chunk_size);
+                    }
                 }
                 Ok(Vec::new())
             }
@@ -200,7 +231,7 @@ mod tests {
     use super::*;
     use rdmabox::transport::{Context, TransportConfig};
 
-    const CHUNK: u64 = 4096;
+    const CHUNK: u64 = 4 * PAGE;
 
     fn grants() -> (Context, Grants) {
         let ctx = Context::open(&TransportConfig::default()).unwrap();
@@ -209,12 +240,24 @@ mod tests {
         (ctx, Grants::new(pool, CHUNK))
     }
 
+    /// Grants the whole chunks at `addrs`.
     fn grant(g: &Grants, session: u64, seq: u64, writable: bool, addrs: &[u64]) -> Vec<u32> {
+        let extents: Vec<(u64, u32)> = addrs.iter().map(|&a| (a, CHUNK as u32)).collect();
+        grant_extents(g, session, seq, writable, &extents)
+    }
+
+    fn grant_extents(
+        g: &Grants,
+        session: u64,
+        seq: u64,
+        writable: bool,
+        extents: &[(u64, u32)],
+    ) -> Vec<u32> {
         let req = GrantChunks {
             session,
             seq,
             writable,
-            addrs: addrs.to_vec(),
+            extents: extents.to_vec(),
         };
         g.serve(&req.into()).unwrap()
     }
@@ -249,7 +292,7 @@ mod tests {
         let old = grant(&g, a, 4, true, &[c])[0];
         let free = RevokeFreed {
             seq: 5,
-            addrs: vec![c],
+            extents: vec![(c, CHUNK as u32)],
         };
         g.serve(&free.into()).unwrap();
         assert_eq!(
@@ -292,5 +335,54 @@ mod tests {
             Err(Errno::ENOENT)
         );
         assert!(g.serve(&GrantPool { session: a }.into()).unwrap()[0] != 0);
+    }
+
+    /// Small files share chunks of the pool: a grant is exactly its extent, a free of one
+    /// drops only the grants reaching into it, and a grant decided before a free anywhere in
+    /// the chunk is refused (conservative: the client asks again).
+    #[test]
+    fn extents_sharing_a_chunk_are_granted_and_freed_apart() {
+        let (ctx, g) = grants();
+        let a = g.open(Arc::new(ctx.alloc_pd().unwrap()));
+        let base = g.pool.addr() + CHUNK;
+        let small = [(base, PAGE as u32), (base + PAGE, 2 * PAGE as u32)];
+        let keys = grant_extents(&g, a, 1, true, &small);
+        assert!(keys.iter().all(|&k| k != 0));
+        assert_eq!(
+            grant_extents(
+                &g,
+                a,
+                1,
+                true,
+                &[(base + 1, 4096), (base, 0), (base, 2 * CHUNK as u32)]
+            ),
+            vec![0, 0, 0],
+            "unaligned, empty, longer than a chunk"
+        );
+        let st = g.state.lock().unwrap();
+        let lens: Vec<u64> = st.sessions[&a]
+            .chunks
+            .values()
+            .map(|mr| mr.len() as u64)
+            .collect();
+        assert_eq!(lens, [PAGE, 2 * PAGE], "registered exactly");
+        drop(st);
+        let free = RevokeFreed {
+            seq: 2,
+            extents: vec![(base + 2 * PAGE, PAGE as u32)],
+        };
+        g.serve(&free.into()).unwrap();
+        assert_eq!(
+            grant_extents(&g, a, 1, true, &small),
+            vec![0, 0],
+            "decided before a free in their chunk"
+        );
+        assert_eq!(
+            grant_extents(&g, a, 2, true, &small[..1]),
+            vec![keys[0]],
+            "untouched"
+        );
+        let again = grant_extents(&g, a, 2, true, &small[1..])[0];
+        assert!(again != 0 && again != keys[1], "the overlapping grant went");
     }
 }

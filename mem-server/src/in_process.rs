@@ -46,6 +46,7 @@ impl InProcessService {
         cfg.lease = lease;
         let (meta, kicks) = MetaService::new(&cfg, "in-process".into(), &pool, chunks, &grants)?;
         meta.start_quarantine()?;
+        meta.start_growth()?;
         Ok(InProcessService {
             meta,
             grants,

@@ -36,3 +36,4 @@ pub mod namespace;
 pub mod node;
 pub mod record;
 mod runtime;
+pub mod spans;

@@ -117,7 +117,8 @@ impl Node {
         if let (Some(meta), Some(wait)) = (&shared.meta, zero_wait) {
             meta.start_zeroer(rt.clone(), wait)?;
             meta.start_quarantine()?;
-            meta.start_repair(rt.clone())?;
+            meta.start_growth()?;
+            meta.start_repair()?;
             meta.start_grace()?;
         }
         // Accept before joining: the metadata node connects back to us while it admits us.

@@ -58,6 +58,26 @@ const ATTR_BEFORE_CUTS: u8 = 3;
 const CREATED: u8 = 12;
 const ATTR: u8 = 13;
 const HOLDING: u8 = 14;
+/// Chunk records: before copies held spans (protocol 20) every copy was a whole chunk.
+const CHUNK_WHOLE: u8 = 6;
+const CHUNK: u8 = 15;
+
+/// Copies as journaled before spans: node, address and key; their span (`len` 0 here) is the
+/// whole chunk, which the replay knows.
+fn whole_copies(r: &mut Reader<'_>) -> Result<Vec<ChunkRef>, DecodeError> {
+    let n = u32::get(r)?;
+    (0..n)
+        .map(|_| {
+            Ok(ChunkRef {
+                node: Wire::get(r)?,
+                addr: Wire::get(r)?,
+                rkey: Wire::get(r)?,
+                lo: 0,
+                len: 0,
+            })
+        })
+        .collect()
+}
 
 /// Attributes as journaled before they counted cuts: every field but `cuts`, in order.
 fn attr_before_cuts(r: &mut Reader<'_>) -> Result<Attr, DecodeError> {
@@ -126,7 +146,7 @@ impl Record {
                 index,
                 replicas,
             } => {
-                6u8.put(w);
+                CHUNK.put(w);
                 ino.put(w);
                 index.put(w);
                 replicas.put(w);
@@ -198,7 +218,12 @@ impl Record {
                 dir: Wire::get(r)?,
                 parent: Wire::get(r)?,
             },
-            6 => Record::Chunk {
+            CHUNK_WHOLE => Record::Chunk {
+                ino: Wire::get(r)?,
+                index: Wire::get(r)?,
+                replicas: whole_copies(r)?,
+            },
+            CHUNK => Record::Chunk {
                 ino: Wire::get(r)?,
                 index: Wire::get(r)?,
                 replicas: Wire::get(r)?,
@@ -297,6 +322,8 @@ mod tests {
             node: 2,
             addr: 1 << 30,
             rkey: 0,
+            lo: 8192,
+            len: 4096,
         };
         let all = vec![
             Record::Format {

@@ -76,8 +76,8 @@ fn file(c: &Client, name: &str, chunks: u32) -> (u64, Vec<ChunkRef>) {
     let map = c
         .call(Allocate {
             ino,
-            first: 0,
-            count: chunks,
+            offset: 0,
+            end: chunks as u64 * CHUNK,
         })
         .unwrap();
     let map: Vec<(u64, ChunkRef)> = map.chunks.into_iter().map(|(i, r)| (i, r[0])).collect();

@@ -47,7 +47,7 @@ fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
 fn still_serves(node: &MemServer, old: &Client) {
     assert_eq!(old.call(GetAttr { ino: ROOT }).unwrap().ino, ROOT);
     let fresh = client(node);
-    assert!(fresh.call(GetStatFs {}).unwrap().chunks_total > 0);
+    assert!(fresh.call(GetStatFs {}).unwrap().bytes_total > 0);
 }
 
 #[test]
@@ -82,7 +82,7 @@ fn a_join_claiming_an_absurd_pool_is_refused_and_the_node_lives() {
     }
     still_serves(&meta, &c);
     assert_eq!(
-        c.call(GetStatFs {}).unwrap().chunks_total,
+        c.call(GetStatFs {}).unwrap().bytes_total >> 20,
         4,
         "no node was added"
     );
@@ -379,8 +379,8 @@ fn a_client_reaches_only_what_it_opened_as_the_mode_allows() {
     owner
         .call(Allocate {
             ino: private,
-            first: 0,
-            count: 2,
+            offset: 0,
+            end: 2 << 20,
         })
         .unwrap();
     let other = client(&meta);
@@ -415,8 +415,8 @@ fn a_client_reaches_only_what_it_opened_as_the_mode_allows() {
     );
     let grow = other.call(Allocate {
         ino: private,
-        first: 2,
-        count: 1,
+        offset: 2 << 20,
+        end: 3 << 20,
     });
     assert_eq!(grow.map_err(|e| e.errno()), Err(Errno::EBADF));
     // chmod and chown by someone else are refused; the owner may chmod.

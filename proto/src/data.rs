@@ -130,10 +130,10 @@ fn watch_control(
     Ok(())
 }
 
-/// Where byte `offset` of a chunk is, remotely.
+/// Where byte `offset` of a chunk is, remotely (within the span of `chunk`, the copy).
 pub fn chunk_addr(chunk: &ChunkRef, offset: u64) -> RemoteAddr {
     RemoteAddr {
-        addr: chunk.addr + offset,
+        addr: chunk.addr_of(offset),
         rkey: chunk.rkey,
     }
 }

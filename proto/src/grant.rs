@@ -14,29 +14,37 @@ use crate::message::encode_reply;
 use crate::wire::{bad, DecodeError, Reader, Wire, MAX_LIST};
 use crate::{wire_enum, wire_struct};
 
-/// The largest grant-channel frame: a list of MAX_LIST addresses and a little more.
-pub const MAX_GRANT_FRAME: usize = 64 + 8 * MAX_LIST as usize;
+/// The largest grant-channel frame: a list of MAX_LIST extents and a little more.
+pub const MAX_GRANT_FRAME: usize = 64 + 12 * MAX_LIST as usize;
 
 wire_struct! {
-    /// Lets data session `session` reach the chunks at `addrs` (read, and write if `writable`),
-    /// decided when the latest free was number `seq`. The reply holds one remote key per
-    /// address; 0 where it was refused (freed since, not a chunk, or no such session).
+    /// Lets data session `session` reach the copies at `extents` (address, length: read, and
+    /// write if `writable`), decided when the latest free was number `seq`. The reply holds
+    /// one remote key per extent; 0 where it was refused (freed since, not in the pool, or no
+    /// such session).
     #[derive(Clone, Debug, PartialEq, Eq)]
-    pub struct GrantChunks { pub session: u64, pub seq: u64, pub writable: bool, pub addrs: Vec<u64> }
+    pub struct GrantChunks {
+        pub session: u64,
+        pub seq: u64,
+        pub writable: bool,
+        pub extents: Vec<(u64, u32)>,
+    }
 }
 
 wire_struct! {
-    /// Takes back what data session `session` was granted on the chunks at `addrs`: only
-    /// the writable grants if `writable_only` (its last writable handle closed).
+    /// Takes back what data session `session` was granted on the copies starting at `addrs`
+    /// (whatever their length): only the writable grants if `writable_only` (its last
+    /// writable handle closed).
     #[derive(Clone, Debug, PartialEq, Eq)]
     pub struct RevokeChunks { pub session: u64, pub writable_only: bool, pub addrs: Vec<u64> }
 }
 
 wire_struct! {
-    /// The chunks at `addrs` were freed by free number `seq`: every session's grants on them
-    /// go, and grants decided before `seq` are refused from now on.
+    /// The `extents` (address, length) were freed by free number `seq`: every session's
+    /// grants that reach into them go, and grants decided before `seq` of anything in the
+    /// same chunks of the pool are refused from now on.
     #[derive(Clone, Debug, PartialEq, Eq)]
-    pub struct RevokeFreed { pub seq: u64, pub addrs: Vec<u64> }
+    pub struct RevokeFreed { pub seq: u64, pub extents: Vec<(u64, u32)> }
 }
 
 wire_struct! {
@@ -103,7 +111,7 @@ mod tests {
                 session: 1,
                 seq: 2,
                 writable: true,
-                addrs: vec![3, 4],
+                extents: vec![(3 << 12, 4096), (4 << 12, 8192)],
             }
             .into(),
             RevokeChunks {
@@ -114,7 +122,7 @@ mod tests {
             .into(),
             RevokeFreed {
                 seq: 9,
-                addrs: vec![],
+                extents: vec![],
             }
             .into(),
             RevokeSession { session: 7 }.into(),
@@ -137,7 +145,7 @@ mod tests {
             session: 1,
             seq: 0,
             writable: false,
-            addrs: vec![0; MAX_LIST as usize + 1],
+            extents: vec![(0, 0); MAX_LIST as usize + 1],
         };
         assert!(GrantRequest::decode(&GrantRequest::from(too_many).encode()).is_err());
     }
@@ -148,7 +156,7 @@ mod tests {
             session: 1,
             seq: 2,
             writable: true,
-            addrs: vec![u64::MAX; MAX_LIST as usize],
+            extents: vec![(u64::MAX, u32::MAX); MAX_LIST as usize],
         }
         .into();
         assert!(m.encode().len() <= MAX_GRANT_FRAME);

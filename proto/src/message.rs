@@ -154,9 +154,11 @@ wire_struct! {
 }
 
 wire_struct! {
-    /// Like [`ChunkMap`], allocating the holes first.
+    /// Backs bytes `offset..end` of a file with space (holes get spans sized to what is asked
+    /// and the file, spans that do not cover what is asked grow), then answers like
+    /// [`ChunkMap`] for the chunks those bytes are in (at most [`crate::wire::MAX_LIST`]).
     #[derive(Clone, Debug, PartialEq)]
-    pub struct Allocate { pub ino: Ino, pub first: u64, pub count: u32 }
+    pub struct Allocate { pub ino: Ino, pub offset: u64, pub end: u64 }
 }
 
 wire_struct! {
@@ -627,8 +629,8 @@ mod tests {
             .into(),
             Allocate {
                 ino: 4,
-                first: 10,
-                count: 32,
+                offset: 10 << 20,
+                end: (42 << 20) + 17,
             }
             .into(),
             Commit {
@@ -656,11 +658,7 @@ mod tests {
             DropReplicas {
                 ino: 4,
                 index: 2,
-                reached: vec![ChunkRef {
-                    node: 2,
-                    addr: 1 << 20,
-                    rkey: 0,
-                }],
+                reached: vec![ChunkRef::whole(2, 1 << 20, 1 << 20)],
             }
             .into(),
             Reclaim {
@@ -719,6 +717,8 @@ mod tests {
             node: 1,
             addr: 2,
             rkey: 3,
+            lo: 4096,
+            len: 8192,
         };
         vec![
             encode_reply::<Attr>(1, &Err(Errno::ENOENT)),
@@ -745,8 +745,8 @@ mod tests {
                 18,
                 &Ok(StatFs {
                     chunk_size: 1,
-                    chunks_total: 2,
-                    chunks_free: 3,
+                    bytes_total: 2 << 20,
+                    bytes_free: 3 << 20,
                     inodes: 4,
                     inodes_max: 7,
                     lease_ms: 5,

@@ -293,6 +293,44 @@ wire_struct! {
         /// The key this client's data session reaches the chunk by (granted at the data node
         /// for this session only); 0: not granted, the session is to be attached first.
         pub rkey: u32,
+        /// The span of the chunk this copy holds: `[lo, lo + len)` of the chunk is at `addr`
+        /// on; the rest of the chunk is a hole (reads zeros, writes allocate first).
+        pub lo: u32,
+        pub len: u32,
+    }
+}
+
+impl ChunkRef {
+    /// A copy of the whole of a chunk of `chunk_size` bytes at `addr` of node `node`.
+    pub fn whole(node: u32, addr: u64, chunk_size: u64) -> ChunkRef {
+        ChunkRef {
+            node,
+            addr,
+            rkey: 0,
+            lo: 0,
+            len: chunk_size as u32,
+        }
+    }
+
+    /// Where the copy's bytes are, as (node, first address): what names it, whatever its key
+    /// and however its span grew in place.
+    pub fn place(&self) -> (u32, u64) {
+        (self.node, self.addr)
+    }
+
+    /// The span's end within the chunk.
+    pub fn hi(&self) -> u64 {
+        self.lo as u64 + self.len as u64
+    }
+
+    /// Whether `[offset, offset + len)` of the chunk lies in the span.
+    pub fn holds(&self, offset: u64, len: u64) -> bool {
+        offset >= self.lo as u64 && offset + len <= self.hi()
+    }
+
+    /// The pool address of byte `offset` of the chunk (within the span).
+    pub fn addr_of(&self, offset: u64) -> u64 {
+        self.addr + offset - self.lo as u64
     }
 }
 
@@ -393,10 +431,10 @@ wire_struct! {
     pub struct StatFs {
         /// Bytes per chunk.
         pub chunk_size: u64,
-        /// Chunks across every node.
-        pub chunks_total: u64,
-        /// Chunks that can be allocated now.
-        pub chunks_free: u64,
+        /// Bytes across every node (as files see them: a byte of every copy counts once).
+        pub bytes_total: u64,
+        /// Bytes that can be allocated now (or once freed space is zeroed).
+        pub bytes_free: u64,
         /// Inodes in use.
         pub inodes: u64,
         /// The most inodes the namespace holds (`df -i`): creates past it fail with ENOSPC.

@@ -25,8 +25,9 @@ use crate::errno::Errno;
 /// 18: statfs says the most inodes the namespace holds (`StatFs::inodes_max`).
 /// 19: chunk maps carry the file's count of cuts ([`crate::types::FileMap`]), and the
 /// metadata node zeroes the tail of the chunk a cut splits; `Drain` moves a node's copies off,
-/// `Rebalance` evens the nodes' fill out.
-pub const VERSION: u8 = 19;
+/// `Rebalance` evens the nodes' fill out. 20: a chunk's copy may hold a span of it
+/// ([`crate::types::ChunkRef`]), and `Allocate` asks for bytes, not chunks.
+pub const VERSION: u8 = 20;
 /// Bounds what one list (readdir page, chunk map, node list) may carry: a message is at most
 /// 64 KiB.
 pub const MAX_LIST: u32 = 256;

@@ -221,7 +221,7 @@ fn data_nodes_a_restarted_node_does_not_know_wipe_their_pools() {
     meta.restart();
     let c = client(&meta);
     let waited = Instant::now();
-    while c.call(GetStatFs {}).map_or(0, |s| s.chunks_total) == 0 {
+    while c.call(GetStatFs {}).map_or(0, |s| s.bytes_total) == 0 {
         assert!(
             waited.elapsed() < Duration::from_secs(10),
             "the data node never joined again"
@@ -417,7 +417,7 @@ fn a_restart_whose_mounts_are_all_back_ends_its_grace_at_once() {
     let _data = MemServer::data(&meta, "64M", "1M");
     let m = Mount::new(&meta, &[]);
     let c = client(&meta);
-    let free = || c.call(GetStatFs {}).unwrap().chunks_free;
+    let free = || c.call(GetStatFs {}).unwrap().bytes_free >> 20;
     let empty = free();
     let kept = written_and_open(&m, "kept", &content(3, 4 << 20));
     let gone = written_and_open(&m, "gone", &content(4, 1 << 20));
@@ -429,7 +429,7 @@ fn a_restart_whose_mounts_are_all_back_ends_its_grace_at_once() {
     );
     meta.restart();
     let c = client(&meta);
-    let free = || c.call(GetStatFs {}).unwrap().chunks_free;
+    let free = || c.call(GetStatFs {}).unwrap().bytes_free >> 20;
     // The mount comes back (its redial takes the handles again), and closes both.
     drop(kept);
     drop(gone);

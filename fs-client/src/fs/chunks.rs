@@ -111,6 +111,7 @@ pub(crate) struct ChunkCache {
     finished: Condvar,
     /// References older than this are refetched.
     max_age: Duration,
+    chunk_size: u64,
 }
 
 /// A transfer's hold on a file's chunk references: a recall waits until it is dropped.
@@ -141,12 +142,13 @@ impl Drop for InFlight {
 }
 
 impl ChunkCache {
-    /// A cache whose references live at most `max_age`.
-    pub(crate) fn new(max_age: Duration) -> ChunkCache {
+    /// A cache of chunks of `chunk_size` bytes whose references live at most `max_age`.
+    pub(crate) fn new(max_age: Duration, chunk_size: u64) -> ChunkCache {
         ChunkCache {
             files: Mutex::default(),
             finished: Condvar::new(),
             max_age,
+            chunk_size,
         }
     }
 
@@ -228,16 +230,28 @@ impl ChunkCache {
 
     /// The chunks `first..first+count` of `ino` (None: a hole), each with every replica, and
     /// the hold that keeps a recall waiting until the transfer through them is done. With
-    /// `allocate`, holes are filled by the metadata node first.
+    /// `write` (bytes of the file), the metadata node first backs those bytes with space
+    /// (fills holes, grows spans that do not hold them).
     pub(crate) fn refs(
         self: &Arc<Self>,
         meta: &impl MetadataChannel,
         ino: Ino,
         first: u64,
         count: u64,
-        allocate: bool,
+        write: Option<(u64, u64)>,
     ) -> Result<(Vec<Option<Replicas>>, InFlight)> {
         let range = first..first + count;
+        let allocate = write.is_some();
+        let cs = self.chunk_size;
+        // Whether the copies of chunk `i` hold the bytes written there.
+        let holds = |i: u64, r: &Replicas| match write {
+            None => true,
+            Some((from, end)) => r.first().is_some_and(|c| {
+                let a = from.max(i * cs).min((i + 1) * cs) - i * cs;
+                let b = end.min((i + 1) * cs).max(i * cs) - i * cs;
+                a >= b || c.holds(a, b - a)
+            }),
+        };
         loop {
             let mut files = self.lock();
             let now = Instant::now();
@@ -246,6 +260,7 @@ impl ChunkCache {
                 f.chunks
                     .get(&i)
                     .filter(|c| now.duration_since(c.fetched) < self.max_age)
+                    .filter(|c| holds(i, &c.replicas))
                     .map(|c| c.replicas.clone())
             };
             let out: Vec<Option<Replicas>> = range.clone().map(|i| fresh(f, i)).collect();
@@ -258,6 +273,11 @@ impl ChunkCache {
                 .expect("one is missing");
             let gen = f.gen;
             f.fetching += 1;
+            // A writer that filled the chunk before this one reserves a run ahead.
+            let start = first + lo as u64;
+            let sequential = start >= 1
+                && fresh(f, start - 1)
+                    .is_some_and(|r| r.first().is_some_and(|c| c.lo == 0 && c.hi() == cs));
             drop(files);
 
             let sent = Instant::now();
@@ -266,7 +286,10 @@ impl ChunkCache {
                 first + lo as u64,
                 first + hi as u64
             );
-            let got = self.fetch(meta, ino, first + lo as u64, (hi - lo + 1) as u64, allocate);
+            let needed = (hi - lo + 1) as u64;
+            let bytes =
+                write.map(|(from, end)| (from.max(start * cs), end.min((start + needed) * cs)));
+            let got = self.fetch(meta, ino, start, needed, bytes, sequential);
             let mut files = self.lock();
             let f = files.files.get_mut(&ino).expect("kept while fetching");
             f.fetching -= 1;
@@ -301,12 +324,17 @@ impl ChunkCache {
                 let cached = Cached { replicas, fetched };
                 added += usize::from(f.chunks.insert(i, cached).is_none());
             }
-            if allocate && out.iter().any(Option::is_none) {
+            let short = out
+                .iter()
+                .zip(range.clone())
+                .any(|(r, i)| r.as_ref().is_none_or(|r| !holds(i, r)));
+            if allocate && short {
                 files.entries += added;
                 return Err(Error::new(
                     Errno::EIO,
                     format!(
-                        "the metadata node left holes in chunks {first}+{count} of inode {ino}"
+                        "the metadata node left bytes of chunks {first}+{count} of inode {ino} \
+                         without space"
                     ),
                 ));
             }
@@ -330,52 +358,72 @@ impl ChunkCache {
         }
     }
 
-    /// Chunks `start..start+needed` from the metadata node, allocated first if asked; a writer
-    /// growing a file past its first chunk reserves a run ahead, unless space is too short.
+    /// Chunks `start..start+needed` from the metadata node, with `write`'s bytes backed by
+    /// space first if given; a `sequential` writer (it filled the chunk before) reserves a run
+    /// of whole chunks ahead, unless space is too short.
     fn fetch(
         &self,
         meta: &impl MetadataChannel,
         ino: Ino,
         start: u64,
         needed: u64,
-        allocate: bool,
+        write: Option<(u64, u64)>,
+        sequential: bool,
     ) -> Result<FileMap> {
-        if allocate && start >= 1 && needed < ALLOC_AHEAD {
-            match Self::call(meta, ino, start, ALLOC_AHEAD, true) {
+        let cs = self.chunk_size;
+        if let Some((from, _)) = write.filter(|_| sequential && needed < ALLOC_AHEAD) {
+            match Self::allocate(meta, ino, from, (start + ALLOC_AHEAD) * cs, cs) {
                 Err(e) if e.errno() == Errno::ENOSPC => {}
                 r => return r,
             }
         }
-        let wanted = if allocate {
-            needed
-        } else {
-            needed.max(MAP_AHEAD)
-        };
-        Self::call(meta, ino, start, wanted, allocate)
+        match write {
+            Some((from, end)) => Self::allocate(meta, ino, from, end, cs),
+            None => Self::map(meta, ino, start, needed.max(MAP_AHEAD)),
+        }
     }
 
-    fn call(
+    fn map(
         meta: &impl MetadataChannel,
         ino: Ino,
         mut start: u64,
         mut want: u64,
-        allocate: bool,
     ) -> Result<FileMap> {
         let mut all = FileMap::default();
         while want > 0 {
             let count = want.min(MAX_LIST as u64) as u32;
             let first = start;
-            let page = Self::while_frozen(ino, || {
-                if allocate {
-                    meta.call(Allocate { ino, first, count })
-                } else {
-                    meta.call(ChunkMap { ino, first, count })
-                }
-            })?;
+            let page = Self::while_frozen(ino, || meta.call(ChunkMap { ino, first, count }))?;
             all.cuts = all.cuts.max(page.cuts);
             all.chunks.extend(page.chunks);
             start += count as u64;
             want -= count as u64;
+        }
+        Ok(all)
+    }
+
+    /// Bytes `from..end` backed by space, a page of chunks at a time.
+    fn allocate(
+        meta: &impl MetadataChannel,
+        ino: Ino,
+        mut from: u64,
+        end: u64,
+        cs: u64,
+    ) -> Result<FileMap> {
+        let mut all = FileMap::default();
+        while from < end {
+            let offset = from;
+            let upto = end.min((offset / cs + MAX_LIST as u64) * cs);
+            let page = Self::while_frozen(ino, || {
+                meta.call(Allocate {
+                    ino,
+                    offset,
+                    end: upto,
+                })
+            })?;
+            all.cuts = all.cuts.max(page.cuts);
+            all.chunks.extend(page.chunks);
+            from = upto;
         }
         Ok(all)
     }
@@ -416,6 +464,7 @@ mod tests {
     struct Maps(Mutex<Option<Box<dyn FnOnce() + Send>>>);
 
     const FILE_CHUNKS: u64 = 4;
+    const CHUNK: u64 = 1 << 20;
 
     impl MetadataChannel for Maps {
         fn exchange(&self, request: &[u8]) -> io::Result<Vec<u8>> {
@@ -427,7 +476,7 @@ mod tests {
                 Request::ChunkMap(m) => {
                     (m_op(&m), m.first, FILE_CHUNKS.min(m.first + m.count as u64))
                 }
-                Request::Allocate(m) => (m_op(&m), m.first, m.first + m.count as u64),
+                Request::Allocate(m) => (m_op(&m), m.offset / CHUNK, m.end.div_ceil(CHUNK)),
                 _ => unreachable!(),
             };
             let chunks = (first..end).map(|i| (i, vec![chunk(i)])).collect();
@@ -445,18 +494,20 @@ mod tests {
             node: (i % 2) as u32,
             addr: 1000 + i,
             rkey: 1,
+            lo: 0,
+            len: CHUNK as u32,
         }
     }
 
     fn cache() -> Arc<ChunkCache> {
-        Arc::new(ChunkCache::new(Duration::from_secs(60)))
+        Arc::new(ChunkCache::new(Duration::from_secs(60), CHUNK))
     }
 
     #[test]
     fn a_recall_waits_for_the_transfers_that_took_the_references() {
         let c = cache();
         let meta = Maps(Mutex::default());
-        let (refs, hold) = c.refs(&meta, 1, 0, 4, false).unwrap();
+        let (refs, hold) = c.refs(&meta, 1, 0, 4, None).unwrap();
         assert_eq!(refs[3], Some(vec![chunk(3)]));
         let recalled = {
             let c = c.clone();
@@ -476,7 +527,7 @@ mod tests {
         assert!(answered >= released, "answered before the transfer ended");
         assert_eq!(c.len(), 2, "chunks 2 and 3 dropped, 0 and 1 kept");
         // Nothing in flight: a recall is answered at once.
-        drop(c.refs(&meta, 1, 0, 1, false).unwrap());
+        drop(c.refs(&meta, 1, 0, 1, None).unwrap());
         let start = Instant::now();
         c.recall(1, 0, Duration::from_secs(5));
         assert!(start.elapsed() < Duration::from_secs(1));
@@ -487,14 +538,14 @@ mod tests {
     fn a_fetch_overtaken_by_a_recall_is_not_cached() {
         let c = cache();
         let meta = Maps(Mutex::default());
-        drop(c.refs(&meta, 1, 0, 1, false).unwrap());
+        drop(c.refs(&meta, 1, 0, 1, None).unwrap());
         c.recall(1, 2, Duration::from_secs(1));
         // The next fetch (of chunk 2) is overtaken by a recall of everything.
         let c2 = c.clone();
         *meta.0.lock().unwrap() = Some(Box::new(move || {
             c2.recall(1, 0, Duration::from_secs(1));
         }));
-        let (refs, _hold) = c.refs(&meta, 1, 0, 3, false).unwrap();
+        let (refs, _hold) = c.refs(&meta, 1, 0, 3, None).unwrap();
         assert_eq!(
             refs,
             vec![
@@ -519,32 +570,32 @@ mod tests {
             *meta.0.lock().unwrap() = Some(Box::new(move || *f.lock().unwrap() += 1));
         };
         counting(&meta);
-        drop(c.refs(&meta, 1, 0, 1, false).unwrap());
+        drop(c.refs(&meta, 1, 0, 1, None).unwrap());
         assert_eq!(c.len(), FILE_CHUNKS as usize, "the whole (short) file");
         counting(&meta);
-        let (refs, _) = c.refs(&meta, 1, 1, 3, false).unwrap();
+        let (refs, _) = c.refs(&meta, 1, 1, 3, None).unwrap();
         assert_eq!(refs[2], Some(vec![chunk(3)]));
         assert_eq!(
             *fetched.lock().unwrap(),
             1,
             "the next chunks: from the cache"
         );
-        drop(c.refs(&meta, 2, 0, 1, true).unwrap());
+        drop(c.refs(&meta, 2, 0, 1, Some((0, 10))).unwrap());
         assert_eq!(c.len(), FILE_CHUNKS as usize + 1);
     }
 
     #[test]
     fn references_older_than_the_lease_share_are_refetched() {
-        let c = Arc::new(ChunkCache::new(Duration::from_millis(50)));
+        let c = Arc::new(ChunkCache::new(Duration::from_millis(50), CHUNK));
         let meta = Maps(Mutex::default());
-        drop(c.refs(&meta, 1, 0, 1, false).unwrap());
+        drop(c.refs(&meta, 1, 0, 1, None).unwrap());
         let fetched_again = Arc::new(Mutex::new(false));
         let f = fetched_again.clone();
         *meta.0.lock().unwrap() = Some(Box::new(move || *f.lock().unwrap() = true));
-        drop(c.refs(&meta, 1, 0, 1, false).unwrap());
+        drop(c.refs(&meta, 1, 0, 1, None).unwrap());
         assert!(!*fetched_again.lock().unwrap(), "fresh: from the cache");
         std::thread::sleep(Duration::from_millis(80));
-        drop(c.refs(&meta, 1, 0, 1, false).unwrap());
+        drop(c.refs(&meta, 1, 0, 1, None).unwrap());
         assert!(*fetched_again.lock().unwrap(), "expired: refetched");
     }
 
@@ -552,17 +603,17 @@ mod tests {
     fn a_replaced_session_forgets_only_its_own_nodes_keys() {
         let c = cache();
         let meta = Maps(Mutex::default());
-        drop(c.refs(&meta, 1, 0, 4, false).unwrap());
-        drop(c.refs(&meta, 2, 0, 2, false).unwrap());
+        drop(c.refs(&meta, 1, 0, 4, None).unwrap());
+        drop(c.refs(&meta, 2, 0, 2, None).unwrap());
         assert_eq!(c.len(), 8, "both files' maps, whole");
         c.forget_nodes(&[1]);
         assert_eq!(c.len(), 4, "the even chunks stay");
         let fetched = Arc::new(Mutex::new(false));
         let f = fetched.clone();
         *meta.0.lock().unwrap() = Some(Box::new(move || *f.lock().unwrap() = true));
-        drop(c.refs(&meta, 1, 2, 1, false).unwrap());
+        drop(c.refs(&meta, 1, 2, 1, None).unwrap());
         assert!(!*fetched.lock().unwrap(), "node 0's key: from the cache");
-        drop(c.refs(&meta, 1, 3, 1, false).unwrap());
+        drop(c.refs(&meta, 1, 3, 1, None).unwrap());
         assert!(*fetched.lock().unwrap(), "node 1's key: fetched again");
     }
 }

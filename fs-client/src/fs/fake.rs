@@ -365,8 +365,8 @@ impl FakeCluster {
                 m,
                 Ok(StatFs {
                     chunk_size: CHUNK,
-                    chunks_total: 1 << 20,
-                    chunks_free: 1 << 20,
+                    bytes_total: CHUNK << 20,
+                    bytes_free: CHUNK << 20,
                     inodes: st.files.len() as u64,
                     inodes_max: u64::MAX,
                     lease_ms: match self.lease_ms.load(std::sync::atomic::Ordering::Relaxed) {
@@ -459,7 +459,8 @@ impl FakeCluster {
                     0 => (1, NODES as u64),
                     n => (n, n as u64 + 1),
                 };
-                for idx in m.first..m.first + m.count as u64 {
+                let (first, end) = (m.offset / CHUNK, m.end.div_ceil(CHUNK));
+                for idx in first..end {
                     if !st.chunks.contains_key(&(m.ino, idx)) {
                         let first = st.next_addr / CHUNK;
                         let replicas: Replicas = (0..copies as u64)
@@ -467,6 +468,8 @@ impl FakeCluster {
                                 node: ((first + k) % nodes) as u32,
                                 addr: st.next_addr,
                                 rkey: 1,
+                                lo: 0,
+                                len: CHUNK as u32,
                             })
                             .collect();
                         st.next_addr += CHUNK;
@@ -476,7 +479,7 @@ impl FakeCluster {
                         st.chunks.insert((m.ino, idx), replicas);
                     }
                 }
-                answer(m, Ok(map(st, m.ino, m.first, m.count)))
+                answer(m, Ok(map(st, m.ino, first, (end - first) as u32)))
             }
             Request::DropReplicas(m) => {
                 let r = match st.chunks.get_mut(&(m.ino, m.index)) {

@@ -165,7 +165,7 @@ impl<B: Backend> Rfs<B> {
             writeback_cache: cfg.writeback_cache,
             // Half the lease: a reference is never used past the lease, counting the
             // transfer's own deadline (at most the other half).
-            chunks: Arc::new(ChunkCache::new(lease / 2)),
+            chunks: Arc::new(ChunkCache::new(lease / 2, chunk_size)),
             lease,
             kernel: OnceLock::new(),
             kernel_inodes: KernelInodes::default(),

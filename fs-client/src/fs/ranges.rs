@@ -111,7 +111,11 @@ impl<B: Backend> Rfs<B> {
         let mut index = from / self.chunk_size;
         while index <= last {
             let count = (last + 1 - index).min(ALLOCATE_BATCH);
-            let (_, hold) = self.refs(ino, index, count, true)?;
+            let bytes = (
+                from.max(index * self.chunk_size),
+                end.min((index + count) * self.chunk_size),
+            );
+            let (_, hold) = self.refs(ino, index, count, Some(bytes))?;
             drop(hold);
             index += count;
         }
@@ -126,16 +130,18 @@ impl<B: Backend> Rfs<B> {
         }
         let (first, last) = (from / self.chunk_size, (end - 1) / self.chunk_size);
         // Filling holes goes through every chunk of the range, one by one (a vast one runs
-        // out of space on the way): never a list of them.
-        let chunks: Box<dyn Iterator<Item = u64>> = if fill_holes {
-            Box::new(first..=last)
+        // out of space on the way): never a list of them. Otherwise only what the copies'
+        // spans hold is written (the rest of a chunk is a hole).
+        let whole = (0, self.chunk_size);
+        let chunks: Box<dyn Iterator<Item = (u64, (u64, u64))>> = if fill_holes {
+            Box::new((first..=last).map(|i| (i, whole)))
         } else {
             Box::new(self.allocated_chunks(ino, first, last)?.into_iter())
         };
         let zeros = vec![0u8; PIECE as usize];
-        for index in chunks {
+        for (index, (lo, hi)) in chunks {
             let chunk = index * self.chunk_size;
-            let (mut at, chunk_end) = (from.max(chunk), end.min(chunk + self.chunk_size));
+            let (mut at, chunk_end) = (from.max(chunk + lo), end.min(chunk + hi));
             while at < chunk_end {
                 let piece_end = chunk_end.min(at + PIECE);
                 self.write_now(ino, at, &zeros[..(piece_end - at) as usize])?;
@@ -210,18 +216,22 @@ impl<B: Backend> Rfs<B> {
         Ok((count, page.chunks))
     }
 
-    /// The indices of `ino`'s chunks in `first..=last` that are allocated. The node's map
+    /// `ino`'s chunks in `first..=last` that are allocated, each with its copies' span
+    /// (`lo`, `hi`) in it. The node's map
     /// leaves holes out and answers at most [`MAX_LIST`] chunks per call over any span, so a
     /// punch over a sparse exabyte costs calls by the chunks it finds, not by its length
     /// (one chunk at a time, a punch of 4 EiB kept the client and the node busy for years,
     /// and its caller unkillable).
-    fn allocated_chunks(&self, ino: Ino, first: u64, last: u64) -> Result<Vec<u64>> {
+    fn allocated_chunks(&self, ino: Ino, first: u64, last: u64) -> Result<Vec<(u64, (u64, u64))>> {
         let mut found = Vec::new();
         let mut at = first;
         while at <= last {
             let (count, page) = self.map_page(ino, at, last)?;
             let full = page.len() >= MAX_LIST as usize;
-            found.extend(page.iter().map(|&(index, _)| index));
+            found.extend(page.iter().filter_map(|(index, r)| {
+                let c = r.first()?;
+                Some((*index, (c.lo as u64, c.hi())))
+            }));
             at = match page.last() {
                 Some(&(index, _)) if full => index + 1,
                 _ => at + count as u64,

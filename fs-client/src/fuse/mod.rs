@@ -494,11 +494,10 @@ impl Filesystem for RfsFuse {
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         reply!("statfs", self.fs.statfs(), reply, |s| {
-            let per = s.chunk_size / 4096;
             reply.statfs(
-                s.chunks_total * per,
-                s.chunks_free * per,
-                s.chunks_free * per,
+                s.bytes_total / 4096,
+                s.bytes_free / 4096,
+                s.bytes_free / 4096,
                 // A node restarted under a lower limit may hold more than it.
                 s.inodes_max.max(s.inodes),
                 s.inodes_max.saturating_sub(s.inodes),

@@ -62,6 +62,12 @@ pub(crate) struct Freed {
     pub(crate) rejoins: u64,
 }
 
+impl Freed {
+    pub(crate) fn bytes(&self) -> u64 {
+        self.chunks.iter().map(|c| c.len as u64).sum()
+    }
+}
+
 /// Whether any of chunks `first..first+count` of `ino` is being copied.
 pub(crate) fn is_frozen(frozen: &HashSet<(Ino, u64)>, ino: Ino, first: u64, count: u32) -> bool {
     let span = first..first.saturating_add(count as u64);
@@ -71,10 +77,12 @@ pub(crate) fn is_frozen(frozen: &HashSet<(Ino, u64)>, ino: Ino, first: u64, coun
 }
 
 /// The chunks of `refs`, by node.
-pub(crate) fn by_node<'a>(refs: impl IntoIterator<Item = &'a ChunkRef>) -> HashMap<u32, Vec<u64>> {
-    let mut out: HashMap<u32, Vec<u64>> = HashMap::new();
+pub(crate) fn by_node<'a>(
+    refs: impl IntoIterator<Item = &'a ChunkRef>,
+) -> HashMap<u32, Vec<(u64, u32)>> {
+    let mut out: HashMap<u32, Vec<(u64, u32)>> = HashMap::new();
     for c in refs {
-        out.entry(c.node).or_default().push(c.addr);
+        out.entry(c.node).or_default().push((c.addr, c.len));
     }
     out
 }

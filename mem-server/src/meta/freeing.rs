@@ -139,7 +139,7 @@ impl MetaService {
             );
             Instant::now()
         };
-        self.state.lock().alloc.expect_freed(freed.chunks.len());
+        self.state.lock().alloc.expect_freed(freed.bytes());
         self.quarantine.push(due, freed, lease);
     }
 
@@ -170,7 +170,7 @@ impl MetaService {
             return;
         }
         let mut reusable = Vec::with_capacity(freed.chunks.len());
-        for (node, addrs) in by_node(&freed.chunks) {
+        for (node, extents) in by_node(&freed.chunks) {
             if self.state.lock().alloc.rejoined_since(node, freed.rejoins) {
                 // Its return listed them for zeroing (no map named them), and they may be
                 // another file's by now: neither revoked nor released again.
@@ -178,19 +178,21 @@ impl MetaService {
             }
             let revoked = self
                 .grant_channels
-                .revoke_freed(node, freed.seq, &addrs, None);
+                .revoke_freed(node, freed.seq, &extents, None);
             // A node without a channel has left: nobody reaches its pool through us any more.
             if revoked || !self.grant_channels.has(node) {
-                reusable.extend(addrs.into_iter().map(|addr| ChunkRef {
+                reusable.extend(extents.into_iter().map(|(addr, len)| ChunkRef {
                     node,
                     addr,
                     rkey: 0,
+                    lo: 0,
+                    len,
                 }));
             } else {
                 log::error!(
-                    "data node {node} did not confirm that {} freed chunks are out of reach: \
+                    "data node {node} did not confirm that {} freed extents are out of reach: \
                      they are not reused",
-                    addrs.len()
+                    extents.len()
                 );
             }
         }
@@ -199,7 +201,7 @@ impl MetaService {
             st.moved.remove(&(c.node, c.addr));
         }
         st.alloc.release_freed(reusable, freed.rejoins);
-        st.alloc.freed_now(freed.chunks.len());
+        st.alloc.freed_now(freed.bytes());
         drop(st);
         self.zeroer.kick();
     }

@@ -101,13 +101,13 @@ impl GrantChannels {
         let nodes = by_node(chunks.iter().flat_map(|(_, r)| r));
         let asked: Vec<(u32, Asked)> = nodes
             .into_iter()
-            .filter_map(|(node, addrs)| {
+            .filter_map(|(node, extents)| {
                 let session = *data.get(&node)?;
                 let req = GrantChunks {
                     session,
                     seq,
                     writable,
-                    addrs,
+                    extents,
                 };
                 Some((node, self.get(node)?.ask(&req.into())))
             })
@@ -146,34 +146,34 @@ impl GrantChannels {
         chunks: &[ChunkRef],
         writable_only: bool,
     ) {
-        for (node, addrs) in by_node(chunks) {
+        for (node, extents) in by_node(chunks) {
             let Some(&session) = data.get(&node) else {
                 continue;
             };
-            for part in addrs.chunks(MAX_LIST as usize) {
+            for part in extents.chunks(MAX_LIST as usize) {
                 let req = RevokeChunks {
                     session,
                     writable_only,
-                    addrs: part.to_vec(),
+                    addrs: part.iter().map(|&(addr, _)| addr).collect(),
                 };
                 self.tell(node, req.into());
             }
         }
     }
 
-    /// Has `node` revoke every session's reach to `addrs` (freed with free number `seq`),
+    /// Has `node` revoke every session's reach to `extents` (freed with free number `seq`),
     /// waiting at most `wait` for each part if given; whether it confirmed.
     pub(super) fn revoke_freed(
         &self,
         node: u32,
         seq: u64,
-        addrs: &[u64],
+        extents: &[(u64, u32)],
         wait: Option<Duration>,
     ) -> bool {
-        addrs.chunks(MAX_LIST as usize).all(|part| {
+        extents.chunks(MAX_LIST as usize).all(|part| {
             let req = RevokeFreed {
                 seq,
-                addrs: part.to_vec(),
+                extents: part.to_vec(),
             };
             self.ask_within(node, req.into(), wait).is_some()
         })

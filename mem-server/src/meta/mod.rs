@@ -10,6 +10,7 @@ pub(crate) mod coherence;
 mod effects;
 mod freeing;
 mod grant_channels;
+mod growth;
 mod lock_table;
 mod moves;
 mod ops;
@@ -84,6 +85,8 @@ pub(crate) struct MetaService {
     /// Copies of each chunk the file system keeps.
     pub(crate) replicas: usize,
     pub(crate) repair: Repair,
+    /// Chunks whose span must move to grow.
+    growth: growth::Growth,
     /// Whether copies move to even the nodes' fill out when one joins (else only on
     /// `rfs rebalance`).
     rebalance_on_join: bool,
@@ -131,25 +134,25 @@ impl MetaService {
     /// The metadata service's figures, for the metrics endpoint.
     pub(crate) fn metrics(&self) -> Vec<Metric> {
         let st = self.state.lock();
-        let (chunks, free) = st.alloc.totals();
+        let (space, free) = st.alloc.totals();
         let (alive, nodes) = st.alloc.node_counts();
         let (zeroing, inodes) = (st.alloc.zeroing(), st.ns.inode_count());
         let (allocatable, inodes_max) = (st.alloc.allocatable_bytes(), st.ns.max_inodes());
         let locks = st.locks.count() as u64;
         drop(st);
         vec![
-            Metric::gauge("chunks", "Chunks of every data node", chunks),
-            Metric::gauge("chunks_free", "Chunks free (some being zeroed)", free),
+            Metric::gauge("space_bytes", "Bytes every data node lends", space),
+            Metric::gauge("free_bytes", "Bytes free (some being zeroed)", free),
             Metric::gauge(
-                "chunks_zeroing",
-                "Chunks freed and not yet allocatable",
+                "zeroing_bytes",
+                "Bytes freed and not yet allocatable",
                 zeroing,
             ),
             Metric::gauge("data_nodes_alive", "Data nodes up", alive as u64),
             Metric::gauge("data_nodes", "Data nodes ever joined", nodes as u64),
             Metric::gauge(
                 "allocatable_bytes",
-                "Bytes that can be allocated now (chunks_free counts the whole chunks among them)",
+                "Bytes that can be allocated now",
                 allocatable,
             ),
             Metric::gauge("inodes", "Files, directories and links", inodes),
@@ -263,6 +266,7 @@ impl MetaService {
             grant_channels: GrantChannels::new(local, grants.clone()),
             replicas: cfg.replicas as usize,
             repair: Repair::new(cfg.repair_rate),
+            growth: growth::Growth::new(),
             rebalance_on_join: cfg.rebalance_on_join,
             dispatcher: Dispatcher::start("session")?,
         });

@@ -18,7 +18,6 @@ use rfs_proto::types::{ChunkRef, Ino};
 use super::effects::Effects;
 use super::repair::{per_freeze, Copied};
 use super::{MetaService, MetaState};
-use crate::runtime::Runtime;
 
 /// Chunks looked at per pass, and moved per freeze of one file.
 const PASS: usize = 1024;
@@ -40,7 +39,7 @@ const BALANCED_WITHIN: f64 = 0.1;
 
 impl MetaService {
     /// Moves copies off the draining nodes, a pass's worth; (moved, chunks still there).
-    pub(super) fn drain_pass(&self, local: &Runtime) -> (usize, usize) {
+    pub(super) fn drain_pass(&self) -> (usize, usize) {
         let (work, left) = {
             let st = self.state.lock();
             // A draining node that went down has nothing to copy from: not looked for.
@@ -60,7 +59,7 @@ impl MetaService {
             from: st.alloc.draining(),
             avoid: st.alloc.draining(),
         };
-        let moved = self.move_pass(local, &work, &draining, usize::MAX);
+        let moved = self.move_pass(&work, &draining, usize::MAX);
         (moved, left.saturating_sub(moved))
     }
 
@@ -68,7 +67,7 @@ impl MetaService {
     /// it ends once every live node is within [`BALANCED_WITHIN`] of the mean fill, or when a
     /// pass can move nothing (the nodes below the mean hold copies of every chunk tried, or
     /// have no room). How many moved.
-    pub(super) fn rebalance_pass(&self, local: &Runtime) -> usize {
+    pub(super) fn rebalance_pass(&self) -> usize {
         let (work, moves, excess) = {
             let mut st = self.state.lock();
             if !st.rebalancing {
@@ -89,7 +88,7 @@ impl MetaService {
                 }
             }
         };
-        let moved = self.move_pass(local, &work, &|_: &MetaState| moves.clone(), excess);
+        let moved = self.move_pass(&work, &|_: &MetaState| moves.clone(), excess);
         if moved == 0 {
             self.state.lock().rebalancing = false;
             log::warn!(
@@ -105,7 +104,6 @@ impl MetaService {
     /// one file per freeze, until `most` moved; how many moved.
     fn move_pass(
         &self,
-        local: &Runtime,
         work: &[(Ino, u64)],
         moves: &dyn Fn(&MetaState) -> Moves,
         most: usize,
@@ -123,7 +121,7 @@ impl MetaService {
             let indices = self.freeze(ino, &indices);
             let (mut here, mut dropped) = (0, Vec::new());
             for &index in &indices {
-                let (done, gone) = self.move_off(local, ino, index, moves);
+                let (done, gone) = self.move_off(ino, index, moves);
                 here += usize::from(done);
                 dropped.extend(gone);
             }
@@ -168,7 +166,6 @@ impl MetaService {
     /// left to move, and the copies dropped from the map (to be freed).
     fn move_off(
         &self,
-        local: &Runtime,
         ino: Ino,
         index: u64,
         moves: &dyn Fn(&MetaState) -> Moves,
@@ -192,10 +189,10 @@ impl MetaService {
                 let Some(target) = st.alloc.alloc_replica(&replicas, &avoid) else {
                     return (false, dropped); // no room elsewhere now: the next pass tries again
                 };
-                (leaving, target, st.ns.chunk_size() as usize)
+                (leaving, target, leaving.len as usize)
             };
             if !matches!(
-                self.copy_into(local, ino, index, &[leaving], target, len),
+                self.copy_into(ino, index, &[leaving], target, len),
                 Copied::Done(_)
             ) {
                 return (false, dropped);

@@ -78,7 +78,8 @@ impl MetaService {
     /// Whether fewer live data nodes have space than a chunk has copies while others known
     /// from the journal may still come back (shortly after a restart).
     pub(super) fn copies_are_coming_back(&self, alloc: &Allocator) -> bool {
-        self.recovery.awaiting_nodes(alloc) && alloc.nodes_with_space() < self.replicas
+        self.recovery.awaiting_nodes(alloc)
+            && alloc.nodes_with_room(crate::alloc::PAGE) < self.replicas
     }
 
     /// After a restart: data nodes not back in time count as gone (their chunks are copied

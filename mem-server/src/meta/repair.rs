@@ -25,7 +25,6 @@ use crate::admission::RateLimitedLog;
 use crate::meta::callbacks::Countdown;
 use crate::meta::coherence::Change;
 use crate::meta::{MetaService, MetaState};
-use crate::runtime::Runtime;
 
 /// Chunks looked at per pass, and copied per freeze of one file.
 const PASS: usize = 1024;
@@ -151,15 +150,15 @@ pub(super) enum Copied {
 
 impl MetaService {
     /// Starts the re-replication thread, which also moves copies off draining nodes.
-    pub(crate) fn start_repair(self: &Arc<Self>, local: Arc<Runtime>) -> std::io::Result<()> {
+    pub(crate) fn start_repair(self: &Arc<Self>) -> std::io::Result<()> {
         let me = self.clone();
         std::thread::Builder::new()
             .name("repair".into())
-            .spawn(move || me.run_repair(&local))?;
+            .spawn(move || me.run_repair())?;
         Ok(())
     }
 
-    fn run_repair(&self, local: &Runtime) {
+    fn run_repair(&self) {
         let mut wait = SWEEP;
         loop {
             let _ = self.repair.wake.recv_timeout(wait);
@@ -187,7 +186,7 @@ impl MetaService {
                     "re-replication: {left} chunks have fewer than {} copies",
                     self.replicas
                 );
-                let (c, f) = self.repair_pass(local, &work);
+                let (c, f) = self.repair_pass(&work);
                 copied += c;
                 failed += f;
                 if c == 0 {
@@ -213,14 +212,14 @@ impl MetaService {
                     self.repair.copied_bytes.load(Ordering::Relaxed) >> 20,
                 );
             }
-            let rebalanced = self.rebalance_pass(local);
+            let rebalanced = self.rebalance_pass();
             if rebalanced > 0 {
                 log::info!("rebalancing: {rebalanced} chunks moved");
                 wait = Duration::ZERO;
             } else if self.state.lock().rebalancing {
                 wait = RETRY; // nothing could move now
             }
-            let (moved, left) = self.drain_pass(local);
+            let (moved, left) = self.drain_pass();
             if moved > 0 {
                 log::info!("draining: {moved} chunks moved off draining nodes, {left} left there");
             } else if left > 0 {
@@ -238,7 +237,7 @@ impl MetaService {
 
     /// Copies what `work` lists (sorted by file), a few chunks of one file per freeze; a file
     /// whose copy fails is left for the next pass; (copied, failed).
-    fn repair_pass(&self, local: &Runtime, work: &[(Ino, u64)]) -> (usize, usize) {
+    fn repair_pass(&self, work: &[(Ino, u64)]) -> (usize, usize) {
         let (mut copied, mut failed) = (0, 0);
         for (ino, indices) in per_freeze(work, PER_FREEZE) {
             if !self.can_copy(ino, &indices) {
@@ -248,7 +247,7 @@ impl MetaService {
             let indices = self.freeze(ino, &indices);
             let mut bytes = 0;
             for &index in &indices {
-                match self.copy_one(local, ino, index) {
+                match self.copy_one(ino, index) {
                     Copied::Done(len) => {
                         copied += 1;
                         bytes += len;
@@ -324,7 +323,7 @@ impl MetaService {
 
     /// Gives chunk `index` of `ino` one more copy, if it still needs one and a node can take
     /// it: read from a live replica (the next one if it fails), written to a new chunk.
-    fn copy_one(&self, local: &Runtime, ino: Ino, index: u64) -> Copied {
+    fn copy_one(&self, ino: Ino, index: u64) -> Copied {
         let avoided = self.repair.avoided();
         let (sources, target, len) = {
             let mut st = self.state.lock();
@@ -346,9 +345,9 @@ impl MetaService {
             let turn = index as usize % live.len();
             live.rotate_left(turn);
             live.sort_by_key(|c| avoided.contains(&c.node));
-            (live, target, st.ns.chunk_size() as usize)
+            (live, target, replicas[0].len as usize)
         };
-        self.copy_into(local, ino, index, &sources, target, len)
+        self.copy_into(ino, index, &sources, target, len)
     }
 
     /// Copies chunk `index` of `ino` from the first of `sources` that reads to `target`
@@ -356,7 +355,6 @@ impl MetaService {
     /// fails or the chunk went meanwhile.
     pub(super) fn copy_into(
         &self,
-        local: &Runtime,
         ino: Ino,
         index: u64,
         sources: &[ChunkRef],
@@ -367,7 +365,7 @@ impl MetaService {
         let mut source = sources[0];
         for &s in sources {
             source = s;
-            result = self.zeroer.read_chunk(local, &s, len, COPY_LIMIT);
+            result = self.zeroer.read_chunk(&s, len, COPY_LIMIT);
             match &result {
                 Ok(_) => break,
                 Err(e) => {
@@ -381,7 +379,7 @@ impl MetaService {
         let copied = result.and_then(|data| {
             self.state.sync()?;
             self.zeroer
-                .write_chunk(local, &target, data, COPY_LIMIT)
+                .write_chunk(&target, 0, data, COPY_LIMIT)
                 .inspect_err(|_| self.repair.avoid([target.node]))
         });
         let mut st = self.state.lock();

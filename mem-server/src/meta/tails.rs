@@ -73,17 +73,16 @@ impl MetaService {
     fn zero_tail(&self, tail: &Tail) -> Vec<ChunkRef> {
         // A grant decided before this number is refused by the node: none of this chunk is
         // decided while it is frozen, and one decided before must not come back after.
-        let (seq, chunk_size) = {
+        let seq = {
             let mut st = self.state.lock();
             st.frees += 1;
-            (st.frees, st.ns.chunk_size())
+            st.frees
         };
-        let len = (chunk_size - tail.from) as usize;
         let mut zeroed = Vec::with_capacity(tail.replicas.len());
         for c in &tail.replicas {
             let revoked =
                 self.grant_channels
-                    .revoke_freed(c.node, seq, &[c.addr], Some(GRANT_WAIT));
+                    .revoke_freed(c.node, seq, &[(c.addr, c.len)], Some(GRANT_WAIT));
             if !revoked {
                 log::warn!(
                     "inode {}: chunk {}: data node {} did not confirm the revocation of its \
@@ -93,7 +92,16 @@ impl MetaService {
                     c.node
                 );
             }
-            match self.zeroer.zero_range(c, tail.from, len, ZERO_LIMIT) {
+            // The part of the copy's span past the cut.
+            let from = tail.from.max(c.lo as u64);
+            let len = c.hi().saturating_sub(from) as usize;
+            let zeroing = match len {
+                0 => Ok(()),
+                _ => self
+                    .zeroer
+                    .zero_range(c, from - c.lo as u64, len, ZERO_LIMIT),
+            };
+            match zeroing {
                 Ok(()) if revoked => zeroed.push(*c),
                 Ok(()) => {}
                 Err(e) => log::warn!(

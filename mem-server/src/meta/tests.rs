@@ -160,7 +160,8 @@ impl Client<'_> {
         first: u64,
         count: u32,
     ) -> Result<Vec<(u64, Replicas)>, Errno> {
-        self.call(Allocate { ino, first, count }).map(|m| m.chunks)
+        let (offset, end) = (first * CHUNK, (first + count as u64) * CHUNK);
+        self.call(Allocate { ino, offset, end }).map(|m| m.chunks)
     }
 
     fn names(&mut self, dir: Ino) -> Vec<Vec<u8>> {
@@ -328,7 +329,7 @@ fn setattr_lets_the_owner_chmod_refuses_others_and_truncation_frees_chunks() {
     assert_eq!(c.call(chmod(&u, 0o600)).unwrap().perm, 0o600);
 
     c.allocate(f.ino, 0, 3).unwrap();
-    let free_before = c.call(GetStatFs {}).unwrap().chunks_free;
+    let free_before = c.call(GetStatFs {}).unwrap().bytes_free / CHUNK;
     let cut = SetAttr {
         ino: f.ino,
         changes: AttrChanges {
@@ -349,7 +350,7 @@ fn setattr_lets_the_owner_chmod_refuses_others_and_truncation_frees_chunks() {
     );
     // Nobody else holds the map: the chunks go back to the pool (to be zeroed) at once.
     let deadline = Instant::now() + Duration::from_secs(5);
-    while c.call(GetStatFs {}).unwrap().chunks_free != free_before + 3 {
+    while c.call(GetStatFs {}).unwrap().bytes_free / CHUNK != free_before + 3 {
         assert!(
             Instant::now() < deadline,
             "the freed chunks did not come back"
@@ -811,9 +812,9 @@ fn allocate_needs_a_writable_handle_and_fails_with_enospc_when_the_pool_is_full(
         vec![0, 1, 2, 3]
     );
     // Allocating what is there already allocates nothing more.
-    let free = c.call(GetStatFs {}).unwrap().chunks_free;
+    let free = c.call(GetStatFs {}).unwrap().bytes_free / CHUNK;
     c.allocate(f.ino, 0, 4).unwrap();
-    assert_eq!(c.call(GetStatFs {}).unwrap().chunks_free, free);
+    assert_eq!(c.call(GetStatFs {}).unwrap().bytes_free / CHUNK, free);
     assert_eq!(c.allocate(f.ino, 4, CHUNKS as u32), Err(Errno::ENOSPC));
 
     let g = c.create(ROOT, "g");
@@ -854,13 +855,16 @@ fn statfs_counts_the_pool_and_what_is_allocated() {
     let node = Node::new();
     let mut c = node.client(1);
     let before = c.call(GetStatFs {}).unwrap();
-    assert_eq!((before.chunk_size, before.chunks_total), (CHUNK, CHUNKS));
-    assert_eq!(before.chunks_free, CHUNKS);
+    assert_eq!(
+        (before.chunk_size, before.bytes_total / CHUNK),
+        (CHUNK, CHUNKS)
+    );
+    assert_eq!(before.bytes_free / CHUNK, CHUNKS);
     assert_eq!(before.replicas, 1);
     let f = c.create(ROOT, "f");
     c.allocate(f.ino, 0, 3).unwrap();
     let after = c.call(GetStatFs {}).unwrap();
-    assert_eq!(after.chunks_free, CHUNKS - 3);
+    assert_eq!(after.bytes_free / CHUNK, CHUNKS - 3);
     assert_eq!(after.inodes, before.inodes + 1);
 }
 

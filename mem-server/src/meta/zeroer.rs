@@ -68,9 +68,8 @@ impl Zeroer {
         self.sessions.lock().unwrap().remove(&node);
     }
 
-    /// Zeroes dirty chunks whenever kicked, and makes them allocatable again.
+    /// Zeroes dirty extents whenever kicked, and makes them allocatable again.
     pub(crate) fn run(&self, local: &Runtime, state: &Journaled<MetaState>, kick: Receiver<()>) {
-        let chunk = local.cfg.chunk_size as usize;
         while kick.recv().is_ok() {
             let dirty = state.lock().alloc.take_dirty();
             // The frees must be durable before the data goes: a restart must not find a
@@ -79,23 +78,22 @@ impl Zeroer {
                 log::error!("not zeroing freed chunks: {e}");
                 continue;
             }
-            for (node, addrs) in dirty {
-                let taken = addrs.len();
-                let done = if node == self.local {
-                    addrs
+            for (node, extents) in dirty {
+                let taken: u64 = extents.iter().map(|&(_, l)| l).sum();
+                let done: Vec<(u64, u64)> = if node == self.local {
+                    extents
                         .into_iter()
-                        .filter(|&a| {
+                        .filter(|&(a, len)| {
                             let off = (a - local.pool.addr()) as usize;
-                            local.pool.fill(off, chunk, 0).is_ok()
+                            local.pool.fill(off, len as usize, 0).is_ok()
                         })
                         .collect()
                 } else {
-                    self.zero_remote(node, addrs, chunk)
+                    self.zero_remote(node, extents)
                 };
-                let failed = taken - done.len();
-                let bytes = (done.len() * chunk) as u64;
+                let bytes: u64 = done.iter().map(|&(_, l)| l).sum();
                 self.zeroed_bytes.fetch_add(bytes, Ordering::Relaxed);
-                state.lock().alloc.zeroed(node, done, failed);
+                state.lock().alloc.zeroed(node, done, taken - bytes);
             }
         }
     }
@@ -105,14 +103,13 @@ impl Zeroer {
     /// transfer given up on still owns its buffer).
     pub(crate) fn read_chunk(
         &self,
-        local: &Runtime,
         chunk: &ChunkRef,
         len: usize,
         limit: Duration,
     ) -> io::Result<Vec<u8>> {
         if chunk.node == self.local {
             let mut buf = vec![0; len];
-            local.pool.read_at(local_offset(local, chunk)?, &mut buf)?;
+            self.pool.read_at(self.local_offset(chunk)?, &mut buf)?;
             return Ok(buf);
         }
         let d = self.session(chunk.node)?;
@@ -126,23 +123,34 @@ impl Zeroer {
             .map_err(|e| io::Error::other(format!("reading data node {}: {e}", chunk.node)))
     }
 
-    /// Writes `data` over the start of `chunk`, as [`Zeroer::read_chunk`] reads (a write given
-    /// up on may still land: before the zeros of the chunk's freeing, which follow it on the
-    /// same session).
+    /// Writes `data` into `chunk` from `offset` of its extent on, as [`Zeroer::read_chunk`]
+    /// reads (a write given up on may still land: before the zeros of the chunk's freeing,
+    /// which follow it on the same session).
     pub(crate) fn write_chunk(
         &self,
-        local: &Runtime,
         chunk: &ChunkRef,
+        offset: u64,
         data: Vec<u8>,
         limit: Duration,
     ) -> io::Result<()> {
         if chunk.node == self.local {
-            return local.pool.write_at(local_offset(local, chunk)?, &data);
+            return self
+                .pool
+                .write_at(self.local_offset(chunk)? + offset as usize, &data);
         }
-        self.write_remote(chunk, 0, data, limit)
+        self.write_remote(chunk, offset, data, limit)
     }
 
-    /// Writes zeros over `len` bytes of `chunk` from `offset` in it (the tail a cut left),
+    /// Where `chunk` of this node starts in its pool.
+    fn local_offset(&self, chunk: &ChunkRef) -> io::Result<usize> {
+        chunk
+            .addr
+            .checked_sub(self.pool.addr())
+            .map(|o| o as usize)
+            .ok_or_else(|| io::Error::other(format!("chunk {:#x} is not in this pool", chunk.addr)))
+    }
+
+    /// Writes zeros over `len` bytes of `chunk` from `offset` of its extent on (the tail a cut left),
     /// given `limit` on another node; a write given up on may still land, zeros all the same.
     pub(crate) fn zero_range(
         &self,
@@ -191,39 +199,33 @@ impl Zeroer {
             .ok_or_else(|| io::Error::other(format!("data node {node} has left")))
     }
 
-    /// Writes zeros over `addrs` on `node`, all in flight at once; returns those that took.
-    fn zero_remote(&self, node: u32, addrs: Vec<u64>, chunk: usize) -> Vec<u64> {
+    /// Writes zeros over `extents` on `node`, all in flight at once; returns those that took.
+    fn zero_remote(&self, node: u32, extents: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
         let Some(d) = self.sessions.lock().unwrap().get(&node).cloned() else {
             return Vec::new();
         };
-        let pending: Vec<_> = addrs
+        let pending: Vec<_> = extents
             .iter()
-            .map(|&a| {
+            .map(|&(a, len)| {
                 let at = RemoteAddr {
                     addr: a,
                     rkey: d.pool.rkey,
                 };
-                (a, d.session.write_pending(at, vec![0u8; chunk]))
+                (
+                    (a, len),
+                    d.session.write_pending(at, vec![0u8; len as usize]),
+                )
             })
             .collect();
         pending
             .into_iter()
-            .filter_map(|(a, p)| match p.wait() {
-                Ok(_) => Some(a),
-                Err(e) => {
-                    log::warn!("zeroing a chunk on node {node}: {e}");
+            .filter_map(|(e, p)| match p.wait() {
+                Ok(_) => Some(e),
+                Err(err) => {
+                    log::warn!("zeroing freed space on node {node}: {err}");
                     None
                 }
             })
             .collect()
     }
-}
-
-/// Where `chunk` of this node starts in its pool.
-fn local_offset(local: &Runtime, chunk: &ChunkRef) -> io::Result<usize> {
-    chunk
-        .addr
-        .checked_sub(local.pool.addr())
-        .map(|o| o as usize)
-        .ok_or_else(|| io::Error::other(format!("chunk {:#x} is not in this pool", chunk.addr)))
 }

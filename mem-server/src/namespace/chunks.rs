@@ -3,6 +3,10 @@
 
 use super::*;
 
+/// A chunk whose span does not hold what is asked: its index, its copies (none: a hole), and
+/// the span (`lo`, `len`) it needs.
+pub(crate) type SpanNeeded = (u64, Option<Replicas>, (u32, u32));
+
 impl Namespace {
     /// The allocated chunks among `first..first+count`.
     pub fn chunk_map(
@@ -29,6 +33,53 @@ impl Namespace {
             .take(most)
             .map(|(&i, c)| (i, c.clone()))
             .collect())
+    }
+
+    /// What bytes `offset..end` of `ino` need of its chunks (at most `most` chunks from the
+    /// first): for each chunk whose span does not hold its part of them, its index, its copies
+    /// (none: a hole) and the span it needs ([`spans::wanted`]).
+    pub fn spans_needed(
+        &self,
+        ino: Ino,
+        offset: u64,
+        end: u64,
+        most: u64,
+    ) -> Result<Vec<SpanNeeded>, Errno> {
+        let chunks = self.chunks(ino)?;
+        let cs = self.chunk_size;
+        let first = offset / cs;
+        let last = ((end - 1) / cs).min(first + most - 1);
+        Ok((first..=last)
+            .filter_map(|i| {
+                let a = offset.max(i * cs) - i * cs;
+                let b = end.min((i + 1) * cs) - i * cs;
+                let copies = chunks.get(&i);
+                let have = copies.and_then(|r| r.first()).map(|c| (c.lo, c.len));
+                spans::wanted(have, a, b, cs).map(|span| (i, copies.cloned(), span))
+            })
+            .collect())
+    }
+
+    /// Chunk `index` of `ino` is now on `copies` (its span grew, or it moved), if it still has
+    /// every one of `was`: whether it was replaced.
+    pub fn replace_copies(
+        &mut self,
+        ino: Ino,
+        index: u64,
+        was: &[ChunkRef],
+        copies: Replicas,
+    ) -> bool {
+        match self.chunk_mut(ino, index) {
+            Some(chunk)
+                if chunk.len() == was.len()
+                    && was.iter().all(|w| chunk.iter().any(|c| same_chunk(c, w))) =>
+            {
+                *chunk = copies;
+                self.note_chunk(ino, index);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Indices in `first..first+count` that have no chunk yet.

@@ -167,7 +167,11 @@ impl Namespace {
                     if replicas.is_empty() {
                         chunks.remove(index);
                     } else {
-                        chunks.insert(*index, replicas.clone());
+                        let mut replicas = replicas.clone();
+                        for c in replicas.iter_mut().filter(|c| c.len == 0) {
+                            c.len = self.chunk_size as u32; // journaled before spans
+                        }
+                        chunks.insert(*index, replicas);
                     }
                 }
                 _ => return Ok(false),
@@ -193,8 +197,8 @@ impl Namespace {
         Ok(true)
     }
 
-    /// Every chunk on `node`, by address: what is in use of its pool.
-    pub fn chunks_on(&self, node: u32) -> BTreeSet<u64> {
+    /// Every copy on `node`, as its extent's length by address: what is in use of its pool.
+    pub fn chunks_on(&self, node: u32) -> BTreeMap<u64, u64> {
         self.inodes
             .values()
             .filter_map(|i| match &i.data {
@@ -203,7 +207,7 @@ impl Namespace {
             })
             .flatten()
             .filter(|c| c.node == node)
-            .map(|c| c.addr)
+            .map(|c| (c.addr, c.len as u64))
             .collect()
     }
 
@@ -239,6 +243,8 @@ mod tests {
             node,
             addr,
             rkey: 0,
+            lo: 0,
+            len: 4096,
         }]
     }
 
@@ -331,7 +337,7 @@ mod tests {
         assert!(ns.unlink(ROOT, "f").unwrap().is_empty(), "open: kept");
         let (mut replayed, _) = Namespace::replay(4096, &ns.records()).unwrap();
         assert_eq!(replayed.getattr(f).unwrap().nlink, 0);
-        assert_eq!(replayed.chunks_on(1), BTreeSet::from([0]));
+        assert_eq!(replayed.chunks_on(1), BTreeMap::from([(0, 4096)]));
         replayed.open(f).unwrap();
         assert!(replayed.reap_orphans().is_empty(), "reclaimed: kept");
         replayed.release(f);

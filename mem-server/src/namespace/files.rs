@@ -67,9 +67,10 @@ impl Namespace {
         }
     }
 
-    /// Gives back the chunks past a closed file's size (allocated ahead, never written): the
-    /// first index given back and the chunks. Nothing while any handle is open, since a writer
-    /// may have written into them without committing its size yet.
+    /// Gives back the space past a closed file's size (allocated ahead, never written): the
+    /// chunks past it, and the pages past it of the chunk it ends in (its copies keep a
+    /// shorter span). The first index given back from and what went. Nothing while any handle
+    /// is open, since a writer may have written past the size it committed.
     pub fn trim(&mut self, ino: Ino) -> Option<(u64, Vec<ChunkRef>)> {
         let chunk_size = self.chunk_size;
         let i = self.inodes.get_mut(&ino)?;
@@ -79,19 +80,52 @@ impl Namespace {
         let Data::File { chunks } = &mut i.data else {
             return None;
         };
-        let keep = i.attr.size.div_ceil(chunk_size);
-        let freed: Vec<_> = chunks.split_off(&keep).into_values().flatten().collect();
+        let size = i.attr.size;
+        let keep = size.div_ceil(chunk_size);
+        let mut freed: Vec<_> = chunks.split_off(&keep).into_values().flatten().collect();
+        let mut from = keep;
+        let last = keep.checked_sub(1);
+        let end_in_last = size - last.unwrap_or(0) * chunk_size;
+        let tail = last.and_then(|l| {
+            let c = chunks.get(&l)?.first()?;
+            Some((l, spans::trimmed((c.lo, c.len), end_in_last)?))
+        });
+        if let Some((index, (lo, len))) = tail {
+            let copies = chunks.remove(&index).unwrap_or_default();
+            let (kept, tails): (Replicas, Vec<ChunkRef>) = copies
+                .into_iter()
+                .map(|c| {
+                    let keep = ChunkRef { lo, len, ..c };
+                    let gone = ChunkRef {
+                        addr: c.addr + len as u64,
+                        lo: lo + len,
+                        len: c.len - len,
+                        ..c
+                    };
+                    (keep, gone)
+                })
+                .unzip();
+            freed.extend(tails);
+            if len > 0 {
+                chunks.insert(index, kept);
+            }
+            from = index;
+        }
+        freed.retain(|c| c.len > 0);
         if freed.is_empty() {
             return None;
         }
-        // A commit past the size now would reach into chunks given back. Journaled here, not
+        // A commit past the size now would reach into space given back. Journaled here, not
         // through `get_mut`, which would journal the attributes at every last close.
         i.attr.cuts += 1;
         if self.log.is_some() {
             self.touched.insert(ino);
         }
         self.note(|| Record::Cut { ino, from: keep });
-        Some((keep, freed))
+        if from < keep {
+            self.note_chunk(ino, from);
+        }
+        Some((from, freed))
     }
 
     /// [`Self::trim`] of every closed file: the first index given back and the chunks, by file.

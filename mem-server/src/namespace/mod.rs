@@ -14,6 +14,7 @@ use rfs_proto::types::{
 use rfs_proto::Errno;
 
 use crate::record::Record;
+use crate::spans;
 
 mod chunks;
 mod durable;

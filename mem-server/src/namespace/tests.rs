@@ -23,6 +23,8 @@ fn chunk(n: u64) -> Replicas {
         node: 0,
         addr: n << 20,
         rkey: 1,
+        lo: 0,
+        len: 1 << 20,
     }]
 }
 
@@ -264,9 +266,18 @@ fn closed_files_give_back_chunks_past_their_size() {
         1,
         "counted: chunks past the size went"
     );
-    assert_eq!(from, 2);
-    assert_eq!(freed.len(), 14);
-    assert_eq!(n.chunk_map(f, 0, 16).unwrap().len(), 2);
+    assert_eq!(from, 1, "the chunk the file ends in keeps a shorter span");
+    assert_eq!(freed.len(), 15);
+    let half = 512 * 1024;
+    assert!(freed.contains(&ChunkRef {
+        addr: (1 << 20) + half,
+        lo: half as u32,
+        len: half as u32,
+        ..chunk(1)[0]
+    }));
+    let map = n.chunk_map(f, 0, 16).unwrap();
+    assert_eq!(map.len(), 2);
+    assert_eq!((map[1].1[0].lo, map[1].1[0].len), (0, half as u32));
     assert_eq!(n.trim(f), None, "nothing left past the size");
 }
 
@@ -344,6 +355,8 @@ fn on(node: u32, addr: u64) -> ChunkRef {
         node,
         addr,
         rkey: 9,
+        lo: 0,
+        len: 1 << 20,
     }
 }
 

@@ -126,13 +126,14 @@ impl<B: Backend> Rfs<B> {
         ino: Ino,
         first: u64,
         count: u64,
-        allocate: bool,
+        write: Option<(u64, u64)>,
     ) -> Result<(Vec<Option<Replicas>>, InFlight)> {
+        let allocate = write.is_some();
         if allocate {
             self.allocating(ino);
         }
         for attempt in 0.. {
-            let (refs, hold) = self.chunk_refs(ino, first, count, allocate)?;
+            let (refs, hold) = self.chunk_refs(ino, first, count, write)?;
             let usable = |c: &ChunkRef| c.rkey != 0 && self.backend.is_connected(c.node);
             let mut disconnected = Vec::new();
             let mut ungranted = Vec::new();
@@ -194,15 +195,15 @@ impl<B: Backend> Rfs<B> {
         ino: Ino,
         first: u64,
         count: u64,
-        allocate: bool,
+        write: Option<(u64, u64)>,
     ) -> Result<(Vec<Option<Replicas>>, InFlight)> {
-        if !allocate {
-            return self.chunks.refs(&self.meta(), ino, first, count, false);
+        if write.is_none() {
+            return self.chunks.refs(&self.meta(), ino, first, count, None);
         }
         let mut deadline = None;
         loop {
             let seen = self.giving_back.ended();
-            match self.chunks.refs(&self.meta(), ino, first, count, true) {
+            match self.chunks.refs(&self.meta(), ino, first, count, write) {
                 Err(e) if e.errno() == Errno::ENOSPC => {
                     let until = *deadline.get_or_insert_with(|| Instant::now() + SPACE_WAIT);
                     if !self

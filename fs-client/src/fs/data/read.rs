@@ -100,7 +100,7 @@ impl<B: Backend> Rfs<B> {
         done: ReadDone,
     ) {
         let segs = segments(offset, len, self.chunk_size);
-        let (refs, hold) = match self.refs(ino, segs[0].index, segs.len() as u64, false) {
+        let (refs, hold) = match self.refs(ino, segs[0].index, segs.len() as u64, None) {
             Ok(r) => r,
             Err(e) => return done(Err(e)),
         };
@@ -125,6 +125,16 @@ impl<B: Backend> Rfs<B> {
                 }
             }
         };
+        // A piece partly or wholly past its copies' span (in a sparse chunk) reads zeros
+        // there: piece by piece, each clipped to its span.
+        let in_spans = segs.iter().zip(&refs).all(|(s, r)| {
+            r.as_ref()
+                .and_then(|r| r.first())
+                .is_none_or(|c| c.holds(s.offset_in_chunk, s.len as u64))
+        });
+        if !in_spans {
+            return self.read_pieces(&segs, refs, len, Box::new(answer));
+        }
         // One segment in one chunk (the common case): hand the transfer's buffer straight back.
         if let [s] = segs.as_slice() {
             let Some(replicas) = refs.into_iter().next().flatten() else {
@@ -179,15 +189,21 @@ impl<B: Backend> Rfs<B> {
             )
         };
         for (s, r) in segs.iter().zip(refs) {
-            let Some(replicas) = r else {
-                job.part_done(); // a hole: zeros already
+            // What the copies hold of the piece: the rest is a hole, zeros already.
+            let held = r.as_ref().and_then(|r| r.first()).map(|c| {
+                let from = s.offset_in_chunk.max(c.lo as u64);
+                (from, (s.offset_in_chunk + s.len as u64).min(c.hi()))
+            });
+            let (Some(replicas), Some((from, end))) = (r, held.filter(|(a, b)| a < b)) else {
+                job.part_done();
                 continue;
             };
-            let (job, buf, at) = (job.clone(), buf.clone(), s.at);
+            let at = s.at + (from - s.offset_in_chunk) as usize;
+            let (job, buf) = (job.clone(), buf.clone());
             self.read_replicas(
                 replicas,
-                s.offset_in_chunk,
-                s.len,
+                from,
+                (end - from) as usize,
                 Box::new(move |r: Result<&[u8]>| {
                     match r {
                         Ok(data) => buf.lock().unwrap()[at..at + data.len()].copy_from_slice(data),

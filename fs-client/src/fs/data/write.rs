@@ -264,8 +264,11 @@ impl<B: Backend> Rfs<B> {
         // Pieces sent again come in the order their transfers failed.
         let first = pieces.iter().map(|(s, _)| s.index).min().expect("a piece");
         let last = pieces.iter().map(|(s, _)| s.index).max().expect("a piece");
+        let at = |s: &Segment| s.index * self.chunk_size + s.offset_in_chunk;
+        let from = pieces.iter().map(|(s, _)| at(s)).min().expect("a piece");
+        let end = pieces.iter().map(|(s, _)| at(s) + s.len as u64).max();
         let (refs, hold) = self
-            .refs(ino, first, last - first + 1, true)
+            .refs(ino, first, last - first + 1, end.map(|end| (from, end)))
             .inspect_err(|e| Self::piece_failed(&self.stats, e))?;
         Ok(Mapped { first, refs, hold })
     }
@@ -411,10 +414,15 @@ impl<B: Backend> Rfs<B> {
         }
         let index = new / self.chunk_size;
         let end = ((index + 1) * self.chunk_size).min(old);
-        let (refs, hold) = self.refs(ino, index, 1, false)?;
+        let (refs, hold) = self.refs(ino, index, 1, None)?;
         drop(hold);
-        if refs[0].is_none() {
-            return Ok(None); // a hole: zeros already
+        // Past the span of the chunk's copies is a hole: zeros already.
+        let Some(hi) = refs[0].as_ref().and_then(|r| r.first()).map(ChunkRef::hi) else {
+            return Ok(None);
+        };
+        let end = end.min(index * self.chunk_size + hi);
+        if end <= new {
+            return Ok(None);
         }
         let tail = self.read_now(ino, new, (end - new) as usize)?;
         if let Err(e) = self.overwrite_tail(ino, new, vec![0; tail.len()]) {

@@ -73,10 +73,18 @@ fn holes_read_as_zeros_without_allocating() {
     let fs = client(&cluster);
     let ino = create(&fs, "sparse");
     let (fh, _) = fs.open(ino, RW, &ROOT_CALLER).unwrap();
-    // Past the first chunk: allocate-ahead reserves a run for a growing file.
+    // A write into a hole of a sparse file allocates its own chunk: a run ahead is for a
+    // writer that filled the chunk before.
     write(&fs, ino, 5 * CHUNK, b"tail").unwrap();
     let allocated = cluster.chunk_count(ino);
-    assert!(allocated >= 16, "allocated ahead: {allocated}");
+    assert_eq!(allocated, 1, "no run ahead of a sparse write");
+    write(&fs, ino, 6 * CHUNK - 4, b"more").unwrap();
+    write(&fs, ino, 6 * CHUNK, b"next").unwrap();
+    assert!(
+        cluster.chunk_count(ino) >= 16,
+        "a writer past a chunk it filled: a run ahead"
+    );
+    let allocated = cluster.chunk_count(ino);
     let all = read(&fs, ino, 0, (5 * CHUNK + 4) as usize).unwrap();
     assert!(all[..5 * CHUNK as usize].iter().all(|&b| b == 0));
     assert_eq!(&all[5 * CHUNK as usize..], b"tail");

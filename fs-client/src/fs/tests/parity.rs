@@ -97,8 +97,8 @@ fn script(ch: &impl MetadataChannel) -> Vec<String> {
 
     let allocate = Allocate {
         ino,
-        first: 0,
-        count: 3,
+        offset: 0,
+        end: 3 * statfs.chunk_size,
     };
     out.push(format!("allocate: {}", said(ch.call(allocate), indices)));
     let map = || ChunkMap {

@@ -32,30 +32,55 @@ pub(super) fn chunk_map(cx: &mut Ctx<'_>, m: &ChunkMap) -> Answer {
 }
 
 pub(super) fn allocate(cx: &mut Ctx<'_>, m: &Allocate) -> Answer {
-    let count = m.count.min(MAX_LIST) as u64;
     let writable = cx.writable(m.ino);
+    let cs = cx.st.ns.chunk_size();
+    let first = m.offset / cs;
+    let count = match m.end > m.offset {
+        true => ((m.end - 1) / cs - first + 1).min(MAX_LIST as u64),
+        false => 0,
+    };
     let Ctx { svc, st, fx, .. } = cx;
-    let result = writable
-        .then_some(())
-        .ok_or(Errno::EBADF)
-        .and_then(
-            |()| match is_frozen(&st.frozen, m.ino, m.first, count as u32) {
-                true => Err(Errno::EAGAIN),
-                false => st.ns.missing_chunks(m.ino, m.first, count),
-            },
-        )
-        .and_then(|missing| {
-            let chunks = st.alloc.alloc(missing.len(), svc.replicas)?;
-            if chunks.iter().any(|c| c.len() < svc.replicas) {
-                svc.repair.degraded(chunks.len());
+    let result = (|| {
+        if !writable {
+            return Err(Errno::EBADF);
+        }
+        if count == 0 {
+            return Err(Errno::EINVAL);
+        }
+        if is_frozen(&st.frozen, m.ino, first, count as u32) {
+            return Err(Errno::EAGAIN);
+        }
+        let needed = st.ns.spans_needed(m.ino, m.offset, m.end, count)?;
+        let (holes, grow): (Vec<_>, Vec<_>) = needed.into_iter().partition(|n| n.1.is_none());
+        let spans: Vec<(u32, u32)> = holes.iter().map(|&(_, _, span)| span).collect();
+        let chunks = st.alloc.alloc_spans(&spans, svc.replicas)?;
+        if chunks.iter().any(|c| c.len() < svc.replicas) {
+            svc.repair.degraded(chunks.len());
+        }
+        let new: Vec<_> = holes.into_iter().map(|(i, ..)| i).zip(chunks).collect();
+        if let Err(e) = st.ns.add_chunks(m.ino, &new) {
+            fx.freed.extend(new.into_iter().flat_map(|(_, c)| c));
+            return Err(e);
+        }
+        let mut moving = false;
+        for (index, copies, (lo, len)) in grow {
+            let copies = copies.unwrap_or_default();
+            // Holders' references to the copies stay good: the addresses do not change.
+            match st.alloc.grow_in_place(&copies, lo, len) {
+                Some(grown) => {
+                    st.ns.replace_copies(m.ino, index, &copies, grown);
+                }
+                None => {
+                    svc.growth.ask(m.ino, index, (lo, len));
+                    moving = true;
+                }
             }
-            let new: Vec<_> = missing.into_iter().zip(chunks).collect();
-            if let Err(e) = st.ns.add_chunks(m.ino, &new) {
-                fx.freed.extend(new.into_iter().flat_map(|(_, c)| c));
-                return Err(e);
-            }
-            st.ns.chunk_map(m.ino, m.first, count)
-        });
+        }
+        if moving {
+            return Err(Errno::EAGAIN); // asked again once the chunk moved
+        }
+        st.ns.chunk_map(m.ino, first, count)
+    })();
     match result {
         Ok(chunks) => {
             cx.st.holders.fetched(cx.cs.id, m.ino);
@@ -104,15 +129,15 @@ pub(super) fn drop_replicas(cx: &mut Ctx<'_>, m: &DropReplicas) -> Answer {
 }
 
 pub(super) fn statfs(cx: &mut Ctx<'_>, m: &GetStatFs) -> Answer {
-    // Space as files see it: each chunk takes a chunk on every replica's node.
+    // Space as files see it: each byte takes a byte on every replica's node.
     let (total, free) = cx.st.alloc.totals();
     let copies = cx.svc.replicas as u64;
     answer(
         m,
         Ok(StatFs {
             chunk_size: cx.st.ns.chunk_size(),
-            chunks_total: total / copies,
-            chunks_free: free / copies,
+            bytes_total: total / copies,
+            bytes_free: free / copies,
             inodes: cx.st.ns.inode_count(),
             inodes_max: cx.st.ns.max_inodes(),
             lease_ms: cx.svc.lease.as_millis() as u64,

@@ -1,18 +1,23 @@
 //! Chunk allocation across every data node, on the metadata node.
 //!
 //! Chunks are handed out by smooth weighted round robin, the weight of a node being its free
-//! chunk count: consecutive chunks of a file land on different nodes (parallelism), and fuller
-//! nodes get fewer. A batch is all or nothing: ENOSPC allocates nothing. Freed chunks are zeroed
-//! before they are reused (a new file must read zeros, and must never see another file's data);
-//! until then they sit in the node's `dirty` list.
-
-use std::collections::BTreeSet;
+//! space: consecutive chunks of a file land on different nodes (parallelism), and fuller nodes
+//! get fewer. A copy holds a whole chunk, or a span of it (a small file, the tail of one): an
+//! extent of whole pages of the node's pool, which may grow in place while its neighbours are
+//! free. A batch is all or nothing: ENOSPC allocates nothing. Freed extents are zeroed before
+//! they are reused (a new file must read zeros, and must never see another file's data); until
+//! then they sit in the node's `dirty` list.
 
 use rfs_proto::types::{ChunkRef, NodeInfo, Replicas};
 use rfs_proto::Errno;
 
 use crate::extents::FreeExtents;
 use crate::record::Record;
+
+mod restart;
+
+/// The unit of a span: spans start and end on a page of the pool.
+pub const PAGE: u64 = 4096;
 
 /// Fresh chunks journaled as handed out ahead of use, per node: a restart zeroes at most this
 /// many never-used chunks (allocations wait for them, or take fresh ones past them), and the
@@ -36,8 +41,9 @@ pub struct NodeChunks {
     reserved: u64,
     chunk_size: u64,
     free: FreeExtents,
-    dirty: Vec<u64>,
-    /// Taken by the zeroer and not yet back.
+    /// Freed extents waiting to be zeroed: (address, length).
+    dirty: Vec<(u64, u64)>,
+    /// Bytes taken by the zeroer and not yet back.
     zeroing: u64,
     current: i64,
     /// [`Allocator::rejoins`] as of when it came back after the metadata node's restart.
@@ -55,12 +61,27 @@ impl NodeChunks {
     }
 
     /// Whether new chunks may go here.
-    fn takes_chunks(&self) -> bool {
-        self.alive && !self.draining && self.has_free_chunk()
+    fn takes(&self, len: u64) -> bool {
+        self.alive && !self.draining && self.has_room(len)
     }
 
-    fn take_chunk(&mut self) -> Option<u64> {
-        self.free.take(self.chunk_size, self.chunk_size)
+    /// Whether a copy of `len` bytes fits now (a whole chunk's worth aligned to a chunk).
+    fn has_room(&self, len: u64) -> bool {
+        match len >= self.chunk_size {
+            true => self.has_free_chunk(),
+            false => self.free.can_take(len, PAGE),
+        }
+    }
+
+    fn take(&mut self, len: u64) -> Option<u64> {
+        match len >= self.chunk_size {
+            true => self.free.take(self.chunk_size, self.chunk_size),
+            false => self.free.take(len, PAGE),
+        }
+    }
+
+    fn dirty_bytes(&self) -> u64 {
+        self.dirty.iter().map(|&(_, l)| l).sum()
     }
 
     fn end(&self) -> u64 {
@@ -73,8 +94,8 @@ pub struct Allocator {
     nodes: Vec<NodeChunks>,
     /// Changes not yet taken for the journal (none: not journaled).
     log: Option<Vec<Record>>,
-    /// Chunks freed and not yet released here (waiting for their holders or nodes): free
-    /// space soon, as chunks being zeroed are.
+    /// Bytes freed and not yet released here (waiting for their holders or nodes): free
+    /// space soon, as extents being zeroed are.
     pending: u64,
     /// How many nodes came back since this process started: what a freed chunk is stamped
     /// with, so that its release knows whether its node came back meanwhile.
@@ -214,118 +235,6 @@ impl Allocator {
         }
     }
 
-    /// Every node as records: replayed, they rebuild the registry.
-    pub fn records(&self) -> Vec<Record> {
-        self.nodes
-            .iter()
-            .flat_map(|n| {
-                [
-                    Self::node_record(n),
-                    Record::Fresh {
-                        node: n.id,
-                        upto: n.reserved,
-                    },
-                ]
-            })
-            .collect()
-    }
-
-    /// The registry `records` describe (other records are passed over), journaling from then
-    /// on: every node is away until it comes back ([`Allocator::rejoin`]).
-    pub fn replay(chunk_size: u64, records: &[Record]) -> Result<Allocator, String> {
-        let mut a = Allocator::default();
-        for r in records {
-            match r {
-                Record::Node {
-                    id,
-                    pool_id,
-                    addr,
-                    pool_addr,
-                    count,
-                } => {
-                    let id = *id as usize;
-                    if id < a.nodes.len() {
-                        a.nodes[id].addr = addr.clone();
-                        continue;
-                    }
-                    if id != a.nodes.len() {
-                        return Err(format!(
-                            "data node {id} comes before node {}",
-                            a.nodes.len()
-                        ));
-                    }
-                    a.add_node(addr.clone(), *pool_id, *pool_addr, chunk_size, *count);
-                    let n = &mut a.nodes[id];
-                    n.alive = false;
-                    n.replayed = true;
-                }
-                Record::Fresh { node, upto } => match a.nodes.get_mut(*node as usize) {
-                    Some(n) => n.reserved = n.reserved.max(*upto),
-                    None => return Err(format!("fresh chunks of unknown data node {node}")),
-                },
-                _ => {}
-            }
-        }
-        a.journal_changes();
-        Ok(a)
-    }
-
-    /// A node with pool `pool_id` came back after a restart of the metadata node, with its
-    /// pool as it was (`pool_addr`, `count` chunks): the id it had, its chunks that the maps
-    /// name (`in_use`) kept, every other chunk it ever handed out to be zeroed before reuse.
-    /// None if the journal does not know the pool (or it is back already).
-    pub fn rejoin(
-        &mut self,
-        pool_id: u64,
-        addr: String,
-        (pool_addr, count): (u64, u64),
-        in_use: impl FnOnce(u32) -> BTreeSet<u64>,
-    ) -> Option<u32> {
-        let n = self.nodes.iter_mut().find(|n| {
-            n.replayed && n.pool_id == pool_id && n.pool_addr == pool_addr && n.total == count
-        })?;
-        let cs = n.chunk_size;
-        let in_use = in_use(n.id);
-        n.dirty = (n.pool_addr..n.reserved)
-            .step_by(cs as usize)
-            .filter(|a| !in_use.contains(a))
-            .collect();
-        let end = n.pool_addr + n.total * cs;
-        n.free = FreeExtents::fresh(n.pool_addr, n.reserved, end, cs);
-        n.zeroing = 0;
-        n.current = 0;
-        n.alive = true;
-        n.replayed = false;
-        n.addr = addr;
-        self.rejoins += 1;
-        n.rejoined_at = self.rejoins;
-        let id = n.id;
-        let record = Self::node_record(n);
-        self.note(record);
-        Some(id)
-    }
-
-    /// Whether node `id` is known from the journal and not back yet.
-    pub fn is_replayed(&self, id: u32) -> bool {
-        self.nodes.get(id as usize).is_some_and(|n| n.replayed)
-    }
-
-    /// Whether the pool `pool_id` is that of a node known from the journal and not back yet.
-    pub fn is_replayed_pool(&self, pool_id: u64) -> bool {
-        self.nodes
-            .iter()
-            .any(|n| n.replayed && n.pool_id == pool_id)
-    }
-
-    /// The nodes known from the journal and not back yet.
-    pub fn replayed(&self) -> Vec<u32> {
-        self.nodes
-            .iter()
-            .filter(|n| n.replayed)
-            .map(|n| n.id)
-            .collect()
-    }
-
     pub fn set_alive(&mut self, id: u32, alive: bool) {
         if let Some(n) = self.nodes.get_mut(id as usize) {
             n.alive = alive;
@@ -345,20 +254,20 @@ impl Allocator {
             .collect()
     }
 
-    /// (total, free) chunks over the live nodes; chunks freed and not yet allocatable count
+    /// (total, free) bytes over the live nodes; space freed and not yet allocatable counts
     /// as free.
     pub fn totals(&self) -> (u64, u64) {
         let (total, free) = self
             .nodes
             .iter()
             .filter(|n| n.alive)
-            .fold((0, 0), |(t, f), n| match n.draining {
-                // Its space is leaving with it.
-                true => (t + n.total - n.free_chunks(), f),
-                false => (
-                    t + n.total,
-                    f + n.free_chunks() + n.dirty.len() as u64 + n.zeroing,
-                ),
+            .fold((0, 0), |(t, f), n| {
+                let pool = n.total * n.chunk_size;
+                match n.draining {
+                    // Its space is leaving with it.
+                    true => (t + pool - n.free.bytes(), f),
+                    false => (t + pool, f + n.free.bytes() + n.dirty_bytes() + n.zeroing),
+                }
             });
         (total, (free + self.pending).min(total))
     }
@@ -398,7 +307,7 @@ impl Allocator {
             .sum()
     }
 
-    /// Chunks freed but not yet allocatable (waiting for their holders, or to be zeroed):
+    /// Bytes freed but not yet allocatable (waiting for their holders, or to be zeroed):
     /// allocatable soon.
     pub fn zeroing(&self) -> u64 {
         self.pending
@@ -406,38 +315,55 @@ impl Allocator {
                 .nodes
                 .iter()
                 .filter(|n| n.alive)
-                .map(|n| n.dirty.len() as u64 + n.zeroing)
+                .map(|n| n.dirty_bytes() + n.zeroing)
                 .sum::<u64>()
     }
 
-    /// `n` chunks of `replicas` replicas each, every replica of a chunk on a different node,
-    /// or ENOSPC and nothing allocated. While fewer live nodes than `replicas` have space,
-    /// chunks get one replica per such node (the re-replicator adds the rest when nodes
-    /// join); a chunk that cannot get as many as that is ENOSPC.
+    /// `n` whole chunks of `replicas` replicas each: see [`Allocator::alloc_spans`].
     pub fn alloc(&mut self, n: usize, replicas: usize) -> Result<Vec<Replicas>, Errno> {
+        let whole = (0, self.chunk_size() as u32);
+        self.alloc_spans(&vec![whole; n], replicas)
+    }
+
+    /// One chunk's span (`lo`, `len`) per entry of `spans`, of `replicas` replicas each, every
+    /// replica of a chunk on a different node, or ENOSPC and nothing allocated. While fewer
+    /// live nodes than `replicas` have space, chunks get one replica per such node (the
+    /// re-replicator adds the rest when nodes join); a chunk that cannot get as many as that
+    /// is ENOSPC.
+    pub fn alloc_spans(
+        &mut self,
+        spans: &[(u32, u32)],
+        replicas: usize,
+    ) -> Result<Vec<Replicas>, Errno> {
         let available: u64 = self
             .nodes
             .iter()
             .filter(|x| x.alive && !x.draining)
-            .map(|x| x.free_chunks())
+            .map(|x| x.free.bytes())
             .sum();
-        let want = replicas.min(self.nodes_with_space()).max(1);
-        if available < (n * want) as u64 {
+        let most = spans
+            .iter()
+            .map(|&(_, len)| len as u64)
+            .max()
+            .unwrap_or(PAGE);
+        let want = replicas.min(self.nodes_with_room(most)).max(1);
+        let asked: u64 = spans.iter().map(|&(_, len)| len as u64).sum();
+        if available < asked * want as u64 {
             return Err(Errno::ENOSPC);
         }
-        // Weights are fixed for the batch (free counts at its start), so that the smooth round
-        // robin alternates instead of chasing counts that change under it.
+        // Weights are fixed for the batch (free space at its start), so that the smooth round
+        // robin alternates instead of chasing what changes under it.
         let weights: Vec<i64> = self
             .nodes
             .iter()
             .map(|x| match x.alive && !x.draining {
-                true => x.free_chunks() as i64,
+                true => (x.free.bytes() / PAGE) as i64,
                 false => 0,
             })
             .collect();
-        let mut out: Vec<Replicas> = Vec::with_capacity(n);
-        for _ in 0..n {
-            match self.pick(&weights, want) {
+        let mut out: Vec<Replicas> = Vec::with_capacity(spans.len());
+        for &span in spans {
+            match self.pick(&weights, want, span) {
                 Some(chunk) => out.push(chunk),
                 None => {
                     // Space is left, but not on enough distinct nodes: give back.
@@ -449,9 +375,9 @@ impl Allocator {
         Ok(out)
     }
 
-    /// Live nodes that have a free chunk and take new chunks.
-    pub fn nodes_with_space(&self) -> usize {
-        self.nodes.iter().filter(|x| x.takes_chunks()).count()
+    /// Live nodes that take new chunks and have room for `len` bytes of one.
+    pub fn nodes_with_room(&self, len: u64) -> usize {
+        self.nodes.iter().filter(|x| x.takes(len)).count()
     }
 
     /// Starts (`on`) or ends draining node `id`; ENOENT if there is no such node.
@@ -470,12 +396,12 @@ impl Allocator {
             .collect()
     }
 
-    /// One chunk on `want` distinct nodes, by smooth weighted round robin generalized to
-    /// several picks a round: every candidate gains `want` times its weight, the `want`
-    /// highest are picked and each gives back the round's total, so that each node gets its
-    /// share of replicas however many a chunk has.
-    fn pick(&mut self, weights: &[i64], want: usize) -> Option<Replicas> {
-        let candidates = |x: &NodeChunks| x.takes_chunks();
+    /// One chunk's `span` on `want` distinct nodes, by smooth weighted round robin
+    /// generalized to several picks a round: every candidate gains `want` times its weight,
+    /// the `want` highest are picked and each gives back the round's total, so that each node
+    /// gets its share of replicas however many a chunk has.
+    fn pick(&mut self, weights: &[i64], want: usize, (lo, len): (u32, u32)) -> Option<Replicas> {
+        let candidates = |x: &NodeChunks| x.takes(len as u64);
         let total: i64 = self
             .nodes
             .iter()
@@ -497,12 +423,14 @@ impl Allocator {
                 .max_by_key(|x| x.current)
                 .expect("enough candidates were counted");
             node.current -= total;
-            let addr = node.take_chunk().expect("candidates have a free chunk");
+            let addr = node.take(len as u64).expect("candidates have room");
             // Granted per client session when a map is handed out.
             picked.push(ChunkRef {
                 node: node.id,
                 addr,
                 rkey: 0,
+                lo,
+                len,
             });
         }
         for c in &picked {
@@ -511,23 +439,82 @@ impl Allocator {
         Some(picked)
     }
 
-    /// One chunk for a new replica: on the live node with the most free chunks that none of
-    /// `besides` is on, and not one of `avoid`.
+    /// Space for a new replica of the chunk `besides` are copies of (its span): on the live
+    /// node with the most free space that none of `besides` is on, and not one of `avoid`.
     pub fn alloc_replica(&mut self, besides: &[ChunkRef], avoid: &[u32]) -> Option<ChunkRef> {
+        let span = besides.first()?;
         let node = self
             .nodes
             .iter_mut()
             .filter(|x| Self::may_place(x, besides, avoid))
-            .max_by_key(|x| x.free_chunks())?;
+            .max_by_key(|x| x.free.bytes())?;
         let addr = node
-            .take_chunk()
-            .expect("placeable nodes have a free chunk");
+            .take(span.len as u64)
+            .expect("placeable nodes have room");
         let node = node.id;
         self.reserve(node);
         Some(ChunkRef {
             node,
             addr,
             rkey: 0,
+            ..*span
+        })
+    }
+
+    /// Grows every one of `copies`' span in place to `lo..lo + len` (which starts where they
+    /// do and covers them), if each one's node has the pool past it free: the grown copies, or
+    /// None and nothing taken. Their addresses stay, so references to them stay good.
+    pub fn grow_in_place(&mut self, copies: &[ChunkRef], lo: u32, len: u32) -> Option<Replicas> {
+        let room = |n: &NodeChunks, c: &ChunkRef| {
+            c.lo == lo
+                && c.len < len
+                && n.alive
+                && n.free.is_free(c.addr + c.len as u64, (len - c.len) as u64)
+        };
+        let fits = copies
+            .iter()
+            .all(|c| self.nodes.get(c.node as usize).is_some_and(|n| room(n, c)));
+        if !fits || copies.is_empty() {
+            return None;
+        }
+        for c in copies {
+            let n = &mut self.nodes[c.node as usize];
+            n.free.take_at(c.addr + c.len as u64, (len - c.len) as u64);
+            self.reserve(c.node);
+        }
+        Some(copies.iter().map(|&c| ChunkRef { len, ..c }).collect())
+    }
+
+    /// Space for `copy`'s chunk with span (`lo`, `len`) instead: on its node if it has room,
+    /// else on the live node with the most free space that none of `others` is on.
+    pub fn alloc_moved(
+        &mut self,
+        copy: &ChunkRef,
+        others: &[ChunkRef],
+        (lo, len): (u32, u32),
+    ) -> Option<ChunkRef> {
+        let same = self
+            .nodes
+            .get(copy.node as usize)
+            .is_some_and(|n| n.takes(len as u64));
+        let node = match same {
+            true => copy.node,
+            false => {
+                self.nodes
+                    .iter()
+                    .filter(|x| x.takes(len as u64) && others.iter().all(|c| c.node != x.id))
+                    .max_by_key(|x| x.free.bytes())?
+                    .id
+            }
+        };
+        let addr = self.nodes[node as usize].take(len as u64)?;
+        self.reserve(node);
+        Some(ChunkRef {
+            node,
+            addr,
+            rkey: 0,
+            lo,
+            len,
         })
     }
 
@@ -539,16 +526,22 @@ impl Allocator {
     }
 
     fn may_place(x: &NodeChunks, besides: &[ChunkRef], avoid: &[u32]) -> bool {
-        x.takes_chunks() && !avoid.contains(&x.id) && besides.iter().all(|c| c.node != x.id)
+        let len = besides.first().map_or(x.chunk_size, |c| c.len as u64);
+        x.takes(len) && !avoid.contains(&x.id) && besides.iter().all(|c| c.node != x.id)
     }
 
-    /// Chunks allocated and never handed out: free again at once (they were never written).
-    fn give_back(&mut self, chunks: impl IntoIterator<Item = ChunkRef>) {
+    /// Copies allocated and never handed out: free again at once (they were never written).
+    pub fn give_back(&mut self, chunks: impl IntoIterator<Item = ChunkRef>) {
         for c in chunks {
             if let Some(n) = self.nodes.get_mut(c.node as usize) {
-                n.free.give(c.addr, n.chunk_size);
+                n.free.give(c.addr, c.len as u64);
             }
         }
+    }
+
+    /// The chunk size of the file system (that of any node: they all agree).
+    fn chunk_size(&self) -> u64 {
+        self.nodes.first().map_or(1 << 20, |n| n.chunk_size)
     }
 
     /// Whether node `id` is alive.
@@ -556,67 +549,38 @@ impl Allocator {
         self.nodes.get(id as usize).is_some_and(|n| n.alive)
     }
 
-    /// `n` chunks were freed and will be released once out of everyone's reach.
-    pub fn expect_freed(&mut self, n: usize) {
-        self.pending += n as u64;
+    /// `bytes` were freed and will be released once out of everyone's reach.
+    pub fn expect_freed(&mut self, bytes: u64) {
+        self.pending += bytes;
     }
 
-    /// `n` chunks announced by [`Allocator::expect_freed`] were released (or lost).
-    pub fn freed_now(&mut self, n: usize) {
-        self.pending = self.pending.saturating_sub(n as u64);
+    /// `bytes` announced by [`Allocator::expect_freed`] were released (or lost).
+    pub fn freed_now(&mut self, bytes: u64) {
+        self.pending = self.pending.saturating_sub(bytes);
     }
 
-    /// What a chunk freed now is stamped with, for [`Allocator::release_freed`].
-    pub fn rejoins(&self) -> u64 {
-        self.rejoins
-    }
-
-    /// Whether node `id` came back after a restart since `stamp` ([`Allocator::rejoins`]).
-    pub fn rejoined_since(&self, id: u32, stamp: u64) -> bool {
-        self.nodes
-            .get(id as usize)
-            .is_some_and(|n| n.rejoined_at > stamp)
-    }
-
-    /// Takes chunks freed just now; they come back through `take_dirty` for zeroing.
-    pub fn release(&mut self, chunks: impl IntoIterator<Item = ChunkRef>) {
-        let now = self.rejoins;
-        self.release_freed(chunks, now);
-    }
-
-    /// Takes chunks freed when [`Allocator::rejoins`] was `stamp`, but those whose node came
-    /// back since: its return listed every chunk of its pool that no map named for zeroing,
-    /// these among them, and a second listing would hand one chunk to two files.
-    pub fn release_freed(&mut self, chunks: impl IntoIterator<Item = ChunkRef>, stamp: u64) {
-        for c in chunks {
-            if let Some(n) = self.nodes.get_mut(c.node as usize) {
-                if n.rejoined_at <= stamp {
-                    n.dirty.push(c.addr);
-                }
-            }
-        }
-    }
-
-    /// Dirty chunks to zero, by live node. A node not back after a restart keeps its list:
-    /// its return lists them again (and more), which a batch taken before would duplicate.
-    pub fn take_dirty(&mut self) -> Vec<(u32, Vec<u64>)> {
+    /// Dirty extents to zero, (address, length) by live node. A node not back after a
+    /// restart keeps its list: its return lists them again (and more), which a batch taken
+    /// before would duplicate.
+    pub fn take_dirty(&mut self) -> Vec<(u32, Vec<(u64, u64)>)> {
         self.nodes
             .iter_mut()
             .filter(|n| n.alive && !n.dirty.is_empty())
             .map(|n| {
-                n.zeroing += n.dirty.len() as u64;
+                n.zeroing += n.dirty_bytes();
                 (n.id, std::mem::take(&mut n.dirty))
             })
             .collect()
     }
 
-    /// Zeroed chunks become allocatable again; `failed` of the batch could not be zeroed (and
-    /// are lost with their node).
-    pub fn zeroed(&mut self, node: u32, addrs: Vec<u64>, failed: usize) {
+    /// Zeroed extents become allocatable again; `failed` bytes of the batch could not be
+    /// zeroed (and are lost with their node).
+    pub fn zeroed(&mut self, node: u32, extents: Vec<(u64, u64)>, failed: u64) {
         if let Some(n) = self.nodes.get_mut(node as usize) {
-            n.zeroing = n.zeroing.saturating_sub((addrs.len() + failed) as u64);
-            for a in addrs {
-                n.free.give(a, n.chunk_size);
+            let done: u64 = extents.iter().map(|&(_, l)| l).sum();
+            n.zeroing = n.zeroing.saturating_sub(done + failed);
+            for (a, len) in extents {
+                n.free.give(a, len);
             }
         }
     }
@@ -653,7 +617,7 @@ mod tests {
         a.add_node("b".into(), 7, 1000, 100, 3);
         a.set_alive(1, false);
         assert_eq!(a.alloc(4, 1), Err(Errno::ENOSPC));
-        assert_eq!(a.totals(), (3, 3));
+        assert_eq!(a.totals(), (300, 300));
         let got = a.alloc(3, 1).unwrap().concat();
         assert!(got.iter().all(|c| c.node == 0));
         assert_eq!(a.alloc(1, 1), Err(Errno::ENOSPC));
@@ -686,14 +650,14 @@ mod tests {
     fn a_huge_pool_costs_nothing_until_used() {
         let mut a = Allocator::default();
         a.add_node("a".into(), 7, 0, 4096, 1 << 38);
-        assert_eq!(a.totals(), (1 << 38, 1 << 38));
+        assert_eq!(a.totals(), (1 << 50, 1 << 50));
         let got = a.alloc(3, 1).unwrap().concat();
         let addrs: Vec<u64> = got.iter().map(|c| c.addr).collect();
         assert_eq!(addrs, [0, 4096, 8192], "low addresses first");
         a.release(got);
         let (node, dirty) = a.take_dirty().pop().unwrap();
         a.zeroed(node, dirty, 0);
-        assert_eq!(a.totals(), (1 << 38, 1 << 38));
+        assert_eq!(a.totals(), (1 << 50, 1 << 50));
         assert!(
             a.alloc(1, 1).unwrap()[0][0].addr < 3 * 4096,
             "zeroed chunks are reused first"
@@ -711,12 +675,12 @@ mod tests {
             Err(Errno::ENOSPC),
             "dirty chunks are not handed out"
         );
-        assert_eq!(a.totals(), (2, 2), "but they count as free space");
+        assert_eq!(a.totals(), (200, 200), "but they count as free space");
         let dirty = a.take_dirty();
         assert_eq!(dirty.len(), 1);
         let (node, addrs) = dirty.into_iter().next().unwrap();
-        assert_eq!(addrs.len(), 2);
-        assert_eq!(a.totals(), (2, 2), "being zeroed still counts as free");
+        assert_eq!(addrs, [(0, 100), (100, 100)]);
+        assert_eq!(a.totals(), (200, 200), "being zeroed still counts as free");
         a.zeroed(node, addrs, 0);
         assert_eq!(a.alloc(2, 1).unwrap().len(), 2);
     }
@@ -768,10 +732,10 @@ mod tests {
         a.set_alive(1, true);
         // 2 free on a, 2 on b: 2 chunks of 2 fit, 3 do not, and a refusal takes nothing.
         assert_eq!(a.alloc(3, 2), Err(Errno::ENOSPC));
-        assert_eq!(a.totals(), (6, 4));
+        assert_eq!(a.totals(), (600, 400));
         let two = a.alloc(2, 2).unwrap();
         assert!(two.iter().all(|c| c.len() == 2));
-        assert_eq!(a.totals(), (6, 0));
+        assert_eq!(a.totals(), (600, 0));
     }
 
     #[test]
@@ -800,7 +764,7 @@ mod tests {
             "a snapshot of the replay is the same"
         );
         assert_eq!(b.totals(), (0, 0), "away until it comes back");
-        let in_use = |_| BTreeSet::from([0, 200]);
+        let in_use = |_| std::collections::BTreeMap::from([(0, 100), (200, 100)]);
         assert_eq!(
             b.rejoin(12, "a".into(), (0, 1000), in_use),
             None,
@@ -817,13 +781,14 @@ mod tests {
             None,
             "back already"
         );
-        assert_eq!(b.totals(), (1000, 998));
+        assert_eq!(b.totals(), (100_000, 99_800));
         assert_eq!(b.nodes(0)[0].addr, "a2");
         // Every chunk handed out before the restart and not in a map is zeroed before reuse;
         // none in a map is handed out again.
         let (node, dirty) = b.take_dirty().pop().unwrap();
-        assert_eq!(dirty.len() as u64, RESERVE_AHEAD + 1 - 2);
-        assert!(dirty.contains(&100));
+        let dirty_bytes: u64 = dirty.iter().map(|&(_, l)| l).sum();
+        assert_eq!(dirty_bytes, (RESERVE_AHEAD + 1 - 2) * 100);
+        assert_eq!(dirty[0], (100, 100));
         b.zeroed(node, dirty, 0);
         let all = b.alloc(998, 1).unwrap().concat();
         assert!(all.iter().all(|c| c.addr != 0 && c.addr != 200));
@@ -864,14 +829,19 @@ mod tests {
         // Freed (its file unlinked) while the node is away; released once its holders let go,
         // after the node came back. The return listed it already: no map names it.
         let stamp = a.rejoins();
-        assert_eq!(a.rejoin(11, "a".into(), (0, 10), |_| [0].into()), Some(0));
+        assert_eq!(
+            a.rejoin(11, "a".into(), (0, 10), |_| [(0, 100)].into()),
+            Some(0)
+        );
         assert!(a.rejoined_since(0, stamp));
         a.release_freed([freed], stamp);
         let out = hand_everything_out(&mut a);
         assert_eq!(out.len(), 9, "all but the chunk in use: {out:?}");
         // A chunk freed after the return is released as usual.
         let (mut a, freed) = restarted_with_one_node_away();
-        a.rejoin(11, "a".into(), (0, 10), |_| [0, freed.addr].into());
+        a.rejoin(11, "a".into(), (0, 10), |_| {
+            [(0, 100), (freed.addr, 100)].into()
+        });
         let stamp = a.rejoins();
         a.release_freed([freed], stamp);
         assert_eq!(hand_everything_out(&mut a).len(), 9);
@@ -883,7 +853,7 @@ mod tests {
         // Released at once (no grant channel to the node), then the zeroer looks before the node is back.
         a.release([freed]);
         let batch = a.take_dirty();
-        a.rejoin(11, "a".into(), (0, 10), |_| [0].into());
+        a.rejoin(11, "a".into(), (0, 10), |_| [(0, 100)].into());
         // The zeroer finishes what it took, its node's session found by then.
         for (node, addrs) in batch {
             a.zeroed(node, addrs, 0);

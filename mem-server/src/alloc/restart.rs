@@ -1,0 +1,162 @@
+//! The allocator across a restart of the metadata node: the registry of data nodes as
+//! journal records, its replay, and each node's return (what its pool holds is known from the
+//! maps; everything else it ever handed out is zeroed before reuse).
+
+use std::collections::BTreeMap;
+
+use rfs_proto::types::ChunkRef;
+
+use super::{Allocator, FreeExtents};
+use crate::record::Record;
+
+impl Allocator {
+    /// Every node as records: replayed, they rebuild the registry.
+    pub fn records(&self) -> Vec<Record> {
+        self.nodes
+            .iter()
+            .flat_map(|n| {
+                [
+                    Self::node_record(n),
+                    Record::Fresh {
+                        node: n.id,
+                        upto: n.reserved,
+                    },
+                ]
+            })
+            .collect()
+    }
+
+    /// The registry `records` describe (other records are passed over), journaling from then
+    /// on: every node is away until it comes back ([`Allocator::rejoin`]).
+    pub fn replay(chunk_size: u64, records: &[Record]) -> Result<Allocator, String> {
+        let mut a = Allocator::default();
+        for r in records {
+            match r {
+                Record::Node {
+                    id,
+                    pool_id,
+                    addr,
+                    pool_addr,
+                    count,
+                } => {
+                    let id = *id as usize;
+                    if id < a.nodes.len() {
+                        a.nodes[id].addr = addr.clone();
+                        continue;
+                    }
+                    if id != a.nodes.len() {
+                        return Err(format!(
+                            "data node {id} comes before node {}",
+                            a.nodes.len()
+                        ));
+                    }
+                    a.add_node(addr.clone(), *pool_id, *pool_addr, chunk_size, *count);
+                    let n = &mut a.nodes[id];
+                    n.alive = false;
+                    n.replayed = true;
+                }
+                Record::Fresh { node, upto } => match a.nodes.get_mut(*node as usize) {
+                    Some(n) => n.reserved = n.reserved.max(*upto),
+                    None => return Err(format!("fresh chunks of unknown data node {node}")),
+                },
+                _ => {}
+            }
+        }
+        a.journal_changes();
+        Ok(a)
+    }
+
+    /// A node with pool `pool_id` came back after a restart of the metadata node, with its
+    /// pool as it was (`pool_addr`, `count` chunks): the id it had, the extents that the maps
+    /// name (`in_use`: length by address) kept, everything else it ever handed out to be
+    /// zeroed before reuse. None if the journal does not know the pool (or it is back already).
+    pub fn rejoin(
+        &mut self,
+        pool_id: u64,
+        addr: String,
+        (pool_addr, count): (u64, u64),
+        in_use: impl FnOnce(u32) -> BTreeMap<u64, u64>,
+    ) -> Option<u32> {
+        let n = self.nodes.iter_mut().find(|n| {
+            n.replayed && n.pool_id == pool_id && n.pool_addr == pool_addr && n.total == count
+        })?;
+        let cs = n.chunk_size;
+        let mut at = n.pool_addr;
+        n.dirty = Vec::new();
+        for (a, len) in in_use(n.id) {
+            if a > at {
+                n.dirty.push((at, a.min(n.reserved) - at));
+            }
+            at = at.max(a + len);
+        }
+        if at < n.reserved {
+            n.dirty.push((at, n.reserved - at));
+        }
+        n.dirty.retain(|&(_, len)| len > 0);
+        let end = n.pool_addr + n.total * cs;
+        n.free = FreeExtents::fresh(n.pool_addr, n.reserved, end, cs);
+        n.zeroing = 0;
+        n.current = 0;
+        n.alive = true;
+        n.replayed = false;
+        n.addr = addr;
+        self.rejoins += 1;
+        n.rejoined_at = self.rejoins;
+        let id = n.id;
+        let record = Self::node_record(n);
+        self.note(record);
+        Some(id)
+    }
+
+    /// Whether node `id` is known from the journal and not back yet.
+    pub fn is_replayed(&self, id: u32) -> bool {
+        self.nodes.get(id as usize).is_some_and(|n| n.replayed)
+    }
+
+    /// Whether the pool `pool_id` is that of a node known from the journal and not back yet.
+    pub fn is_replayed_pool(&self, pool_id: u64) -> bool {
+        self.nodes
+            .iter()
+            .any(|n| n.replayed && n.pool_id == pool_id)
+    }
+
+    /// The nodes known from the journal and not back yet.
+    pub fn replayed(&self) -> Vec<u32> {
+        self.nodes
+            .iter()
+            .filter(|n| n.replayed)
+            .map(|n| n.id)
+            .collect()
+    }
+
+    /// What a chunk freed now is stamped with, for [`Allocator::release_freed`].
+    pub fn rejoins(&self) -> u64 {
+        self.rejoins
+    }
+
+    /// Whether node `id` came back after a restart since `stamp` ([`Allocator::rejoins`]).
+    pub fn rejoined_since(&self, id: u32, stamp: u64) -> bool {
+        self.nodes
+            .get(id as usize)
+            .is_some_and(|n| n.rejoined_at > stamp)
+    }
+
+    /// Takes chunks freed just now; they come back through `take_dirty` for zeroing.
+    pub fn release(&mut self, chunks: impl IntoIterator<Item = ChunkRef>) {
+        let now = self.rejoins;
+        self.release_freed(chunks, now);
+    }
+
+    /// Takes chunks freed when [`Allocator::rejoins`] was `stamp`, but those whose node came
+    /// back since: its return listed every chunk of its pool that no map named for zeroing,
+    /// these among them, and a second listing would hand one chunk to two files.
+    pub fn release_freed(&mut self, chunks: impl IntoIterator<Item = ChunkRef>, stamp: u64) {
+        for c in chunks {
+            if let Some(n) = self.nodes.get_mut(c.node as usize) {
+                if n.rejoined_at <= stamp {
+                    n.dirty.push((c.addr, c.len as u64));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! Space: a file costs the pages of its bytes, not a whole chunk. Small files share chunks of
+//! the pool, spans grow as files do (in place, or by moving when a neighbour is in the way),
+//! and what a closed file allocated ahead goes back; the bytes stay right through all of it.
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::time::{Duration, Instant};
+
+use rfs_e2e::{client, MemServer, Mount};
+use rfs_proto::message::GetStatFs;
+use rfs_proto::MetadataChannel;
+
+fn content(i: usize, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|k| (k as u8).wrapping_mul(31).wrapping_add(i as u8 ^ 0x5a))
+        .collect()
+}
+
+/// Bytes in use, as the metadata node counts them, once what was freed has come back (within
+/// a few seconds: freed space is recalled, zeroed, then free).
+fn used_settled(meta: &MemServer) -> u64 {
+    let c = client(meta);
+    let used = || {
+        let s = c.call(GetStatFs {}).unwrap();
+        s.bytes_total - s.bytes_free
+    };
+    let start = Instant::now();
+    let mut last = used();
+    loop {
+        std::thread::sleep(Duration::from_millis(200));
+        let now = used();
+        if now == last || start.elapsed() > Duration::from_secs(10) {
+            return now;
+        }
+        last = now;
+    }
+}
+
+/// The finding: 16 files of 100 bytes filled a pool of 16 chunks. Now 2,000 fit, each
+/// at the cost of a page, and every one reads back.
+#[test]
+fn small_files_cost_pages_not_chunks() {
+    let meta = MemServer::start(&["--memory", "16M", "--chunk-size", "1M"]);
+    let m = Mount::new(&meta, &[]);
+    let empty = used_settled(&meta);
+    let files = 2000;
+    for i in 0..files {
+        fs::write(m.path(&format!("f{i}")), content(i, 100)).unwrap();
+    }
+    for i in 0..files {
+        assert_eq!(
+            fs::read(m.path(&format!("f{i}"))).unwrap(),
+            content(i, 100),
+            "f{i}"
+        );
+    }
+    let used = used_settled(&meta) - empty;
+    assert!(
+        used <= files as u64 * 4096 + (1 << 20),
+        "{used} bytes used by {files} files of 100 bytes"
+    );
+}
+
+/// Three 4 KiB writes far apart in a sparse file take pages around each, not runs of chunks.
+#[test]
+fn sparse_writes_take_pages_around_them() {
+    let meta = MemServer::start(&["--memory", "16M", "--chunk-size", "1M"]);
+    let m = Mount::new(&meta, &[]);
+    let empty = used_settled(&meta);
+    let f = fs::File::create(m.path("sparse")).unwrap();
+    for (i, at) in [0u64, 100 << 20, 200 << 20].into_iter().enumerate() {
+        f.write_all_at(&content(i, 4096), at).unwrap();
+    }
+    drop(f);
+    let used = used_settled(&meta) - empty;
+    assert!(used <= 3 * 64 * 1024, "{used} bytes for three 4 KiB writes");
+    let f = fs::File::open(m.path("sparse")).unwrap();
+    let mut buf = vec![0u8; 8192];
+    f.read_exact_at(&mut buf, (100 << 20) - 4096).unwrap();
+    assert!(buf[..4096].iter().all(|&b| b == 0), "a hole before it");
+    assert_eq!(&buf[4096..], &content(1, 4096)[..]);
+    f.read_exact_at(&mut buf[..4096], 200 << 20).unwrap();
+    assert_eq!(&buf[..4096], &content(2, 4096)[..]);
+    assert_eq!(f.metadata().unwrap().len(), (200 << 20) + 4096);
+}
+
+/// Small files appended to again and again, closed between appends, while other files take
+/// the pool next to them: their spans cannot grow in place and move, and no byte is lost or
+/// mixed with a neighbour's. A second mount reads each file whole after its writer closed it.
+#[test]
+fn files_that_grow_past_their_neighbours_keep_their_bytes() {
+    let meta = MemServer::start(&["--memory", "32M", "--chunk-size", "1M"]);
+    let writer = Mount::new(&meta, &[]);
+    let reader = Mount::new(&meta, &[]);
+    let logs = 4;
+    let mut expected = vec![Vec::new(); logs];
+    for round in 0..24 {
+        for (i, want) in expected.iter_mut().enumerate() {
+            let piece = content(round * logs + i, 3000 + 977 * round);
+            let mut f = fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(writer.path(&format!("log{i}")))
+                .unwrap();
+            f.write_all(&piece).unwrap();
+            drop(f);
+            want.extend_from_slice(&piece);
+            // A neighbour right after it in the pool.
+            fs::write(
+                writer.path(&format!("n{round}-{i}")),
+                content(1000 + i, 100),
+            )
+            .unwrap();
+        }
+        for (i, want) in expected.iter().enumerate() {
+            let got = fs::read(reader.path(&format!("log{i}"))).unwrap();
+            assert_eq!(got.len(), want.len(), "log{i} after round {round}");
+            assert!(got == *want, "log{i} after round {round}: bytes differ");
+        }
+    }
+    for round in 0..24 {
+        for i in 0..logs {
+            let got = fs::read(reader.path(&format!("n{round}-{i}"))).unwrap();
+            assert_eq!(got, content(1000 + i, 100), "n{round}-{i}");
+        }
+    }
+}
