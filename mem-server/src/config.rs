@@ -176,9 +176,11 @@ impl NodeConfig {
     }
 
     pub(crate) fn validate(&self) -> io::Result<()> {
-        if self.chunk_size < 4096 || !self.chunk_size.is_power_of_two() {
+        // Spans of a chunk are counted in 32 bits.
+        if self.chunk_size < 4096 || self.chunk_size > 1 << 30 || !self.chunk_size.is_power_of_two()
+        {
             return Err(invalid(format!(
-                "chunk size {} must be a power of two of at least 4 KiB",
+                "chunk size {} must be a power of two from 4 KiB to 1 GiB",
                 self.chunk_size
             )));
         }

@@ -52,7 +52,7 @@ struct Args {
     /// Serve the node's counters for Prometheus on this address (GET /metrics).
     #[arg(long, value_name = "HOST:PORT")]
     metrics: Option<SocketAddr>,
-    /// Chunk size: the unit of allocation (power of two, at least 4K).
+    /// Chunk size: the unit of allocation and striping (power of two, 4K to 1G).
     #[arg(long, default_value = "1M", value_parser = parse_size)]
     chunk_size: u64,
     /// Transport: auto (verbs when an RDMA device exists, else tcp), verbs or tcp.

@@ -486,23 +486,25 @@ impl Allocator {
     }
 
     /// Space for `copy`'s chunk with span (`lo`, `len`) instead: on its node if it has room,
-    /// else on the live node with the most free space that none of `others` is on.
+    /// else on the live node with the most free space that none of `others` (the chunk's other
+    /// copies, and the new ones so far) is on.
     pub fn alloc_moved(
         &mut self,
         copy: &ChunkRef,
         others: &[ChunkRef],
         (lo, len): (u32, u32),
     ) -> Option<ChunkRef> {
+        let free = |x: &NodeChunks| others.iter().all(|c| c.node != x.id);
         let same = self
             .nodes
             .get(copy.node as usize)
-            .is_some_and(|n| n.takes(len as u64));
+            .is_some_and(|n| n.takes(len as u64) && free(n));
         let node = match same {
             true => copy.node,
             false => {
                 self.nodes
                     .iter()
-                    .filter(|x| x.takes(len as u64) && others.iter().all(|c| c.node != x.id))
+                    .filter(|x| x.takes(len as u64) && free(x))
                     .max_by_key(|x| x.free.bytes())?
                     .id
             }
@@ -516,6 +518,12 @@ impl Allocator {
             lo,
             len,
         })
+    }
+
+    /// Whether `copies` could move to extents of `len` bytes now (a node with room for each):
+    /// asked before a chunk is frozen for a move that would find none.
+    pub fn can_move(&self, copies: &[ChunkRef], len: u32) -> bool {
+        self.nodes_with_room(len as u64) >= copies.len().max(1)
     }
 
     /// Whether [`Allocator::alloc_replica`] would find a place.

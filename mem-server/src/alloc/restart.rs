@@ -85,7 +85,7 @@ impl Allocator {
         n.dirty = Vec::new();
         for (a, len) in in_use(n.id) {
             if a > at {
-                n.dirty.push((at, a.min(n.reserved) - at));
+                n.dirty.push((at, a.min(n.reserved).saturating_sub(at)));
             }
             at = at.max(a + len);
         }

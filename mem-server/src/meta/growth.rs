@@ -93,7 +93,13 @@ impl MetaService {
                 .collect();
             let mut targets: Replicas = Vec::with_capacity(live.len());
             for c in &live {
-                match st.alloc.alloc_moved(c, &targets, span) {
+                let others: Replicas = live
+                    .iter()
+                    .filter(|o| o.place() != c.place())
+                    .chain(&targets)
+                    .copied()
+                    .collect();
+                match st.alloc.alloc_moved(c, &others, span) {
                     Some(t) => targets.push(t),
                     None => break,
                 }

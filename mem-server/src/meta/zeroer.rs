@@ -78,7 +78,17 @@ impl Zeroer {
                 log::error!("not zeroing freed chunks: {e}");
                 continue;
             }
+            let piece = local.cfg.chunk_size;
             for (node, extents) in dirty {
+                // A chunk at a time: a restart lists what its nodes handed out as extents of
+                // any length, and one write (and its buffer of zeros) must stay small.
+                let extents: Vec<(u64, u64)> = extents
+                    .into_iter()
+                    .flat_map(|(a, len)| {
+                        (0..len.div_ceil(piece))
+                            .map(move |k| (a + k * piece, piece.min(len - k * piece)))
+                    })
+                    .collect();
                 let taken: u64 = extents.iter().map(|&(_, l)| l).sum();
                 let done: Vec<(u64, u64)> = if node == self.local {
                     extents

@@ -52,7 +52,7 @@ impl Namespace {
         Ok((first..=last)
             .filter_map(|i| {
                 let a = offset.max(i * cs) - i * cs;
-                let b = end.min((i + 1) * cs) - i * cs;
+                let b = end.min((i + 1).saturating_mul(cs)) - i * cs;
                 let copies = chunks.get(&i);
                 let have = copies.and_then(|r| r.first()).map(|c| (c.lo, c.len));
                 spans::wanted(have, a, b, cs).map(|span| (i, copies.cloned(), span))
@@ -72,7 +72,7 @@ impl Namespace {
         match self.chunk_mut(ino, index) {
             Some(chunk)
                 if chunk.len() == was.len()
-                    && was.iter().all(|w| chunk.iter().any(|c| same_chunk(c, w))) =>
+                    && was.iter().all(|w| chunk.iter().any(|c| same_copy(c, w))) =>
             {
                 *chunk = copies;
                 self.note_chunk(ino, index);
@@ -228,7 +228,7 @@ impl Namespace {
     /// `source` (it may have been freed, or its replica dropped, while it was copied).
     pub fn add_replica(&mut self, ino: Ino, index: u64, source: &ChunkRef, new: ChunkRef) -> bool {
         match self.chunk_mut(ino, index) {
-            Some(chunk) if chunk.iter().any(|c| same_chunk(c, source)) => {
+            Some(chunk) if chunk.iter().any(|c| same_copy(c, source)) => {
                 chunk.push(new);
                 self.note_chunk(ino, index);
                 true

@@ -99,7 +99,7 @@ impl Namespace {
                     let gone = ChunkRef {
                         addr: c.addr + len as u64,
                         lo: lo + len,
-                        len: c.len - len,
+                        len: c.len.saturating_sub(len),
                         ..c
                     };
                     (keep, gone)

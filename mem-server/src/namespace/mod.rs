@@ -256,3 +256,9 @@ impl Namespace {
 fn same_chunk(a: &ChunkRef, b: &ChunkRef) -> bool {
     a.node == b.node && a.addr == b.addr
 }
+
+/// Whether two references name the same copy as it is now: the same place and the same span
+/// (a copy trimmed or grown since `b` was read is not the one `b` was read from).
+fn same_copy(a: &ChunkRef, b: &ChunkRef) -> bool {
+    same_chunk(a, b) && (a.lo, a.len) == (b.lo, b.len)
+}

@@ -421,16 +421,21 @@ impl<B: Backend> Rfs<B> {
             return Ok(None);
         };
         let end = end.min(index * self.chunk_size + hi);
-        if end <= new {
+        let lo = refs[0]
+            .as_ref()
+            .and_then(|r| r.first())
+            .map_or(0, |c| c.lo as u64);
+        let start = new.max(index * self.chunk_size + lo);
+        if end <= start {
             return Ok(None);
         }
-        let tail = self.read_now(ino, new, (end - new) as usize)?;
-        if let Err(e) = self.overwrite_tail(ino, new, vec![0; tail.len()]) {
+        let tail = self.read_now(ino, start, (end - start) as usize)?;
+        if let Err(e) = self.overwrite_tail(ino, start, vec![0; tail.len()]) {
             // Some copies may have the zeros.
-            self.put_tail_back(ino, (new, tail));
+            self.put_tail_back(ino, (start, tail));
             return Err(e);
         }
-        Ok(Some((new, tail)))
+        Ok(Some((start, tail)))
     }
 
     /// The cut that [`Self::zero_tail`] zeroed ahead of did not happen: the bytes go back.

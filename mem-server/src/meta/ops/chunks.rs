@@ -9,6 +9,7 @@ use rfs_proto::wire::MAX_LIST;
 use rfs_proto::Errno;
 
 use super::{answer, Answer, Ctx};
+use crate::meta::coherence::Recall;
 use crate::meta::effects::is_frozen;
 
 pub(super) fn chunk_map(cx: &mut Ctx<'_>, m: &ChunkMap) -> Answer {
@@ -65,11 +66,19 @@ pub(super) fn allocate(cx: &mut Ctx<'_>, m: &Allocate) -> Answer {
         let mut moving = false;
         for (index, copies, (lo, len)) in grow {
             let copies = copies.unwrap_or_default();
-            // Holders' references to the copies stay good: the addresses do not change.
             match st.alloc.grow_in_place(&copies, lo, len) {
                 Some(grown) => {
                     st.ns.replace_copies(m.ino, index, &copies, grown);
+                    // Other holders' references stay good (the addresses do not change), but
+                    // would read zeros past the old span: they let go of it.
+                    fx.change.recalls.push(Recall {
+                        ino: m.ino,
+                        from: index,
+                        cut: false,
+                    });
+                    fx.quick = true;
                 }
+                None if !st.alloc.can_move(&copies, len) => return Err(Errno::ENOSPC),
                 None => {
                     svc.growth.ask(m.ino, index, (lo, len));
                     moving = true;
