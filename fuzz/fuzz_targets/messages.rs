@@ -46,7 +46,7 @@ fuzz_target!(|data: &[u8]| {
         session: 1,
         seq: 0,
         writable: false,
-        addrs: vec![],
+        extents: vec![],
     });
     let _ = grant.decode_answer(data);
 });
