@@ -3,7 +3,8 @@
 //! to grow (the next power of two, at least [`FIRST_SPAN`]); one that must grow at least
 //! doubles, so that a file written a little at a time grows a few times per chunk, not once
 //! per write. From half a chunk on a span takes the whole chunk. What is past the end of file goes
-//! back at the last close ([`trimmed`]).
+//! back at the last close, but for a tenth of the file's size ([`trimmed`]): a file appended to
+//! again after each close (a log) does not move at every append.
 
 use crate::alloc::PAGE;
 
@@ -34,10 +35,15 @@ pub fn wanted(have: Option<(u32, u32)>, a: u64, b: u64, chunk: u64) -> Option<(u
     }
 }
 
-/// The span a copy keeps of `(lo, len)` when the file ends at byte `end` of the chunk (the
-/// pages past it go back): None if it keeps all of it, `Some(0)` length if nothing.
-pub fn trimmed((lo, len): (u32, u32), end: u64) -> Option<(u32, u32)> {
-    let keep = end.next_multiple_of(PAGE).saturating_sub(lo as u64);
+/// The span a copy keeps of `(lo, len)` when the file, `size` bytes long, ends at byte `end` of
+/// the chunk: the pages up to the end stay, and up to a tenth of the size past it (at most
+/// 1.1 times the size in all, or its last page), the rest goes back. None if it keeps all of it, `Some(0)` length if nothing.
+pub fn trimmed((lo, len): (u32, u32), end: u64, size: u64) -> Option<(u32, u32)> {
+    // At most a tenth over the size (and never short of the last page).
+    let keep_end = end
+        .next_multiple_of(PAGE)
+        .max((end + size / 10) / PAGE * PAGE);
+    let keep = keep_end.saturating_sub(lo as u64);
     (keep < len as u64).then_some((lo, keep as u32))
 }
 
@@ -86,13 +92,22 @@ mod tests {
 
     #[test]
     fn trimming_keeps_the_pages_up_to_the_end_of_file() {
-        assert_eq!(trimmed((0, 16384), 100), Some((0, 4096)));
-        assert_eq!(trimmed((0, 16384), 16384), None);
+        assert_eq!(trimmed((0, 16384), 100, 100), Some((0, 4096)));
+        assert_eq!(trimmed((0, 16384), 16384, 16384), None);
         assert_eq!(
-            trimmed((8192, 16384), 4096),
+            trimmed((8192, 16384), 4096, 4096),
             Some((8192, 0)),
             "all past the end"
         );
-        assert_eq!(trimmed((0, CHUNK as u32), 300_000), Some((0, 303_104)));
+        assert_eq!(
+            trimmed((0, CHUNK as u32), 300_000, 300_000),
+            Some((0, 327_680)),
+            "a tenth of the size stays for appends"
+        );
+        assert_eq!(
+            trimmed((0, CHUNK as u32), 300_000, 20 << 20),
+            None,
+            "a large file's last chunk stays whole"
+        );
     }
 }

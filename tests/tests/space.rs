@@ -4,10 +4,10 @@
 
 use std::fs;
 use std::io::Write;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::time::{Duration, Instant};
 
-use rfs_e2e::{client, MemServer, Mount};
+use rfs_e2e::{client, direct_read, MemServer, Mount};
 use rfs_proto::message::GetStatFs;
 use rfs_proto::MetadataChannel;
 
@@ -124,5 +124,38 @@ fn files_that_grow_past_their_neighbours_keep_their_bytes() {
             let got = fs::read(reader.path(&format!("n{round}-{i}"))).unwrap();
             assert_eq!(got, content(1000 + i, 100), "n{round}-{i}");
         }
+    }
+}
+
+/// A file kept open by its writer grows past the span another mount mapped (in place, the
+/// pool past it being free): the other mount, reading without its page cache, sees every byte
+/// committed, never zeros from the span it mapped before.
+#[test]
+fn a_reader_sees_what_a_writer_adds_past_the_span_it_mapped() {
+    let meta = MemServer::start(&["--memory", "16M", "--chunk-size", "1M"]);
+    let writer = Mount::new(&meta, &[]);
+    let reader = Mount::new(&meta, &[]);
+    let f = fs::File::create(writer.path("grows")).unwrap();
+    let mut want = content(0, 100);
+    f.write_all_at(&want, 0).unwrap();
+    f.sync_all().unwrap();
+    let r = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(reader.path("grows"))
+        .unwrap();
+    for round in 1..10 {
+        let mut got = Vec::new();
+        while got.len() < want.len() {
+            let (page, _) = direct_read(&r, got.len() as u64);
+            let page = page.unwrap();
+            assert!(!page.is_empty(), "round {round}: short at {}", got.len());
+            got.extend_from_slice(&page);
+        }
+        assert!(got == want, "round {round}: the reader's bytes differ");
+        let piece = content(round, 7000 * round);
+        f.write_all_at(&piece, want.len() as u64).unwrap();
+        f.sync_all().unwrap();
+        want.extend_from_slice(&piece);
     }
 }

@@ -88,6 +88,21 @@ pub(crate) fn by_node<'a>(
 }
 
 impl Effects {
+    /// Copies of `ino`'s chunks that moved (to other nodes, or to larger extents), dropped
+    /// from its map: its holders let go of the map, and the old copies are kept out of reuse
+    /// for a lease, since a write's late drop of the copies it missed may still name one
+    /// ([`super::MetaState::moved`]).
+    pub(crate) fn moved_off(ino: Ino, old: Vec<ChunkRef>) -> Effects {
+        let mut effects = Effects {
+            freed: old,
+            quick: true,
+            linger: true,
+            ..Effects::default()
+        };
+        effects.change.remaps.push(ino);
+        effects
+    }
+
     /// Records chunks freed from `ino` (from chunk index `from` on), with its contents.
     pub(crate) fn freed(&mut self, ino: Ino, from: u64, chunks: Vec<ChunkRef>) {
         self.give_back(ino, from, chunks, true);

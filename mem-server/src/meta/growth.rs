@@ -139,16 +139,12 @@ impl MetaService {
             return;
         }
         for (from, to) in &targets {
-            // A write's late drop of the copies it missed may name the old one.
             st.moved.insert(from.place(), *to);
         }
-        let mut effects = Effects {
-            freed: old,
-            quick: true,
-            linger: true,
-            ..Effects::default()
-        };
-        effects.change.remaps.push(ino);
-        self.settle(st, None, effects);
+        log::debug!(
+            "inode {ino}: chunk {index} moved to a span of {} bytes (no room to grow in place)",
+            new[0].len
+        );
+        self.settle(st, None, Effects::moved_off(ino, old));
     }
 }

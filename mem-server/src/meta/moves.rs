@@ -126,16 +126,7 @@ impl MetaService {
                 dropped.extend(gone);
             }
             if !dropped.is_empty() {
-                // Kept out of reuse for a lease: a write's late drop of the copies it missed
-                // may still name one ([`MetaState::moved`]).
-                let mut effects = Effects {
-                    freed: dropped,
-                    quick: true,
-                    linger: true,
-                    ..Effects::default()
-                };
-                effects.change.remaps.push(ino);
-                self.settle(self.state.lock(), None, effects);
+                self.settle(self.state.lock(), None, Effects::moved_off(ino, dropped));
             }
             self.thaw(ino, &indices);
             moved += here;

@@ -88,7 +88,7 @@ impl Namespace {
         let end_in_last = size - last.unwrap_or(0) * chunk_size;
         let tail = last.and_then(|l| {
             let c = chunks.get(&l)?.first()?;
-            Some((l, spans::trimmed((c.lo, c.len), end_in_last)?))
+            Some((l, spans::trimmed((c.lo, c.len), end_in_last, size)?))
         });
         if let Some((index, (lo, len))) = tail {
             let copies = chunks.remove(&index).unwrap_or_default();

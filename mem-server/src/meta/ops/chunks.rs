@@ -9,7 +9,6 @@ use rfs_proto::wire::MAX_LIST;
 use rfs_proto::Errno;
 
 use super::{answer, Answer, Ctx};
-use crate::meta::coherence::Recall;
 use crate::meta::effects::is_frozen;
 
 pub(super) fn chunk_map(cx: &mut Ctx<'_>, m: &ChunkMap) -> Answer {
@@ -70,12 +69,11 @@ pub(super) fn allocate(cx: &mut Ctx<'_>, m: &Allocate) -> Answer {
                 Some(grown) => {
                     st.ns.replace_copies(m.ino, index, &copies, grown);
                     // Other holders' references stay good (the addresses do not change), but
-                    // would read zeros past the old span: they let go of it.
-                    fx.change.recalls.push(Recall {
-                        ino: m.ino,
-                        from: index,
-                        cut: false,
-                    });
+                    // would read zeros past the old span: they let go of the map (the caller
+                    // gets the new one in the answer).
+                    if !fx.change.remaps.contains(&m.ino) {
+                        fx.change.remaps.push(m.ino);
+                    }
                     fx.quick = true;
                 }
                 None if !st.alloc.can_move(&copies, len) => return Err(Errno::ENOSPC),
