@@ -20,8 +20,23 @@ use rfs_e2e::{MemServer, Mount};
 
 /// A tiny deterministic generator: the model needs no crate.
 const MIB: u64 = 1 << 20;
-/// Files grow up to this size: several 1 MiB chunks each.
-const MAX_LEN: u64 = 3 * MIB;
+/// What files a run writes: up to `max_len` bytes each, `max_write` bytes at a time.
+#[derive(Clone, Copy)]
+struct Shape {
+    max_len: u64,
+    max_write: u64,
+}
+
+/// Files of several 1 MiB chunks each.
+const LARGE: Shape = Shape {
+    max_len: 3 * MIB,
+    max_write: 256 << 10,
+};
+/// Small files, within a chunk: spans of a few pages that grow, move and are trimmed.
+const SMALL: Shape = Shape {
+    max_len: 64 << 10,
+    max_write: 8 << 10,
+};
 const WRITERS: u64 = 4;
 const FILES_PER_WRITER: usize = 3;
 
@@ -62,6 +77,7 @@ struct Tally {
 /// on, whose fate a kill hid).
 fn writer(
     m: &Mount,
+    shape: Shape,
     w: u64,
     next_id: &AtomicU64,
     stop: &AtomicBool,
@@ -95,9 +111,9 @@ fn writer(
         };
         seq += 1;
         if roll < 80 {
-            let offset = rng.below(MAX_LEN / 8) * 8;
-            let len = (1 + rng.below(256 << 10) / 8) * 8;
-            let len = len.min(MAX_LEN - offset);
+            let offset = rng.below(shape.max_len / 8) * 8;
+            let len = (1 + rng.below(shape.max_write) / 8) * 8;
+            let len = len.min(shape.max_len - offset);
             let mut data = Vec::with_capacity(len as usize);
             for at in (offset..offset + len).step_by(8) {
                 data.extend_from_slice(&word(f.id, seq, at));
@@ -202,7 +218,7 @@ fn check(path: &Path, id: u64, content: Option<&[u8]>) -> u64 {
 
 /// Kills and restarts the metadata node every 0.3-2 s for `secs` under fsyncing writers on
 /// a file system with `replicas` copies on three data nodes, then checks every file.
-fn crash_run(name: &str, replicas: &str, secs: u64) {
+fn crash_run(name: &str, replicas: &str, shape: Shape, secs: u64) {
     let secs = std::env::var("RFS_CRASH_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -219,7 +235,7 @@ fn crash_run(name: &str, replicas: &str, secs: u64) {
             let (writing, stop, next_id, tally, results) =
                 (&writing, &stop, &next_id, &tally, &results);
             s.spawn(move || {
-                let out = writer(writing, w, next_id, stop, tally);
+                let out = writer(writing, shape, w, next_id, stop, tally);
                 results.lock().unwrap().insert(w, out);
             });
         }
@@ -252,7 +268,7 @@ fn crash_run(name: &str, replicas: &str, secs: u64) {
         tally.failed_changes.load(Ordering::Relaxed),
     );
     println!(
-        "replicas {replicas}: {kills} kills in {secs} s, {synced} fsynced writes, {failed} \
+        "{name}, replicas {replicas}: {kills} kills in {secs} s, {synced} fsynced writes, {failed} \
          changes failed, {checked} bytes checked ({known} files byte for byte)"
     );
     // Minima that hold on a loaded machine too: the checks above are what the run is for.
@@ -266,10 +282,15 @@ fn crash_run(name: &str, replicas: &str, secs: u64) {
 
 #[test]
 fn metadata_kills_under_fsynced_writers_at_two_replicas_lose_and_mix_nothing() {
-    crash_run("crash-r2", "2", 30);
+    crash_run("crash-r2", "2", LARGE, 30);
 }
 
 #[test]
 fn metadata_kills_under_fsynced_writers_at_one_replica_lose_and_mix_nothing() {
-    crash_run("crash-r1", "1", 20);
+    crash_run("crash-r1", "1", LARGE, 20);
+}
+
+#[test]
+fn metadata_kills_under_small_file_writers_lose_and_mix_nothing() {
+    crash_run("crash-small", "1", SMALL, 15);
 }

@@ -159,3 +159,57 @@ fn a_reader_sees_what_a_writer_adds_past_the_span_it_mapped() {
         want.extend_from_slice(&piece);
     }
 }
+
+/// A small file that must grow when the pool is full fails with ENOSPC, at once and keeping its
+/// bytes; once space is back, it grows.
+#[test]
+fn a_span_that_cannot_grow_in_a_full_pool_fails_with_enospc_and_keeps_its_bytes() {
+    let meta = MemServer::start(&["--memory", "4M", "--chunk-size", "1M"]);
+    let m = Mount::new(&meta, &[]);
+    let small = content(1, 3000);
+    fs::write(m.path("small"), &small).unwrap();
+    let fill = vec![7u8; 64 << 10];
+    let mut filled = 0;
+    let full = loop {
+        match fs::write(m.path(&format!("fill{filled}")), &fill) {
+            Ok(()) => filled += 1,
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(full.raw_os_error(), Some(libc::ENOSPC), "{full}");
+    assert!(filled >= 50, "{filled} files of 64 KiB in 4 MiB");
+    let start = Instant::now();
+    let grow = fs::OpenOptions::new()
+        .append(true)
+        .open(m.path("small"))
+        .and_then(|mut f| f.write_all(&content(2, 60_000)).and_then(|()| f.sync_all()));
+    assert_eq!(grow.map_err(|e| e.raw_os_error()), Err(Some(libc::ENOSPC)));
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(&fs::read(m.path("small")).unwrap()[..3000], &small[..]);
+    for i in 0..filled.min(4) {
+        fs::remove_file(m.path(&format!("fill{i}"))).unwrap();
+    }
+    let more = content(3, 60_000);
+    let mut want = fs::read(m.path("small")).unwrap();
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .open(m.path("small"))
+        .unwrap();
+    // Freed space comes back once zeroed: a write may wait for it (space_retries).
+    f.write_all(&more).unwrap();
+    f.sync_all().unwrap();
+    want.extend_from_slice(&more);
+    drop(f);
+    assert!(fs::read(m.path("small")).unwrap() == want);
+    for i in 4..filled {
+        assert_eq!(
+            fs::read(m.path(&format!("fill{i}"))).unwrap(),
+            fill,
+            "fill{i}"
+        );
+    }
+}
