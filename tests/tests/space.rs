@@ -213,3 +213,33 @@ fn a_span_that_cannot_grow_in_a_full_pool_fails_with_enospc_and_keeps_its_bytes(
         );
     }
 }
+
+/// Small files at two replicas: a data node killed loses none of them, their spans are copied
+/// again to the node left, and a second kill loses nothing either.
+#[test]
+fn small_files_at_two_replicas_survive_a_killed_node_and_are_copied_again() {
+    let meta = MemServer::start(&["--memory", "16M", "--chunk-size", "1M", "--replicas", "2"]);
+    let mut first = MemServer::data(&meta, "16M", "1M");
+    let mut second = MemServer::data(&meta, "16M", "1M");
+    let m = Mount::new(&meta, &["io_timeout=1"]);
+    let len = |i: usize| 100 + i * 997 % 60_000;
+    for i in 0..200 {
+        fs::write(m.path(&format!("f{i}")), content(i, len(i))).unwrap();
+    }
+    first.kill();
+    for i in 0..200 {
+        assert!(
+            fs::read(m.path(&format!("f{i}"))).unwrap() == content(i, len(i)),
+            "f{i}"
+        );
+    }
+    rfs_e2e::wait_until_whole(&meta, 1, Duration::from_secs(60));
+    second.kill();
+    for i in 0..200 {
+        assert!(
+            fs::read(m.path(&format!("f{i}"))).unwrap() == content(i, len(i)),
+            "f{i}"
+        );
+    }
+    assert_eq!(m.stat("io_errors"), 0);
+}
