@@ -49,7 +49,7 @@ impl Channel {
         // reconnection holds up every call meanwhile. Timed-out dials are tried again.
         s.set_read_timeout(Some(cfg.connect_timeout))?;
         log::debug!("metadata node {addr}: authenticated; setting the queue pairs up");
-        let route = queue_pair_route(cfg.secret.as_deref(), cfg.encrypt)?;
+        let route = queue_pair_route(cfg.secret.as_deref(), cfg.encrypt, key.as_ref())?;
         let mut qps = connect_queue_pairs(ctx, pd, &mut s, 2, cfg.session.caps, &route)?;
         let (cb_qp, cb_cq) = qps.pop().expect("two queue pairs");
         let (qp, cq) = qps.pop().expect("two queue pairs");

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use rdmabox::transport::{Access, Arrivals, Context, DeadlineStream, ProviderKind, QpCaps};
+use rdmabox::transport::{
+    Access, Arrivals, Authenticated, Context, DeadlineStream, ProviderKind, QpCaps,
+};
 use rfs_daemon::metrics::Metric;
 use rfs_proto::frame::send_frame;
 use rfs_proto::handshake;
@@ -326,9 +328,14 @@ impl Shared {
                 };
                 // Counted with its session once handed over: its slot goes back first, so
                 // that the peer's next queue pair never finds it still held.
+                let conn = Authenticated {
+                    stream: s,
+                    keys,
+                    channel: key.map(|k| k.channel()),
+                };
                 self.rt
                     .arrivals
-                    .deliver(s, deadline, keys, move || drop(slot))
+                    .deliver(conn, deadline, move || drop(slot))
             }
             Hello::Data(Data { qps }) => self.serve_data(s, *qps as usize, key, slot),
             Hello::Metadata(m) => meta()?.serve(&self.rt, s, m.client_id, key, slot),
@@ -348,7 +355,9 @@ impl Shared {
     ) -> io::Result<()> {
         let pd = Arc::new(self.rt.ctx.alloc_pd()?);
         // The node never posts on them: on tcp they cost it no threads of their own.
-        let queue_pairs = self.rt.queue_pairs(&pd, &mut s, qps, QpCaps::RESPONDER)?;
+        let queue_pairs =
+            self.rt
+                .queue_pairs(&pd, &mut s, key.as_ref(), qps, QpCaps::RESPONDER)?;
         let session = self.rt.grants.open(pd);
         let pool = PoolDescriptor {
             addr: self.rt.pool.addr(),

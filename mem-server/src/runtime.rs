@@ -13,6 +13,8 @@ use rdmabox::transport::{
     Arrivals, CompletionQueue, Context, MemoryRegion, ProtectionDomain, QpCaps, QpRoute, QueuePair,
 };
 
+use rfs_proto::session_key::SessionKey;
+
 use crate::config::NodeConfig;
 use crate::grants::Grants;
 
@@ -33,17 +35,19 @@ pub(crate) struct Runtime {
 }
 
 impl Runtime {
-    /// Connects `n` queue pairs in `pd` with the peer on the control connection `s`, within
-    /// the setup deadline.
+    /// Connects `n` queue pairs in `pd` with the peer on the control connection `s` (whose
+    /// session key is `key`, which binds them to it), within the setup deadline.
     pub(crate) fn queue_pairs(
         &self,
         pd: &ProtectionDomain,
         s: &mut TcpStream,
+        key: Option<&SessionKey>,
         n: usize,
         caps: QpCaps,
     ) -> io::Result<Vec<(QueuePair, CompletionQueue)>> {
         s.set_read_timeout(Some(SETUP_DEADLINE))?;
-        let route = QpRoute::Arrive(self.arrivals.clone());
+        let binding = key.map(|k| k.control_binding(false));
+        let route = QpRoute::Arrive(self.arrivals.clone(), binding);
         let qps = connect_queue_pairs(&self.ctx, pd, s, n, caps, &route)?;
         s.set_read_timeout(None)?;
         Ok(qps)

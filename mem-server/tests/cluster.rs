@@ -152,7 +152,8 @@ fn raw_metadata_channel(
     )
     .unwrap();
     // Calls on the first queue pair; the second (callbacks) stays open, unused.
-    let route = rfs_proto::handshake::queue_pair_route(secret().as_deref(), false).unwrap();
+    let route =
+        rfs_proto::handshake::queue_pair_route(secret().as_deref(), false, key.as_ref()).unwrap();
     let mut links =
         rdmabox::connect_queue_pairs(&ctx, &pd, &mut s, 2, Default::default(), &route).unwrap();
     std::mem::forget(links.pop());
@@ -482,6 +483,74 @@ fn a_relay_that_forwarded_the_handshake_cannot_use_the_connection() {
         c.call(GetAttr { ino }).unwrap().ino,
         ino,
         "the real client is served"
+    );
+}
+
+/// Another peer holding the cluster's secret that saw a data session's endpoint exchange (in
+/// clear on the path) dials the node first and names the session's queue-pair tokens: it
+/// proves nothing about the session's control connection, so the node turns it away, and the
+/// session's own connection takes the queue pair. (Before, the first connection to name the
+/// tokens got the queue pair, and with it whatever the session was granted.)
+#[test]
+fn a_peer_that_saw_a_sessions_tokens_cannot_take_its_queue_pair() {
+    use rdmabox::transport::{exchange_endpoints, Context, Endpoint, QpCaps};
+    use rfs_proto::handshake::{dial, queue_pair_route};
+    use rfs_proto::hello::{Data, Hello, QueuePair};
+    let meta = meta("16M");
+    if secret().is_none() || rfs_e2e::transport() != "tcp" {
+        return; // tokens are what tcp queue pairs name; without a secret nothing is bound
+    }
+    let timeout = Duration::from_secs(5);
+    let ctx = Context::open(&client_config().transport).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let (mut s, key) = dial(
+        meta.addr,
+        secret().as_deref(),
+        &Hello::Data(Data { qps: 1 }),
+        timeout,
+    )
+    .unwrap();
+    s.set_read_timeout(Some(timeout)).unwrap();
+    let route = queue_pair_route(secret().as_deref(), false, key.as_ref()).unwrap();
+    let cq = ctx.create_cq(64).unwrap();
+    let prepared = ctx
+        .create_qp(&pd, &cq, &cq, QpCaps::default(), &route)
+        .unwrap();
+    let ours = prepared.endpoint().unwrap();
+    let theirs = exchange_endpoints(&mut s, &[ours], route.binding()).unwrap();
+    let (Endpoint::Tcp(ours_tcp), Endpoint::Tcp(node_tcp)) = (ours, theirs[0]) else {
+        unreachable!("tcp endpoints")
+    };
+    // The other peer: authenticated in its own right, naming the session's tokens, with a
+    // proof it can only make up (here: none, and one of its own connection's key).
+    for proof in [[0u8; 32], [0x5a; 32]] {
+        let (mut thief, _) = dial(
+            meta.addr,
+            secret().as_deref(),
+            &Hello::QueuePair(QueuePair { encrypt: false }),
+            timeout,
+        )
+        .unwrap();
+        let mut hello = 0x5242_5150u32.to_le_bytes().to_vec();
+        hello.extend_from_slice(&ours_tcp.token.to_le_bytes());
+        hello.extend_from_slice(&node_tcp.token.to_le_bytes());
+        hello.extend_from_slice(&proof);
+        thief.write_all(&hello).unwrap();
+        thief.set_read_timeout(Some(timeout)).unwrap();
+        let mut answer = [0u8; 1];
+        assert_eq!(
+            thief.read(&mut answer).unwrap_or(0),
+            0,
+            "the node answered the thief's hello"
+        );
+    }
+    prepared
+        .connect(&theirs[0])
+        .expect("the session's own connection takes its queue pair");
+    let pool = rfs_proto::frame::recv_frame(&mut s, 1 << 16).unwrap();
+    assert!(
+        rfs_proto::integrity::open(key.as_ref(), rfs_proto::integrity::POOL, 0, &pool).is_some(),
+        "the session is set up"
     );
 }
 

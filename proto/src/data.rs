@@ -53,7 +53,7 @@ impl DataSession {
         let (mut s, key) = dial(addr, secret, &hello, timeout)?;
         // A node that goes silent during setup fails the connect instead of hanging it.
         s.set_read_timeout(Some(timeout))?;
-        let route = queue_pair_route(secret, encrypt)?;
+        let route = queue_pair_route(secret, encrypt, key.as_ref())?;
         let qps = connect_queue_pairs(ctx, pd, &mut s, cfg.qps, cfg.caps, &route)?;
         let sealed = recv_frame(&mut s, MAX_POOL_FRAME + integrity::TAG)?;
         let frame =

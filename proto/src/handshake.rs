@@ -12,7 +12,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdmabox::transport::{DeadlineStream, QpRoute};
+use rdmabox::transport::{Authenticated, DeadlineStream, QpRoute};
 
 use hmac::Mac;
 
@@ -219,10 +219,15 @@ pub fn dial(
     Ok((s, key))
 }
 
-/// The route of the queue pairs of a connection we dialed: each dials the node's one port
-/// too, authenticated like any connection, and says it is a queue pair; with `encrypt`,
-/// everything on it after the queue pair's hello is encrypted with keys of its own.
-pub fn queue_pair_route(secret: Option<&[u8]>, encrypt: bool) -> io::Result<QpRoute> {
+/// The route of the queue pairs of a connection we dialed (whose key is `control`): each
+/// dials the node's one port too, authenticated like any connection, says it is a queue pair,
+/// and proves it was set up on that control connection; with `encrypt`, everything on it
+/// after the queue pair's hello is encrypted with keys of its own.
+pub fn queue_pair_route(
+    secret: Option<&[u8]>,
+    encrypt: bool,
+    control: Option<&SessionKey>,
+) -> io::Result<QpRoute> {
     if encrypt && secret.is_none() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -231,10 +236,18 @@ pub fn queue_pair_route(secret: Option<&[u8]>, encrypt: bool) -> io::Result<QpRo
     }
     let secret: Option<Arc<[u8]>> = secret.map(Arc::from);
     let hello = Hello::QueuePair(QueuePair { encrypt });
-    Ok(QpRoute::Dial(Arc::new(move |addr, timeout| {
-        let (s, key) = dial(addr, secret.as_deref(), &hello, timeout)?;
-        Ok((s, key.filter(|_| encrypt).map(|k| k.wire_keys(true))))
-    })))
+    let dialer: rdmabox::transport::Dialer = Arc::new(move |addr, timeout| {
+        let (stream, key) = dial(addr, secret.as_deref(), &hello, timeout)?;
+        Ok(Authenticated {
+            stream,
+            keys: key.as_ref().filter(|_| encrypt).map(|k| k.wire_keys(true)),
+            channel: key.map(|k| k.channel()),
+        })
+    });
+    Ok(QpRoute::Dial(
+        dialer,
+        control.map(|k| k.control_binding(true)),
+    ))
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! connection ([`crate::integrity`]) and the keys that encrypt a queue pair's connection.
 
 use hmac::{Hmac, Mac};
-use rdmabox::transport::WireKeys;
+use rdmabox::transport::{ControlBinding, WireKeys};
 use sha2::Sha256;
 
 /// Bytes of a key and of a MAC (HMAC-SHA256).
@@ -30,6 +30,22 @@ impl SessionKey {
                 .into_bytes()
                 .into(),
         )
+    }
+
+    /// What ties the queue pairs set up on the connection of this key to it, as the side that
+    /// dialed it (`dialer`) or the node holds it.
+    pub fn control_binding(&self, dialer: bool) -> ControlBinding {
+        ControlBinding::new(self.derived(b"queue pairs of this connection"), dialer)
+    }
+
+    /// The value only the two ends of this key's connection know, which a queue pair's hello
+    /// on it proves with its control connection's binding (never the key itself).
+    pub fn channel(&self) -> [u8; MAC] {
+        self.derived(b"channel")
+    }
+
+    fn derived(&self, what: &[u8]) -> [u8; MAC] {
+        mac(&self.0, what, &[], &[]).finalize().into_bytes().into()
     }
 
     /// The keys that encrypt a queue pair's connection authenticated with this key, as the

@@ -26,8 +26,10 @@ use crate::errno::Errno;
 /// 19: chunk maps carry the file's count of cuts ([`crate::types::FileMap`]), and the
 /// metadata node zeroes the tail of the chunk a cut splits; `Drain` moves a node's copies off,
 /// `Rebalance` evens the nodes' fill out. 20: a chunk's copy may hold a span of it
-/// ([`crate::types::ChunkRef`]), and `Allocate` asks for bytes, not chunks.
-pub const VERSION: u8 = 20;
+/// ([`crate::types::ChunkRef`]), and `Allocate` asks for bytes, not chunks. 21: queue pairs
+/// are bound to their control connection (its MAC on the endpoints and in each tcp queue
+/// pair's hello).
+pub const VERSION: u8 = 21;
 /// Bounds what one list (readdir page, chunk map, node list) may carry: a message is at most
 /// 64 KiB.
 pub const MAX_LIST: u32 = 256;

@@ -106,12 +106,12 @@ fn pair_of(caps: QpCaps, b_caps: QpCaps) -> (Side, Side) {
     let b = std::thread::spawn(move || {
         let h = half(b_caps, Role::Second);
         let mut c = TcpStream::connect(addr).unwrap();
-        let remote = exchange_endpoints(&mut c, &[h.prepared.endpoint().unwrap()]).unwrap();
+        let remote = exchange_endpoints(&mut c, &[h.prepared.endpoint().unwrap()], None).unwrap();
         h.connect(&remote[0])
     });
     let h = half(caps, Role::First);
     let (mut s, _) = l.accept().unwrap();
-    let remote = exchange_endpoints(&mut s, &[h.prepared.endpoint().unwrap()]).unwrap();
+    let remote = exchange_endpoints(&mut s, &[h.prepared.endpoint().unwrap()], None).unwrap();
     let a = h.connect(&remote[0]);
     (a, b.join().unwrap())
 }
@@ -957,7 +957,7 @@ fn peer_process() {
     let h = half(QpCaps::default(), Role::Second);
     let mem = h.pd.alloc_region(64 << 20, Access::ALL).unwrap();
     let mut c = TcpStream::connect(addr).unwrap();
-    let remote = exchange_endpoints(&mut c, &[h.prepared.endpoint().unwrap()]).unwrap();
+    let remote = exchange_endpoints(&mut c, &[h.prepared.endpoint().unwrap()], None).unwrap();
     let r = mem.remote();
     let mut msg = Vec::new();
     msg.extend_from_slice(&r.addr.to_le_bytes());
@@ -1023,7 +1023,7 @@ impl ChildPeer {
         let child = KillOnDrop(child);
         let h = half(QpCaps::default(), Role::First);
         let (mut c, _) = l.accept().unwrap();
-        let remote = exchange_endpoints(&mut c, &[h.prepared.endpoint().unwrap()]).unwrap();
+        let remote = exchange_endpoints(&mut c, &[h.prepared.endpoint().unwrap()], None).unwrap();
         let mut m = [0u8; 20];
         c.read_exact(&mut m).unwrap();
         let region = RemoteRegion {

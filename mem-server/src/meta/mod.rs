@@ -353,7 +353,7 @@ impl MetaService {
         slot: impl Send + 'static,
     ) -> io::Result<()> {
         let peer = s.peer_addr()?;
-        let mut qps = node.queue_pairs(&node.pd, &mut s, 2, QpCaps::default())?;
+        let mut qps = node.queue_pairs(&node.pd, &mut s, key.as_ref(), 2, QpCaps::default())?;
         let (cb_qp, cb_cq) = qps.pop().expect("two queue pairs");
         let calls = qps.pop().expect("two queue pairs");
         let stop = Arc::new(AtomicBool::new(false));

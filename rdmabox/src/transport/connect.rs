@@ -37,7 +37,7 @@ pub fn connect_queue_pairs(
         local.push(qp.endpoint()?);
         prepared.push((qp, cq));
     }
-    let remote = exchange_endpoints(control, &local)?;
+    let remote = exchange_endpoints(control, &local, route.binding())?;
     if remote.len() != n {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,

@@ -4,6 +4,7 @@ use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
+use super::binding::{ControlBinding, PROOF_LEN};
 use super::deadline::DeadlineStream;
 
 use super::tcp::TcpEndpoint;
@@ -21,7 +22,8 @@ pub enum Endpoint {
 const TAG_TCP: u8 = 1;
 const TAG_VERBS: u8 = 2;
 const MAGIC: &[u8; 4] = b"RBXE";
-const VERSION: u16 = 1;
+const VERSION: u16 = 2;
+const PROOF_OF: &[u8] = b"endpoints";
 /// More queue pairs than any session uses; bounds what a hostile peer can make us read.
 const MAX_ENDPOINTS: usize = 256;
 
@@ -101,9 +103,16 @@ impl Endpoint {
 /// no port of its own (port 0) is reached where the control connection was, so its whole
 /// address becomes the control connection's peer address.
 ///
+/// With a binding, each side's message carries its MAC: endpoints altered on the path (a
+/// relay naming queue pairs of its own) fail the exchange.
+///
 /// When the stream has a read timeout, it bounds the whole exchange, not each read: a server
 /// sets one so that a peer that goes silent (or drips) cannot pin its queue pairs.
-pub fn exchange_endpoints(stream: &mut TcpStream, local: &[Endpoint]) -> io::Result<Vec<Endpoint>> {
+pub fn exchange_endpoints(
+    stream: &mut TcpStream,
+    local: &[Endpoint],
+    binding: Option<&ControlBinding>,
+) -> io::Result<Vec<Endpoint>> {
     let budget = stream.read_timeout()?;
     if local.len() > MAX_ENDPOINTS {
         return Err(io::Error::new(
@@ -119,6 +128,10 @@ pub fn exchange_endpoints(stream: &mut TcpStream, local: &[Endpoint]) -> io::Res
         let b = e.encode();
         msg.push(b.len() as u8);
         msg.extend_from_slice(&b);
+    }
+    if let Some(binding) = binding {
+        let proof = binding.prove(PROOF_OF, &[&msg]);
+        msg.extend_from_slice(&proof);
     }
     stream.write_all(&msg)?;
 
@@ -147,12 +160,15 @@ pub fn exchange_endpoints(stream: &mut TcpStream, local: &[Endpoint]) -> io::Res
         ));
     }
     let peer = stream.peer_addr()?;
+    let mut received = head.to_vec();
     let mut out = Vec::with_capacity(count);
     for _ in 0..count {
         let mut len = [0u8; 1];
         input.read_exact(&mut len)?;
         let mut b = vec![0u8; len[0] as usize];
         input.read_exact(&mut b)?;
+        received.push(len[0]);
+        received.extend_from_slice(&b);
         let mut e = Endpoint::decode(&b)?;
         if let Endpoint::Tcp(t) = &mut e {
             if t.addr.port() == 0 {
@@ -162,6 +178,17 @@ pub fn exchange_endpoints(stream: &mut TcpStream, local: &[Endpoint]) -> io::Res
             }
         }
         out.push(e);
+    }
+    if let Some(binding) = binding {
+        let mut proof = [0u8; PROOF_LEN];
+        input.read_exact(&mut proof)?;
+        if !binding.verify(PROOF_OF, &[&received], &proof) {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "endpoint exchange: the peer's endpoints lack the control connection's MAC \
+                 (altered on the path)",
+            ));
+        }
     }
     stream.set_read_timeout(budget)?;
     Ok(out)
@@ -217,16 +244,66 @@ mod tests {
         });
         let server = std::thread::spawn(move || {
             let (mut s, _) = l.accept().unwrap();
-            exchange_endpoints(&mut s, &[mine]).unwrap()
+            exchange_endpoints(&mut s, &[mine], None).unwrap()
         });
         let mut c = TcpStream::connect(addr).unwrap();
-        let got = exchange_endpoints(&mut c, &[mine, mine]).unwrap();
+        let got = exchange_endpoints(&mut c, &[mine, mine], None).unwrap();
         let server_got = server.join().unwrap();
         assert_eq!(got.len(), 1);
         assert_eq!(server_got.len(), 2);
         match got[0] {
             Endpoint::Tcp(t) => assert_eq!(t.addr, "127.0.0.1:1000".parse().unwrap()),
             _ => panic!("wrong kind"),
+        }
+    }
+
+    /// Bound to the control connection, endpoints pass whole, and an endpoint altered on the
+    /// way (a relay naming a token of its own) fails the exchange on the side that reads it.
+    #[test]
+    fn bound_endpoints_pass_whole_and_altered_ones_fail() {
+        use crate::transport::ControlBinding;
+        let mine = |token| {
+            Endpoint::Tcp(TcpEndpoint {
+                addr: "127.0.0.1:1000".parse().unwrap(),
+                qpn: 1,
+                token,
+            })
+        };
+        for alter in [false, true] {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = l.local_addr().unwrap();
+            let node = std::thread::spawn(move || {
+                let (mut s, _) = l.accept().unwrap();
+                let b = ControlBinding::new([1; 32], false);
+                exchange_endpoints(&mut s, &[mine(7)], Some(&b))
+            });
+            // A relay in the middle that, when told to, changes the dialer's token.
+            let relay = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let relay_addr = relay.local_addr().unwrap();
+            std::thread::spawn(move || {
+                let (mut c, _) = relay.accept().unwrap();
+                let mut n = TcpStream::connect(addr).unwrap();
+                let mut msg = vec![0u8; 8 + 1 + 31 + PROOF_LEN];
+                c.read_exact(&mut msg).unwrap();
+                if alter {
+                    msg[8 + 1 + 23] ^= 1;
+                }
+                n.write_all(&msg).unwrap();
+                let mut back = Vec::new();
+                let _ = n.read_to_end(&mut back);
+                let _ = c.write_all(&back);
+            });
+            let mut c = TcpStream::connect(relay_addr).unwrap();
+            let b = ControlBinding::new([1; 32], true);
+            let got = exchange_endpoints(&mut c, &[mine(5)], Some(&b));
+            let node_got = node.join().unwrap();
+            if alter {
+                let e = node_got.unwrap_err();
+                assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+            } else {
+                assert_eq!(node_got.unwrap(), vec![mine(5)]);
+                assert_eq!(got.unwrap(), vec![mine(7)]);
+            }
         }
     }
 }

@@ -8,6 +8,7 @@
 //! connected by exchanging [`Endpoint`]s over a TCP control connection ([`exchange_endpoints`]);
 //! [`connect_queue_pairs`] does the whole setup for a set of queue pairs.
 
+mod binding;
 mod connect;
 mod deadline;
 mod endpoint;
@@ -27,12 +28,13 @@ use std::time::Duration;
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
+pub use binding::ControlBinding;
 pub use connect::connect_queue_pairs;
 pub use deadline::DeadlineStream;
 pub use endpoint::{exchange_endpoints, Endpoint};
 pub use memory::{MemoryRegion, Sge};
 pub use region::{Access, RemoteAddr, RemoteRegion};
-pub use tcp::{Arrivals, Dialer, InlineConsumer, QpRoute, TcpConfig, WireKeys};
+pub use tcp::{Arrivals, Authenticated, Dialer, InlineConsumer, QpRoute, TcpConfig, WireKeys};
 pub use types::{
     Completion, PostError, QpCaps, QpState, RecvWr, SendOp, SendWr, WcOpcode, WcStatus,
 };

@@ -36,7 +36,7 @@ use std::time::Duration;
 pub use cq::Cq;
 pub use event_loop::loop_threads;
 pub use qp::{configure_socket, PreparedQp, Qp};
-pub use route::{Arrivals, Dialer, QpRoute};
+pub use route::{Arrivals, Authenticated, Dialer, QpRoute};
 pub use seal::WireKeys;
 
 use super::memory::{Backing, MemoryRegion, MrInner, Registration as AnyRegistration};

@@ -78,7 +78,7 @@ fn raw_peer_cq(
     let accepting = std::thread::spawn(move || prepared.connect(&Endpoint::Tcp(fake)));
     let mut s = TcpStream::connect(ep.addr).unwrap();
     s.write_all(&hello(0, ep.token)).unwrap();
-    let mut answer = [0u8; 20];
+    let mut answer = hello(0, 0);
     s.read_exact(&mut answer).unwrap();
     (s, accepting.join().unwrap().unwrap(), cq)
 }
