@@ -333,9 +333,7 @@ impl Shared {
                     keys,
                     channel: key.map(|k| k.channel()),
                 };
-                self.rt
-                    .arrivals
-                    .deliver(conn, deadline, move || drop(slot))
+                self.rt.arrivals.deliver(conn, deadline, move || drop(slot))
             }
             Hello::Data(Data { qps }) => self.serve_data(s, *qps as usize, key, slot),
             Hello::Metadata(m) => meta()?.serve(&self.rt, s, m.client_id, key, slot),
@@ -355,9 +353,9 @@ impl Shared {
     ) -> io::Result<()> {
         let pd = Arc::new(self.rt.ctx.alloc_pd()?);
         // The node never posts on them: on tcp they cost it no threads of their own.
-        let queue_pairs =
-            self.rt
-                .queue_pairs(&pd, &mut s, key.as_ref(), qps, QpCaps::RESPONDER)?;
+        let queue_pairs = self
+            .rt
+            .queue_pairs(&pd, &mut s, key.as_ref(), qps, QpCaps::RESPONDER)?;
         let session = self.rt.grants.open(pd);
         let pool = PoolDescriptor {
             addr: self.rt.pool.addr(),
