@@ -4,10 +4,12 @@ mount over tcp, with the node and the mount run plain and then with --encrypt / 
 alternating, so that both meet the same machine. Prints MB/s, the CPU seconds node and mount
 spent per GiB, and the ratios.
 
-    sudo python3 iozone/encryption.py [--size 1G] [--rounds 3] [--pin]
+    sudo python3 iozone/encryption.py [--size 1G] [--rounds 3] [--pin] [--bin DIR]
 
 --pin puts the node on CPU 0 and the mount and dd on CPU 1, as if each side had a host (of one
 core) to itself; without it all three share every core.
+
+--bin takes mem-server and fs-client from DIR (default target/release), to compare builds.
 
 Needs the release binaries (cargo build --release) and fuse3; runs as root (drops caches)."""
 
@@ -84,7 +86,10 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--port", type=int, default=17490)
     p.add_argument("--pin", action="store_true", help="node on CPU 0, mount and dd on CPU 1")
+    p.add_argument("--bin", type=Path, help="where mem-server and fs-client are")
     a = p.parse_args()
+    global BIN
+    BIN = a.bin or BIN
     size_mib = int(a.size[:-1]) * (1024 if a.size.endswith("G") else 1)
     runs = {False: [], True: []}
     for i in range(a.rounds):

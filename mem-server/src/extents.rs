@@ -144,6 +144,43 @@ impl FreeExtents {
         }
     }
 
+    /// Free bytes in each `unit`-aligned window below the never-used tail that has any: (the
+    /// window's address, its free bytes). Used space lies in these windows and in those not
+    /// listed.
+    pub(crate) fn free_per_window(&self) -> BTreeMap<u64, u64> {
+        let mut out = BTreeMap::new();
+        for (&a, &l) in &self.by_addr {
+            let mut at = a;
+            while at < a + l {
+                let window = self.base + (at - self.base) / self.unit * self.unit;
+                let upto = (window + self.unit).min(a + l);
+                *out.entry(window).or_default() += upto - at;
+                at = upto;
+            }
+        }
+        out
+    }
+
+    /// Takes every free piece of `[lo, hi)` (below the never-used tail): the pieces.
+    pub(crate) fn take_within(&mut self, lo: u64, hi: u64) -> Vec<(u64, u64)> {
+        let hi = hi.min(self.next_fresh);
+        let mut pieces = Vec::new();
+        let first = self.by_addr.range(..lo).next_back().map(|(&a, _)| a);
+        let starts: Vec<(u64, u64)> = first
+            .into_iter()
+            .chain(self.by_addr.range(lo..hi).map(|(&a, _)| a))
+            .map(|a| (a, self.by_addr[&a]))
+            .collect();
+        for (a, l) in starts {
+            let (from, to) = (a.max(lo), (a + l).min(hi));
+            if from < to {
+                self.take_at(from, to - from);
+                pieces.push((from, to - from));
+            }
+        }
+        pieces
+    }
+
     /// Gives back `[addr, addr + len)` (zeroed): it merges with free neighbours.
     pub(crate) fn give(&mut self, mut addr: u64, mut len: u64) {
         if len == 0 {
@@ -306,5 +343,41 @@ mod tests {
         assert!(f.bytes() > pool / 2);
         assert_eq!(f.units(), 64, "each chunk's free second half, whole");
         assert_eq!(f.take(CHUNK, CHUNK), None, "no chunk is whole");
+    }
+
+    #[test]
+    fn windows_count_their_free_bytes_and_give_up_their_pieces() {
+        let mut f = FreeExtents::fresh(0, 0, 4 * CHUNK, CHUNK);
+        let all: Vec<u64> = (0..4 * CHUNK / GRANULE)
+            .map(|_| f.take(GRANULE, GRANULE).unwrap())
+            .collect();
+        // Every other page of the first two windows, and the last page of the first, which
+        // makes one extent across their border.
+        for &a in all.iter().take(2 * (CHUNK / GRANULE) as usize).step_by(2) {
+            f.give(a, GRANULE);
+        }
+        f.give(CHUNK - GRANULE, GRANULE);
+        let per = f.free_per_window();
+        assert_eq!(per.len(), 2);
+        assert_eq!(per[&0], CHUNK / 2 + GRANULE);
+        assert_eq!(per[&CHUNK], CHUNK / 2);
+        assert_eq!(f.units(), 0, "fragmented: no whole chunk");
+        let before = f.bytes();
+        let pieces = f.take_within(CHUNK, 2 * CHUNK);
+        assert_eq!(pieces.iter().map(|p| p.1).sum::<u64>(), CHUNK / 2);
+        assert!(pieces
+            .iter()
+            .all(|&(a, l)| a >= CHUNK && a + l <= 2 * CHUNK));
+        assert_eq!(f.bytes(), before - CHUNK / 2);
+        assert_eq!(
+            f.free_per_window().get(&CHUNK),
+            None,
+            "nothing free left there"
+        );
+        assert_eq!(
+            f.free_per_window()[&0],
+            CHUNK / 2 + GRANULE,
+            "the other untouched"
+        );
     }
 }

@@ -47,6 +47,7 @@ impl InProcessService {
         let (meta, kicks) = MetaService::new(&cfg, "in-process".into(), &pool, chunks, &grants)?;
         meta.start_quarantine()?;
         meta.start_growth()?;
+        meta.start_compaction()?;
         Ok(InProcessService {
             meta,
             grants,

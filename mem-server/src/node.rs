@@ -120,6 +120,7 @@ impl Node {
             meta.start_zeroer(rt.clone(), wait)?;
             meta.start_quarantine()?;
             meta.start_growth()?;
+            meta.start_compaction()?;
             meta.start_repair()?;
             meta.start_grace()?;
         }

@@ -371,10 +371,13 @@ impl ChunkCache {
         sequential: bool,
     ) -> Result<FileMap> {
         let cs = self.chunk_size;
-        if let Some((from, _)) = write.filter(|_| sequential && needed < ALLOC_AHEAD) {
-            match Self::allocate(meta, ino, from, (start + ALLOC_AHEAD) * cs, cs) {
-                Err(e) if e.errno() == Errno::ENOSPC => {}
-                r => return r,
+        if let Some((offset, _)) = write.filter(|_| sequential && needed < ALLOC_AHEAD) {
+            // Ahead of need, so asked once: a pool short of whole chunks (ENOSPC, or EAGAIN
+            // while the metadata node makes some out of fragmented space) gives what is needed.
+            let end = (start + ALLOC_AHEAD) * cs;
+            match meta.call(Allocate { ino, offset, end }) {
+                Err(CallError::Remote(Errno::ENOSPC | Errno::EAGAIN)) => {}
+                r => return r.map_err(Error::from),
             }
         }
         match write {

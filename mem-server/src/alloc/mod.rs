@@ -14,6 +14,7 @@ use rfs_proto::Errno;
 use crate::extents::FreeExtents;
 use crate::record::Record;
 
+mod compact;
 mod restart;
 
 /// The unit of a span: spans start and end on a page of the pool.
@@ -45,6 +46,10 @@ pub struct NodeChunks {
     dirty: Vec<(u64, u64)>,
     /// Bytes taken by the zeroer and not yet back.
     zeroing: u64,
+    /// Windows being emptied to make whole chunks again ([`compact`]).
+    compacting: Vec<compact::Window>,
+    /// A window given up on: none is tried again until free space changes.
+    compaction_stuck: bool,
     current: i64,
     /// [`Allocator::rejoins`] as of when it came back after the metadata node's restart.
     rejoined_at: u64,
@@ -140,6 +145,8 @@ impl Allocator {
             ),
             dirty: Vec::new(),
             zeroing: 0,
+            compacting: Vec::new(),
+            compaction_stuck: false,
             current: 0,
             rejoined_at: 0,
         });
@@ -184,6 +191,7 @@ impl Allocator {
         n.reserved = pool_addr;
         n.chunk_size = chunk_size;
         n.free = FreeExtents::fresh(pool_addr, pool_addr, pool_addr, chunk_size);
+        n.compacting.clear();
         n.alive = true;
         let record = Self::node_record(n);
         self.note(record);
@@ -266,7 +274,10 @@ impl Allocator {
                 match n.draining {
                     // Its space is leaving with it.
                     true => (t + pool - n.free.bytes(), f),
-                    false => (t + pool, f + n.free.bytes() + n.dirty_bytes() + n.zeroing),
+                    false => {
+                        let free = n.free.bytes() + n.held_bytes() + n.dirty_bytes() + n.zeroing;
+                        (t + pool, f + free)
+                    }
                 }
             });
         (total, (free + self.pending).min(total))
@@ -542,7 +553,7 @@ impl Allocator {
     pub fn give_back(&mut self, chunks: impl IntoIterator<Item = ChunkRef>) {
         for c in chunks {
             if let Some(n) = self.nodes.get_mut(c.node as usize) {
-                n.free.give(c.addr, c.len as u64);
+                n.give_free(c.addr, c.len as u64);
             }
         }
     }
@@ -588,7 +599,7 @@ impl Allocator {
             let done: u64 = extents.iter().map(|&(_, l)| l).sum();
             n.zeroing = n.zeroing.saturating_sub(done + failed);
             for (a, len) in extents {
-                n.free.give(a, len);
+                n.give_free(a, len);
             }
         }
     }

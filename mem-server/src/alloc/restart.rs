@@ -95,6 +95,7 @@ impl Allocator {
         n.dirty.retain(|&(_, len)| len > 0);
         let end = n.pool_addr + n.total * cs;
         n.free = FreeExtents::fresh(n.pool_addr, n.reserved, end, cs);
+        n.compacting.clear();
         n.zeroing = 0;
         n.current = 0;
         n.alive = true;

@@ -7,6 +7,7 @@
 
 pub(crate) mod callbacks;
 pub(crate) mod coherence;
+mod compaction;
 mod effects;
 mod freeing;
 mod grant_channels;
@@ -87,6 +88,8 @@ pub(crate) struct MetaService {
     pub(crate) repair: Repair,
     /// Chunks whose span must move to grow.
     growth: growth::Growth,
+    /// Whole chunks made again out of fragmented space, when asked for.
+    compaction: compaction::Compaction,
     /// Whether copies move to even the nodes' fill out when one joins (else only on
     /// `rfs rebalance`).
     rebalance_on_join: bool,
@@ -166,6 +169,16 @@ impl MetaService {
                 "zeroed_bytes",
                 "Bytes of freed space zeroed before reuse (a new file must read zeros)",
                 self.zeroer.zeroed_bytes(),
+            ),
+            Metric::counter(
+                "compaction_chunks_made",
+                "Whole chunks made again by moving small spans out of a fragmented window",
+                self.compaction.chunks_made.load(Ordering::Relaxed),
+            ),
+            Metric::counter(
+                "compaction_moved_bytes",
+                "Bytes of spans moved out of windows being emptied",
+                self.compaction.bytes_moved.load(Ordering::Relaxed),
             ),
             Metric::gauge(
                 "chunks_short_of_replicas",
@@ -267,6 +280,7 @@ impl MetaService {
             replicas: cfg.replicas as usize,
             repair: Repair::new(cfg.repair_rate),
             growth: growth::Growth::new(),
+            compaction: compaction::Compaction::new(),
             rebalance_on_join: cfg.rebalance_on_join,
             dispatcher: Dispatcher::start("session")?,
         });

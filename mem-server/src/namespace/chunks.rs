@@ -181,6 +181,13 @@ impl Namespace {
         self.chunks_where(|chunk| chunk.iter().any(|c| on(c.node)), limit)
     }
 
+    /// The chunks with a copy on `node` that lies (at least partly) in `[lo, hi)` of its
+    /// pool, sorted by file.
+    pub fn copies_within(&self, node: u32, lo: u64, hi: u64) -> Vec<(Ino, u64)> {
+        let inside = |c: &ChunkRef| c.node == node && c.addr < hi && lo < c.addr + c.len as u64;
+        self.chunks_where(|r| r.iter().any(inside), usize::MAX).0
+    }
+
     /// Up to `limit` chunks whose replicas `wanted` says yes to, file by file, and how many
     /// there are in all.
     fn chunks_where(

@@ -53,7 +53,13 @@ pub(super) fn allocate(cx: &mut Ctx<'_>, m: &Allocate) -> Answer {
         let needed = st.ns.spans_needed(m.ino, m.offset, m.end, count)?;
         let (holes, grow): (Vec<_>, Vec<_>) = needed.into_iter().partition(|n| n.1.is_none());
         let spans: Vec<(u32, u32)> = holes.iter().map(|&(_, _, span)| span).collect();
-        let chunks = st.alloc.alloc_spans(&spans, svc.replicas)?;
+        let chunks = match st.alloc.alloc_spans(&spans, svc.replicas) {
+            Err(Errno::ENOSPC) if whole_wanted(&spans, cs) > 0 && st.alloc.compactable() => {
+                svc.compaction.ask(whole_wanted(&spans, cs));
+                return Err(Errno::EAGAIN); // asked again once whole chunks were made
+            }
+            r => r?,
+        };
         if chunks.iter().any(|c| c.len() < svc.replicas) {
             svc.repair.degraded(chunks.len());
         }
@@ -76,11 +82,15 @@ pub(super) fn allocate(cx: &mut Ctx<'_>, m: &Allocate) -> Answer {
                     }
                     fx.quick = true;
                 }
-                None if !st.alloc.can_move(&copies, len) => return Err(Errno::ENOSPC),
-                None => {
+                None if st.alloc.can_move(&copies, len) => {
                     svc.growth.ask(m.ino, index, (lo, len));
                     moving = true;
                 }
+                None if len as u64 >= cs && st.alloc.compactable() => {
+                    svc.compaction.ask(1);
+                    moving = true;
+                }
+                None => return Err(Errno::ENOSPC),
             }
         }
         if moving {
@@ -95,6 +105,12 @@ pub(super) fn allocate(cx: &mut Ctx<'_>, m: &Allocate) -> Answer {
         }
         Err(e) => answer(m, Err(e)),
     }
+}
+
+/// How many of `spans` are whole chunks (of `chunk_size`): what only compaction can make
+/// room for in a pool that has free space but no free chunk.
+fn whole_wanted(spans: &[(u32, u32)], chunk_size: u64) -> usize {
+    spans.iter().filter(|s| s.1 as u64 >= chunk_size).count()
 }
 
 pub(super) fn drop_replicas(cx: &mut Ctx<'_>, m: &DropReplicas) -> Answer {

@@ -1,0 +1,155 @@
+//! Compaction's moving half. When whole chunks are asked for and a pool has none free, only
+//! windows that small spans fragmented ([`crate::alloc`]'s compaction), the allocator picks
+//! windows to empty and holds their free pieces; this thread moves every copy in them out, a
+//! few chunks of one file per freeze as a drain does (frozen, copied by the node's own sessions
+//! into space outside the windows, the map switched, the old copy freed like any moved one:
+//! after a lease, zeroed). As the old copies come back the allocator holds them too; a window
+//! all held is a whole free chunk again. The writer that asked is told EAGAIN meanwhile, and
+//! asks again.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, Sender};
+use rfs_proto::types::{ChunkRef, Ino};
+
+use super::effects::Effects;
+use super::repair::per_freeze;
+use super::MetaService;
+
+/// How long one copy's READ or WRITE may take before its move is given up.
+const COPY_LIMIT: Duration = Duration::from_secs(2);
+/// Chunks of one file moved per freeze.
+const PER_FREEZE: usize = 16;
+/// How often windows are looked at for being whole again.
+const TICK: Duration = Duration::from_millis(100);
+
+/// Whole chunks asked for, and what compaction did.
+pub(crate) struct Compaction {
+    ask: Sender<usize>,
+    asked: Receiver<usize>,
+    /// Windows that came back as whole chunks.
+    pub(crate) chunks_made: AtomicU64,
+    /// Bytes of copies moved out of windows.
+    pub(crate) bytes_moved: AtomicU64,
+}
+
+impl Compaction {
+    pub(crate) fn new() -> Compaction {
+        let (ask, asked) = crossbeam_channel::bounded(1);
+        Compaction {
+            ask,
+            asked,
+            chunks_made: AtomicU64::new(0),
+            bytes_moved: AtomicU64::new(0),
+        }
+    }
+
+    /// Asks for `chunks` whole chunks to be made (asking again while a batch is under way
+    /// adds nothing: the writer asks again when it finds none).
+    pub(crate) fn ask(&self, chunks: usize) {
+        let _ = self.ask.try_send(chunks);
+    }
+}
+
+impl MetaService {
+    /// Starts the thread that empties windows when whole chunks are asked for.
+    pub(crate) fn start_compaction(self: &Arc<Self>) -> std::io::Result<()> {
+        let me = self.clone();
+        // A window whose copies cannot all move (a holder silent for its lease, a node gone)
+        // is given back after two leases and a margin (their old copies linger a lease), so
+        // that a writer asking again gets ENOSPC before it gives up waiting (30 s).
+        let give_up = self.lease * 2 + Duration::from_secs(4);
+        std::thread::Builder::new()
+            .name("compaction".into())
+            .spawn(move || loop {
+                if let Ok(wanted) = me.compaction.asked.recv_timeout(TICK) {
+                    let windows = me.state.lock().alloc.start_compaction(wanted);
+                    for (node, addr) in windows {
+                        me.empty_window(node, addr);
+                    }
+                }
+                let made = me.state.lock().alloc.finish_compaction(give_up);
+                if made > 0 {
+                    me.compaction
+                        .chunks_made
+                        .fetch_add(made as u64, Ordering::Relaxed);
+                    log::debug!("compaction: {made} whole chunks made");
+                }
+            })?;
+        Ok(())
+    }
+
+    /// Moves every copy out of the window at `addr` of `node`'s pool.
+    fn empty_window(&self, node: u32, addr: u64) {
+        let inside = {
+            let st = self.state.lock();
+            st.ns.copies_within(node, addr, addr + st.ns.chunk_size())
+        };
+        for (ino, indices) in per_freeze(&inside, PER_FREEZE) {
+            let indices = self.freeze(ino, &indices);
+            let moved: Vec<ChunkRef> = indices
+                .iter()
+                .filter_map(|&index| self.move_out_of_window(ino, index))
+                .collect();
+            if !moved.is_empty() {
+                self.settle(self.state.lock(), None, Effects::moved_off(ino, moved));
+            }
+            self.thaw(ino, &indices);
+        }
+    }
+
+    /// Moves the copy of chunk `index` of `ino` (frozen) that lies in a window being emptied
+    /// to space outside it: the old copy, once the map names the new one instead.
+    fn move_out_of_window(&self, ino: Ino, index: u64) -> Option<ChunkRef> {
+        let (old, leaving, target) = {
+            let mut st = self.state.lock();
+            let old = st.ns.replicas(ino, index)?;
+            let leaving = old.iter().copied().find(|c| st.alloc.in_window(c))?;
+            if !st.alloc.is_alive(leaving.node) {
+                return None;
+            }
+            let others: Vec<ChunkRef> = old
+                .iter()
+                .copied()
+                .filter(|c| c.place() != leaving.place())
+                .collect();
+            let target = st
+                .alloc
+                .alloc_moved(&leaving, &others, (leaving.lo, leaving.len))?;
+            (old, leaving, target)
+        };
+        // The journal must say the target was handed out before data lands in it: a restart
+        // takes what is past it for zeros.
+        let copied = self.state.sync().and_then(|()| {
+            let data = self
+                .zeroer
+                .read_chunk(&leaving, leaving.len as usize, COPY_LIMIT)?;
+            self.zeroer.write_chunk(&target, 0, data, COPY_LIMIT)
+        });
+        let new: Vec<ChunkRef> = old
+            .iter()
+            .map(|c| match c.place() == leaving.place() {
+                true => target,
+                false => *c,
+            })
+            .collect();
+        let mut st = self.state.lock();
+        if copied.is_err() || !st.ns.replace_copies(ino, index, &old, new) {
+            // Never in a map: zeroed and reused like any freed space.
+            st.alloc.release([target]);
+            drop(st);
+            self.zeroer.kick();
+            if let Err(e) = copied {
+                log::warn!("compaction: inode {ino}: chunk {index}: {e}");
+            }
+            return None;
+        }
+        st.moved.insert(leaving.place(), target);
+        self.compaction
+            .bytes_moved
+            .fetch_add(leaving.len as u64, Ordering::Relaxed);
+        Some(leaving)
+    }
+}
