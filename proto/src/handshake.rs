@@ -1,11 +1,15 @@
 //! Who may connect. With a shared secret: mutual challenge-response over the control connection
-//! (HMAC-SHA256 over both nonces; the secret never crosses the wire). Without one (a node run
+//! (HMAC-SHA256 over both nonces and ephemeral keys; the secret never crosses the wire). Without one (a node run
 //! with --insecure): anyone.
 //!
-//! Greeting (server): magic, auth flag, 32-byte nonce. Answer (client): its nonce and its MAC.
-//! Verdict (server): status byte and the server's MAC, which the client checks in turn. Both
-//! ends then hold a [`SessionKey`] that nobody on the path can derive: what follows on the
-//! connection is authenticated with it ([`crate::integrity`]).
+//! Greeting (server): magic, auth flag, 32-byte nonce, ephemeral X25519 public key. Answer
+//! (client): its nonce, its public key and its MAC over both sides' nonces and keys. Verdict
+//! (server): status byte and the server's MAC, which the client checks in turn. Both ends then
+//! hold a [`SessionKey`] derived from the secret, the nonces and what the two ephemeral keys
+//! agree on: nobody on the path can derive it, not even a holder of the secret who watched
+//! (one who sits on the path and answers for both sides can: the secret is shared, so every
+//! holder is trusted that far). What follows on the connection is authenticated with it
+//! ([`crate::integrity`]).
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -15,11 +19,15 @@ use std::time::{Duration, Instant};
 use rdmabox::transport::{Authenticated, DeadlineStream, QpRoute};
 
 use hmac::Mac;
+use ring::agreement;
+use ring::rand::SystemRandom;
 
 /// "RFS" and the generation of the handshake: 2 since what follows it is sealed with the
-/// session key (protocol 16).
-const MAGIC: &[u8; 4] = b"RFS2";
+/// session key (protocol 16), 3 since the key comes from ephemeral keys too (protocol 21).
+const MAGIC: &[u8; 4] = b"RFS3";
 const NONCE: usize = 32;
+/// An X25519 public key.
+const PUBLIC: usize = 32;
 /// How long the node waits for a node to answer its greeting.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -27,6 +35,34 @@ use crate::frame::send_frame;
 use crate::hello::{Hello, QueuePair};
 use crate::integrity;
 use crate::session_key::{mac, SessionKey, MAC};
+
+/// One side's ephemeral X25519 key of a handshake (with a secret; without one, no key is
+/// derived and the public key sent is zeros).
+struct Ephemeral {
+    private: agreement::EphemeralPrivateKey,
+    public: [u8; PUBLIC],
+}
+
+impl Ephemeral {
+    fn new() -> io::Result<Ephemeral> {
+        let failed = |_| io::Error::other("no ephemeral key from the system's random source");
+        let private =
+            agreement::EphemeralPrivateKey::generate(&agreement::X25519, &SystemRandom::new())
+                .map_err(failed)?;
+        let public = private.compute_public_key().map_err(failed)?;
+        let public = public.as_ref().try_into().expect("an X25519 public key");
+        Ok(Ephemeral { private, public })
+    }
+
+    /// What our key and the peer's public key agree on.
+    fn agree(self, peer: &[u8]) -> io::Result<[u8; 32]> {
+        let peer = agreement::UnparsedPublicKey::new(&agreement::X25519, peer);
+        agreement::agree_ephemeral(self.private, &peer, |shared| {
+            <[u8; 32]>::try_from(shared).expect("X25519 agrees on 32 bytes")
+        })
+        .map_err(|_| denied("the peer's ephemeral key is not a valid X25519 key"))
+    }
+}
 
 fn nonce() -> [u8; NONCE] {
     let mut n = [0u8; NONCE];
@@ -65,38 +101,47 @@ pub fn accept_over(
     secret: Option<&[u8]>,
     encrypted_only: bool,
 ) -> io::Result<Option<SessionKey>> {
-    let server_nonce = nonce();
+    let ephemeral = secret.map(|_| Ephemeral::new()).transpose()?;
+    // Our nonce and public key: what our MACs and the peer's cover of our side.
+    let mut ours = nonce().to_vec();
+    ours.extend_from_slice(&ephemeral.as_ref().map_or([0; PUBLIC], |e| e.public));
     let mut greeting = MAGIC.to_vec();
     let flags = if secret.is_some() { NEEDS_AUTH } else { 0 }
         | if encrypted_only { ENCRYPTED_ONLY } else { 0 };
     greeting.push(flags);
-    greeting.extend_from_slice(&server_nonce);
+    greeting.extend_from_slice(&ours);
     s.write_all(&greeting)?;
-    let mut answer = [0u8; NONCE + MAC];
+    let mut answer = [0u8; NONCE + PUBLIC + MAC];
     s.read_exact(&mut answer)?;
-    let (client_nonce, client_mac) = answer.split_at(NONCE);
+    let (theirs, client_mac) = answer.split_at(NONCE + PUBLIC);
     let mut verdict = vec![0u8; 1 + MAC];
     let ok = match secret {
         None => true,
-        Some(k) => mac(k, b"client", &server_nonce, client_nonce)
+        Some(k) => mac(k, b"client", &ours, theirs)
             .verify_slice(client_mac)
             .is_ok(),
     };
     if ok {
         verdict[0] = 1;
         if let Some(k) = secret {
-            verdict[1..].copy_from_slice(
-                &mac(k, b"server", client_nonce, &server_nonce)
-                    .finalize()
-                    .into_bytes(),
-            );
+            verdict[1..].copy_from_slice(&mac(k, b"server", theirs, &ours).finalize().into_bytes());
         }
     }
     s.write_all(&verdict)?;
-    if ok {
-        Ok(secret.map(|k| SessionKey::derive(k, &server_nonce, client_nonce)))
-    } else {
-        Err(denied("peer failed authentication (wrong secret)"))
+    if !ok {
+        return Err(denied("peer failed authentication (wrong secret)"));
+    }
+    match (secret, ephemeral) {
+        (Some(k), Some(e)) => {
+            let shared = e.agree(&theirs[NONCE..])?;
+            Ok(Some(SessionKey::derive(
+                k,
+                &ours[..NONCE],
+                &theirs[..NONCE],
+                &shared,
+            )))
+        }
+        _ => Ok(None),
     }
 }
 
@@ -120,7 +165,7 @@ pub fn connect_over(
     s: &mut (impl Read + Write),
     secret: Option<&[u8]>,
 ) -> io::Result<(Option<SessionKey>, bool)> {
-    let mut greeting = [0u8; 4 + 1 + NONCE];
+    let mut greeting = [0u8; 4 + 1 + NONCE + PUBLIC];
     // The first bytes tell another service at once (an ssh banner, an HTTP error), even one
     // that then closes or says no more: that is no reason to try again.
     let mut got = 0;
@@ -146,7 +191,7 @@ pub fn connect_over(
     }
     let needs_auth = greeting[4] & NEEDS_AUTH != 0;
     let encrypted_only = greeting[4] & ENCRYPTED_ONLY != 0;
-    let server_nonce = &greeting[5..];
+    let theirs = &greeting[5..];
     if !needs_auth && secret.is_some() {
         // Else anyone on the path could pose as the node: nothing after it would be sealed.
         return Err(denied(
@@ -162,14 +207,15 @@ pub fn connect_over(
              or pass --secret-file",
         ));
     }
-    let client_nonce = nonce();
-    let mut answer = client_nonce.to_vec();
-    match secret.filter(|_| needs_auth) {
-        Some(k) => answer.extend_from_slice(
-            &mac(k, b"client", server_nonce, &client_nonce)
-                .finalize()
-                .into_bytes(),
-        ),
+    let secret = secret.filter(|_| needs_auth);
+    let ephemeral = secret.map(|_| Ephemeral::new()).transpose()?;
+    let mut ours = nonce().to_vec();
+    ours.extend_from_slice(&ephemeral.as_ref().map_or([0; PUBLIC], |e| e.public));
+    let mut answer = ours.clone();
+    match secret {
+        Some(k) => {
+            answer.extend_from_slice(&mac(k, b"client", theirs, &ours).finalize().into_bytes())
+        }
         None => answer.extend_from_slice(&[0u8; MAC]),
     }
     s.write_all(&answer)?;
@@ -178,17 +224,16 @@ pub fn connect_over(
     if verdict[0] != 1 {
         return Err(denied("the node refused our secret"));
     }
-    match secret.filter(|_| needs_auth) {
-        Some(k) => {
-            mac(k, b"server", &client_nonce, server_nonce)
+    match (secret, ephemeral) {
+        (Some(k), Some(e)) => {
+            mac(k, b"server", &ours, theirs)
                 .verify_slice(&verdict[1..])
                 .map_err(|_| denied("the node could not prove it knows the secret"))?;
-            Ok((
-                Some(SessionKey::derive(k, server_nonce, &client_nonce)),
-                encrypted_only,
-            ))
+            let shared = e.agree(&theirs[NONCE..])?;
+            let key = SessionKey::derive(k, &theirs[..NONCE], &ours[..NONCE], &shared);
+            Ok((Some(key), encrypted_only))
         }
-        None => Ok((None, encrypted_only)),
+        _ => Ok((None, encrypted_only)),
     }
 }
 
@@ -276,6 +321,67 @@ mod tests {
         assert_eq!(s.0, c.0, "both ends derive the same key");
         let (again, _) = run(Some(b"k1"), Some(b"k1"));
         assert_ne!(again.unwrap().unwrap().0, s.0, "fresh nonces, a fresh key");
+    }
+
+    /// A holder of the secret who recorded a handshake (both nonces, both public keys, both
+    /// MACs) cannot derive its key from them: it also takes what the ephemeral keys agree on.
+    /// And a public key swapped on the path fails the MACs (both ends refuse).
+    #[test]
+    fn the_key_is_not_derived_from_what_crosses_the_wire() {
+        use std::io::{Read, Write};
+        for tamper in [false, true] {
+            let node = TcpListener::bind("127.0.0.1:0").unwrap();
+            let node_addr = node.local_addr().unwrap();
+            let t = std::thread::spawn(move || {
+                let (mut s, _) = node.accept().unwrap();
+                accept(
+                    &mut s,
+                    Some(b"k"),
+                    false,
+                    Instant::now() + HANDSHAKE_TIMEOUT,
+                )
+            });
+            // A relay that records both directions, and may alter the node's public key.
+            let relay = TcpListener::bind("127.0.0.1:0").unwrap();
+            let relay_addr = relay.local_addr().unwrap();
+            let recorder = std::thread::spawn(move || {
+                let (mut c, _) = relay.accept().unwrap();
+                let mut n = TcpStream::connect(node_addr).unwrap();
+                let mut greeting = [0u8; 5 + NONCE + PUBLIC];
+                n.read_exact(&mut greeting).unwrap();
+                if tamper {
+                    greeting[5 + NONCE] ^= 1;
+                }
+                c.write_all(&greeting).unwrap();
+                let mut answer = [0u8; NONCE + PUBLIC + MAC];
+                c.read_exact(&mut answer).unwrap();
+                n.write_all(&answer).unwrap();
+                let mut verdict = [0u8; 1 + MAC];
+                let _ = n.read_exact(&mut verdict);
+                let _ = c.write_all(&verdict);
+                (greeting, answer)
+            });
+            let mut c = TcpStream::connect(relay_addr).unwrap();
+            let client = connect(&mut c, Some(b"k"), Instant::now() + HANDSHAKE_TIMEOUT);
+            let node_side = t.join().unwrap();
+            let (greeting, answer) = recorder.join().unwrap();
+            if tamper {
+                assert!(
+                    node_side.is_err() && client.is_err(),
+                    "a swapped key is refused"
+                );
+                continue;
+            }
+            let key = client.unwrap().0.unwrap();
+            assert_eq!(node_side.unwrap().unwrap().0, key.0);
+            let (server_nonce, client_nonce) = (&greeting[5..5 + NONCE], &answer[..NONCE]);
+            let (server_public, client_public) =
+                (&greeting[5 + NONCE..], &answer[NONCE..NONCE + PUBLIC]);
+            for guess in [&[][..], server_public, client_public] {
+                let k = SessionKey::derive(b"k", server_nonce, client_nonce, guess);
+                assert_ne!(k.0, key.0, "derived from the transcript");
+            }
+        }
     }
 
     #[test]

@@ -17,19 +17,23 @@ pub(crate) fn mac(secret: &[u8], role: &[u8], a: &[u8], b: &[u8]) -> Hmac<Sha256
     m
 }
 
-/// A key both ends of an authenticated connection derive from the secret and both nonces:
-/// one per connection, never sent.
+/// A key both ends of an authenticated connection derive from the secret, both nonces and
+/// their ephemeral keys' agreement: one per connection, never sent.
 #[derive(Clone)]
 pub struct SessionKey(pub(crate) [u8; MAC]);
 
 impl SessionKey {
-    pub(crate) fn derive(secret: &[u8], server_nonce: &[u8], client_nonce: &[u8]) -> SessionKey {
-        SessionKey(
-            mac(secret, b"session", server_nonce, client_nonce)
-                .finalize()
-                .into_bytes()
-                .into(),
-        )
+    /// From the secret, both nonces and the secret both ends' ephemeral keys agree on
+    /// (`shared`): someone who holds the secret and saw the handshake still cannot derive it.
+    pub(crate) fn derive(
+        secret: &[u8],
+        server_nonce: &[u8],
+        client_nonce: &[u8],
+        shared: &[u8],
+    ) -> SessionKey {
+        let mut m = mac(secret, b"session", server_nonce, client_nonce);
+        m.update(shared);
+        SessionKey(m.finalize().into_bytes().into())
     }
 
     /// What ties the queue pairs set up on the connection of this key to it, as the side that
