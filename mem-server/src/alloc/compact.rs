@@ -25,8 +25,6 @@ impl NodeChunks {
     /// Gives back `[addr, addr + len)` (zeroed): the parts within a window being emptied are
     /// held there, the rest is free.
     pub(super) fn give_free(&mut self, addr: u64, len: u64) {
-        // Space changed: a window that could not be emptied before may be now.
-        self.compaction_stuck = false;
         let mut rest = vec![(addr, len)];
         for w in &mut self.compacting {
             let (lo, hi) = (w.addr, w.addr + self.chunk_size);
@@ -62,7 +60,10 @@ impl NodeChunks {
     /// holds fits in the node's free space outside it beside what the windows under way still
     /// hold (counted whole until it is back: a window never waits for room another took).
     fn window_to_empty(&self) -> Option<u64> {
-        if self.compaction_stuck {
+        if self
+            .compaction_stuck
+            .is_some_and(|until| Instant::now() < until)
+        {
             return None;
         }
         let free = self.free.bytes();
@@ -124,8 +125,8 @@ impl Allocator {
 
     /// Gives back the windows all of whose space is held (each a whole free chunk now), and
     /// those older than `give_up` whatever they hold (something in them could not move, or
-    /// its node went; the node's windows are left alone then until its free space changes):
-    /// how many came back whole.
+    /// its node went; no window of that node is tried again for as long): how many came back
+    /// whole.
     pub fn finish_compaction(&mut self, give_up: Duration) -> usize {
         let mut whole = 0;
         for n in &mut self.nodes {
@@ -138,13 +139,37 @@ impl Allocator {
             for w in done {
                 let made = w.held_bytes >= n.chunk_size;
                 whole += usize::from(made);
-                n.compaction_stuck |= !made;
+                if !made {
+                    n.compaction_stuck = Some(Instant::now() + give_up);
+                }
                 for (a, l) in w.held {
                     n.free.give(a, l);
                 }
             }
         }
         whole
+    }
+
+    /// Gives window `addr` of `node` back now, whatever it holds (a span in it found no room
+    /// elsewhere), and tries no window of that node for `cooldown`.
+    pub fn give_up_window(&mut self, node: u32, addr: u64, cooldown: Duration) {
+        let Some(n) = self.nodes.get_mut(node as usize) else {
+            return;
+        };
+        let Some(at) = n.compacting.iter().position(|w| w.addr == addr) else {
+            return;
+        };
+        let w = n.compacting.remove(at);
+        for (a, l) in w.held {
+            n.free.give(a, l);
+        }
+        n.compaction_stuck = Some(Instant::now() + cooldown);
+    }
+
+    /// Whether windows are being emptied: space held now that comes back soon (an
+    /// allocation that finds no room now may find it then).
+    pub fn compacting(&self) -> bool {
+        self.nodes.iter().any(|n| !n.compacting.is_empty())
     }
 
     /// Whether `copy` lies (at least partly) in a window being emptied on its node.
@@ -239,16 +264,30 @@ mod tests {
 
     #[test]
     fn a_window_that_does_not_empty_is_given_back_in_time() {
-        let (mut a, kept) = fragmented();
+        let (mut a, _) = fragmented();
         let free = a.allocatable_bytes();
         assert_eq!(a.start_compaction(2).len(), 2);
         assert!(a.allocatable_bytes() < free, "held back");
+        assert!(a.compacting());
         assert_eq!(a.finish_compaction(Duration::ZERO), 0);
         assert_eq!(a.allocatable_bytes(), free, "free again, nothing lost");
-        assert!(!a.compactable(), "not tried again at once");
-        a.release([kept[0]]);
-        let (node, dirty) = a.take_dirty().pop().unwrap();
-        a.zeroed(node, dirty, 0);
-        assert!(a.compactable(), "tried again once space changed");
+        assert!(!a.compacting());
+        assert!(
+            a.compactable(),
+            "tried again once its time is up (here at once)"
+        );
+    }
+
+    /// A span that finds no hole gives its window up at once, and the node's windows rest
+    /// for the cooldown: a writer is told ENOSPC, not to wait.
+    #[test]
+    fn a_window_given_up_rests_its_node() {
+        let (mut a, _) = fragmented();
+        let free = a.allocatable_bytes();
+        let (node, addr) = a.start_compaction(1)[0];
+        a.give_up_window(node, addr, Duration::from_secs(60));
+        assert_eq!(a.allocatable_bytes(), free, "nothing lost");
+        assert!(!a.compactable() && !a.compacting());
+        assert_eq!(a.start_compaction(1), vec![]);
     }
 }

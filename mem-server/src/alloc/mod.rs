@@ -48,8 +48,8 @@ pub struct NodeChunks {
     zeroing: u64,
     /// Windows being emptied to make whole chunks again ([`compact`]).
     compacting: Vec<compact::Window>,
-    /// A window given up on: none is tried again until free space changes.
-    compaction_stuck: bool,
+    /// A window was given up on: none is tried again until then.
+    compaction_stuck: Option<std::time::Instant>,
     current: i64,
     /// [`Allocator::rejoins`] as of when it came back after the metadata node's restart.
     rejoined_at: u64,
@@ -146,7 +146,7 @@ impl Allocator {
             dirty: Vec::new(),
             zeroing: 0,
             compacting: Vec::new(),
-            compaction_stuck: false,
+            compaction_stuck: None,
             current: 0,
             rejoined_at: 0,
         });

@@ -24,6 +24,9 @@ const COPY_LIMIT: Duration = Duration::from_secs(2);
 const PER_FREEZE: usize = 16;
 /// How often windows are looked at for being whole again.
 const TICK: Duration = Duration::from_millis(100);
+/// Windows emptied at once at least, whatever was asked: each batch waits a lease for the old
+/// copies to come back, so a large file gets its chunks in few batches.
+const BATCH: usize = 128;
 
 /// Whole chunks asked for, and what compaction did.
 pub(crate) struct Compaction {
@@ -65,9 +68,9 @@ impl MetaService {
             .name("compaction".into())
             .spawn(move || loop {
                 if let Ok(wanted) = me.compaction.asked.recv_timeout(TICK) {
-                    let windows = me.state.lock().alloc.start_compaction(wanted);
+                    let windows = me.state.lock().alloc.start_compaction(wanted.max(BATCH));
                     for (node, addr) in windows {
-                        me.empty_window(node, addr);
+                        me.empty_window(node, addr, give_up);
                     }
                 }
                 let made = me.state.lock().alloc.finish_compaction(give_up);
@@ -81,43 +84,69 @@ impl MetaService {
         Ok(())
     }
 
-    /// Moves every copy out of the window at `addr` of `node`'s pool.
-    fn empty_window(&self, node: u32, addr: u64) {
-        let inside = {
+    /// Moves every copy out of the window at `addr` of `node`'s pool; a copy that finds no
+    /// room elsewhere (the holes are too small for it) gives the window up at once.
+    fn empty_window(&self, node: u32, addr: u64, cooldown: Duration) {
+        let (inside, window) = {
             let st = self.state.lock();
-            st.ns.copies_within(node, addr, addr + st.ns.chunk_size())
+            let cs = st.ns.chunk_size();
+            (
+                st.ns.copies_within(node, addr, addr + cs),
+                (node, addr, addr + cs),
+            )
         };
         for (ino, indices) in per_freeze(&inside, PER_FREEZE) {
             let indices = self.freeze(ino, &indices);
-            let moved: Vec<ChunkRef> = indices
-                .iter()
-                .filter_map(|&index| self.move_out_of_window(ino, index))
-                .collect();
+            let mut moved = Vec::new();
+            let mut no_room = false;
+            for &index in &indices {
+                match self.move_out_of_window(ino, index, window) {
+                    Moved::Out(old) => moved.push(old),
+                    Moved::NoRoom => {
+                        no_room = true;
+                        break;
+                    }
+                    Moved::Nothing => {}
+                }
+            }
             if !moved.is_empty() {
                 self.settle(self.state.lock(), None, Effects::moved_off(ino, moved));
             }
             self.thaw(ino, &indices);
+            if no_room {
+                log::info!("compaction: data node {node}: a span in window {addr:#x} finds no hole to move to: given up");
+                self.state.lock().alloc.give_up_window(node, addr, cooldown);
+                return;
+            }
         }
     }
 
-    /// Moves the copy of chunk `index` of `ino` (frozen) that lies in a window being emptied
-    /// to space outside it: the old copy, once the map names the new one instead.
-    fn move_out_of_window(&self, ino: Ino, index: u64) -> Option<ChunkRef> {
+    /// Moves the copy of chunk `index` of `ino` (frozen) that lies in `window` (node, from,
+    /// to) to space outside it.
+    fn move_out_of_window(&self, ino: Ino, index: u64, (node, lo, hi): (u32, u64, u64)) -> Moved {
         let (old, leaving, target) = {
             let mut st = self.state.lock();
-            let old = st.ns.replicas(ino, index)?;
-            let leaving = old.iter().copied().find(|c| st.alloc.in_window(c))?;
+            let Some(old) = st.ns.replicas(ino, index) else {
+                return Moved::Nothing; // gone meanwhile
+            };
+            let inside = |c: &ChunkRef| c.node == node && c.addr < hi && lo < c.addr + c.len as u64;
+            let Some(leaving) = old.iter().copied().find(inside) else {
+                return Moved::Nothing;
+            };
             if !st.alloc.is_alive(leaving.node) {
-                return None;
+                return Moved::Nothing;
             }
             let others: Vec<ChunkRef> = old
                 .iter()
                 .copied()
                 .filter(|c| c.place() != leaving.place())
                 .collect();
-            let target = st
+            let Some(target) = st
                 .alloc
-                .alloc_moved(&leaving, &others, (leaving.lo, leaving.len))?;
+                .alloc_moved(&leaving, &others, (leaving.lo, leaving.len))
+            else {
+                return Moved::NoRoom;
+            };
             (old, leaving, target)
         };
         // The journal must say the target was handed out before data lands in it: a restart
@@ -144,12 +173,22 @@ impl MetaService {
             if let Err(e) = copied {
                 log::warn!("compaction: inode {ino}: chunk {index}: {e}");
             }
-            return None;
+            return Moved::Nothing;
         }
         st.moved.insert(leaving.place(), target);
         self.compaction
             .bytes_moved
             .fetch_add(leaving.len as u64, Ordering::Relaxed);
-        Some(leaving)
+        Moved::Out(leaving)
     }
+}
+
+/// What became of a copy in a window being emptied.
+enum Moved {
+    /// Moved out: the old copy, which the map names no more.
+    Out(ChunkRef),
+    /// No room for it outside the windows.
+    NoRoom,
+    /// Not moved: gone or moved meanwhile, its node down, or the copy failed.
+    Nothing,
 }

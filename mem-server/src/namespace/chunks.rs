@@ -44,6 +44,7 @@ impl Namespace {
         offset: u64,
         end: u64,
         most: u64,
+        room: spans::Room,
     ) -> Result<Vec<SpanNeeded>, Errno> {
         let chunks = self.chunks(ino)?;
         let cs = self.chunk_size;
@@ -55,7 +56,7 @@ impl Namespace {
                 let b = end.min((i + 1).saturating_mul(cs)) - i * cs;
                 let copies = chunks.get(&i);
                 let have = copies.and_then(|r| r.first()).map(|c| (c.lo, c.len));
-                spans::wanted(have, a, b, cs).map(|span| (i, copies.cloned(), span))
+                spans::wanted(have, a, b, cs, room).map(|span| (i, copies.cloned(), span))
             })
             .collect())
     }

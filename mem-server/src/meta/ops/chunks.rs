@@ -10,6 +10,7 @@ use rfs_proto::Errno;
 
 use super::{answer, Answer, Ctx};
 use crate::meta::effects::is_frozen;
+use crate::spans::Room;
 
 pub(super) fn chunk_map(cx: &mut Ctx<'_>, m: &ChunkMap) -> Answer {
     // Only through a handle: the open is where permission was checked.
@@ -40,7 +41,7 @@ pub(super) fn allocate(cx: &mut Ctx<'_>, m: &Allocate) -> Answer {
         false => 0,
     };
     let Ctx { svc, st, fx, .. } = cx;
-    let result = (|| {
+    let mut attempt = |room| {
         if !writable {
             return Err(Errno::EBADF);
         }
@@ -50,14 +51,16 @@ pub(super) fn allocate(cx: &mut Ctx<'_>, m: &Allocate) -> Answer {
         if is_frozen(&st.frozen, m.ino, first, count as u32) {
             return Err(Errno::EAGAIN);
         }
-        let needed = st.ns.spans_needed(m.ino, m.offset, m.end, count)?;
+        let needed = st.ns.spans_needed(m.ino, m.offset, m.end, count, room)?;
         let (holes, grow): (Vec<_>, Vec<_>) = needed.into_iter().partition(|n| n.1.is_none());
         let spans: Vec<(u32, u32)> = holes.iter().map(|&(_, _, span)| span).collect();
         let chunks = match st.alloc.alloc_spans(&spans, svc.replicas) {
             Err(Errno::ENOSPC) if whole_wanted(&spans, cs) > 0 && st.alloc.compactable() => {
-                svc.compaction.ask(whole_wanted(&spans, cs));
+                svc.compaction.ask(whole_wanted(&spans, cs) * svc.replicas);
                 return Err(Errno::EAGAIN); // asked again once whole chunks were made
             }
+            // Space held by windows being emptied comes back within a lease or two.
+            Err(Errno::ENOSPC) if st.alloc.compacting() => return Err(Errno::EAGAIN),
             r => r?,
         };
         if chunks.iter().any(|c| c.len() < svc.replicas) {
@@ -87,9 +90,10 @@ pub(super) fn allocate(cx: &mut Ctx<'_>, m: &Allocate) -> Answer {
                     moving = true;
                 }
                 None if len as u64 >= cs && st.alloc.compactable() => {
-                    svc.compaction.ask(1);
+                    svc.compaction.ask(copies.len().max(1));
                     moving = true;
                 }
+                None if st.alloc.compacting() => moving = true,
                 None => return Err(Errno::ENOSPC),
             }
         }
@@ -97,7 +101,13 @@ pub(super) fn allocate(cx: &mut Ctx<'_>, m: &Allocate) -> Answer {
             return Err(Errno::EAGAIN); // asked again once the chunk moved
         }
         st.ns.chunk_map(m.ino, first, count)
-    })();
+    };
+    // A nearly full pool may have the pages of the write where room to grow does not fit
+    // (holes that trimmed spans left): those rather than ENOSPC.
+    let result = match attempt(Room::ToGrow) {
+        Err(Errno::ENOSPC) => attempt(Room::Tight),
+        r => r,
+    };
     match result {
         Ok(chunks) => {
             cx.st.holders.fetched(cx.cs.id, m.ino);
