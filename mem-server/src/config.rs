@@ -60,7 +60,14 @@ pub struct NodeConfig {
     /// The most inodes the namespace holds: creates past it fail with ENOSPC, so that clients
     /// cannot grow the metadata node's memory without bound (`df -i` shows it).
     pub max_files: u64,
+    /// The most grants (registrations of a copy's extent) one data session holds
+    /// (`--max-grants`); the node holds four times that over all sessions.
+    pub max_grants: usize,
 }
+
+/// The default of [`NodeConfig::max_grants`]: more small files than a data loader holds open
+/// at once, and what a NIC's table of registrations takes four times over.
+pub const DEFAULT_MAX_GRANTS: usize = 65_536;
 
 /// What one inode costs the metadata node, as budgeted for the default file limit: about
 /// what `examples/namespace-scale.rs` measures (about 470 B at a million files, live and after
@@ -172,6 +179,7 @@ impl NodeConfig {
             state_dir: None,
             root_dir: rfs_proto::types::AttrChanges::default(),
             max_files: default_max_files(memory),
+            max_grants: DEFAULT_MAX_GRANTS,
         }
     }
 

@@ -4,6 +4,12 @@
 //! one copy's extent in that domain (its own remote key; small files share chunks of the pool,
 //! and a grant never reaches a neighbour's bytes), and a revocation drops it, after which the
 //! key fails with a remote access error. The pool's own key is never handed out.
+//!
+//! A session holds at most `max_per_session` grants (`--max-grants`), and the node four times
+//! that over all sessions: a client that opens more small files than that at once must not
+//! exhaust the NIC's table of registrations or the node's memory. Past either, the grant made
+//! longest ago (of the session, or of the session holding the most) goes; a transfer through
+//! its key then fails alone, and the client fetches the map again, which grants it again.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -16,15 +22,73 @@ use rfs_proto::Errno;
 
 /// What a copy's extent starts and ends on.
 const PAGE: u64 = 4096;
+/// The node holds at most this many sessions' worth of grants.
+const NODE_SHARES: usize = 4;
 
-/// One data session: its domain and what it was granted, by (address, length, writable).
+/// A grant: a copy's extent (address, length) and whether it may be written.
+type Extent = (u64, u32, bool);
+
+/// One data session: its domain and what it was granted, with when each was granted last.
 struct SessionGrants {
     pd: Arc<ProtectionDomain>,
-    chunks: BTreeMap<(u64, u32, bool), MemoryRegion>,
+    chunks: BTreeMap<Extent, (MemoryRegion, u64)>,
+    /// The grants by when they were granted last: the first goes when the session is full.
+    by_age: BTreeMap<u64, Extent>,
     pool: Option<MemoryRegion>,
 }
 
 impl SessionGrants {
+    fn new(pd: Arc<ProtectionDomain>) -> SessionGrants {
+        SessionGrants {
+            pd,
+            chunks: BTreeMap::new(),
+            by_age: BTreeMap::new(),
+            pool: None,
+        }
+    }
+
+    /// The key of grant `k` if the session holds it, marked as granted at `now`.
+    fn touch(&mut self, k: Extent, now: u64) -> Option<u32> {
+        let (mr, at) = self.chunks.get_mut(&k)?;
+        self.by_age.remove(at);
+        *at = now;
+        self.by_age.insert(now, k);
+        Some(mr.rkey())
+    }
+
+    /// Holds `mr` as grant `k`, granted at `now`, after dropping the oldest grants past
+    /// `most` (how many went).
+    fn insert(&mut self, k: Extent, mr: MemoryRegion, now: u64, most: usize) -> usize {
+        let mut evicted = 0;
+        while self.chunks.len() >= most && self.drop_oldest() {
+            evicted += 1;
+        }
+        self.chunks.insert(k, (mr, now));
+        self.by_age.insert(now, k);
+        evicted
+    }
+
+    /// Drops the grant made longest ago: whether there was one.
+    fn drop_oldest(&mut self) -> bool {
+        let Some((_, oldest)) = self.by_age.pop_first() else {
+            return false;
+        };
+        self.chunks.remove(&oldest);
+        true
+    }
+
+    fn remove(&mut self, k: &Extent) {
+        if let Some((_, at)) = self.chunks.remove(k) {
+            self.by_age.remove(&at);
+        }
+    }
+
+    fn clear(&mut self) {
+        self.chunks.clear();
+        self.by_age.clear();
+        self.pool = None;
+    }
+
     /// Drops every grant that reaches into `[addr, addr + len)` (grants are at most a chunk
     /// long, `longest`).
     fn drop_overlapping(&mut self, addr: u64, len: u64, longest: u64) {
@@ -36,7 +100,7 @@ impl SessionGrants {
             .map(|(k, _)| *k)
             .collect();
         for k in hit {
-            self.chunks.remove(&k);
+            self.remove(&k);
         }
     }
 }
@@ -47,6 +111,10 @@ struct State {
     /// Per chunk of the pool, the number of the latest free that revoked anything in it: a
     /// grant in it decided before is refused.
     freed: Vec<u64>,
+    /// Counts grants as they are made or made again: their age.
+    clock: u64,
+    /// Grants dropped because their session was full.
+    evicted: u64,
 }
 
 /// The node's grant table. One lock covers a grant's check and its registration, and a
@@ -54,6 +122,7 @@ struct State {
 pub(crate) struct Grants {
     pool: Arc<MemoryRegion>,
     chunk_size: u64,
+    max_per_session: usize,
     state: Mutex<State>,
 }
 
@@ -67,16 +136,25 @@ fn grant_access(writable: bool) -> Access {
 }
 
 impl Grants {
-    pub(crate) fn new(pool: Arc<MemoryRegion>, chunk_size: u64) -> Grants {
+    /// The grant table of `pool`, each session holding at most `max_per_session` grants.
+    pub(crate) fn new(pool: Arc<MemoryRegion>, chunk_size: u64, max_per_session: usize) -> Grants {
         let chunks = pool.len() as u64 / chunk_size;
         Grants {
             pool,
             chunk_size,
+            max_per_session: max_per_session.max(1),
             state: Mutex::new(State {
-                sessions: HashMap::new(),
                 freed: vec![0; chunks as usize],
+                ..State::default()
             }),
         }
+    }
+
+    /// (grants held over every session, grants dropped because their session was full).
+    pub(crate) fn counts(&self) -> (u64, u64) {
+        let st = self.state.lock().unwrap();
+        let held = st.sessions.values().map(|s| s.chunks.len() as u64).sum();
+        (held, st.evicted)
     }
 
     /// Names a new data session whose queue pairs are in `pd`; it reaches nothing yet.
@@ -88,14 +166,7 @@ impl Grants {
                 break n;
             }
         };
-        st.sessions.insert(
-            name,
-            SessionGrants {
-                pd,
-                chunks: BTreeMap::new(),
-                pool: None,
-            },
-        );
+        st.sessions.insert(name, SessionGrants::new(pd));
         name
     }
 
@@ -110,8 +181,7 @@ impl Grants {
     pub(crate) fn revoke_everything(&self) {
         let mut st = self.state.lock().unwrap();
         for s in st.sessions.values_mut() {
-            s.chunks.clear();
-            s.pool = None;
+            s.clear();
         }
         st.freed.fill(0);
     }
@@ -131,7 +201,12 @@ impl Grants {
     /// Does what the metadata node asks: the remote keys of a grant, nothing for a revocation.
     pub(crate) fn serve(&self, req: &GrantRequest) -> Result<Vec<u32>, Errno> {
         let mut st = self.state.lock().unwrap();
-        let State { sessions, freed } = &mut *st;
+        let State {
+            sessions,
+            freed,
+            clock,
+            evicted,
+        } = &mut *st;
         match req {
             GrantRequest::GrantChunks(GrantChunks {
                 session,
@@ -139,9 +214,9 @@ impl Grants {
                 writable,
                 extents,
             }) => {
-                let Some(s) = sessions.get_mut(session) else {
+                if !sessions.contains_key(session) {
                     return Ok(vec![0; extents.len()]);
-                };
+                }
                 Ok(extents
                     .iter()
                     .map(|&(addr, len)| {
@@ -155,9 +230,21 @@ impl Grants {
                         if freed[chunks].iter().any(|&f| f > *seq) {
                             return 0; // freed after the grant was decided
                         }
-                        if let Some(mr) = s.chunks.get(&(addr, len, *writable)) {
-                            return mr.rkey();
+                        *clock += 1;
+                        let k = (addr, len, *writable);
+                        let s = sessions.get_mut(session).expect("looked up above");
+                        if let Some(rkey) = s.touch(k, *clock) {
+                            return rkey;
                         }
+                        // The node's bound: the session holding the most gives one up.
+                        let held: usize = sessions.values().map(|s| s.chunks.len()).sum();
+                        if held >= self.max_per_session * NODE_SHARES {
+                            let fattest = sessions.values_mut().max_by_key(|s| s.chunks.len());
+                            if fattest.is_some_and(|f| f.drop_oldest()) {
+                                *evicted += 1;
+                            }
+                        }
+                        let s = sessions.get_mut(session).expect("looked up above");
                         let off = (addr - self.pool.addr()) as usize;
                         match s.pd.register_within(
                             &self.pool,
@@ -167,7 +254,8 @@ impl Grants {
                         ) {
                             Ok(mr) => {
                                 let rkey = mr.rkey();
-                                s.chunks.insert((addr, len, *writable), mr);
+                                let most = self.max_per_session;
+                                *evicted += s.insert(k, mr, *clock, most) as u64;
                                 rkey
                             }
                             Err(e) => {
@@ -185,8 +273,15 @@ impl Grants {
             }) => {
                 if let Some(s) = sessions.get_mut(session) {
                     let addrs: HashSet<u64> = addrs.iter().copied().collect();
-                    s.chunks
-                        .retain(|(a, _, w), _| !(addrs.contains(a) && (*w || !writable_only)));
+                    let gone: Vec<Extent> = s
+                        .chunks
+                        .keys()
+                        .filter(|(a, _, w)| addrs.contains(a) && (*w || !writable_only))
+                        .copied()
+                        .collect();
+                    for k in &gone {
+                        s.remove(k);
+                    }
                 }
                 Ok(Vec::new())
             }
@@ -205,8 +300,7 @@ impl Grants {
             }
             GrantRequest::RevokeSession(RevokeSession { session }) => {
                 if let Some(s) = sessions.get_mut(session) {
-                    s.chunks.clear();
-                    s.pool = None;
+                    s.clear();
                 }
                 Ok(Vec::new())
             }
@@ -237,7 +331,7 @@ mod tests {
         let ctx = Context::open(&TransportConfig::default()).unwrap();
         let pd = ctx.alloc_pd().unwrap();
         let pool = Arc::new(pd.alloc_region(4 * CHUNK as usize, Access::ALL).unwrap());
-        (ctx, Grants::new(pool, CHUNK))
+        (ctx, Grants::new(pool, CHUNK, 1 << 20))
     }
 
     /// Grants the whole chunks at `addrs`.
@@ -363,7 +457,7 @@ mod tests {
         let lens: Vec<u64> = st.sessions[&a]
             .chunks
             .values()
-            .map(|mr| mr.len() as u64)
+            .map(|(mr, _)| mr.len() as u64)
             .collect();
         assert_eq!(lens, [PAGE, 2 * PAGE], "registered exactly");
         drop(st);
@@ -384,5 +478,66 @@ mod tests {
         );
         let again = grant_extents(&g, a, 2, true, &small[1..])[0];
         assert!(again != 0 && again != keys[1], "the overlapping grant went");
+    }
+
+    /// A session holds at most its bound of grants: past it the one granted longest ago goes
+    /// (its key fails from then on), one granted again is young again, and a grant dropped is
+    /// granted anew when asked again.
+    #[test]
+    fn a_full_session_gives_up_its_oldest_grant() {
+        let ctx = Context::open(&TransportConfig::default()).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let pool = Arc::new(pd.alloc_region(4 * CHUNK as usize, Access::ALL).unwrap());
+        let g = Grants::new(pool, CHUNK, 3);
+        let a = g.open(Arc::new(ctx.alloc_pd().unwrap()));
+        let base = g.pool.addr();
+        let page = |i: u64| (base + i * PAGE, PAGE as u32);
+        let first: Vec<u32> = (0..3)
+            .map(|i| grant_extents(&g, a, 0, false, &[page(i)])[0])
+            .collect();
+        assert_eq!(g.counts(), (3, 0));
+        // Page 0 granted again: young again, so page 1 goes for page 3.
+        assert_eq!(grant_extents(&g, a, 0, false, &[page(0)]), vec![first[0]]);
+        grant_extents(&g, a, 0, false, &[page(3)]);
+        assert_eq!(g.counts(), (3, 1));
+        let held: Vec<_> = g.state.lock().unwrap().sessions[&a]
+            .chunks
+            .keys()
+            .map(|k| k.0)
+            .collect();
+        assert_eq!(held, vec![page(0).0, page(2).0, page(3).0]);
+        let again = grant_extents(&g, a, 0, false, &[page(1)])[0];
+        assert!(
+            again != 0 && again != first[1],
+            "granted anew, with a new key"
+        );
+        assert_eq!(g.counts(), (3, 2));
+    }
+
+    /// Over all sessions the node holds at most four sessions' worth: the session holding the
+    /// most gives one up.
+    #[test]
+    fn the_node_bounds_grants_over_all_sessions() {
+        let ctx = Context::open(&TransportConfig::default()).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let pool = Arc::new(pd.alloc_region(4 * CHUNK as usize, Access::ALL).unwrap());
+        let g = Grants::new(pool, CHUNK, 4);
+        let base = g.pool.addr();
+        let sessions: Vec<u64> = (0..5)
+            .map(|_| g.open(Arc::new(ctx.alloc_pd().unwrap())))
+            .collect();
+        for (n, &s) in sessions.iter().enumerate() {
+            for i in 0..4 {
+                grant_extents(
+                    &g,
+                    s,
+                    0,
+                    false,
+                    &[(base + ((n as u64 * 4 + i) % 16) * PAGE, PAGE as u32)],
+                );
+            }
+        }
+        let (held, evicted) = g.counts();
+        assert_eq!((held, evicted), (16, 4), "four sessions' worth");
     }
 }

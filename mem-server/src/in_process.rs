@@ -38,7 +38,11 @@ impl InProcessService {
         let ctx = Context::open(&TransportConfig::with_provider(ProviderKind::Tcp))?;
         let pd = ctx.alloc_pd()?;
         let pool = Arc::new(pd.alloc_region((chunks * chunk_size) as usize, Access::ALL)?);
-        let grants = Arc::new(Grants::new(pool.clone(), chunk_size));
+        let grants = Arc::new(Grants::new(
+            pool.clone(),
+            chunk_size,
+            crate::config::DEFAULT_MAX_GRANTS,
+        ));
         let any_port = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
         let mut cfg = NodeConfig::new(any_port, chunks * chunk_size);
         cfg.chunk_size = chunk_size;

@@ -128,6 +128,12 @@ struct Args {
     /// a million).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "join")]
     max_files: Option<u64>,
+    /// Most chunk grants (registrations of a file's extent) one data session holds; past it the
+    /// oldest goes (a transfer through it fails and the client fetches the map again). The node
+    /// holds four times this over all sessions.
+    #[arg(long, default_value_t = mem_server::config::DEFAULT_MAX_GRANTS as u64,
+          value_parser = clap::value_parser!(u64).range(1..(1 << 24)))]
+    max_grants: u64,
 }
 
 /// What `--memory` says: bytes, and whether as a share of what was available.
@@ -368,6 +374,7 @@ fn main() -> ExitCode {
         max_files: args
             .max_files
             .unwrap_or_else(|| mem_server::config::default_max_files(args.memory.bytes)),
+        max_grants: args.max_grants as usize,
         root_dir: AttrChanges {
             mode: args.root_mode,
             uid: args.root_owner.map(|(uid, _)| uid),

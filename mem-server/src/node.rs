@@ -83,7 +83,7 @@ impl Node {
                 )
             })?;
         let pool = Arc::new(pool);
-        let grants = Arc::new(Grants::new(pool.clone(), cfg.chunk_size));
+        let grants = Arc::new(Grants::new(pool.clone(), cfg.chunk_size, cfg.max_grants));
         let nofile = admission::raise_fd_limit();
         let limits = cfg.limits.within_fd_limit(nofile);
         if limits != cfg.limits {
@@ -153,12 +153,23 @@ impl Node {
     pub fn metrics(&self) -> impl Fn() -> Vec<Metric> + Send + 'static {
         let s = self.shared.clone();
         move || {
+            let (grants, evicted) = s.rt.grants.counts();
             let mut m = vec![
                 Metric::gauge("pool_bytes", "Bytes this node lends", s.rt.cfg.memory),
                 Metric::gauge(
                     "connections",
                     "Control connections open (clients, data sessions, nodes)",
                     s.admission.in_use() as u64,
+                ),
+                Metric::gauge(
+                    "grants",
+                    "Chunk grants (registrations) held over every data session",
+                    grants,
+                ),
+                Metric::counter(
+                    "grants_evicted",
+                    "Grants dropped because their session (or the node) held the most",
+                    evicted,
                 ),
             ];
             if let Some(meta) = &s.meta {

@@ -181,6 +181,25 @@ impl Drop for ChildLog {
     }
 }
 
+/// The body of `GET /metrics` at `addr`.
+pub fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("metrics endpoint");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
+    out
+}
+
+/// The value of metric `name` (unlabelled) in a scrape.
+pub fn metric(scraped: &str, name: &str) -> Option<u64> {
+    scraped
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
 /// A port nobody listens on, below the ephemeral range: one a node can take later (an
 /// ephemeral port may meanwhile be the local end of some connection). Never handed out twice
 /// in one test process, so another test cannot take it meanwhile.

@@ -560,17 +560,7 @@ fn a_node_logs_to_its_file_and_tells_systemd_when_it_is_ready() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("log file"));
 }
 
-/// The body of `GET /metrics` at `addr`.
-fn scrape(addr: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).expect("metrics endpoint");
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
-    out
-}
+use rfs_e2e::scrape;
 
 #[test]
 fn counters_as_json_and_for_prometheus_on_both_binaries() {

@@ -281,6 +281,62 @@ fn fragment_then_write_large(meta: &MemServer) {
     }
 }
 
+/// A mount holding more small files open than its data session may hold grants reads and
+/// writes every one right: the node keeps to its bound, dropping the oldest grants, and grants
+/// them again when their files are used again.
+#[test]
+fn more_files_open_than_a_session_holds_grants_all_read_and_write_right() {
+    let metrics = format!("127.0.0.1:{}", rfs_e2e::free_port());
+    let meta = MemServer::start(&[
+        "--memory",
+        "16M",
+        "--max-grants",
+        "16",
+        "--metrics",
+        &metrics,
+    ]);
+    let m = Mount::new(&meta, &[]);
+    let n = 64;
+    for i in 0..n {
+        fs::write(m.path(&format!("f{i}")), content(i, 4096)).unwrap();
+    }
+    let open = |i: usize| {
+        fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(m.path(&format!("f{i}")))
+            .unwrap()
+    };
+    let files: Vec<fs::File> = (0..n).map(open).collect();
+    for round in 0..3 {
+        for (i, f) in files.iter().enumerate() {
+            let (got, _) = direct_read(f, 0);
+            assert!(
+                got.unwrap() == content(i + round, 4096),
+                "f{i}, round {round}"
+            );
+            let mut next = vec![0u8; 8192];
+            let at = next.as_ptr().align_offset(4096);
+            next[at..at + 4096].copy_from_slice(&content(i + round + 1, 4096));
+            f.write_all_at(&next[at..at + 4096], 0).unwrap();
+        }
+    }
+    let scraped = rfs_e2e::scrape(&metrics);
+    let held = rfs_e2e::metric(&scraped, "rfs_node_grants").unwrap();
+    let evicted = rfs_e2e::metric(&scraped, "rfs_node_grants_evicted_total").unwrap();
+    assert!(held <= 16, "{held} grants held");
+    assert!(evicted > 0, "none evicted");
+    assert_eq!(m.stat("io_errors"), 0);
+    drop(files);
+    for i in 0..n {
+        assert!(
+            fs::read(m.path(&format!("f{i}"))).unwrap() == content(i + 3, 4096),
+            "f{i}"
+        );
+    }
+}
+
 /// Small files at two replicas: a data node killed loses none of them, their spans are copied
 /// again to the node left, and a second kill loses nothing either.
 #[test]
