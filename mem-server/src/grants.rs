@@ -57,10 +57,11 @@ impl SessionGrants {
     }
 
     /// Holds `mr` as grant `k`, granted at `now`, after dropping the oldest grants past
-    /// `most` (how many went).
-    fn insert(&mut self, k: Extent, mr: MemoryRegion, now: u64, most: usize) -> usize {
+    /// `most` made before `since` (how many went): the grants of one answer never push each
+    /// other out (the session may hold more for a moment).
+    fn insert(&mut self, k: Extent, mr: MemoryRegion, now: u64, most: usize, since: u64) -> usize {
         let mut evicted = 0;
-        while self.chunks.len() >= most && self.drop_oldest() {
+        while self.chunks.len() >= most && self.drop_oldest(since) {
             evicted += 1;
         }
         self.chunks.insert(k, (mr, now));
@@ -68,11 +69,13 @@ impl SessionGrants {
         evicted
     }
 
-    /// Drops the grant made longest ago: whether there was one.
-    fn drop_oldest(&mut self) -> bool {
-        let Some((_, oldest)) = self.by_age.pop_first() else {
-            return false;
-        };
+    /// Drops the grant made longest ago, if it was made before `since`: whether one went.
+    fn drop_oldest(&mut self, since: u64) -> bool {
+        match self.by_age.first_key_value() {
+            Some((&at, _)) if at < since => {}
+            _ => return false,
+        }
+        let (_, oldest) = self.by_age.pop_first().expect("looked at");
         self.chunks.remove(&oldest);
         true
     }
@@ -217,6 +220,7 @@ impl Grants {
                 if !sessions.contains_key(session) {
                     return Ok(vec![0; extents.len()]);
                 }
+                let since = *clock + 1;
                 Ok(extents
                     .iter()
                     .map(|&(addr, len)| {
@@ -240,7 +244,7 @@ impl Grants {
                         let held: usize = sessions.values().map(|s| s.chunks.len()).sum();
                         if held >= self.max_per_session * NODE_SHARES {
                             let fattest = sessions.values_mut().max_by_key(|s| s.chunks.len());
-                            if fattest.is_some_and(|f| f.drop_oldest()) {
+                            if fattest.is_some_and(|f| f.drop_oldest(since)) {
                                 *evicted += 1;
                             }
                         }
@@ -255,7 +259,7 @@ impl Grants {
                             Ok(mr) => {
                                 let rkey = mr.rkey();
                                 let most = self.max_per_session;
-                                *evicted += s.insert(k, mr, *clock, most) as u64;
+                                *evicted += s.insert(k, mr, *clock, most, since) as u64;
                                 rkey
                             }
                             Err(e) => {
@@ -512,6 +516,25 @@ mod tests {
             "granted anew, with a new key"
         );
         assert_eq!(g.counts(), (3, 2));
+    }
+
+    /// The grants of one answer never push each other out: a map of more extents than the
+    /// bound is granted whole (its keys all good), and the next grant brings the session back
+    /// down, from what was granted before.
+    #[test]
+    fn one_answers_grants_never_push_each_other_out() {
+        let ctx = Context::open(&TransportConfig::default()).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let pool = Arc::new(pd.alloc_region(4 * CHUNK as usize, Access::ALL).unwrap());
+        let g = Grants::new(pool, CHUNK, 3);
+        let a = g.open(Arc::new(ctx.alloc_pd().unwrap()));
+        let page = |i: u64| (g.pool.addr() + i * PAGE, PAGE as u32);
+        let five: Vec<_> = (0..5).map(page).collect();
+        let keys = grant_extents(&g, a, 0, false, &five);
+        assert!(keys.iter().all(|&k| k != 0));
+        assert_eq!(g.counts(), (5, 0), "all five held");
+        grant_extents(&g, a, 0, false, &[page(5)]);
+        assert_eq!(g.counts(), (3, 3), "back to the bound");
     }
 
     /// Over all sessions the node holds at most four sessions' worth: the session holding the

@@ -130,9 +130,9 @@ struct Args {
     max_files: Option<u64>,
     /// Most chunk grants (registrations of a file's extent) one data session holds; past it the
     /// oldest goes (a transfer through it fails and the client fetches the map again). The node
-    /// holds four times this over all sessions.
+    /// holds four times this over all sessions. At least 256 (the chunks of one map).
     #[arg(long, default_value_t = mem_server::config::DEFAULT_MAX_GRANTS as u64,
-          value_parser = clap::value_parser!(u64).range(1..(1 << 24)))]
+          value_parser = clap::value_parser!(u64).range(256..(1 << 24)))]
     max_grants: u64,
 }
 

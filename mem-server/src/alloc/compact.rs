@@ -99,28 +99,38 @@ impl Allocator {
     /// pieces are held from now on; the caller moves what they hold out.
     pub fn start_compaction(&mut self, wanted: usize) -> Vec<(u32, u64)> {
         let mut started = Vec::new();
-        let under_way: usize = self.nodes.iter().map(|n| n.compacting.len()).sum();
-        for _ in under_way..wanted {
-            let node = self
-                .nodes
-                .iter_mut()
-                .filter(|n| n.alive && !n.draining && !n.has_free_chunk())
-                .filter_map(|n| n.window_to_empty().map(|w| (n, w)))
-                .max_by_key(|(n, _)| n.free.bytes());
-            let Some((n, addr)) = node else {
-                break;
-            };
-            let held = n.free.take_within(addr, addr + n.chunk_size);
-            let held_bytes = held.iter().map(|&(_, l)| l).sum();
-            n.compacting.push(Window {
-                addr,
-                held,
-                held_bytes,
-                started: Instant::now(),
-            });
-            started.push((n.id, addr));
+        while self.windows_under_way() < wanted {
+            match self.start_window() {
+                Some(w) => started.push(w),
+                None => break,
+            }
         }
         started
+    }
+
+    /// Windows being emptied, over every node.
+    pub fn windows_under_way(&self) -> usize {
+        self.nodes.iter().map(|n| n.compacting.len()).sum()
+    }
+
+    /// Starts emptying one window, on the node with the most free space that has no whole
+    /// chunk free and a window worth emptying: (node, window address).
+    pub fn start_window(&mut self) -> Option<(u32, u64)> {
+        let (n, addr) = self
+            .nodes
+            .iter_mut()
+            .filter(|n| n.alive && !n.draining && !n.has_free_chunk())
+            .filter_map(|n| n.window_to_empty().map(|w| (n, w)))
+            .max_by_key(|(n, _)| n.free.bytes())?;
+        let held = n.free.take_within(addr, addr + n.chunk_size);
+        let held_bytes = held.iter().map(|&(_, l)| l).sum();
+        n.compacting.push(Window {
+            addr,
+            held,
+            held_bytes,
+            started: Instant::now(),
+        });
+        Some((n.id, addr))
     }
 
     /// Gives back the windows all of whose space is held (each a whole free chunk now), and

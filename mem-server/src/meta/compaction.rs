@@ -68,20 +68,38 @@ impl MetaService {
             .name("compaction".into())
             .spawn(move || loop {
                 if let Ok(wanted) = me.compaction.asked.recv_timeout(TICK) {
-                    let windows = me.state.lock().alloc.start_compaction(wanted.max(BATCH));
-                    for (node, addr) in windows {
+                    // One window at a time, each on its own clock and as there is room for it
+                    // then; those done meanwhile are given back between them.
+                    let most = wanted.max(BATCH);
+                    loop {
+                        let next = {
+                            let mut st = me.state.lock();
+                            match st.alloc.windows_under_way() < most {
+                                true => st.alloc.start_window(),
+                                false => None,
+                            }
+                        };
+                        let Some((node, addr)) = next else {
+                            break;
+                        };
                         me.empty_window(node, addr, give_up);
+                        me.finish_windows(give_up);
                     }
                 }
-                let made = me.state.lock().alloc.finish_compaction(give_up);
-                if made > 0 {
-                    me.compaction
-                        .chunks_made
-                        .fetch_add(made as u64, Ordering::Relaxed);
-                    log::debug!("compaction: {made} whole chunks made");
-                }
+                me.finish_windows(give_up);
             })?;
         Ok(())
+    }
+
+    /// Gives back the windows that are whole again (or given up), and counts them.
+    fn finish_windows(&self, give_up: Duration) {
+        let made = self.state.lock().alloc.finish_compaction(give_up);
+        if made > 0 {
+            self.compaction
+                .chunks_made
+                .fetch_add(made as u64, Ordering::Relaxed);
+            log::debug!("compaction: {made} whole chunks made");
+        }
     }
 
     /// Moves every copy out of the window at `addr` of `node`'s pool; a copy that finds no

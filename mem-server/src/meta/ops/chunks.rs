@@ -40,6 +40,7 @@ pub(super) fn allocate(cx: &mut Ctx<'_>, m: &Allocate) -> Answer {
         true => ((m.end - 1) / cs - first + 1).min(MAX_LIST as u64),
         false => 0,
     };
+    let short = pool_short(&cx.st.alloc, cs);
     let Ctx { svc, st, fx, .. } = cx;
     let mut attempt = |room| {
         if !writable {
@@ -59,8 +60,11 @@ pub(super) fn allocate(cx: &mut Ctx<'_>, m: &Allocate) -> Answer {
                 svc.compaction.ask(whole_wanted(&spans, cs) * svc.replicas);
                 return Err(Errno::EAGAIN); // asked again once whole chunks were made
             }
-            // Space held by windows being emptied comes back within a lease or two.
-            Err(Errno::ENOSPC) if st.alloc.compacting() => return Err(Errno::EAGAIN),
+            // Space held by windows being emptied comes back within a lease or two: once
+            // not even the pages of the write fit.
+            Err(Errno::ENOSPC) if room == Room::Tight && st.alloc.compacting() => {
+                return Err(Errno::EAGAIN)
+            }
             r => r?,
         };
         if chunks.iter().any(|c| c.len() < svc.replicas) {
@@ -93,7 +97,7 @@ pub(super) fn allocate(cx: &mut Ctx<'_>, m: &Allocate) -> Answer {
                     svc.compaction.ask(copies.len().max(1));
                     moving = true;
                 }
-                None if st.alloc.compacting() => moving = true,
+                None if room == Room::Tight && st.alloc.compacting() => moving = true,
                 None => return Err(Errno::ENOSPC),
             }
         }
@@ -103,10 +107,14 @@ pub(super) fn allocate(cx: &mut Ctx<'_>, m: &Allocate) -> Answer {
         st.ns.chunk_map(m.ino, first, count)
     };
     // A nearly full pool may have the pages of the write where room to grow does not fit
-    // (holes that trimmed spans left): those rather than ENOSPC.
-    let result = match attempt(Room::ToGrow) {
-        Err(Errno::ENOSPC) => attempt(Room::Tight),
-        r => r,
+    // (holes that trimmed spans left): those rather than ENOSPC. Where it is short, they come
+    // first: room to grow taken for one chunk could leave another's growth no pages.
+    let result = match short {
+        true => attempt(Room::Tight),
+        false => match attempt(Room::ToGrow) {
+            Err(Errno::ENOSPC) => attempt(Room::Tight),
+            r => r,
+        },
     };
     match result {
         Ok(chunks) => {
@@ -115,6 +123,13 @@ pub(super) fn allocate(cx: &mut Ctx<'_>, m: &Allocate) -> Answer {
         }
         Err(e) => answer(m, Err(e)),
     }
+}
+
+/// Whether the pool is short enough that writes get the pages of their bytes alone: less than
+/// a chunk's worth allocatable per node, or space held for compaction.
+fn pool_short(alloc: &crate::alloc::Allocator, chunk_size: u64) -> bool {
+    let (alive, _) = alloc.node_counts();
+    alloc.compacting() || alloc.allocatable_bytes() < chunk_size * alive.max(1) as u64
 }
 
 /// How many of `spans` are whole chunks (of `chunk_size`): what only compaction can make
