@@ -18,6 +18,10 @@ pub struct ClientConfig {
     pub connect_timeout: Duration,
     /// Encrypt every queue pair's connection (tcp; needs the secret).
     pub encrypt: bool,
+    /// Metadata calls that find no node wait for one (a hard mount, as NFS's): they are sent
+    /// again, over new connections, however long it takes, instead of failing at their
+    /// deadline.
+    pub hard: bool,
 }
 
 impl Default for ClientConfig {
@@ -29,6 +33,7 @@ impl Default for ClientConfig {
             rpc: RpcConfig::default(),
             connect_timeout: Duration::from_secs(5),
             encrypt: false,
+            hard: false,
         }
     }
 }

@@ -104,12 +104,54 @@ impl Drop for Revalidated<'_> {
 impl MetadataChannel for Client {
     fn exchange(&self, request: &[u8]) -> io::Result<Vec<u8>> {
         let timeout = Duration::from_millis(self.call_timeout_ms.load(Ordering::Relaxed));
-        let deadline = Instant::now() + timeout;
         let seq = self.begin_call();
-        let result = self.exchange_until(seq, request, deadline);
+        let session = self.sessions_lost.load(Ordering::Acquire);
+        let mut waited = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+        let mut told = false;
+        let result = loop {
+            let deadline = Instant::now() + timeout;
+            match self.exchange_until(seq, request, deadline, session) {
+                // Hard: the same call again (the node never applies one twice), over a new
+                // connection, until a node answers.
+                Err(e)
+                    if self.cfg.hard
+                        && is_outage(&e)
+                        && !self.lost_session_of(request, session) =>
+                {
+                    if !std::mem::replace(&mut told, true) {
+                        log::warn!(
+                            "metadata node {}: {e}; waiting for it (hard mount)",
+                            self.meta_addr
+                        );
+                    }
+                    self.abandon_channel();
+                    std::thread::sleep(waited.next_pause());
+                }
+                r => break r,
+            }
+        };
         self.end_call(seq);
         result
     }
+}
+
+/// Whether a call failed for want of a node (it went silent, refused or dropped the
+/// connection), not for what it asked.
+fn is_outage(e: &io::Error) -> bool {
+    use io::ErrorKind::*;
+    matches!(
+        e.kind(),
+        TimedOut
+            | WouldBlock
+            | ConnectionRefused
+            | ConnectionReset
+            | ConnectionAborted
+            | NotConnected
+            | BrokenPipe
+            | UnexpectedEof
+            | HostUnreachable
+            | NetworkUnreachable
+    )
 }
 
 impl Client {

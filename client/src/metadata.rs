@@ -5,21 +5,18 @@ use super::*;
 
 impl Client {
     /// Sends call `seq` until it is answered, resending it over new connections if the
-    /// connection breaks, until `deadline`.
+    /// connection breaks, until `deadline`; `session` is the count of lost sessions when the
+    /// call was first made.
     pub(super) fn exchange_until(
         &self,
         seq: u64,
         request: &[u8],
         deadline: Instant,
+        session: u64,
     ) -> io::Result<Vec<u8>> {
-        let session = self.sessions_lost.load(Ordering::Acquire);
-        let repeatable = request
-            .get(1)
-            .and_then(|&op| RequestOp::from_code(op))
-            .is_some_and(RequestOp::repeatable);
         loop {
             let channel = self.channel(deadline)?;
-            if self.sessions_lost.load(Ordering::Acquire) != session && !repeatable {
+            if self.lost_session_of(request, session) {
                 return Err(io::Error::new(
                     io::ErrorKind::ConnectionReset,
                     "the metadata node lost this client's session while the call was under way \
@@ -32,6 +29,24 @@ impl Client {
                 }
                 r => return r,
             }
+        }
+    }
+
+    /// Whether `request`, first made when the count of lost sessions was `session`, may have
+    /// been applied by a session lost since and must not be sent again.
+    pub(super) fn lost_session_of(&self, request: &[u8], session: u64) -> bool {
+        let repeatable = request
+            .get(1)
+            .and_then(|&op| RequestOp::from_code(op))
+            .is_some_and(RequestOp::repeatable);
+        self.sessions_lost.load(Ordering::Acquire) != session && !repeatable
+    }
+
+    /// Drops the metadata connection (a node silent past a call's deadline): the next call
+    /// dials again.
+    pub(super) fn abandon_channel(&self) {
+        if let Some(c) = self.channel.lock().unwrap().as_ref() {
+            c.sever();
         }
     }
 

@@ -469,6 +469,7 @@ fn main() -> ExitCode {
         writeback_cache: cfg.writeback_cache,
         rpc_timeout: cfg.rpc.timeout,
         io_timeout: cfg.io_timeout,
+        hard: cfg.hard,
     };
     let fs = match Rfs::new(client, fs_cfg) {
         Ok(f) => Arc::new(f),

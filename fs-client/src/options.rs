@@ -43,8 +43,11 @@ pub struct MountConfig {
     pub secret_file: Option<PathBuf>,
     /// Encrypt every queue pair's connection (tcp).
     pub encrypt: bool,
-    /// How long a storage node may stay silent before its I/O fails with EIO.
+    /// How long a storage node may stay silent before its I/O fails with EIO (soft), or
+    /// before it is waited for without end (hard).
     pub io_timeout: Duration,
+    /// Calls and transfers that find no node wait for it to come back (NFS's `hard`).
+    pub hard: bool,
     /// The rdmabox tunables of every data session.
     pub session: SessionConfig,
     /// The metadata channel; its deadline follows `io_timeout`.
@@ -77,6 +80,7 @@ impl Default for MountConfig {
             secret_file: None,
             encrypt: false,
             io_timeout,
+            hard: false,
             session: SessionConfig::default(),
             rpc: RpcConfig {
                 timeout: io_timeout * 2,
@@ -217,6 +221,23 @@ pub const OPTIONS: &[MountOption] = &[
         help: "Transport: auto (verbs when an RDMA device exists), verbs or tcp",
         default: Some("auto"),
         set: |c, v| v.parse().map(|x| c.transport = x),
+    },
+    MountOption {
+        name: "hard",
+        value: Value::Switch,
+        help: "calls and transfers that find no node (down, restarting, unreachable) wait for it \
+               to come back, however long, as NFS's hard mounts do; a fatal signal (Ctrl-C, \
+               kill) still ends the waiting process. Off (soft): they fail with EIO after \
+               io_timeout and the node's lease",
+        default: Some("off"),
+        set: |c, v| on_off(v).map(|x| c.hard = x),
+    },
+    MountOption {
+        name: "soft",
+        value: Value::Switch,
+        help: "the opposite of hard (the default)",
+        default: Some("on"),
+        set: |c, v| on_off(v).map(|x| c.hard = !x),
     },
     MountOption {
         name: "encrypt",
@@ -480,6 +501,7 @@ impl MountConfig {
             rpc: self.rpc,
             connect_timeout: self.io_timeout,
             encrypt: self.encrypt,
+            hard: self.hard,
         }
     }
 

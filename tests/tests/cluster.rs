@@ -609,3 +609,74 @@ fn a_data_node_stopped_by_sigterm_moves_its_copies_off_first() {
         "--drain-on-stop 0 stops at once"
     );
 }
+
+/// A hard mount rides out stopped nodes: a read from a stopped data node and a lookup at a
+/// stopped metadata node wait, however long, and are answered right once the node runs again.
+/// The same on a soft mount (the default) fail with EIO.
+#[test]
+fn a_hard_mount_waits_for_stopped_nodes_where_a_soft_one_fails() {
+    let meta = MemServer::start(&["--memory", "16M", "--lease", "1"]);
+    let data = MemServer::data(&meta, "16M", "1M");
+    let hard = Mount::new(&meta, &["io_timeout=1", "hard"]);
+    let soft = Mount::new(&meta, &["io_timeout=1"]);
+    let content = |i: usize| vec![i as u8 + 1; 1 << 20];
+    let open = |m: &Mount, i: usize| {
+        fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(m.path(&format!("f{i}")))
+            .unwrap()
+    };
+    // One-chunk files alternate between the nodes.
+    for i in 0..4 {
+        fs::write(hard.path(&format!("f{i}")), content(i)).unwrap();
+    }
+    let (hard_files, soft_files): (Vec<_>, Vec<_>) =
+        (0..4).map(|i| (open(&hard, i), open(&soft, i))).unzip();
+    for (i, f) in hard_files.iter().chain(&soft_files).enumerate() {
+        assert_eq!(direct_read(f, 0).0.unwrap(), content(i % 4)[..4096]);
+    }
+
+    rfs_e2e::stop(data.pid());
+    let soft_failed = soft_files
+        .iter()
+        .filter(|f| {
+            direct_read(f, 4096)
+                .0
+                .is_err_and(|e| errno(&e) == libc::EIO)
+        })
+        .count();
+    assert!(
+        soft_failed > 0,
+        "no soft read failed with the data node stopped"
+    );
+    let readers = std::thread::spawn(move || {
+        for (i, f) in hard_files.iter().enumerate() {
+            assert_eq!(direct_read(f, 8192).0.unwrap(), content(i)[..4096], "f{i}");
+        }
+    });
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(
+        !readers.is_finished(),
+        "a hard read of the stopped node did not wait"
+    );
+    rfs_e2e::resume(data.pid());
+    readers.join().expect("every hard read answered right");
+
+    rfs_e2e::stop(meta.pid());
+    let soft_lookup = fs::metadata(soft.path("never-there"));
+    assert_eq!(soft_lookup.map_err(|e| errno(&e)).err(), Some(libc::EIO));
+    let path = hard.path("never-there-either");
+    let lookup = std::thread::spawn(move || fs::metadata(path).map_err(|e| errno(&e)).err());
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(
+        !lookup.is_finished(),
+        "a hard lookup at the stopped node did not wait"
+    );
+    rfs_e2e::resume(meta.pid());
+    assert_eq!(
+        lookup.join().unwrap(),
+        Some(libc::ENOENT),
+        "answered, once it ran"
+    );
+}

@@ -139,6 +139,8 @@ pub struct FsConfig {
     pub rpc_timeout: Duration,
     /// How long a transfer may take.
     pub io_timeout: Duration,
+    /// Transfers that find no node are tried again until one answers (a hard mount).
+    pub hard: bool,
 }
 
 impl<B: Backend> Rfs<B> {
@@ -175,7 +177,11 @@ impl<B: Backend> Rfs<B> {
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             next_replica: AtomicUsize::new(0),
-            retry_window: call_timeout,
+            // Hard: a year stands for ever (an Instant cannot be told "never").
+            retry_window: match cfg.hard {
+                true => Duration::from_secs(365 * 24 * 3600),
+                false => call_timeout,
+            },
             behind: WriteBehind::new(cfg.write_behind),
             // A quarter: with the kernel's half lease, nothing older than a lease is served.
             dirs: Dirs::new(lease / 4),

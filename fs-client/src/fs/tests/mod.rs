@@ -39,6 +39,7 @@ const BEHIND: FsConfig = FsConfig {
     writeback_cache: false,
     rpc_timeout: std::time::Duration::ZERO,
     io_timeout: std::time::Duration::ZERO,
+    hard: false,
 };
 
 const RW: FileAccess = FileAccess::READ.union(FileAccess::WRITE);
