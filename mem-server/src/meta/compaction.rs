@@ -113,6 +113,10 @@ impl MetaService {
                 (node, addr, addr + cs),
             )
         };
+        log::debug!(
+            "compaction: emptying window {addr:#x} of data node {node}: {} copies to move",
+            inside.len()
+        );
         for (ino, indices) in per_freeze(&inside, PER_FREEZE) {
             let indices = self.freeze(ino, &indices);
             let mut moved = Vec::new();
