@@ -332,10 +332,15 @@ mod tests {
     const CHUNK: u64 = 4 * PAGE;
 
     fn grants() -> (Context, Grants) {
+        grants_of_at_most(1 << 20)
+    }
+
+    /// A grant table of a four-chunk pool whose sessions hold at most `most` grants each.
+    fn grants_of_at_most(most: usize) -> (Context, Grants) {
         let ctx = Context::open(&TransportConfig::default()).unwrap();
         let pd = ctx.alloc_pd().unwrap();
         let pool = Arc::new(pd.alloc_region(4 * CHUNK as usize, Access::ALL).unwrap());
-        (ctx, Grants::new(pool, CHUNK, 1 << 20))
+        (ctx, Grants::new(pool, CHUNK, most))
     }
 
     /// Grants the whole chunks at `addrs`.
@@ -489,10 +494,7 @@ mod tests {
     /// granted anew when asked again.
     #[test]
     fn a_full_session_gives_up_its_oldest_grant() {
-        let ctx = Context::open(&TransportConfig::default()).unwrap();
-        let pd = ctx.alloc_pd().unwrap();
-        let pool = Arc::new(pd.alloc_region(4 * CHUNK as usize, Access::ALL).unwrap());
-        let g = Grants::new(pool, CHUNK, 3);
+        let (ctx, g) = grants_of_at_most(3);
         let a = g.open(Arc::new(ctx.alloc_pd().unwrap()));
         let base = g.pool.addr();
         let page = |i: u64| (base + i * PAGE, PAGE as u32);
@@ -523,10 +525,7 @@ mod tests {
     /// down, from what was granted before.
     #[test]
     fn one_answers_grants_never_push_each_other_out() {
-        let ctx = Context::open(&TransportConfig::default()).unwrap();
-        let pd = ctx.alloc_pd().unwrap();
-        let pool = Arc::new(pd.alloc_region(4 * CHUNK as usize, Access::ALL).unwrap());
-        let g = Grants::new(pool, CHUNK, 3);
+        let (ctx, g) = grants_of_at_most(3);
         let a = g.open(Arc::new(ctx.alloc_pd().unwrap()));
         let page = |i: u64| (g.pool.addr() + i * PAGE, PAGE as u32);
         let five: Vec<_> = (0..5).map(page).collect();
@@ -541,10 +540,7 @@ mod tests {
     /// most gives one up.
     #[test]
     fn the_node_bounds_grants_over_all_sessions() {
-        let ctx = Context::open(&TransportConfig::default()).unwrap();
-        let pd = ctx.alloc_pd().unwrap();
-        let pool = Arc::new(pd.alloc_region(4 * CHUNK as usize, Access::ALL).unwrap());
-        let g = Grants::new(pool, CHUNK, 4);
+        let (ctx, g) = grants_of_at_most(4);
         let base = g.pool.addr();
         let sessions: Vec<u64> = (0..5)
             .map(|_| g.open(Arc::new(ctx.alloc_pd().unwrap())))
