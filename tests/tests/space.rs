@@ -281,6 +281,72 @@ fn fragment_then_write_large(meta: &MemServer) {
     }
 }
 
+/// Small files rewritten on another mount while compaction moves them (frozen, copied, their
+/// maps switched under the writer) keep every write: each rewrite reads back at once on its own
+/// mount, and in the end every file reads, on the other mount, what was written last.
+#[test]
+fn small_files_rewritten_on_another_mount_while_they_move_keep_every_write() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let meta = MemServer::start(&["--memory", "8M", "--chunk-size", "1M", "--lease", "1"]);
+    let a = Mount::new(&meta, &[]);
+    let b = Mount::new(&meta, &[]);
+    let mut made = 0;
+    while made < 2048 && fs::write(a.path(&format!("f{made}")), content(made, 4096)).is_ok() {
+        made += 1;
+    }
+    assert!(made >= 1500, "{made} files of 4 KiB in 8 MiB");
+    for i in (0..made).step_by(2) {
+        fs::remove_file(a.path(&format!("f{i}"))).unwrap();
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let rewriter = {
+        let (stop, dir) = (stop.clone(), b.path(""));
+        std::thread::spawn(move || {
+            let mut last = std::collections::HashMap::new();
+            let mut round = 0;
+            while !stop.load(Ordering::Relaxed) {
+                round += 1;
+                for i in (1..made).step_by(16) {
+                    let want = content(i + round * 7, 4096);
+                    let f = fs::OpenOptions::new()
+                        .read(true)
+                        .write(true)
+                        .custom_flags(libc::O_DIRECT)
+                        .open(dir.join(format!("f{i}")))
+                        .unwrap();
+                    let mut raw = vec![0u8; 8192];
+                    let at = raw.as_ptr().align_offset(4096);
+                    raw[at..at + 4096].copy_from_slice(&want);
+                    f.write_all_at(&raw[at..at + 4096], 0).unwrap();
+                    f.sync_all().unwrap();
+                    assert!(direct_read(&f, 0).0.unwrap() == want, "f{i}, round {round}");
+                    last.insert(i, want);
+                }
+            }
+            (round, last)
+        })
+    };
+    let big: Vec<u8> = (0..3usize << 20).map(|k| (k % 251) as u8).collect();
+    fs::write(a.path("big"), &big).unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let (rounds, last) = rewriter.join().expect("every rewrite read back");
+    println!("{rounds} rounds of rewrites while the large file was written");
+    assert!(fs::read(a.path("big")).unwrap() == big, "the large file");
+    for i in (1..made).step_by(2) {
+        let f = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(a.path(&format!("f{i}")))
+            .unwrap();
+        let want = last.get(&i).cloned().unwrap_or_else(|| content(i, 4096));
+        assert!(
+            direct_read(&f, 0).0.unwrap() == want,
+            "f{i} on the other mount"
+        );
+    }
+}
+
 /// The metadata node killed while it empties windows (spans half moved, windows held, maps
 /// switched or not) and started again from its state directory loses no byte of any file: every
 /// small file kept reads back the same, and a large file whose write was answered reads back
