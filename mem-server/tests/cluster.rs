@@ -58,6 +58,7 @@ fn open(c: &Client, ino: u64) -> Attr {
         caller: Caller::default(),
     })
     .unwrap()
+    .attr
 }
 
 /// Connects and attaches a data session to every live node, so that maps come granted.

@@ -141,6 +141,17 @@ wire_struct! {
 }
 
 wire_struct! {
+    /// What an open answers: the file's attributes and the first [`OPEN_MAP_CHUNKS`] chunks of
+    /// its map, granted to the caller's data sessions as [`ChunkMap`]'s are (none for a file
+    /// whose chunks are frozen just then), so that reading a small file takes no second call.
+    #[derive(Clone, Debug, PartialEq)]
+    pub struct Opened { pub attr: Attr, pub map: FileMap }
+}
+
+/// How many chunks of a file's map an open answers with: as many as a client maps ahead.
+pub const OPEN_MAP_CHUNKS: u32 = 64;
+
+wire_struct! {
     /// Closes a handle taken by [`Open`] or [`Create`] with `access`.
     #[derive(Clone, Debug, PartialEq)]
     pub struct Release { pub ino: Ino, pub access: FileAccess }
@@ -381,7 +392,7 @@ calls! {
     Rmdir => Attr,
     Rename => (Attr, Attr),
     ReadDir => Vec<DirEntry>,
-    Open => Attr,
+    Open => Opened,
     Release => (),
     ChunkMap => FileMap,
     Allocate => FileMap,

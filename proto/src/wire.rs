@@ -28,7 +28,8 @@ use crate::errno::Errno;
 /// `Rebalance` evens the nodes' fill out. 20: a chunk's copy may hold a span of it
 /// ([`crate::types::ChunkRef`]), and `Allocate` asks for bytes, not chunks. 21: queue pairs
 /// are bound to their control connection (its MAC on the endpoints and in each tcp queue
-/// pair's hello).
+/// pair's hello), and `Open` answers the first chunks of the map too
+/// ([`crate::message::Opened`]).
 pub const VERSION: u8 = 21;
 /// Bounds what one list (readdir page, chunk map, node list) may carry: a message is at most
 /// 64 KiB.

@@ -281,6 +281,39 @@ fn fragment_then_write_large(meta: &MemServer) {
     }
 }
 
+/// Opening and reading a small file costs one metadata call (the open, whose answer brings the
+/// chunk map), not two: counted over 100 files already looked up, read with O_DIRECT so that
+/// every read goes to the node. (Before, 2.2 a file: the open, the map, some releases.)
+#[test]
+fn opening_and_reading_a_small_file_costs_one_metadata_call() {
+    let meta = MemServer::start(&["--memory", "16M"]);
+    let m = Mount::new(&meta, &[]);
+    let n = 100;
+    for i in 0..n {
+        fs::write(m.path(&format!("f{i}")), content(i, 4096)).unwrap();
+    }
+    for i in 0..n {
+        fs::metadata(m.path(&format!("f{i}"))).unwrap();
+    }
+    std::thread::sleep(Duration::from_secs(1)); // the writers' closes go back first
+    let before = m.stat("metadata_ops");
+    for i in 0..n {
+        let f = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(m.path(&format!("f{i}")))
+            .unwrap();
+        assert!(direct_read(&f, 0).0.unwrap() == content(i, 4096), "f{i}");
+    }
+    std::thread::sleep(Duration::from_secs(1)); // and the readers'
+    let calls = (m.stat("metadata_ops") - before) as f64 / n as f64;
+    println!("{calls:.2} metadata calls a file");
+    assert!(
+        calls < 1.5,
+        "{calls:.2} metadata calls to open and read a small file"
+    );
+}
+
 /// Small files rewritten on another mount while compaction moves them (frozen, copied, their
 /// maps switched under the writer) keep every write: each rewrite reads back at once on its own
 /// mount, and in the end every file reads, on the other mount, what was written last.

@@ -114,6 +114,14 @@ pub(crate) struct ChunkCache {
     chunk_size: u64,
 }
 
+/// A fetch of a file's map under way outside [`ChunkCache::refs`]: hand it to
+/// [`ChunkCache::fetched`] whatever its answer.
+pub(crate) struct Fetch {
+    ino: Ino,
+    gen: u64,
+    sent: Instant,
+}
+
 /// A transfer's hold on a file's chunk references: a recall waits until it is dropped.
 pub(crate) struct InFlight {
     cache: Arc<ChunkCache>,
@@ -226,6 +234,47 @@ impl ChunkCache {
             files.drop_from(ino, 0);
             files.prune(ino);
         }
+    }
+
+    /// Starts a fetch of `ino`'s map made outside [`Self::refs`] (an open's answer brings
+    /// one): the file's generation stays known until [`Self::fetched`] ends it, so that a
+    /// recall meanwhile keeps its answer out.
+    pub(crate) fn fetching(&self, ino: Ino) -> Fetch {
+        let mut files = self.lock();
+        let f = files.files.entry(ino).or_default();
+        f.fetching += 1;
+        Fetch {
+            ino,
+            gen: f.gen,
+            sent: Instant::now(),
+        }
+    }
+
+    /// Ends `fetch`, caching what its answer brought (`map`; none if it failed) unless a
+    /// recall came since it was sent. Chunks not granted are left to be fetched when used.
+    pub(crate) fn fetched(&self, fetch: Fetch, map: Option<&FileMap>) {
+        let mut files = self.lock();
+        let Some(f) = files.files.get_mut(&fetch.ino) else {
+            return;
+        };
+        f.fetching -= 1;
+        let mut added = 0;
+        if let Some(map) = map.filter(|_| f.gen == fetch.gen) {
+            f.cuts = f.cuts.max(map.cuts);
+            for (i, replicas) in &map.chunks {
+                if replicas.is_empty() || replicas.iter().all(|r| r.rkey == 0) {
+                    continue;
+                }
+                let cached = Cached {
+                    replicas: replicas.clone(),
+                    fetched: fetch.sent,
+                };
+                added += usize::from(f.chunks.insert(*i, cached).is_none());
+            }
+        }
+        files.entries += added;
+        files.prune(fetch.ino);
+        files.shrink();
     }
 
     /// The chunks `first..first+count` of `ino` (None: a hole), each with every replica, and

@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex};
 
 use rdmabox::transport::WcStatus;
 use rdmabox::Snapshot;
-use rfs_proto::message::{decode_reply, encode_reply, Call, Committed, Made, Request, RequestOp};
+use rfs_proto::message::{
+    decode_reply, encode_reply, Call, Committed, Made, Opened, Request, RequestOp,
+};
 use rfs_proto::types::{
     Attr, ChunkRef, FileAccess, FileKind, FileMap, Ino, Owner, Replicas, StatFs, Timestamp, ROOT,
 };
@@ -405,7 +407,16 @@ impl FakeCluster {
                 if a.is_ok() {
                     *st.held.entry(m.ino).or_default() += 1;
                 }
-                answer(m, a)
+                // No chunks with it: the client fetches them as it would after an open that
+                // found the file's chunks frozen.
+                let opened = a.map(|attr| Opened {
+                    attr,
+                    map: FileMap {
+                        cuts: attr.cuts,
+                        chunks: Vec::new(),
+                    },
+                });
+                answer(m, opened)
             }
             Request::Release(m) => {
                 st.released.push((m.ino, m.access));

@@ -131,17 +131,24 @@ impl<B: Backend> Rfs<B> {
         if ino == STATS_INO {
             return Ok((0, self.stats_attr(), false));
         }
-        let attr = self.call(Open {
+        // Close-to-open: no reference from before this open serves it. Its answer brings the
+        // first chunks of the map, as fresh as the open: a small file's read needs no call.
+        self.chunks.forget(ino, 0);
+        let fetch = self.chunks.fetching(ino);
+        let opened = self.call(Open {
             ino,
             access,
             caller: caller.clone(),
-        })?;
+        });
+        self.chunks
+            .fetched(fetch, opened.as_ref().ok().map(|o| &o.map));
+        let attr = opened?.attr;
         // Close-to-open: nothing cached before a loss of the connection may serve this open.
         self.backend.reconnection_settled();
         let now = PageVersion::of(&attr);
         let keep = attr.kind == FileKind::RegularFile
             && self.page_versions.lock().unwrap().insert(ino, now) == Some(now);
-        let (fh, attr) = self.opened(attr, access);
+        let (fh, attr) = self.took_handle(attr, access);
         Ok((fh, attr, keep))
     }
 
@@ -251,10 +258,15 @@ impl<B: Backend> Rfs<B> {
 
     /// A handle the metadata node granted.
     fn opened(&self, attr: Attr, access: FileAccess) -> (u64, Attr) {
-        let ino = attr.ino;
         if attr.kind == FileKind::RegularFile {
-            self.chunks.forget(ino, 0);
+            self.chunks.forget(attr.ino, 0);
         }
+        self.took_handle(attr, access)
+    }
+
+    /// A handle of `access` on the file `attr` describes, its chunk references already fresh.
+    fn took_handle(&self, attr: Attr, access: FileAccess) -> (u64, Attr) {
+        let ino = attr.ino;
         let fh = self.next_fh.fetch_add(1, Relaxed);
         self.handles.lock().unwrap().insert(fh, (ino, access));
         let mut open = self.open.lock().unwrap();

@@ -52,6 +52,8 @@ pub(crate) struct Granting {
     /// The file's count of cuts when the map was read.
     pub(crate) cuts: u64,
     pub(crate) chunks: Vec<(u64, Replicas)>,
+    /// An open's answer: the file's attributes go with the map.
+    pub(crate) opened: Option<rfs_proto::types::Attr>,
 }
 
 /// Chunks freed together, and their free number.

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rfs_proto::grant::{GrantChunks, GrantRequest, RevokeChunks, RevokeFreed};
+use rfs_proto::message::Opened;
 use rfs_proto::types::{ChunkRef, FileMap};
 use rfs_proto::wire::MAX_LIST;
 
@@ -97,6 +98,7 @@ impl GrantChannels {
             seq,
             cuts,
             mut chunks,
+            opened,
         } = g;
         let nodes = by_node(chunks.iter().flat_map(|(_, r)| r));
         let asked: Vec<(u32, Asked)> = nodes
@@ -133,7 +135,11 @@ impl GrantChannels {
                 c.rkey = keys.next().unwrap_or(0);
             }
         }
-        Reply::new(op as u8, &Ok(FileMap { cuts, chunks }))
+        let map = FileMap { cuts, chunks };
+        match opened {
+            Some(attr) => Reply::new(op as u8, &Ok(Opened { attr, map })),
+            None => Reply::new(op as u8, &Ok(map)),
+        }
     }
 
     /// Takes back what the session was granted on `chunks` (only for writing if

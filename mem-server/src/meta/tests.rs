@@ -152,6 +152,7 @@ impl Client<'_> {
             access,
             caller: caller.clone(),
         })
+        .map(|o| o.attr)
     }
 
     fn allocate(

@@ -9,7 +9,7 @@ use std::time::Duration;
 use mem_server::in_process::InProcessService;
 use rfs_proto::message::{
     Allocate, ChunkMap, Commit, Committed, Create, DropLocks, DropReplicas, GetAttr, GetLock,
-    GetStatFs, Lookup, Open, Release, ReleaseMany, SetAttr, SetLock,
+    GetStatFs, Lookup, Open, Opened, Release, ReleaseMany, SetAttr, SetLock,
 };
 use rfs_proto::{CallError, MetadataChannel};
 
@@ -204,10 +204,13 @@ fn script(ch: &impl MetadataChannel) -> Vec<String> {
         access: RW,
         caller: ROOT_CALLER,
     };
-    out.push(format!("open: {}", said(ch.call(open(ino)), attr)));
+    out.push(format!(
+        "open: {}",
+        said(ch.call(open(ino)), |o: Opened| attr(o.attr))
+    ));
     out.push(format!(
         "open missing: {}",
-        said(ch.call(open(ino + 1000)), attr)
+        said(ch.call(open(ino + 1000)), |o: Opened| attr(o.attr))
     ));
     let many = ReleaseMany {
         handles: vec![(ino, RW)],

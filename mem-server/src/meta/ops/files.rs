@@ -3,13 +3,16 @@
 //! unlinked file goes with the last handle of every session, and a closed file gives back
 //! what was allocated ahead past its size.
 
-use rfs_proto::message::{Commit, Create, Open, Reclaim, Release, ReleaseMany};
-use rfs_proto::types::{FileAccess, FileKind, Ino};
+use rfs_proto::message::{
+    Commit, Create, Open, Opened, Reclaim, Release, ReleaseMany, RequestOp, OPEN_MAP_CHUNKS,
+};
+use rfs_proto::types::{FileAccess, FileKind, FileMap, Ino};
+use rfs_proto::wire::MAX_LIST;
 use rfs_proto::Errno;
 
 use super::{answer, Answer, Ctx};
 use crate::access::{check_access_bits, check_change, check_open, made_in};
-use crate::meta::effects::Effects;
+use crate::meta::effects::{is_frozen, Effects};
 use crate::namespace::Namespace;
 
 pub(super) fn open(cx: &mut Ctx<'_>, m: &Open) -> Answer {
@@ -22,7 +25,38 @@ pub(super) fn open(cx: &mut Ctx<'_>, m: &Open) -> Answer {
     if r.is_ok() {
         cx.opened(m.ino, m.access);
     }
-    answer(m, cx.told(r, None))
+    let attr = match cx.told(r, None) {
+        Ok(a) => a,
+        Err(e) => return answer(m, Err(e)),
+    };
+    // The first chunks of the map go with it, granted as a map fetch's are (a file being
+    // copied just then answers none: the client fetches them when it needs them, and waits).
+    let count = OPEN_MAP_CHUNKS;
+    let map = match is_frozen(&cx.st.frozen, m.ino, 0, count) {
+        true => Ok(Vec::new()),
+        false => cx
+            .st
+            .ns
+            .chunk_map_page(m.ino, 0, count as u64, MAX_LIST as usize),
+    };
+    match map {
+        Ok(chunks) if !chunks.is_empty() => {
+            cx.st.holders.fetched(cx.cs.id, m.ino);
+            let writable = cx.writable(m.ino);
+            let mut granting = cx.granting(RequestOp::Open, m.ino, writable, chunks);
+            if let Answer::Grant(g) = &mut granting {
+                g.opened = Some(attr);
+            }
+            granting
+        }
+        _ => {
+            let map = FileMap {
+                cuts: attr.cuts,
+                chunks: Vec::new(),
+            };
+            answer(m, Ok(Opened { attr, map }))
+        }
+    }
 }
 
 pub(super) fn create(cx: &mut Ctx<'_>, m: &Create) -> Answer {

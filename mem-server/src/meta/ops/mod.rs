@@ -176,6 +176,7 @@ impl Ctx<'_> {
             seq: self.st.frees,
             cuts: self.st.ns.getattr(ino).map_or(0, |a| a.cuts),
             chunks,
+            opened: None,
         })
     }
 }
