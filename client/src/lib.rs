@@ -108,9 +108,10 @@ impl MetadataChannel for Client {
         let session = self.sessions_lost.load(Ordering::Acquire);
         let mut waited = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
         let mut told = false;
+        let mut used = None;
         let result = loop {
             let deadline = Instant::now() + timeout;
-            match self.exchange_until(seq, request, deadline, session) {
+            match self.exchange_until(seq, request, deadline, session, &mut used) {
                 // Hard: the same call again (the node never applies one twice), over a new
                 // connection, until a node answers.
                 Err(e)
@@ -124,7 +125,9 @@ impl MetadataChannel for Client {
                             self.meta_addr
                         );
                     }
-                    self.abandon_channel();
+                    if let Some(c) = &used {
+                        self.abandon_channel(c);
+                    }
                     std::thread::sleep(waited.next_pause());
                 }
                 r => break r,
@@ -137,7 +140,7 @@ impl MetadataChannel for Client {
 
 /// Whether a call failed for want of a node (it went silent, refused or dropped the
 /// connection), not for what it asked.
-fn is_outage(e: &io::Error) -> bool {
+pub(crate) fn is_outage(e: &io::Error) -> bool {
     use io::ErrorKind::*;
     matches!(
         e.kind(),

@@ -13,9 +13,11 @@ impl Client {
         request: &[u8],
         deadline: Instant,
         session: u64,
+        used: &mut Option<Arc<Channel>>,
     ) -> io::Result<Vec<u8>> {
         loop {
             let channel = self.channel(deadline)?;
+            *used = Some(channel.clone());
             if self.lost_session_of(request, session) {
                 return Err(io::Error::new(
                     io::ErrorKind::ConnectionReset,
@@ -42,11 +44,14 @@ impl Client {
         self.sessions_lost.load(Ordering::Acquire) != session && !repeatable
     }
 
-    /// Drops the metadata connection (a node silent past a call's deadline): the next call
-    /// dials again.
-    pub(super) fn abandon_channel(&self) {
+    /// Drops the metadata connection `used` (its node stayed silent past a call's deadline),
+    /// if it is still the current one: the next call dials again. One another call already
+    /// replaced is left alone.
+    pub(super) fn abandon_channel(&self, used: &Arc<Channel>) {
         if let Some(c) = self.channel.lock().unwrap().as_ref() {
-            c.sever();
+            if Arc::ptr_eq(c, used) {
+                c.sever();
+            }
         }
     }
 
@@ -290,8 +295,14 @@ impl Client {
                 Err(e) => {
                     let wait = backoff.next_pause();
                     if Instant::now() + wait >= deadline {
+                        // A refusal (the secret, the version) says so: not an outage to wait
+                        // out.
+                        let kind = match is_outage(&e) {
+                            true => io::ErrorKind::TimedOut,
+                            false => e.kind(),
+                        };
                         return Err(io::Error::new(
-                            io::ErrorKind::TimedOut,
+                            kind,
                             format!("metadata node {} unreachable: {e}", self.meta_addr),
                         ));
                     }

@@ -67,7 +67,7 @@ fn session_of(client: &Client, chunk: &ChunkRef) -> Result<Arc<DataSession>, Err
         if client.is_down(node) {
             Error::new(Errno::EIO, format!("data node {node}: failed moments ago"))
         } else {
-            Error::stale(node, "session lost")
+            Error::unreachable(node, "session lost")
         }
     })
 }

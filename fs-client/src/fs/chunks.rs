@@ -258,8 +258,16 @@ impl ChunkCache {
             return;
         };
         f.fetching -= 1;
+        let current = f.gen == fetch.gen;
         let mut added = 0;
-        if let Some(map) = map.filter(|_| f.gen == fetch.gen) {
+        if let Some(map) = map.filter(|_| current) {
+            // As fresh as the open and fresher than any fetch sent before it was answered
+            // (one with read-only keys, say): those go, and their answers with them.
+            files.drop_from(fetch.ino, 0);
+            let f = files
+                .files
+                .get_mut(&fetch.ino)
+                .expect("kept while fetching");
             f.cuts = f.cuts.max(map.cuts);
             for (i, replicas) in &map.chunks {
                 if replicas.is_empty() || replicas.iter().all(|r| r.rkey == 0) {
@@ -584,6 +592,35 @@ mod tests {
         c.recall(1, 0, Duration::from_secs(5));
         assert!(start.elapsed() < Duration::from_secs(1));
         assert_eq!(c.len(), 0);
+    }
+
+    /// An open's answer is cached and serves reads without a call; a fetch sent before it
+    /// was answered (one with read-only keys) and answered after it does not replace it; and
+    /// one overtaken by a recall is not cached at all.
+    #[test]
+    fn an_opens_map_is_kept_over_older_fetches_and_dropped_by_a_recall() {
+        let c = cache();
+        let map = |rkey| FileMap {
+            cuts: 0,
+            chunks: vec![(0, vec![ChunkRef { rkey, ..chunk(0) }])],
+        };
+        let older = c.fetching(1);
+        let open = c.fetching(1);
+        c.fetched(open, Some(&map(7)));
+        c.fetched(older, Some(&map(5)));
+        let answered = Maps(Mutex::new(Some(Box::new(|| {
+            panic!("a call for a cached map")
+        }))));
+        let (refs, hold) = c.refs(&answered, 1, 0, 1, None).unwrap();
+        assert_eq!(refs[0].as_ref().unwrap()[0].rkey, 7, "the open's keys");
+        drop(hold);
+        let open = c.fetching(1);
+        c.recall(1, 0, Duration::from_secs(1));
+        c.fetched(open, Some(&map(9)));
+        assert_eq!(c.len(), 0, "overtaken by a recall: not cached");
+        let failed = c.fetching(1);
+        c.fetched(failed, None);
+        assert!(c.lock().files.is_empty(), "nothing left behind");
     }
 
     #[test]

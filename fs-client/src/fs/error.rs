@@ -13,6 +13,8 @@ pub struct Error {
     context: Option<String>,
     /// A transfer refused for a reference a fresh chunk map may cure (see [`Error::is_stale`]).
     stale: bool,
+    /// A transfer that could not reach its node (see [`Error::is_outage`]).
+    outage: bool,
     /// A metadata call that may or may not have been applied (see [`Error::is_unsettled`]).
     unsettled: bool,
 }
@@ -27,6 +29,7 @@ impl Error {
             errno,
             context: Some(context.into()),
             stale: false,
+            outage: false,
             unsettled: false,
         }
     }
@@ -37,6 +40,15 @@ impl Error {
         Error {
             stale: true,
             ..Error::new(Errno::EIO, format!("data node {node}: {why}"))
+        }
+    }
+
+    /// A transfer could not reach data node `node` (our session there is gone and no new
+    /// one could be had): a hard mount waits for it.
+    pub(crate) fn unreachable(node: u32, why: &str) -> Error {
+        Error {
+            outage: true,
+            ..Error::stale(node, why)
         }
     }
 
@@ -56,13 +68,30 @@ impl Error {
     /// its grants when the metadata node that made them went away), or our session there broke
     /// and took the transfer with it.
     pub(crate) fn data(node: u32, e: &IoError) -> Error {
+        use rdmabox::transport::WcStatus;
         Error {
             stale: !matches!(
                 e,
                 IoError::TimedOut(_) | IoError::Aborted(_) | IoError::Registration(_)
             ),
+            // The session broke under it, not a key the node refused.
+            outage: matches!(
+                e,
+                IoError::Closed
+                    | IoError::Transport(
+                        WcStatus::WrFlushError
+                            | WcStatus::RetryExceeded
+                            | WcStatus::RnrRetryExceeded
+                    )
+            ),
             ..Error::new(Errno::EIO, format!("data node {node}: {e}"))
         }
+    }
+
+    /// Whether the transfer failed for want of its node (a hard mount waits for it), not for
+    /// a reference the node refused.
+    pub(crate) fn is_outage(&self) -> bool {
+        self.outage
     }
 
     /// Whether the transfer may succeed when sent again with a fresh chunk map (and session).
@@ -84,6 +113,7 @@ impl From<Errno> for Error {
             errno,
             context: None,
             stale: false,
+            outage: false,
             unsettled: false,
         }
     }

@@ -32,6 +32,7 @@ mod kernel_handles;
 mod locks;
 mod open;
 mod owed;
+mod pages;
 mod ranges;
 mod space;
 mod stats;
@@ -69,8 +70,9 @@ use closes::Closes;
 use coherence::KernelInodes;
 use dirs::Dirs;
 use locks::Locks;
-use open::{OpenFile, PageVersion};
+use open::OpenFile;
 use owed::Owed;
+use pages::PageVersion;
 use space::GivingBack;
 use stats::ClientStats;
 
@@ -99,6 +101,8 @@ pub struct Rfs<B: Backend = Client> {
     /// How long a transfer refused for a stale reference is sent again: as long as a
     /// metadata call may take.
     retry_window: Duration,
+    /// A hard mount: transfers that cannot reach their node wait for it.
+    hard: bool,
     /// The kernel's writeback cache is on ([`FsConfig::writeback_cache`]).
     writeback_cache: bool,
     /// Writes in flight, answered or not.
@@ -177,11 +181,8 @@ impl<B: Backend> Rfs<B> {
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             next_replica: AtomicUsize::new(0),
-            // Hard: a year stands for ever (an Instant cannot be told "never").
-            retry_window: match cfg.hard {
-                true => Duration::from_secs(365 * 24 * 3600),
-                false => call_timeout,
-            },
+            retry_window: call_timeout,
+            hard: cfg.hard,
             behind: WriteBehind::new(cfg.write_behind),
             // A quarter: with the kernel's half lease, nothing older than a lease is served.
             dirs: Dirs::new(lease / 4),

@@ -42,19 +42,24 @@ const MAX_RETRY_PAUSE: Duration = Duration::from_secs(1);
 struct Attempt {
     backoff: Backoff,
     deadline: Instant,
+    /// A hard mount's: a transfer that cannot reach its node is tried again past the window.
+    hard: bool,
 }
 
 impl Attempt {
-    fn first(window: Duration) -> Attempt {
+    fn first(window: Duration, hard: bool) -> Attempt {
         Attempt {
             backoff: Backoff::new(RETRY_PAUSE, MAX_RETRY_PAUSE),
             deadline: Instant::now() + window,
+            hard,
         }
     }
 
-    /// The next try and the pause before it, if it fits in the window.
-    fn next(mut self) -> Option<(Attempt, Duration)> {
-        (Instant::now() + self.backoff.peek() < self.deadline).then(|| {
+    /// The next try after `failure` and the pause before it, if it fits in the window (or the
+    /// mount is hard and the node could not be reached).
+    fn next(mut self, failure: &Error) -> Option<(Attempt, Duration)> {
+        let in_window = Instant::now() + self.backoff.peek() < self.deadline;
+        (in_window || (self.hard && failure.is_outage())).then(|| {
             let pause = self.backoff.next_pause();
             (self, pause)
         })
@@ -248,7 +253,7 @@ impl<B: Backend> Rfs<B> {
         then: impl FnOnce(Result<Attempt>) + Send + 'static,
     ) {
         let fs = self.clone();
-        off_the_completion_path("rfs-retry", move || match attempt.next() {
+        off_the_completion_path("rfs-retry", move || match attempt.next(&stale) {
             Some((next, pause)) => {
                 log::info!("inode {ino}: {stale}; sending it again with a fresh map");
                 ClientStats::add(&fs.stats.retries, 1);
@@ -277,9 +282,10 @@ fn copies_on(refs: &[Option<Replicas>], node: u32) -> Option<Vec<ChunkRef>> {
 }
 
 /// The error of a replica our session was not granted (the metadata node does not know the
-/// session yet: it restarted, or the node is coming back): worth another try.
+/// session yet: it restarted, or the node is coming back, or did not answer the grant): worth
+/// another try, and on a hard mount worth waiting for.
 fn not_granted(c: &ChunkRef) -> Error {
-    Error::stale(c.node, "the chunk was not granted to this client")
+    Error::unreachable(c.node, "the chunk was not granted to this client")
 }
 
 /// What a split request does once all its pieces are done: Ok, or the first failure.
@@ -381,7 +387,7 @@ mod tests {
             .map(|s| (s, data[s.at..s.at + s.len].to_vec()))
             .collect();
         let (tx, rx) = std::sync::mpsc::channel();
-        let attempt = Attempt::first(std::time::Duration::from_secs(1));
+        let attempt = Attempt::first(std::time::Duration::from_secs(1), false);
         fs.write_pieces(
             ino,
             pieces,

@@ -87,7 +87,13 @@ impl<B: Backend> Rfs<B> {
         }
         ClientStats::add(&self.stats.reads, 1);
         ClientStats::add(&self.stats.bytes_read, len as u64);
-        self.read_attempt(ino, offset, len, Attempt::first(self.retry_window), done);
+        self.read_attempt(
+            ino,
+            offset,
+            len,
+            Attempt::first(self.retry_window, self.hard),
+            done,
+        );
     }
 
     /// One try of a read (see [`Self::read`]); a stale reference makes another, whole.

@@ -198,7 +198,7 @@ impl<B: Backend> Rfs<B> {
                 done(Ok(len));
             }
         }
-        let attempt = Attempt::first(self.retry_window);
+        let attempt = Attempt::first(self.retry_window, self.hard);
         self.post_pieces(ino, pieces, mapped, (attempt, admitted), finish);
     }
 
@@ -457,7 +457,7 @@ impl<B: Backend> Rfs<B> {
             at: 0,
         };
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        let attempt = Attempt::first(self.retry_window);
+        let attempt = Attempt::first(self.retry_window, self.hard);
         let finish: FinishWrite<B> = Box::new(move |_, r| drop(tx.send(r)));
         self.write_pieces(ino, vec![(piece, bytes)], (attempt, None), finish);
         rx.recv().unwrap_or_else(|_| {
