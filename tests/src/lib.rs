@@ -640,6 +640,27 @@ pub fn map_shared(f: &std::fs::File, len: usize) -> *mut libc::c_void {
     map
 }
 
+/// `path` opened with O_DIRECT (no page cache: every read and write goes to the nodes), for
+/// reading and, with `write`, writing.
+pub fn open_direct(path: impl AsRef<std::path::Path>, write: bool) -> std::fs::File {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(write)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .unwrap()
+}
+
+/// Writes `data` (4 KiB) at `offset` of a file opened with O_DIRECT, from an aligned buffer.
+pub fn direct_write(f: &std::fs::File, offset: u64, data: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let mut raw = vec![0u8; 8192];
+    let at = raw.as_ptr().align_offset(4096);
+    raw[at..at + data.len()].copy_from_slice(data);
+    f.write_all_at(&raw[at..at + data.len()], offset)
+}
+
 /// 4 KiB at `offset` of a file opened with O_DIRECT (no page cache): (the result, how long it
 /// took).
 pub fn direct_read(f: &std::fs::File, offset: u64) -> (std::io::Result<Vec<u8>>, Duration) {

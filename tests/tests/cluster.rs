@@ -1,10 +1,10 @@
 //! Several mounts of one namespace, large files over two nodes, and a storage node dying.
 
 use std::fs;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
-use rfs_e2e::{direct_read, errno, MemServer, Mount};
+use rfs_e2e::{direct_read, errno, open_direct, MemServer, Mount};
 
 #[test]
 fn two_mounts_see_each_others_closed_files() {
@@ -58,11 +58,7 @@ fn a_dead_storage_node_fails_io_with_eio_and_nothing_hangs() {
         // Around the page cache: the pages our writes went through are still good (nobody
         // changed the files), and where the kernel cached them (before Linux 6.6 write-only
         // handles go through it) they would answer without asking the node.
-        let f = fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(m.path(&format!("f{i}")))
-            .unwrap();
+        let f = open_direct(m.path(&format!("f{i}")), false);
         match direct_read(&f, 512 << 10).0 {
             Ok(d) => {
                 assert_eq!(d, vec![i as u8; 4096]);
@@ -90,7 +86,6 @@ fn a_dead_storage_node_fails_io_with_eio_and_nothing_hangs() {
 /// and within io_timeout when it is dialled again, and the files are served again once it resumes, with nothing remounted.
 #[test]
 fn a_stopped_storage_node_fails_reads_within_io_timeout_and_serves_again_once_resumed() {
-    use std::os::unix::fs::OpenOptionsExt;
     let meta = MemServer::meta("16M", "1M");
     let data = MemServer::data(&meta, "16M", "1M");
     let m = Mount::new(&meta, &["io_timeout=1"]);
@@ -100,11 +95,7 @@ fn a_stopped_storage_node_fails_reads_within_io_timeout_and_serves_again_once_re
     let files: Vec<fs::File> = (0..6)
         .map(|i| {
             fs::write(m.path(&format!("f{i}")), content(i)).unwrap();
-            let f = fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_DIRECT)
-                .open(m.path(&format!("f{i}")))
-                .unwrap();
+            let f = open_direct(m.path(&format!("f{i}")), false);
             assert_eq!(direct_read(&f, 4096).0.unwrap(), content(i)[..4096]);
             f
         })
@@ -519,11 +510,7 @@ fn a_node_that_joins_gets_its_share_of_the_copies_by_itself() {
     let start = Instant::now();
     let status = loop {
         for (name, bytes) in &files {
-            let f = fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_DIRECT)
-                .open(m.path(name))
-                .unwrap();
+            let f = open_direct(m.path(name), false);
             // A page of each chunk, from the nodes.
             for at in (0..bytes.len() as u64 - 4096).step_by(1 << 20) {
                 let (read, _) = direct_read(&f, at);
@@ -620,13 +607,7 @@ fn a_hard_mount_waits_for_stopped_nodes_where_a_soft_one_fails() {
     let hard = Mount::new(&meta, &["io_timeout=1", "hard"]);
     let soft = Mount::new(&meta, &["io_timeout=1"]);
     let content = |i: usize| vec![i as u8 + 1; 1 << 20];
-    let open = |m: &Mount, i: usize| {
-        fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(m.path(&format!("f{i}")))
-            .unwrap()
-    };
+    let open = |m: &Mount, i: usize| open_direct(m.path(&format!("f{i}")), false);
     // One-chunk files alternate between the nodes.
     for i in 0..4 {
         fs::write(hard.path(&format!("f{i}")), content(i)).unwrap();

@@ -2,10 +2,10 @@
 //! every chunk loses nothing and fails nothing; the copies a dead node held are made again.
 
 use std::fs;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
-use rfs_e2e::{direct_read, wait_until_whole, MemServer, Mount};
+use rfs_e2e::{direct_read, open_direct, wait_until_whole, MemServer, Mount};
 
 /// A metadata node keeping `replicas` copies, lending `memory`, with 1 MiB chunks.
 fn meta(memory: &str, replicas: &str) -> MemServer {
@@ -38,11 +38,7 @@ fn with_two_replicas_a_killed_node_loses_nothing_and_its_copies_are_made_again()
     for i in 0..6 {
         fs::write(m.path(&format!("f{i}")), content(i, len)).unwrap();
     }
-    let held = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(m.path("f0"))
-        .unwrap();
+    let held = open_direct(m.path("f0"), false);
     assert_eq!(direct_read(&held, 0).0.unwrap(), content(0, len)[..4096]);
 
     first.kill();
@@ -94,12 +90,7 @@ fn with_two_replicas_a_stopped_node_costs_reads_and_writes_at_most_the_deadline(
     let files: Vec<fs::File> = (0..4)
         .map(|i| {
             fs::write(m.path(&format!("f{i}")), content(i, len)).unwrap();
-            fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .custom_flags(libc::O_DIRECT)
-                .open(m.path(&format!("f{i}")))
-                .unwrap()
+            open_direct(m.path(&format!("f{i}")), true)
         })
         .collect();
     for (i, f) in files.iter().enumerate() {

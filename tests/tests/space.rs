@@ -4,10 +4,10 @@
 
 use std::fs;
 use std::io::Write;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
-use rfs_e2e::{client, direct_read, MemServer, Mount};
+use rfs_e2e::{client, direct_read, direct_write, open_direct, MemServer, Mount};
 use rfs_proto::message::GetStatFs;
 use rfs_proto::MetadataChannel;
 
@@ -139,11 +139,7 @@ fn a_reader_sees_what_a_writer_adds_past_the_span_it_mapped() {
     let mut want = content(0, 100);
     f.write_all_at(&want, 0).unwrap();
     f.sync_all().unwrap();
-    let r = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(reader.path("grows"))
-        .unwrap();
+    let r = open_direct(reader.path("grows"), false);
     for round in 1..10 {
         let mut got = Vec::new();
         while got.len() < want.len() {
@@ -298,11 +294,7 @@ fn opening_and_reading_a_small_file_costs_one_metadata_call() {
     std::thread::sleep(Duration::from_secs(1)); // the writers' closes go back first
     let before = m.stat("metadata_ops");
     for i in 0..n {
-        let f = fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(m.path(&format!("f{i}")))
-            .unwrap();
+        let f = open_direct(m.path(&format!("f{i}")), false);
         assert!(direct_read(&f, 0).0.unwrap() == content(i, 4096), "f{i}");
     }
     std::thread::sleep(Duration::from_secs(1)); // and the readers'
@@ -342,16 +334,8 @@ fn small_files_rewritten_on_another_mount_while_they_move_keep_every_write() {
                 round += 1;
                 for i in (1..made).step_by(16) {
                     let want = content(i + round * 7, 4096);
-                    let f = fs::OpenOptions::new()
-                        .read(true)
-                        .write(true)
-                        .custom_flags(libc::O_DIRECT)
-                        .open(dir.join(format!("f{i}")))
-                        .unwrap();
-                    let mut raw = vec![0u8; 8192];
-                    let at = raw.as_ptr().align_offset(4096);
-                    raw[at..at + 4096].copy_from_slice(&want);
-                    f.write_all_at(&raw[at..at + 4096], 0).unwrap();
+                    let f = open_direct(dir.join(format!("f{i}")), true);
+                    direct_write(&f, 0, &want).unwrap();
                     f.sync_all().unwrap();
                     assert!(direct_read(&f, 0).0.unwrap() == want, "f{i}, round {round}");
                     last.insert(i, want);
@@ -367,11 +351,7 @@ fn small_files_rewritten_on_another_mount_while_they_move_keep_every_write() {
     println!("{rounds} rounds of rewrites while the large file was written");
     assert!(fs::read(a.path("big")).unwrap() == big, "the large file");
     for i in (1..made).step_by(2) {
-        let f = fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(a.path(&format!("f{i}")))
-            .unwrap();
+        let f = open_direct(a.path(&format!("f{i}")), false);
         let want = last.get(&i).cloned().unwrap_or_else(|| content(i, 4096));
         assert!(
             direct_read(&f, 0).0.unwrap() == want,
@@ -448,14 +428,7 @@ fn more_files_open_than_a_session_holds_grants_all_read_and_write_right() {
     for i in 0..n {
         fs::write(m.path(&format!("f{i}")), content(i, 4096)).unwrap();
     }
-    let open = |i: usize| {
-        fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(m.path(&format!("f{i}")))
-            .unwrap()
-    };
+    let open = |i: usize| open_direct(m.path(&format!("f{i}")), true);
     let files: Vec<fs::File> = (0..n).map(open).collect();
     for round in 0..2 {
         for (i, f) in files.iter().enumerate() {
@@ -464,10 +437,7 @@ fn more_files_open_than_a_session_holds_grants_all_read_and_write_right() {
                 got.unwrap() == content(i + round, 4096),
                 "f{i}, round {round}"
             );
-            let mut next = vec![0u8; 8192];
-            let at = next.as_ptr().align_offset(4096);
-            next[at..at + 4096].copy_from_slice(&content(i + round + 1, 4096));
-            f.write_all_at(&next[at..at + 4096], 0).unwrap();
+            direct_write(f, 0, &content(i + round + 1, 4096)).unwrap();
         }
     }
     let scraped = rfs_e2e::scrape(&metrics);

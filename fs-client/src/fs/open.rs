@@ -122,11 +122,13 @@ impl<B: Backend> Rfs<B> {
             access,
             caller: caller.clone(),
         });
+        // Close-to-open: nothing cached before a loss of the connection may serve this open,
+        // nor may this answer if it is one a resent call got from before the loss (what the
+        // reconnection drops starts a new generation, which keeps it out).
+        self.backend.reconnection_settled();
         self.chunks
             .fetched(fetch, opened.as_ref().ok().map(|o| &o.map));
         let attr = opened?.attr;
-        // Close-to-open: nothing cached before a loss of the connection may serve this open.
-        self.backend.reconnection_settled();
         let now = PageVersion::of(&attr);
         let keep = attr.kind == FileKind::RegularFile
             && self.page_versions.lock().unwrap().insert(ino, now) == Some(now);

@@ -9,8 +9,6 @@
 
 use std::time::{Duration, Instant};
 
-use rfs_proto::types::ChunkRef;
-
 use super::{Allocator, NodeChunks};
 
 /// A window being emptied: the free pieces of it held back so far.
@@ -94,28 +92,15 @@ impl Allocator {
         })
     }
 
-    /// Starts emptying windows, up to `wanted` whole chunks over the nodes that have none
-    /// (windows under way count): the (node, window address) of each one started. Their free
-    /// pieces are held from now on; the caller moves what they hold out.
-    pub fn start_compaction(&mut self, wanted: usize) -> Vec<(u32, u64)> {
-        let mut started = Vec::new();
-        while self.windows_under_way() < wanted {
-            match self.start_window() {
-                Some(w) => started.push(w),
-                None => break,
-            }
+    /// Starts emptying one window, if fewer than `most` are under way over every node: on the
+    /// node with the most free space that has no whole chunk free and a window worth emptying.
+    /// Its free pieces are held from now on; the caller moves what it holds out. (node, window
+    /// address).
+    pub fn start_window(&mut self, most: usize) -> Option<(u32, u64)> {
+        let under_way: usize = self.nodes.iter().map(|n| n.compacting.len()).sum();
+        if under_way >= most {
+            return None;
         }
-        started
-    }
-
-    /// Windows being emptied, over every node.
-    pub fn windows_under_way(&self) -> usize {
-        self.nodes.iter().map(|n| n.compacting.len()).sum()
-    }
-
-    /// Starts emptying one window, on the node with the most free space that has no whole
-    /// chunk free and a window worth emptying: (node, window address).
-    pub fn start_window(&mut self) -> Option<(u32, u64)> {
         let (n, addr) = self
             .nodes
             .iter_mut()
@@ -181,23 +166,29 @@ impl Allocator {
     pub fn compacting(&self) -> bool {
         self.nodes.iter().any(|n| !n.compacting.is_empty())
     }
-
-    /// Whether `copy` lies (at least partly) in a window being emptied on its node.
-    pub fn in_window(&self, copy: &ChunkRef) -> bool {
-        self.nodes.get(copy.node as usize).is_some_and(|n| {
-            n.compacting
-                .iter()
-                .any(|w| copy.addr < w.addr + n.chunk_size && w.addr < copy.addr + copy.len as u64)
-        })
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::PAGE;
     use super::*;
+    use rfs_proto::types::ChunkRef;
 
     const CHUNK: u64 = 1 << 20;
+
+    /// Starts windows while fewer than `most` are under way: those started.
+    fn start(a: &mut Allocator, most: usize) -> Vec<(u32, u64)> {
+        std::iter::from_fn(|| a.start_window(most)).collect()
+    }
+
+    /// Whether `copy` lies (at least partly) in a window being emptied on its node.
+    fn in_window(a: &Allocator, copy: &ChunkRef) -> bool {
+        let n = &a.nodes[copy.node as usize];
+        let end = copy.addr + copy.len as u64;
+        n.compacting
+            .iter()
+            .any(|w| copy.addr < w.addr + n.chunk_size && w.addr < end)
+    }
 
     /// A pool of four chunks filled with pages, every other one freed: no whole chunk.
     fn fragmented() -> (Allocator, Vec<ChunkRef>) {
@@ -226,14 +217,10 @@ mod tests {
         );
         assert_eq!(a.totals().1, 2 * CHUNK, "though half the pool is free");
         assert!(a.compactable());
-        let started = a.start_compaction(1);
+        let started = start(&mut a, 1);
         assert_eq!(started.len(), 1);
         let (_, window) = started[0];
-        assert_eq!(
-            a.start_compaction(1),
-            vec![],
-            "one under way is enough for one"
-        );
+        assert_eq!(start(&mut a, 1), vec![], "one under way is enough for one");
         assert_eq!(a.totals().1, 2 * CHUNK, "held space still counts as free");
         // Its spans move out: new space for each, the old freed and zeroed.
         let inside: Vec<ChunkRef> = kept
@@ -243,10 +230,10 @@ mod tests {
             .collect();
         assert_eq!(inside.len(), (CHUNK / PAGE / 2) as usize);
         for c in &inside {
-            assert!(a.in_window(c));
+            assert!(in_window(&a, c));
             let moved = a.alloc_moved(c, &[], (0, PAGE as u32)).unwrap();
             assert!(
-                !a.in_window(&moved),
+                !in_window(&a, &moved),
                 "nothing moves into a window being emptied"
             );
         }
@@ -268,7 +255,7 @@ mod tests {
     #[test]
     fn no_more_windows_are_emptied_than_there_is_room_to_move_into() {
         let (mut a, _) = fragmented();
-        assert_eq!(a.start_compaction(10).len(), 2);
+        assert_eq!(start(&mut a, 10).len(), 2);
         assert!(a.compactable(), "under way");
     }
 
@@ -276,7 +263,7 @@ mod tests {
     fn a_window_that_does_not_empty_is_given_back_in_time() {
         let (mut a, _) = fragmented();
         let free = a.allocatable_bytes();
-        assert_eq!(a.start_compaction(2).len(), 2);
+        assert_eq!(start(&mut a, 2).len(), 2);
         assert!(a.allocatable_bytes() < free, "held back");
         assert!(a.compacting());
         assert_eq!(a.finish_compaction(Duration::ZERO), 0);
@@ -294,10 +281,10 @@ mod tests {
     fn a_window_given_up_rests_its_node() {
         let (mut a, _) = fragmented();
         let free = a.allocatable_bytes();
-        let (node, addr) = a.start_compaction(1)[0];
+        let (node, addr) = start(&mut a, 1)[0];
         a.give_up_window(node, addr, Duration::from_secs(60));
         assert_eq!(a.allocatable_bytes(), free, "nothing lost");
         assert!(!a.compactable() && !a.compacting());
-        assert_eq!(a.start_compaction(1), vec![]);
+        assert_eq!(start(&mut a, 1), vec![]);
     }
 }

@@ -72,13 +72,7 @@ impl MetaService {
                     // then; those done meanwhile are given back between them.
                     let most = wanted.max(BATCH);
                     loop {
-                        let next = {
-                            let mut st = me.state.lock();
-                            match st.alloc.windows_under_way() < most {
-                                true => st.alloc.start_window(),
-                                false => None,
-                            }
-                        };
+                        let next = me.state.lock().alloc.start_window(most);
                         let Some((node, addr)) = next else {
                             break;
                         };
