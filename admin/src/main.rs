@@ -3,6 +3,7 @@
 //!
 //!   rfs status HOST:PORT [--json]   every data node, every client session, copies short
 //!   rfs drain HOST:PORT NODE        moves every copy off a data node, then says it may stop
+//!   rfs remove HOST:PORT NODE       forgets a data node that is down or away
 //!   rfs rebalance HOST:PORT         evens the data nodes' fill out
 
 use std::path::PathBuf;
@@ -13,9 +14,9 @@ use clap::{Args as ClapArgs, Parser, Subcommand};
 use nix::unistd::{getegid, geteuid};
 use rdmabox::transport::{ProviderKind, TransportConfig};
 use rfs_client::{Client, ClientConfig};
-use rfs_proto::message::{Drain, Rebalance, Status};
+use rfs_proto::message::{Drain, Rebalance, RemoveNode, Status};
 use rfs_proto::types::{Caller, ClusterStatus, NodeStatus};
-use rfs_proto::MetadataChannel;
+use rfs_proto::{Errno, MetadataChannel};
 
 /// How often `rfs drain` and `rfs rebalance` look at the nodes again.
 const POLL: Duration = Duration::from_secs(1);
@@ -60,6 +61,20 @@ enum Command {
         to: Node,
         /// The data node, by its address as `rfs status` lists it (or its id).
         node: String,
+    },
+    /// Forget a data node that is not up: it is no longer listed, and its pool, were it to
+    /// come back, joins as a new one. NODE by address removes every node there that is down
+    /// or away. Refused while chunks have their only copies there (drain the node while it
+    /// is up, or bring it back: an away node comes back with its pool).
+    Remove {
+        #[command(flatten)]
+        to: Node,
+        /// The data node, by its address as `rfs status` lists it (or its id).
+        node: String,
+        /// Remove it even though the chunks whose only copies it holds are lost with it (they
+        /// stay unreadable).
+        #[arg(long)]
+        force: bool,
     },
     /// Even the data nodes' fill out: copies move from the fullest live node to emptier ones
     /// until each holds within a tenth of the mean share of its pool (within the repair
@@ -124,6 +139,7 @@ fn main() -> ExitCode {
             no_wait,
         } => drain(&to, &node, !stop, !(stop || no_wait)),
         Command::Undrain { to, node } => drain(&to, &node, false, false),
+        Command::Remove { to, node, force } => remove(&to, &node, force),
         Command::Rebalance { to, no_wait } => rebalance(&to, !no_wait),
     }
 }
@@ -179,11 +195,10 @@ fn drain(to: &Node, name: &str, on: bool, wait: bool) -> ExitCode {
         let mut said = None;
         loop {
             let status = cluster(&client, &to.server)?;
-            let n = status
-                .nodes
-                .iter()
-                .find(|n| n.id == node)
-                .expect("nodes are never forgotten");
+            let Some(n) = status.nodes.iter().find(|n| n.id == node) else {
+                eprintln!("rfs: data node {name} was removed meanwhile");
+                return Err(ExitCode::FAILURE);
+            };
             match n.state.as_str() {
                 "draining" => {}
                 "up" => {
@@ -219,6 +234,68 @@ fn drain(to: &Node, name: &str, on: bool, wait: bool) -> ExitCode {
                 said = Some(n.copies);
             }
             std::thread::sleep(POLL);
+        }
+    };
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(code) => code,
+    }
+}
+
+fn remove(to: &Node, name: &str, force: bool) -> ExitCode {
+    let run = || -> Result<(), ExitCode> {
+        let client = to.connect()?;
+        let status = cluster(&client, &to.server)?;
+        let named: Vec<&NodeStatus> = status
+            .nodes
+            .iter()
+            .filter(|n| n.addr == name || name.parse() == Ok(n.id))
+            .collect();
+        let (gone, up): (Vec<&NodeStatus>, Vec<&NodeStatus>) = named
+            .iter()
+            .partition(|n| matches!(n.state.as_str(), "down" | "away"));
+        if let (true, Some(n)) = (gone.is_empty(), up.first()) {
+            eprintln!(
+                "rfs: data node {name} (id {}) is {}: stop it first (its SIGTERM drains it), \
+                 then remove it",
+                n.id, n.state
+            );
+            return Err(ExitCode::FAILURE);
+        }
+        if gone.is_empty() {
+            eprintln!(
+                "rfs: {} has no data node {name} (see rfs status)",
+                to.server
+            );
+            return Err(ExitCode::from(2));
+        }
+        let mut failed = false;
+        for n in gone {
+            let removal = RemoveNode {
+                caller: caller(),
+                node: n.id,
+                force,
+            };
+            match client.call(removal) {
+                Ok(()) => println!("data node {} (id {}) removed", n.addr, n.id),
+                Err(e) if e.errno() == Errno::ENOTEMPTY => {
+                    eprintln!(
+                        "rfs: data node {} (id {}) is {} and holds the only copies of chunks \
+                         ({} copies in all): removed, it takes them with it. Bring it back \
+                         (a node away comes back with its pool), or remove it with --force",
+                        n.addr, n.id, n.state, n.copies
+                    );
+                    failed = true;
+                }
+                Err(e) => {
+                    eprintln!("rfs: removal of data node {} (id {}): {e}", n.addr, n.id);
+                    failed = true;
+                }
+            }
+        }
+        match failed {
+            true => Err(ExitCode::FAILURE),
+            false => Ok(()),
         }
     };
     match run() {

@@ -1,12 +1,14 @@
 //! Both halves of a data node joining the metadata node: the joiner describes its pool; the
 //! metadata node checks it by opening a data session back to the joiner (which it then uses to
-//! zero that node's chunks), adds the node to the allocator, and marks it dead when the join
+//! zero that node's chunks), adds the node to the allocator, and counts it away when the join
 //! connection closes.
 //!
-//! A data node outlives its metadata node: when the join connection ends it takes every grant
-//! back (nobody could revoke them any more) and joins again, naming the same pool. A metadata
-//! node restarted from its journal knows the pool and its chunks (files keep their data); one
-//! that does not know it refuses, and the node wipes its pool and joins as a new one.
+//! A data node outlives its join connection and its metadata node: when the connection ends
+//! it takes every grant back (nobody could revoke them any more) and joins again, naming the
+//! same pool. A metadata node that counts the node away (it cut a stopped node off, or it
+//! restarted from its journal) takes it back with its pool and the chunks the maps name there
+//! (files keep their data); one that does not know the pool refuses, and the node wipes it
+//! and joins as a new one.
 
 use std::io;
 use std::net::{SocketAddr, TcpStream};
@@ -123,7 +125,23 @@ pub(crate) fn admit(
         fresh,
     } = join;
     let chunks = pool_len / chunk_size;
-    if !fresh && !meta.state.lock().alloc.is_replayed_pool(*pool_id) {
+    let (away, up) = {
+        let st = meta.state.lock();
+        (
+            st.alloc.is_away_pool(*pool_id),
+            st.alloc.is_live_pool(*pool_id),
+        )
+    };
+    if !fresh && up {
+        // It saw its join connection end before we did: we shall in a moment (it shut it
+        // down), and it may then come back with its pool.
+        return Err(refuse(
+            &mut s,
+            key.as_ref(),
+            "its earlier join is still being closed: try again".into(),
+        ));
+    }
+    if !fresh && !away {
         answer(&mut s, key.as_ref(), UNKNOWN_POOL)?;
         return Err(invalid(format!(
             "refused a join from {addr}: its pool holds data this node does not know of"
@@ -202,21 +220,29 @@ pub(crate) fn admit(
             ns.chunks_on(id)
         });
         match known {
-            Some(id) => Some((id, true)),
-            None if *fresh => Some((
-                alloc.add_node(addr.clone(), *pool_id, *pool_addr, *chunk_size, chunks),
-                false,
-            )),
+            Some(id) => Some((id, true, Vec::new())),
+            None if *fresh => {
+                let gone = alloc.gone_from(addr);
+                let id = alloc.add_node(addr.clone(), *pool_id, *pool_addr, *chunk_size, chunks);
+                Some((id, false, gone))
+            }
             None => None,
         }
     };
-    let Some((id, back)) = registered else {
+    let Some((id, back, gone)) = registered else {
         let _ = s.shutdown(std::net::Shutdown::Both);
         let _ = pumping.join();
         return Err(invalid(format!(
             "refused a join from {addr}: its pool is back already"
         )));
     };
+    for gone in gone {
+        let held = meta.drop_copies_on(gone);
+        log::warn!(
+            "data node {gone} at {addr} is down for good: a new node joined from its address \
+             (its pool went with its process, and {held} copies with it)"
+        );
+    }
     meta.zeroer.add_node(id, session);
     meta.grant_channels.add(id, GrantChannel::Remote(channel));
     if back {
@@ -233,7 +259,10 @@ pub(crate) fn admit(
     // Dead before the channel goes: a node without a channel counts as gone (see `reuse`).
     match meta.node_left(id) {
         0 => log::info!("data node {id} at {addr} left, holding no copies"),
-        held => log::warn!("data node {id} at {addr} left; its {held} copies are unavailable"),
+        held => log::warn!(
+            "data node {id} at {addr} left; its {held} copies are unavailable until it comes \
+             back with its pool"
+        ),
     }
     meta.grant_channels.remove(id);
     meta.zeroer.remove_node(id);

@@ -46,6 +46,8 @@ pub enum Record {
     /// Nothing at or past `upto` in node `node`'s pool was ever handed out (so it is still
     /// zero: it needs no zeroing after a restart).
     Fresh { node: u32, upto: u64 },
+    /// Data node `node` was removed (`rfs remove`): its pool never comes back.
+    Removed { node: u32 },
     /// Client `client` holds open handles (`holds`), or no more: after a restart, the grace for
     /// taking handles back ends as soon as every client that held some is back.
     Holding { client: u64, holds: bool },
@@ -58,6 +60,7 @@ const ATTR_BEFORE_CUTS: u8 = 3;
 const CREATED: u8 = 12;
 const ATTR: u8 = 13;
 const HOLDING: u8 = 14;
+const REMOVED: u8 = 16;
 /// Chunk records: before copies held spans (protocol 20) every copy was a whole chunk.
 const CHUNK_WHOLE: u8 = 6;
 const CHUNK: u8 = 15;
@@ -183,6 +186,10 @@ impl Record {
                 node.put(w);
                 upto.put(w);
             }
+            Record::Removed { node } => {
+                REMOVED.put(w);
+                node.put(w);
+            }
             Record::Holding { client, holds } => {
                 HOLDING.put(w);
                 client.put(w);
@@ -244,6 +251,9 @@ impl Record {
             11 => Record::Fresh {
                 node: Wire::get(r)?,
                 upto: Wire::get(r)?,
+            },
+            REMOVED => Record::Removed {
+                node: Wire::get(r)?,
             },
             HOLDING => Record::Holding {
                 client: Wire::get(r)?,
@@ -357,6 +367,7 @@ mod tests {
                 count: 512,
             },
             Record::Fresh { node: 2, upto: 77 },
+            Record::Removed { node: 2 },
             Record::Holding {
                 client: u64::MAX,
                 holds: true,

@@ -23,6 +23,7 @@ errnos!(
     EACCES,
     EAGAIN,
     EBADF,
+    EBUSY,
     EEXIST,
     EFBIG,
     EINTR,

@@ -303,6 +303,16 @@ wire_struct! {
     pub struct Rebalance { pub caller: Caller }
 }
 
+wire_struct! {
+    /// Forgets data node `node` (`rfs remove`): it is no longer listed, and its pool, were it
+    /// to come back, is taken as a new one. Root only, as [`Status`]. ENOENT for an unknown
+    /// node, EBUSY for one that is up (stop it first: a data node's SIGTERM drains it),
+    /// ENOTEMPTY for one whose copies the maps still name, unless `force` (those chunks then
+    /// stay unreadable).
+    #[derive(Clone, Debug, PartialEq)]
+    pub struct RemoveNode { pub caller: Caller, pub node: u32, pub force: bool }
+}
+
 wire_enum! {
     /// A metadata request, as the service receives it.
     #[derive(Clone, Debug, PartialEq)]
@@ -338,6 +348,7 @@ wire_enum! {
         29 => Status,
         30 => Drain,
         31 => Rebalance,
+        32 => RemoveNode,
     }
 }
 
@@ -357,6 +368,7 @@ impl RequestOp {
                 | RequestOp::Rename
                 | RequestOp::Create
                 | RequestOp::Reclaim
+                | RequestOp::RemoveNode
         )
     }
 }
@@ -411,6 +423,7 @@ calls! {
     Status => ClusterStatus,
     Drain => (),
     Rebalance => (),
+    RemoveNode => (),
 }
 
 /// The bytes of reply that a readdir page may fill, in messages of `max_msg` bytes: what is
@@ -713,6 +726,12 @@ mod tests {
                 caller: Caller::default(),
             }
             .into(),
+            RemoveNode {
+                caller: Caller::default(),
+                node: 3,
+                force: true,
+            }
+            .into(),
         ]
     }
 
@@ -789,7 +808,7 @@ mod tests {
     #[test]
     fn every_request_round_trips_and_keeps_its_op() {
         let all = all_requests();
-        assert_eq!(all.len(), 31, "one of each");
+        assert_eq!(all.len(), 32, "one of each");
         for (i, r) in all.iter().enumerate() {
             assert_eq!(r.op() as usize, i + 1);
             assert_eq!(Request::decode(&r.encode()).unwrap(), *r);

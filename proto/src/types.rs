@@ -347,9 +347,10 @@ wire_struct! {
     pub struct NodeStatus {
         pub id: u32,
         pub addr: String,
-        /// "up"; "draining" (up, taking no new chunks, its copies moving elsewhere); "down"
-        /// (it left, or was lost); "away" (known from before a restart of the metadata node,
-        /// not back yet).
+        /// "up"; "draining" (up, taking no new chunks, its copies moving elsewhere); "away"
+        /// (not up, and may come back with its pool: it left, or is known from before a
+        /// restart of the metadata node); "down" (its pool is gone: a new node joined from its
+        /// address). `rfs remove` takes a node that is not up off the list.
         pub state: String,
         /// Whether it is the metadata node's own pool.
         pub meta: bool,

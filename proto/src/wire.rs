@@ -29,8 +29,8 @@ use crate::errno::Errno;
 /// ([`crate::types::ChunkRef`]), and `Allocate` asks for bytes, not chunks. 21: queue pairs
 /// are bound to their control connection (its MAC on the endpoints and in each tcp queue
 /// pair's hello), and `Open` answers the first chunks of the map too
-/// ([`crate::message::Opened`]).
-pub const VERSION: u8 = 21;
+/// ([`crate::message::Opened`]). 22: `RemoveNode`.
+pub const VERSION: u8 = 22;
 /// Bounds what one list (readdir page, chunk map, node list) may carry: a message is at most
 /// 64 KiB.
 pub const MAX_LIST: u32 = 256;

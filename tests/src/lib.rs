@@ -200,6 +200,15 @@ pub fn metric(scraped: &str, name: &str) -> Option<u64> {
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
 }
 
+/// Runs the admin tool `rfs` with `args`, on the tests' transport.
+pub fn rfs(args: &[&str]) -> std::process::Output {
+    Command::new(bin("rfs"))
+        .args(args)
+        .args(["--transport", &transport()])
+        .output()
+        .expect("run rfs")
+}
+
 /// A port nobody listens on, below the ephemeral range: one a node can take later (an
 /// ephemeral port may meanwhile be the local end of some connection). Never handed out twice
 /// in one test process, so another test cannot take it meanwhile.

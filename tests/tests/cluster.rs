@@ -4,7 +4,7 @@ use std::fs;
 use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
-use rfs_e2e::{direct_read, errno, open_direct, MemServer, Mount};
+use rfs_e2e::{direct_read, errno, open_direct, rfs, MemServer, Mount};
 
 #[test]
 fn two_mounts_see_each_others_closed_files() {
@@ -296,15 +296,6 @@ fn a_client_stopped_past_its_io_timeout_fails_nothing_a_healthy_node_answered() 
     let back = fs::read(m.path("f")).unwrap();
     assert_eq!(back.len() as u64, blocks * block.len() as u64);
     assert!(back.chunks(block.len()).all(|b| b == block));
-}
-
-/// Runs the admin tool with `args`, on the transport the tests use.
-fn rfs(args: &[&str]) -> std::process::Output {
-    std::process::Command::new(rfs_e2e::bin("rfs"))
-        .args(args)
-        .args(["--transport", &rfs_e2e::transport()])
-        .output()
-        .unwrap()
 }
 
 /// The copies node `node` holds, as `rfs status --json` printed in `json` says.

@@ -35,9 +35,12 @@ pub struct NodeChunks {
     pub alive: bool,
     /// Being drained: takes no new chunks, and its copies are moved to other nodes.
     pub draining: bool,
-    /// Known from the journal and not back since the metadata node restarted: its pool, if it
-    /// comes back, still holds the chunks the maps name.
-    pub replayed: bool,
+    /// Not connected, with a pool that may come back holding the chunks the maps name there
+    /// ([`Allocator::rejoin`]): its join connection ended (a crash, or a node stopped past the
+    /// grant deadline), or it is known from the journal and not back since a restart.
+    pub away: bool,
+    /// Removed from the namespace (`rfs remove`): never listed, and its pool never back.
+    pub removed: bool,
     /// Nothing at or past this address was handed out (journaled): still zero.
     reserved: u64,
     chunk_size: u64,
@@ -134,7 +137,8 @@ impl Allocator {
             total: count,
             alive: true,
             draining: false,
-            replayed: false,
+            away: false,
+            removed: false,
             reserved: pool_addr,
             chunk_size,
             free: FreeExtents::fresh(
@@ -171,9 +175,9 @@ impl Allocator {
         let earlier: Vec<u32> = self
             .nodes
             .iter_mut()
-            .filter(|n| n.replayed && n.addr == addr)
+            .filter(|n| n.away && n.addr == addr)
             .map(|n| {
-                n.replayed = false;
+                n.away = false;
                 n.alive = false;
                 n.id
             })
@@ -243,10 +247,48 @@ impl Allocator {
         }
     }
 
-    pub fn set_alive(&mut self, id: u32, alive: bool) {
-        if let Some(n) = self.nodes.get_mut(id as usize) {
-            n.alive = alive;
+    /// Node `id` left (its join connection ended): away, until it comes back with its pool.
+    pub fn leave(&mut self, id: u32) {
+        if let Some(n) = self.nodes.get_mut(id as usize).filter(|n| !n.removed) {
+            n.alive = false;
+            n.away = true;
         }
+    }
+
+    /// A new node joined from `addr`: the nodes away from that address lent pools that went
+    /// with their processes (a node's address is its listening socket, which only one process
+    /// holds). They are down for good; their ids.
+    pub fn gone_from(&mut self, addr: &str) -> Vec<u32> {
+        self.nodes
+            .iter_mut()
+            .filter(|n| n.away && n.addr == addr)
+            .map(|n| {
+                n.away = false;
+                n.id
+            })
+            .collect()
+    }
+
+    /// Forgets node `id` (`rfs remove`): it is not listed any more, and its pool, were it to
+    /// come back, joins as a new one. Only a node that is not up: EBUSY for one that is, ENOENT
+    /// for no such node. Copies the maps still name there stay unreadable.
+    pub fn remove(&mut self, id: u32) -> Result<(), Errno> {
+        let n = match self.nodes.get_mut(id as usize) {
+            Some(n) if !n.removed => n,
+            _ => return Err(Errno::ENOENT),
+        };
+        if n.alive {
+            return Err(Errno::EBUSY);
+        }
+        n.removed = true;
+        n.away = false;
+        n.draining = false;
+        n.free = FreeExtents::fresh(n.pool_addr, n.pool_addr, n.pool_addr, n.chunk_size);
+        n.dirty = Vec::new();
+        n.compacting = Vec::new();
+        n.zeroing = 0;
+        self.note(Record::Removed { node: id });
+        Ok(())
     }
 
     /// Every node, `local` being the metadata node's own pool.
@@ -283,13 +325,15 @@ impl Allocator {
         (total, (free + self.pending).min(total))
     }
 
-    /// Every node, for `rfs status`: (id, address, state, pool bytes, free bytes, free whole
-    /// chunks). The state is "up", "down", or "away" (known from the journal, not back yet).
+    /// Every node not removed, for `rfs status`: (id, address, state, pool bytes, free bytes,
+    /// free whole chunks). The state is "up", "draining", "away" (may come back with its pool)
+    /// or "down" (its pool is gone).
     pub fn usage(&self) -> Vec<(u32, String, &'static str, u64, u64, u64)> {
         self.nodes
             .iter()
+            .filter(|n| !n.removed)
             .map(|n| {
-                let state = match (n.alive, n.replayed) {
+                let state = match (n.alive, n.away) {
                     (true, _) if n.draining => "draining",
                     (true, _) => "up",
                     (false, true) => "away",
@@ -634,7 +678,7 @@ mod tests {
         let mut a = Allocator::default();
         a.add_node("a".into(), 7, 0, 100, 3);
         a.add_node("b".into(), 7, 1000, 100, 3);
-        a.set_alive(1, false);
+        a.nodes[1].alive = false;
         assert_eq!(a.alloc(4, 1), Err(Errno::ENOSPC));
         assert_eq!(a.totals(), (300, 300));
         let got = a.alloc(3, 1).unwrap().concat();
@@ -742,13 +786,13 @@ mod tests {
         let mut a = Allocator::default();
         a.add_node("a".into(), 7, 0, 100, 4);
         a.add_node("b".into(), 7, 1000, 100, 2);
-        a.set_alive(1, false);
+        a.nodes[1].alive = false;
         let one = a.alloc(2, 2).unwrap();
         assert!(
             one.iter().all(|c| c.len() == 1),
             "one live node: one replica"
         );
-        a.set_alive(1, true);
+        a.nodes[1].alive = true;
         // 2 free on a, 2 on b: 2 chunks of 2 fit, 3 do not, and a refusal takes nothing.
         assert_eq!(a.alloc(3, 2), Err(Errno::ENOSPC));
         assert_eq!(a.totals(), (600, 400));
@@ -895,7 +939,7 @@ mod tests {
             assert!(nodes[own as usize].alive && nodes[own as usize].meta);
             let awaited: &[u32] = if life == 0 { &[] } else { &[0] };
             assert_eq!(
-                a.replayed(),
+                a.away(),
                 awaited,
                 "life {life}: only the data node is awaited"
             );
@@ -908,6 +952,75 @@ mod tests {
         let (second, lost) = b.add_own_pool("meta".into(), 201, 0, 100, 10);
         assert_eq!(lost, [first]);
         assert_ne!(second, first);
-        assert!(!b.is_replayed(first) && !b.is_alive(first));
+        assert!(!b.is_away(first) && !b.is_alive(first));
+    }
+
+    #[test]
+    fn a_node_that_left_comes_back_with_what_the_maps_name_and_zeroes_the_rest() {
+        let mut a = Allocator::default();
+        a.journal_changes();
+        a.add_node("a".into(), 11, 0, 100, 10);
+        let used = a.alloc(3, 1).unwrap().concat();
+        a.leave(0);
+        assert!(a.is_away(0) && !a.is_alive(0) && a.is_away_pool(11));
+        assert_eq!(a.usage()[0].2, "away");
+        // Freed while it was away, released only after it came back: not listed twice.
+        let stamp = a.rejoins();
+        assert_eq!(
+            a.rejoin(11, "a".into(), (0, 10), |_| [(used[0].addr, 100)].into()),
+            Some(0)
+        );
+        a.release_freed([used[1]], stamp);
+        assert!(a.is_alive(0) && !a.is_away(0));
+        assert_eq!(
+            hand_everything_out(&mut a).len(),
+            9,
+            "all but the one in use"
+        );
+    }
+
+    #[test]
+    fn a_new_node_at_an_away_nodes_address_leaves_it_down_for_good() {
+        let mut a = Allocator::default();
+        a.add_node("a".into(), 11, 0, 100, 10);
+        a.add_node("b".into(), 12, 0, 100, 10);
+        a.leave(0);
+        a.leave(1);
+        assert_eq!(a.gone_from("a"), [0]);
+        assert!(!a.is_away_pool(11) && a.is_away_pool(12));
+        assert_eq!(a.usage()[0].2, "down");
+        assert_eq!(
+            a.rejoin(11, "a".into(), (0, 10), |_| Default::default()),
+            None
+        );
+    }
+
+    #[test]
+    fn a_removed_node_is_not_listed_its_pool_never_back_even_after_a_restart() {
+        let mut a = Allocator::default();
+        a.journal_changes();
+        a.add_node("a".into(), 11, 0, 100, 10);
+        a.add_node("b".into(), 12, 1000, 100, 10);
+        assert_eq!(a.remove(1), Err(Errno::EBUSY), "up");
+        assert_eq!(a.remove(2), Err(Errno::ENOENT));
+        a.leave(1);
+        a.remove(1).unwrap();
+        assert_eq!(a.remove(1), Err(Errno::ENOENT), "removed once");
+        let listed = |a: &Allocator| a.usage().iter().map(|u| u.0).collect::<Vec<_>>();
+        assert_eq!(listed(&a), [0]);
+        assert!(!a.is_away_pool(12));
+        assert_eq!(
+            a.rejoin(12, "b".into(), (1000, 10), |_| Default::default()),
+            None
+        );
+        assert_eq!(a.totals(), (1000, 1000), "its space is not counted");
+        // From the journal, and from a snapshot.
+        let mut journal = Vec::new();
+        a.take_records(&mut journal);
+        for records in [journal, a.records()] {
+            let b = Allocator::replay(100, &records).unwrap();
+            assert_eq!(listed(&b), [0]);
+            assert!(b.is_away(0) && !b.is_away(1) && !b.is_away_pool(12));
+        }
     }
 }

@@ -15,13 +15,12 @@ impl Allocator {
         self.nodes
             .iter()
             .flat_map(|n| {
-                [
-                    Self::node_record(n),
-                    Record::Fresh {
-                        node: n.id,
-                        upto: n.reserved,
-                    },
-                ]
+                let fresh = Record::Fresh {
+                    node: n.id,
+                    upto: n.reserved,
+                };
+                let removed = n.removed.then_some(Record::Removed { node: n.id });
+                [Self::node_record(n), fresh].into_iter().chain(removed)
             })
             .collect()
     }
@@ -53,12 +52,15 @@ impl Allocator {
                     a.add_node(addr.clone(), *pool_id, *pool_addr, chunk_size, *count);
                     let n = &mut a.nodes[id];
                     n.alive = false;
-                    n.replayed = true;
+                    n.away = true;
                 }
                 Record::Fresh { node, upto } => match a.nodes.get_mut(*node as usize) {
                     Some(n) => n.reserved = n.reserved.max(*upto),
                     None => return Err(format!("fresh chunks of unknown data node {node}")),
                 },
+                Record::Removed { node } => a
+                    .remove(*node)
+                    .map_err(|_| format!("removal of unknown data node {node}"))?,
                 _ => {}
             }
         }
@@ -78,7 +80,7 @@ impl Allocator {
         in_use: impl FnOnce(u32) -> BTreeMap<u64, u64>,
     ) -> Option<u32> {
         let n = self.nodes.iter_mut().find(|n| {
-            n.replayed && n.pool_id == pool_id && n.pool_addr == pool_addr && n.total == count
+            n.away && n.pool_id == pool_id && n.pool_addr == pool_addr && n.total == count
         })?;
         let cs = n.chunk_size;
         let mut at = n.pool_addr;
@@ -99,7 +101,7 @@ impl Allocator {
         n.zeroing = 0;
         n.current = 0;
         n.alive = true;
-        n.replayed = false;
+        n.away = false;
         n.addr = addr;
         self.rejoins += 1;
         n.rejoined_at = self.rejoins;
@@ -109,25 +111,24 @@ impl Allocator {
         Some(id)
     }
 
-    /// Whether node `id` is known from the journal and not back yet.
-    pub fn is_replayed(&self, id: u32) -> bool {
-        self.nodes.get(id as usize).is_some_and(|n| n.replayed)
+    /// Whether node `id` is away: it may come back with its pool.
+    pub fn is_away(&self, id: u32) -> bool {
+        self.nodes.get(id as usize).is_some_and(|n| n.away)
     }
 
-    /// Whether the pool `pool_id` is that of a node known from the journal and not back yet.
-    pub fn is_replayed_pool(&self, pool_id: u64) -> bool {
-        self.nodes
-            .iter()
-            .any(|n| n.replayed && n.pool_id == pool_id)
+    /// Whether the pool `pool_id` is that of a node away.
+    pub fn is_away_pool(&self, pool_id: u64) -> bool {
+        self.nodes.iter().any(|n| n.away && n.pool_id == pool_id)
     }
 
-    /// The nodes known from the journal and not back yet.
-    pub fn replayed(&self) -> Vec<u32> {
-        self.nodes
-            .iter()
-            .filter(|n| n.replayed)
-            .map(|n| n.id)
-            .collect()
+    /// Whether the pool `pool_id` is that of a node up.
+    pub fn is_live_pool(&self, pool_id: u64) -> bool {
+        self.nodes.iter().any(|n| n.alive && n.pool_id == pool_id)
+    }
+
+    /// The nodes away.
+    pub fn away(&self) -> Vec<u32> {
+        self.nodes.iter().filter(|n| n.away).map(|n| n.id).collect()
     }
 
     /// What a chunk freed now is stamped with, for [`Allocator::release_freed`].

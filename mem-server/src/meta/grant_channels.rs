@@ -206,7 +206,7 @@ impl MetaService {
         let deadline = deadline.min(until);
         while Instant::now() < deadline {
             let st = self.state.lock();
-            if !nodes.clone().any(|n| st.alloc.is_replayed(n)) {
+            if !nodes.clone().any(|n| st.alloc.is_away(n)) {
                 return;
             }
             drop(st);

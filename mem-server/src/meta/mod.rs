@@ -319,19 +319,25 @@ impl MetaService {
         self.zeroer.kick();
     }
 
-    /// Whether chunks on node `id` count as copies: it is alive, or it is known from the
-    /// journal and may still come back.
+    /// Whether chunks on node `id` count as copies: it is alive, or it is away and may come
+    /// back any moment (shortly after a restart).
     pub(crate) fn counts_as_copy(&self, alloc: &Allocator, id: u32) -> bool {
-        alloc.is_alive(id) || (alloc.is_replayed(id) && self.recovery.awaiting_nodes(alloc))
+        alloc.is_alive(id) || (alloc.is_away(id) && self.recovery.awaiting_nodes(alloc))
     }
 
     /// Data node `id` left (its join connection closed): nothing more is allocated there, and
-    /// its copies of chunks that have others go from the maps, to be made again elsewhere.
-    /// How many copies the maps named there.
+    /// it is away until it comes back with its pool. How many copies the maps named there.
     pub(crate) fn node_left(&self, id: u32) -> u64 {
+        self.state.lock().alloc.leave(id);
+        self.drop_copies_on(id)
+    }
+
+    /// Node `id` is not up: its copies of chunks that have others go from the maps, to be made
+    /// again elsewhere (a chunk whose only copy is there keeps it: reading it fails until the
+    /// node is back, rather than reading zeros). How many copies the maps named there.
+    pub(crate) fn drop_copies_on(&self, id: u32) -> u64 {
         let mut st = self.state.lock();
         let held = st.ns.copies_per_node().get(&id).copied().unwrap_or(0);
-        st.alloc.set_alive(id, false);
         let lost = st.ns.drop_node(id);
         if lost > 0 {
             self.repair.lost(lost);

@@ -48,7 +48,7 @@ impl Recovery {
     /// Whether data nodes known from the journal may still come back (shortly after a
     /// restart, while some are not back yet).
     pub(super) fn awaiting_nodes(&self, alloc: &Allocator) -> bool {
-        self.nodes_until.is_some_and(|t| Instant::now() < t) && !alloc.replayed().is_empty()
+        self.nodes_until.is_some_and(|t| Instant::now() < t) && !alloc.away().is_empty()
     }
 
     /// Whether clients that held handles before a restart may still come back for them:
@@ -105,7 +105,7 @@ impl MetaService {
                         clients_done = true;
                     }
                     if !nodes_done && Instant::now() >= nodes_until {
-                        let away = me.state.lock().alloc.replayed();
+                        let away = me.state.lock().alloc.away();
                         for id in away {
                             log::warn!("data node {id} did not come back after the restart");
                             me.node_left(id);

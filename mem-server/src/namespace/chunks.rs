@@ -227,6 +227,12 @@ impl Namespace {
         out
     }
 
+    /// How many chunks have their only copies on `node`: what it takes with it.
+    pub fn held_only_on(&self, node: u32) -> u64 {
+        let only_there = |r: &Replicas| !r.is_empty() && r.iter().all(|c| c.node == node);
+        self.chunks_where(only_there, 0).1 as u64
+    }
+
     /// The replicas of chunk `index` of `ino`, if it has that chunk.
     pub fn replicas(&self, ino: Ino, index: u64) -> Option<Replicas> {
         self.chunks(ino).ok()?.get(&index).cloned()

@@ -192,6 +192,7 @@ impl Namespace {
             Record::Format { .. }
             | Record::Node { .. }
             | Record::Fresh { .. }
+            | Record::Removed { .. }
             | Record::Holding { .. } => {}
         }
         Ok(true)

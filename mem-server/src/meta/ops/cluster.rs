@@ -1,6 +1,6 @@
 //! The cluster as its operators see it (`rfs status`): nodes, client sessions, copies short.
 
-use rfs_proto::message::{Drain, Rebalance, Status};
+use rfs_proto::message::{Drain, Rebalance, RemoveNode, Status};
 use rfs_proto::types::{ClientStatus, ClusterStatus, NodeStatus};
 use rfs_proto::Errno;
 
@@ -38,6 +38,32 @@ pub(super) fn rebalance(cx: &mut Ctx<'_>, m: &Rebalance) -> Answer {
         cx.st.rebalancing = true;
         cx.svc.repair.kick();
     }
+    answer(m, r)
+}
+
+/// Forgets a data node that is not up. Refused while chunks have their only copies there, as
+/// those are lost with it, unless forced; its copies of other chunks go from the maps.
+pub(super) fn remove_node(cx: &mut Ctx<'_>, m: &RemoveNode) -> Answer {
+    let r = root_only(cx, &m.caller).and_then(|()| {
+        let only = cx.st.ns.held_only_on(m.node);
+        if only > 0 && !m.force && !cx.st.alloc.is_alive(m.node) {
+            return Err(Errno::ENOTEMPTY);
+        }
+        cx.st.alloc.remove(m.node)?;
+        let lost = cx.st.ns.drop_node(m.node);
+        if lost > 0 {
+            cx.svc.repair.lost(lost);
+        }
+        match only {
+            0 => log::warn!("data node {}: removed", m.node),
+            _ => log::warn!(
+                "data node {}: removed by force with the only copies of {only} chunks: they \
+                 stay unreadable",
+                m.node
+            ),
+        }
+        Ok(())
+    });
     answer(m, r)
 }
 

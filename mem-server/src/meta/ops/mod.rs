@@ -99,6 +99,7 @@ pub(super) fn apply(cx: &mut Ctx<'_>, req: &Request) -> Answer {
         Request::Status(m) => cluster::status(cx, m),
         Request::Drain(m) => cluster::drain(cx, m),
         Request::Rebalance(m) => cluster::rebalance(cx, m),
+        Request::RemoveNode(m) => cluster::remove_node(cx, m),
     }
 }
 
