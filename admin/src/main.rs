@@ -280,9 +280,10 @@ fn remove(to: &Node, name: &str, force: bool) -> ExitCode {
                 Ok(()) => println!("data node {} (id {}) removed", n.addr, n.id),
                 Err(e) if e.errno() == Errno::ENOTEMPTY => {
                     eprintln!(
-                        "rfs: data node {} (id {}) is {} and holds the only copies of chunks \
-                         ({} copies in all): removed, it takes them with it. Bring it back \
-                         (a node away comes back with its pool), or remove it with --force",
+                        "rfs: data node {} (id {}) is {} and holds the only copies of some \
+                         chunks ({} copies in all): not removed, as they would be lost with \
+                         it. Bring it back (a node away comes back with its pool), or remove \
+                         it with --force",
                         n.addr, n.id, n.state, n.copies
                     );
                     failed = true;

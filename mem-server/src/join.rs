@@ -219,7 +219,7 @@ pub(crate) fn admit(
         let known = alloc.rejoin(*pool_id, addr.clone(), (*pool_addr, chunks), |id| {
             ns.chunks_on(id)
         });
-        match known {
+        let joined = match known {
             Some(id) => Some((id, true, Vec::new())),
             None if *fresh => {
                 let gone = alloc.gone_from(addr);
@@ -227,9 +227,10 @@ pub(crate) fn admit(
                 Some((id, false, gone))
             }
             None => None,
-        }
+        };
+        joined.map(|(id, back, gone)| (id, alloc.epoch(id), back, gone))
     };
-    let Some((id, back, gone)) = registered else {
+    let Some((id, epoch, back, gone)) = registered else {
         let _ = s.shutdown(std::net::Shutdown::Both);
         let _ = pumping.join();
         return Err(invalid(format!(
@@ -237,14 +238,15 @@ pub(crate) fn admit(
         )));
     };
     for gone in gone {
-        let held = meta.drop_copies_on(gone);
+        let held = meta.drop_copies_on(meta.state.lock(), gone);
         log::warn!(
             "data node {gone} at {addr} is down for good: a new node joined from its address \
              (its pool went with its process, and {held} copies with it)"
         );
     }
-    meta.zeroer.add_node(id, session);
-    meta.grant_channels.add(id, GrantChannel::Remote(channel));
+    meta.zeroer.add_node(id, epoch, session);
+    meta.grant_channels
+        .add(id, epoch, GrantChannel::Remote(channel));
     if back {
         log::info!("data node {id} is back from {addr} with its pool: {chunks} chunks");
     } else {
@@ -264,8 +266,10 @@ pub(crate) fn admit(
              back with its pool"
         ),
     }
-    meta.grant_channels.remove(id);
-    meta.zeroer.remove_node(id);
+    // A return may have taken the node's place meanwhile (it was away as soon as it left):
+    // only this life's channel and session go.
+    meta.grant_channels.remove(id, epoch);
+    meta.zeroer.remove_node(id, epoch);
     Ok(())
 }
 

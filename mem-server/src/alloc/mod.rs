@@ -637,8 +637,13 @@ impl Allocator {
     }
 
     /// Zeroed extents become allocatable again; `failed` bytes of the batch could not be
-    /// zeroed (and are lost with their node).
-    pub fn zeroed(&mut self, node: u32, extents: Vec<(u64, u64)>, failed: u64) {
+    /// zeroed (and are lost with their node). A batch taken when [`Allocator::rejoins`] was
+    /// `stamp` from a node that came back since is dropped: its return listed every extent
+    /// no map names for zeroing again, these among them, and another may hold them by now.
+    pub fn zeroed(&mut self, node: u32, extents: Vec<(u64, u64)>, failed: u64, stamp: u64) {
+        if self.rejoined_since(node, stamp) {
+            return;
+        }
         if let Some(n) = self.nodes.get_mut(node as usize) {
             let done: u64 = extents.iter().map(|&(_, l)| l).sum();
             n.zeroing = n.zeroing.saturating_sub(done + failed);
@@ -719,7 +724,7 @@ mod tests {
         assert_eq!(addrs, [0, 4096, 8192], "low addresses first");
         a.release(got);
         let (node, dirty) = a.take_dirty().pop().unwrap();
-        a.zeroed(node, dirty, 0);
+        a.zeroed(node, dirty, 0, a.rejoins());
         assert_eq!(a.totals(), (1 << 50, 1 << 50));
         assert!(
             a.alloc(1, 1).unwrap()[0][0].addr < 3 * 4096,
@@ -744,7 +749,7 @@ mod tests {
         let (node, addrs) = dirty.into_iter().next().unwrap();
         assert_eq!(addrs, [(0, 100), (100, 100)]);
         assert_eq!(a.totals(), (200, 200), "being zeroed still counts as free");
-        a.zeroed(node, addrs, 0);
+        a.zeroed(node, addrs, 0, a.rejoins());
         assert_eq!(a.alloc(2, 1).unwrap().len(), 2);
     }
 
@@ -852,7 +857,7 @@ mod tests {
         let dirty_bytes: u64 = dirty.iter().map(|&(_, l)| l).sum();
         assert_eq!(dirty_bytes, (RESERVE_AHEAD + 1 - 2) * 100);
         assert_eq!(dirty[0], (100, 100));
-        b.zeroed(node, dirty, 0);
+        b.zeroed(node, dirty, 0, b.rejoins());
         let all = b.alloc(998, 1).unwrap().concat();
         assert!(all.iter().all(|c| c.addr != 0 && c.addr != 200));
         assert_eq!(b.alloc(1, 1), Err(Errno::ENOSPC));
@@ -873,7 +878,7 @@ mod tests {
     /// Every chunk the allocator hands out until it runs dry, zeroing as it goes: none twice.
     fn hand_everything_out(a: &mut Allocator) -> Vec<u64> {
         for (node, dirty) in a.take_dirty() {
-            a.zeroed(node, dirty, 0);
+            a.zeroed(node, dirty, 0, a.rejoins());
         }
         let mut out = Vec::new();
         while let Ok(got) = a.alloc(1, 1) {
@@ -919,7 +924,7 @@ mod tests {
         a.rejoin(11, "a".into(), (0, 10), |_| [(0, 100)].into());
         // The zeroer finishes what it took, its node's session found by then.
         for (node, addrs) in batch {
-            a.zeroed(node, addrs, 0);
+            a.zeroed(node, addrs, 0, a.rejoins());
         }
         assert_eq!(hand_everything_out(&mut a).len(), 9);
     }
@@ -1022,5 +1027,21 @@ mod tests {
             assert_eq!(listed(&b), [0]);
             assert!(b.is_away(0) && !b.is_away(1) && !b.is_away_pool(12));
         }
+    }
+
+    #[test]
+    fn a_zeroing_batch_taken_before_its_node_left_and_came_back_is_not_freed_twice() {
+        let mut a = Allocator::default();
+        a.add_node("a".into(), 11, 0, 100, 10);
+        let used = a.alloc(2, 1).unwrap().concat();
+        a.release([used[1]]);
+        let stamp = a.rejoins();
+        let batch = a.take_dirty();
+        a.leave(0);
+        a.rejoin(11, "a".into(), (0, 10), |_| [(used[0].addr, 100)].into());
+        for (node, extents) in batch {
+            a.zeroed(node, extents, 0, stamp);
+        }
+        assert_eq!(hand_everything_out(&mut a).len(), 9, "each extent once");
     }
 }

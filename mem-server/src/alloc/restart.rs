@@ -136,11 +136,25 @@ impl Allocator {
         self.rejoins
     }
 
-    /// Whether node `id` came back after a restart since `stamp` ([`Allocator::rejoins`]).
+    /// The [`Allocator::rejoins`] count when node `id` last came back: what its sessions are
+    /// stamped with, so that work begun before that (when it was away, or before it left)
+    /// cannot use them.
+    pub fn epoch(&self, id: u32) -> u64 {
+        self.nodes.get(id as usize).map_or(0, |n| n.rejoined_at)
+    }
+
+    /// Whether node `id` came back (after a restart, or after it left) since `stamp`
+    /// ([`Allocator::rejoins`]).
     pub fn rejoined_since(&self, id: u32, stamp: u64) -> bool {
         self.nodes
             .get(id as usize)
             .is_some_and(|n| n.rejoined_at > stamp)
+    }
+
+    /// Whether no node of `copies` came back since `stamp`: space taken for them then is still
+    /// theirs (a return lists every extent no map names for zeroing).
+    pub fn none_back_since(&self, copies: &[ChunkRef], stamp: u64) -> bool {
+        copies.iter().all(|c| !self.rejoined_since(c.node, stamp))
     }
 
     /// Takes chunks freed just now; they come back through `take_dirty` for zeroing.

@@ -140,7 +140,7 @@ impl MetaService {
     /// Moves the copy of chunk `index` of `ino` (frozen) that lies in `window` (node, from,
     /// to) to space outside it.
     fn move_out_of_window(&self, ino: Ino, index: u64, (node, lo, hi): (u32, u64, u64)) -> Moved {
-        let (old, leaving, target) = {
+        let (old, leaving, target, stamp) = {
             let mut st = self.state.lock();
             let Some(old) = st.ns.replicas(ino, index) else {
                 return Moved::Nothing; // gone meanwhile
@@ -163,15 +163,15 @@ impl MetaService {
             else {
                 return Moved::NoRoom;
             };
-            (old, leaving, target)
+            (old, leaving, target, st.alloc.rejoins())
         };
         // The journal must say the target was handed out before data lands in it: a restart
         // takes what is past it for zeros.
         let copied = self.state.sync().and_then(|()| {
             let data = self
                 .zeroer
-                .read_chunk(&leaving, leaving.len as usize, COPY_LIMIT)?;
-            self.zeroer.write_chunk(&target, 0, data, COPY_LIMIT)
+                .read_chunk(&leaving, leaving.len as usize, COPY_LIMIT, stamp)?;
+            self.zeroer.write_chunk(&target, 0, data, COPY_LIMIT, stamp)
         });
         let new: Vec<ChunkRef> = old
             .iter()
@@ -181,9 +181,11 @@ impl MetaService {
             })
             .collect();
         let mut st = self.state.lock();
-        if copied.is_err() || !st.ns.replace_copies(ino, index, &old, new) {
+        // A target whose node came back meanwhile is not ours any more (its return listed it).
+        let ours = st.alloc.none_back_since(&[target], stamp);
+        if copied.is_err() || !ours || !st.ns.replace_copies(ino, index, &old, new) {
             // Never in a map: zeroed and reused like any freed space.
-            st.alloc.release([target]);
+            st.alloc.release_freed([target], stamp);
             drop(st);
             self.zeroer.kick();
             if let Err(e) = copied {

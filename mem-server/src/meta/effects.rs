@@ -49,6 +49,8 @@ pub(crate) struct Granting {
     pub(crate) writable: bool,
     /// The free number when the map was read.
     pub(crate) seq: u64,
+    /// [`crate::alloc::Allocator::rejoins`] when the map was read.
+    pub(crate) stamp: u64,
     /// The file's count of cuts when the map was read.
     pub(crate) cuts: u64,
     pub(crate) chunks: Vec<(u64, Replicas)>,

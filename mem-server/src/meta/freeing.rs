@@ -170,10 +170,12 @@ impl MetaService {
             return;
         }
         let mut reusable = Vec::with_capacity(freed.chunks.len());
+        let mut relisted = Vec::new();
         for (node, extents) in by_node(&freed.chunks) {
             if self.state.lock().alloc.rejoined_since(node, freed.rejoins) {
                 // Its return listed them for zeroing (no map named them), and they may be
                 // another file's by now: neither revoked nor released again.
+                relisted.extend(extents.into_iter().map(|(addr, _)| (node, addr)));
                 continue;
             }
             let revoked = self
@@ -197,8 +199,8 @@ impl MetaService {
             }
         }
         let mut st = self.state.lock();
-        for c in &reusable {
-            st.moved.remove(&(c.node, c.addr));
+        for place in reusable.iter().map(|c| (c.node, c.addr)).chain(relisted) {
+            st.moved.remove(&place);
         }
         st.alloc.release_freed(reusable, freed.rejoins);
         st.alloc.freed_now(freed.bytes());

@@ -23,9 +23,10 @@ use crate::grants::Grants;
 /// goes out ungranted for that node, and the client fails the transfer (or asks again).
 pub(super) const GRANT_WAIT: Duration = Duration::from_millis(800);
 
-/// The channel to each live data node, by id.
+/// The channel to each live data node, by id, with the node's epoch (when it last came back:
+/// a map read before that must not be granted there, see [`GrantChannels::grant`]).
 pub(crate) struct GrantChannels {
-    channels: Mutex<HashMap<u32, Arc<GrantChannel>>>,
+    channels: Mutex<HashMap<u32, (u64, Arc<GrantChannel>)>>,
 }
 
 impl GrantChannels {
@@ -34,21 +35,25 @@ impl GrantChannels {
         GrantChannels {
             channels: Mutex::new(HashMap::from([(
                 local,
-                Arc::new(GrantChannel::Local(grants)),
+                (0, Arc::new(GrantChannel::Local(grants))),
             )])),
         }
     }
 
-    /// Grants at data node `node` go over `channel` from now on.
-    pub(crate) fn add(&self, node: u32, channel: GrantChannel) {
+    /// Grants at data node `node`, back at `epoch`, go over `channel` from now on.
+    pub(crate) fn add(&self, node: u32, epoch: u64, channel: GrantChannel) {
         self.channels
             .lock()
             .unwrap()
-            .insert(node, Arc::new(channel));
+            .insert(node, (epoch, Arc::new(channel)));
     }
 
-    pub(crate) fn remove(&self, node: u32) {
-        self.channels.lock().unwrap().remove(&node);
+    /// The channel of `node`'s `epoch` goes (not one of a later return).
+    pub(crate) fn remove(&self, node: u32, epoch: u64) {
+        let mut channels = self.channels.lock().unwrap();
+        if channels.get(&node).is_some_and(|(e, _)| *e == epoch) {
+            channels.remove(&node);
+        }
     }
 
     /// Whether node `node` has a channel (it has not left).
@@ -57,7 +62,18 @@ impl GrantChannels {
     }
 
     fn get(&self, node: u32) -> Option<Arc<GrantChannel>> {
-        self.channels.lock().unwrap().get(&node).cloned()
+        self.channels
+            .lock()
+            .unwrap()
+            .get(&node)
+            .map(|(_, c)| c.clone())
+    }
+
+    /// `node`'s channel if the node has not come back since `stamp`.
+    fn get_since(&self, node: u32, stamp: u64) -> Option<Arc<GrantChannel>> {
+        let channels = self.channels.lock().unwrap();
+        let (epoch, channel) = channels.get(&node)?;
+        (*epoch <= stamp).then(|| channel.clone())
     }
 
     /// Asks `node` for `req`, waiting at most `wait` (if given) for the answer; None when the
@@ -90,12 +106,16 @@ impl GrantChannels {
 
     /// The chunk map `g`, each chunk granted to the caller's data session at its node (key 0
     /// where the session has none there yet, or the node refused or did not answer by
-    /// `deadline`: every node is asked at once, so slow ones cost that once).
+    /// `deadline`: every node is asked at once, so slow ones cost that once). Nor is a chunk
+    /// granted on a node that came back since the map was read: a copy the map names there
+    /// may have been dropped when it left, and its place be another file's now (the client
+    /// asks again, for the map as it is).
     fn grant(&self, data: &HashMap<u32, u64>, g: Granting, deadline: Instant) -> Reply {
         let Granting {
             op,
             writable,
             seq,
+            stamp,
             cuts,
             mut chunks,
             opened,
@@ -111,7 +131,7 @@ impl GrantChannels {
                     writable,
                     extents,
                 };
-                Some((node, self.get(node)?.ask(&req.into())))
+                Some((node, self.get_since(node, stamp)?.ask(&req.into())))
             })
             .collect();
         for (node, asked) in asked {
@@ -212,5 +232,30 @@ impl MetaService {
             drop(st);
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_back_since_a_map_was_read_is_not_asked_for_it_and_an_old_life_leaves_the_new() {
+        use rdmabox::transport::{Access, Context, TransportConfig};
+        let ctx = Context::open(&TransportConfig::default()).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let pool = Arc::new(pd.alloc_region(16384, Access::ALL).unwrap());
+        let grants = Arc::new(Grants::new(pool, 4096, 16));
+        let channels = GrantChannels::new(0, grants.clone());
+        channels.add(1, 3, GrantChannel::Local(grants));
+        assert!(channels.get_since(1, 3).is_some());
+        assert!(
+            channels.get_since(1, 2).is_none(),
+            "back at 3, after the map"
+        );
+        channels.remove(1, 2);
+        assert!(channels.has(1), "an earlier life's end leaves this one");
+        channels.remove(1, 3);
+        assert!(!channels.has(1));
     }
 }

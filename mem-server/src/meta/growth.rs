@@ -72,7 +72,7 @@ impl MetaService {
     /// Moves chunk `index` of `ino` (frozen) to new extents of a span covering `span` and the
     /// one it has.
     fn move_to_span(&self, ino: Ino, index: u64, (lo, len): (u32, u32)) {
-        let (old, targets) = {
+        let (old, targets, stamp) = {
             let mut st = self.state.lock();
             let Some(old) = st.ns.replicas(ino, index) else {
                 return; // gone meanwhile
@@ -112,7 +112,8 @@ impl MetaService {
                 );
                 return;
             }
-            (old, live.into_iter().zip(targets).collect::<Vec<_>>())
+            let moves = live.into_iter().zip(targets).collect::<Vec<_>>();
+            (old, moves, st.alloc.rejoins())
         };
         // The journal must say the targets were handed out before data lands in them: a
         // restart takes what is past it for zeros.
@@ -120,17 +121,21 @@ impl MetaService {
             targets.iter().try_for_each(|(from, to)| {
                 let data = self
                     .zeroer
-                    .read_chunk(from, from.len as usize, COPY_LIMIT)?;
+                    .read_chunk(from, from.len as usize, COPY_LIMIT, stamp)?;
                 let at = (from.lo - to.lo) as u64;
-                self.zeroer.write_chunk(to, at, data, COPY_LIMIT)
+                self.zeroer.write_chunk(to, at, data, COPY_LIMIT, stamp)
             })
         });
         let new: Replicas = targets.iter().map(|&(_, to)| to).collect();
         let mut st = self.state.lock();
-        let switched = copied.is_ok() && st.ns.replace_copies(ino, index, &old, new.clone());
+        // Targets whose nodes came back meanwhile are not ours any more (their returns listed
+        // them).
+        let switched = copied.is_ok()
+            && st.alloc.none_back_since(&new, stamp)
+            && st.ns.replace_copies(ino, index, &old, new.clone());
         if !switched {
             // Never in a map: zeroed and reused like any freed space.
-            st.alloc.release(new);
+            st.alloc.release_freed(new, stamp);
             drop(st);
             self.zeroer.kick();
             if let Err(e) = copied {

@@ -58,7 +58,7 @@ use crate::access::Policy;
 use crate::alloc::Allocator;
 use crate::config::NodeConfig;
 use crate::grants::Grants;
-use crate::journal::{Durable, Journal, Journaled};
+use crate::journal::{Durable, Guard, Journal, Journaled};
 use crate::meta::lock_table::LockTable;
 use crate::namespace::Namespace;
 use crate::record::Record;
@@ -328,15 +328,17 @@ impl MetaService {
     /// Data node `id` left (its join connection closed): nothing more is allocated there, and
     /// it is away until it comes back with its pool. How many copies the maps named there.
     pub(crate) fn node_left(&self, id: u32) -> u64 {
-        self.state.lock().alloc.leave(id);
-        self.drop_copies_on(id)
+        // One hold of the lock: a return may follow the leave at once, and must find its
+        // copies as the leave left them.
+        let mut st = self.state.lock();
+        st.alloc.leave(id);
+        self.drop_copies_on(st, id)
     }
 
     /// Node `id` is not up: its copies of chunks that have others go from the maps, to be made
     /// again elsewhere (a chunk whose only copy is there keeps it: reading it fails until the
     /// node is back, rather than reading zeros). How many copies the maps named there.
-    pub(crate) fn drop_copies_on(&self, id: u32) -> u64 {
-        let mut st = self.state.lock();
+    pub(crate) fn drop_copies_on(&self, mut st: Guard<'_, MetaState>, id: u32) -> u64 {
         let held = st.ns.copies_per_node().get(&id).copied().unwrap_or(0);
         let lost = st.ns.drop_node(id);
         if lost > 0 {

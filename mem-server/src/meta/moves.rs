@@ -163,7 +163,7 @@ impl MetaService {
     ) -> (bool, Vec<ChunkRef>) {
         let mut dropped = Vec::new();
         loop {
-            let (leaving, target, len) = {
+            let (leaving, target, len, stamp) = {
                 let mut st = self.state.lock();
                 let Some(replicas) = st.ns.replicas(ino, index) else {
                     return (true, dropped); // freed meanwhile
@@ -180,10 +180,10 @@ impl MetaService {
                 let Some(target) = st.alloc.alloc_replica(&replicas, &avoid) else {
                     return (false, dropped); // no room elsewhere now: the next pass tries again
                 };
-                (leaving, target, leaving.len as usize)
+                (leaving, target, leaving.len as usize, st.alloc.rejoins())
             };
             if !matches!(
-                self.copy_into(ino, index, &[leaving], target, len),
+                self.copy_into(ino, index, &[leaving], target, len, stamp),
                 Copied::Done(_)
             ) {
                 return (false, dropped);

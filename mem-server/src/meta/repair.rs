@@ -325,7 +325,7 @@ impl MetaService {
     /// it: read from a live replica (the next one if it fails), written to a new chunk.
     fn copy_one(&self, ino: Ino, index: u64) -> Copied {
         let avoided = self.repair.avoided();
-        let (sources, target, len) = {
+        let (sources, target, len, stamp) = {
             let mut st = self.state.lock();
             let Some(replicas) = st.ns.replicas(ino, index) else {
                 return Copied::Nothing;
@@ -345,14 +345,16 @@ impl MetaService {
             let turn = index as usize % live.len();
             live.rotate_left(turn);
             live.sort_by_key(|c| avoided.contains(&c.node));
-            (live, target, replicas[0].len as usize)
+            (live, target, replicas[0].len as usize, st.alloc.rejoins())
         };
-        self.copy_into(ino, index, &sources, target, len)
+        self.copy_into(ino, index, &sources, target, len, stamp)
     }
 
     /// Copies chunk `index` of `ino` from the first of `sources` that reads to `target`
-    /// (allocated for it) and adds it to the chunk's replicas; `target` goes back if the copy
-    /// fails or the chunk went meanwhile.
+    /// (allocated for it when [`crate::alloc::Allocator::rejoins`] was `stamp`) and adds it to
+    /// the chunk's replicas; `target` goes back if the copy fails or the chunk went meanwhile.
+    /// A target whose node left and came back meanwhile is not ours any more: its return
+    /// listed it for zeroing.
     pub(super) fn copy_into(
         &self,
         ino: Ino,
@@ -360,12 +362,13 @@ impl MetaService {
         sources: &[ChunkRef],
         target: ChunkRef,
         len: usize,
+        stamp: u64,
     ) -> Copied {
         let mut result = Err(std::io::Error::other("no source"));
         let mut source = sources[0];
         for &s in sources {
             source = s;
-            result = self.zeroer.read_chunk(&s, len, COPY_LIMIT);
+            result = self.zeroer.read_chunk(&s, len, COPY_LIMIT, stamp);
             match &result {
                 Ok(_) => break,
                 Err(e) => {
@@ -379,11 +382,12 @@ impl MetaService {
         let copied = result.and_then(|data| {
             self.state.sync()?;
             self.zeroer
-                .write_chunk(&target, 0, data, COPY_LIMIT)
+                .write_chunk(&target, 0, data, COPY_LIMIT, stamp)
                 .inspect_err(|_| self.repair.avoid([target.node]))
         });
         let mut st = self.state.lock();
-        if copied.is_ok() && st.ns.add_replica(ino, index, &source, target) {
+        let ours = st.alloc.none_back_since(&[target], stamp);
+        if copied.is_ok() && ours && st.ns.add_replica(ino, index, &source, target) {
             drop(st);
             self.repair.copied_chunks.fetch_add(1, Ordering::Relaxed);
             self.repair
@@ -392,7 +396,7 @@ impl MetaService {
             return Copied::Done(len);
         }
         // Never in a map: zeroed and reused like any freed chunk.
-        st.alloc.release([target]);
+        st.alloc.release_freed([target], stamp);
         drop(st);
         self.zeroer.kick();
         match copied {

@@ -69,17 +69,23 @@ impl MetaService {
 
     /// Revokes every session's grant of `tail`'s chunk on each copy, then zeroes the tail
     /// there; the copies done (a copy zeroed whose node did not confirm the revocation is not:
-    /// a write through an old grant may still land there).
+    /// a write through an old grant may still land there). A copy the map no longer names is
+    /// passed over: its node left meanwhile, and its place may be another file's once the
+    /// node is back (and a return after this look cannot be reached with what it stamps).
     fn zero_tail(&self, tail: &Tail) -> Vec<ChunkRef> {
         // A grant decided before this number is refused by the node: none of this chunk is
         // decided while it is frozen, and one decided before must not come back after.
-        let seq = {
+        let (seq, stamp, named) = {
             let mut st = self.state.lock();
             st.frees += 1;
-            st.frees
+            let named = st.ns.replicas(tail.ino, tail.index).unwrap_or_default();
+            (st.frees, st.alloc.rejoins(), named)
         };
         let mut zeroed = Vec::with_capacity(tail.replicas.len());
         for c in &tail.replicas {
+            if !named.iter().any(|n| n.place() == c.place()) {
+                continue;
+            }
             let revoked =
                 self.grant_channels
                     .revoke_freed(c.node, seq, &[(c.addr, c.len)], Some(GRANT_WAIT));
@@ -99,7 +105,7 @@ impl MetaService {
                 0 => Ok(()),
                 _ => self
                     .zeroer
-                    .zero_range(c, from - c.lo as u64, len, ZERO_LIMIT),
+                    .zero_range(c, from - c.lo as u64, len, ZERO_LIMIT, stamp),
             };
             match zeroing {
                 Ok(()) if revoked => zeroed.push(*c),

@@ -2,6 +2,11 @@
 //! (a new file must read zeros, never another file's data): locally by memset, on other nodes by
 //! one-sided writes of zeros over a data session of our own to each. The same sessions copy
 //! chunks for re-replication ([`Zeroer::read_chunk`], [`Zeroer::write_chunk`]).
+//!
+//! Each session is stamped with its node's epoch (when the node last came back), and every
+//! transfer names the stamp its work began with ([`crate::alloc::Allocator::rejoins`]): work
+//! begun before a node left and came back must not reach its pool, where what it was about
+//! may be another file's by now.
 
 use std::collections::HashMap;
 use std::io;
@@ -23,9 +28,9 @@ pub(crate) struct Zeroer {
     local: u32,
     /// That pool.
     pool: Arc<MemoryRegion>,
-    /// Sessions to the other data nodes, reaching their whole pools: to zero freed chunks and
-    /// to copy replicas.
-    sessions: Mutex<HashMap<u32, Arc<DataSession>>>,
+    /// Sessions to the other data nodes, reaching their whole pools, with their nodes'
+    /// epochs: to zero freed chunks and to copy replicas.
+    sessions: Mutex<HashMap<u32, (u64, Arc<DataSession>)>>,
     kick: Sender<()>,
     /// Bytes zeroed so far: what freeing costs, beside what clients write.
     zeroed_bytes: AtomicU64,
@@ -57,21 +62,28 @@ impl Zeroer {
     }
 
     /// Zeroes the chunks of `node` through `session` from now on.
-    pub(crate) fn add_node(&self, node: u32, session: DataSession) {
+    pub(crate) fn add_node(&self, node: u32, epoch: u64, session: DataSession) {
         self.sessions
             .lock()
             .unwrap()
-            .insert(node, Arc::new(session));
+            .insert(node, (epoch, Arc::new(session)));
     }
 
-    pub(crate) fn remove_node(&self, node: u32) {
-        self.sessions.lock().unwrap().remove(&node);
+    /// The session of `node`'s `epoch` goes (not one of a later return).
+    pub(crate) fn remove_node(&self, node: u32, epoch: u64) {
+        let mut sessions = self.sessions.lock().unwrap();
+        if sessions.get(&node).is_some_and(|(e, _)| *e == epoch) {
+            sessions.remove(&node);
+        }
     }
 
     /// Zeroes dirty extents whenever kicked, and makes them allocatable again.
     pub(crate) fn run(&self, local: &Runtime, state: &Journaled<MetaState>, kick: Receiver<()>) {
         while kick.recv().is_ok() {
-            let dirty = state.lock().alloc.take_dirty();
+            let (stamp, dirty) = {
+                let mut st = state.lock();
+                (st.alloc.rejoins(), st.alloc.take_dirty())
+            };
             // The frees must be durable before the data goes: a restart must not find a
             // file whose chunks were wiped.
             if let Err(e) = state.sync() {
@@ -99,30 +111,31 @@ impl Zeroer {
                         })
                         .collect()
                 } else {
-                    self.zero_remote(node, extents)
+                    self.zero_remote(node, extents, stamp)
                 };
                 let bytes: u64 = done.iter().map(|&(_, l)| l).sum();
                 self.zeroed_bytes.fetch_add(bytes, Ordering::Relaxed);
-                state.lock().alloc.zeroed(node, done, taken - bytes);
+                state.lock().alloc.zeroed(node, done, taken - bytes, stamp);
             }
         }
     }
 
     /// The `len` bytes of `chunk` (on another node, or in this node's pool `local`), by a
     /// one-sided READ given `limit` (a node that stopped must not hold its caller up; a
-    /// transfer given up on still owns its buffer).
+    /// transfer given up on still owns its buffer), for work begun at `stamp`.
     pub(crate) fn read_chunk(
         &self,
         chunk: &ChunkRef,
         len: usize,
         limit: Duration,
+        stamp: u64,
     ) -> io::Result<Vec<u8>> {
         if chunk.node == self.local {
             let mut buf = vec![0; len];
             self.pool.read_at(self.local_offset(chunk)?, &mut buf)?;
             return Ok(buf);
         }
-        let d = self.session(chunk.node)?;
+        let d = self.session(chunk.node, stamp)?;
         let at = RemoteAddr {
             addr: chunk.addr,
             rkey: d.pool.rkey,
@@ -142,13 +155,14 @@ impl Zeroer {
         offset: u64,
         data: Vec<u8>,
         limit: Duration,
+        stamp: u64,
     ) -> io::Result<()> {
         if chunk.node == self.local {
             return self
                 .pool
                 .write_at(self.local_offset(chunk)? + offset as usize, &data);
         }
-        self.write_remote(chunk, offset, data, limit)
+        self.write_remote(chunk, offset, data, limit, stamp)
     }
 
     /// Where `chunk` of this node starts in its pool.
@@ -168,6 +182,7 @@ impl Zeroer {
         offset: u64,
         len: usize,
         limit: Duration,
+        stamp: u64,
     ) -> io::Result<()> {
         if chunk.node == self.local {
             let start = chunk.addr.checked_sub(self.pool.addr()).ok_or_else(|| {
@@ -175,7 +190,7 @@ impl Zeroer {
             })?;
             self.pool.fill((start + offset) as usize, len, 0)?;
         } else {
-            self.write_remote(chunk, offset, vec![0; len], limit)?;
+            self.write_remote(chunk, offset, vec![0; len], limit, stamp)?;
         }
         self.zeroed_bytes.fetch_add(len as u64, Ordering::Relaxed);
         Ok(())
@@ -187,8 +202,9 @@ impl Zeroer {
         offset: u64,
         data: Vec<u8>,
         limit: Duration,
+        stamp: u64,
     ) -> io::Result<()> {
-        let d = self.session(chunk.node)?;
+        let d = self.session(chunk.node, stamp)?;
         let at = RemoteAddr {
             addr: chunk.addr + offset,
             rkey: d.pool.rkey,
@@ -200,18 +216,22 @@ impl Zeroer {
             .map_err(|e| io::Error::other(format!("writing data node {}: {e}", chunk.node)))
     }
 
-    fn session(&self, node: u32) -> io::Result<Arc<DataSession>> {
-        self.sessions
-            .lock()
-            .unwrap()
-            .get(&node)
-            .cloned()
-            .ok_or_else(|| io::Error::other(format!("data node {node} has left")))
+    /// `node`'s session, for work begun at `stamp`: none if the node left, or came back
+    /// since.
+    fn session(&self, node: u32, stamp: u64) -> io::Result<Arc<DataSession>> {
+        match self.sessions.lock().unwrap().get(&node) {
+            Some((epoch, d)) if *epoch <= stamp => Ok(d.clone()),
+            Some(_) => Err(io::Error::other(format!(
+                "data node {node} came back since: its pool is not what this was about"
+            ))),
+            None => Err(io::Error::other(format!("data node {node} has left"))),
+        }
     }
 
-    /// Writes zeros over `extents` on `node`, all in flight at once; returns those that took.
-    fn zero_remote(&self, node: u32, extents: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
-        let Some(d) = self.sessions.lock().unwrap().get(&node).cloned() else {
+    /// Writes zeros over `extents` on `node` (taken at `stamp`), all in flight at once;
+    /// returns those that took.
+    fn zero_remote(&self, node: u32, extents: Vec<(u64, u64)>, stamp: u64) -> Vec<(u64, u64)> {
+        let Ok(d) = self.session(node, stamp) else {
             return Vec::new();
         };
         let pending: Vec<_> = extents
