@@ -215,12 +215,19 @@ pub(crate) fn admit(
     session.pool.rkey = rkey;
     let registered = {
         let mut st = meta.state.lock();
-        let MetaState { ns, alloc, .. } = &mut *st;
+        let MetaState {
+            ns, alloc, moved, ..
+        } = &mut *st;
         let known = alloc.rejoin(*pool_id, addr.clone(), (*pool_addr, chunks), |id| {
             ns.chunks_on(id)
         });
         let joined = match known {
-            Some(id) => Some((id, true, Vec::new())),
+            Some(id) => {
+                // What moved off it is listed for reuse with the rest of its pool: a place
+                // there names no moved copy any more.
+                moved.retain(|&(node, _), _| node != id);
+                Some((id, true, Vec::new()))
+            }
             None if *fresh => {
                 let gone = alloc.gone_from(addr);
                 let id = alloc.add_node(addr.clone(), *pool_id, *pool_addr, *chunk_size, chunks);
@@ -228,7 +235,15 @@ pub(crate) fn admit(
             }
             None => None,
         };
-        joined.map(|(id, back, gone)| (id, alloc.epoch(id), back, gone))
+        // Its session and channel are there before anyone sees it up (under this hold of the
+        // lock): a zeroing pass or a grant meanwhile would find none, or its earlier life's.
+        joined.map(|(id, back, gone)| {
+            let epoch = alloc.epoch(id);
+            meta.zeroer.add_node(id, epoch, session);
+            meta.grant_channels
+                .add(id, epoch, GrantChannel::Remote(channel));
+            (id, epoch, back, gone)
+        })
     };
     let Some((id, epoch, back, gone)) = registered else {
         let _ = s.shutdown(std::net::Shutdown::Both);
@@ -244,9 +259,6 @@ pub(crate) fn admit(
              (its pool went with its process, and {held} copies with it)"
         );
     }
-    meta.zeroer.add_node(id, epoch, session);
-    meta.grant_channels
-        .add(id, epoch, GrantChannel::Remote(channel));
     if back {
         log::info!("data node {id} is back from {addr} with its pool: {chunks} chunks");
     } else {

@@ -203,7 +203,7 @@ mod tests {
             .partition(|(i, _)| i % 2 == 0);
         a.release(gone.into_iter().map(|(_, c)| c));
         let (node, dirty) = a.take_dirty().pop().unwrap();
-        a.zeroed(node, dirty, 0, a.rejoins());
+        a.zeroed(node, dirty, 0, a.stamp());
         (a, kept.into_iter().map(|(_, c)| c).collect())
     }
 
@@ -244,7 +244,7 @@ mod tests {
             "not all back yet"
         );
         let (node, dirty) = a.take_dirty().pop().unwrap();
-        a.zeroed(node, dirty, 0, a.rejoins());
+        a.zeroed(node, dirty, 0, a.stamp());
         assert_eq!(a.finish_compaction(Duration::from_secs(60)), 1);
         assert!(!a.compactable(), "a whole chunk is free");
         let whole = a.alloc(1, 1).unwrap();

@@ -54,7 +54,9 @@ pub struct NodeChunks {
     /// A window was given up on: none is tried again until then.
     compaction_stuck: Option<std::time::Instant>,
     current: i64,
-    /// [`Allocator::rejoins`] as of when it came back after the metadata node's restart.
+    /// [`Allocator::stamp`] as of when it last left.
+    left_at: u64,
+    /// [`Allocator::stamp`] as of when it last came back (after a restart, or after it left).
     rejoined_at: u64,
 }
 
@@ -105,9 +107,10 @@ pub struct Allocator {
     /// Bytes freed and not yet released here (waiting for their holders or nodes): free
     /// space soon, as extents being zeroed are.
     pending: u64,
-    /// How many nodes came back since this process started: what a freed chunk is stamped
-    /// with, so that its release knows whether its node came back meanwhile.
-    rejoins: u64,
+    /// Counts nodes leaving and coming back since this process started: what work is
+    /// stamped with when it begins ([`Allocator::stamp`]), so that it knows when it ends
+    /// whether a node it was about left or came back meanwhile.
+    changes: u64,
 }
 
 impl Allocator {
@@ -152,6 +155,7 @@ impl Allocator {
             compacting: Vec::new(),
             compaction_stuck: None,
             current: 0,
+            left_at: 0,
             rejoined_at: 0,
         });
         let record = Self::node_record(&self.nodes[id as usize]);
@@ -250,9 +254,21 @@ impl Allocator {
     /// Node `id` left (its join connection ended): away, until it comes back with its pool.
     pub fn leave(&mut self, id: u32) {
         if let Some(n) = self.nodes.get_mut(id as usize).filter(|n| !n.removed) {
+            self.changes += 1;
             n.alive = false;
             n.away = true;
+            n.left_at = self.changes;
         }
+    }
+
+    /// The nodes that left since `stamp` ([`Allocator::stamp`]): a chunk map read before
+    /// may name copies there that their leave dropped.
+    pub fn left_since(&self, stamp: u64) -> Vec<u32> {
+        self.nodes
+            .iter()
+            .filter(|n| n.left_at > stamp)
+            .map(|n| n.id)
+            .collect()
     }
 
     /// A new node joined from `addr`: the nodes away from that address lent pools that went
@@ -637,7 +653,7 @@ impl Allocator {
     }
 
     /// Zeroed extents become allocatable again; `failed` bytes of the batch could not be
-    /// zeroed (and are lost with their node). A batch taken when [`Allocator::rejoins`] was
+    /// zeroed (and are lost with their node). A batch taken when [`Allocator::stamp`] was
     /// `stamp` from a node that came back since is dropped: its return listed every extent
     /// no map names for zeroing again, these among them, and another may hold them by now.
     pub fn zeroed(&mut self, node: u32, extents: Vec<(u64, u64)>, failed: u64, stamp: u64) {
@@ -724,7 +740,7 @@ mod tests {
         assert_eq!(addrs, [0, 4096, 8192], "low addresses first");
         a.release(got);
         let (node, dirty) = a.take_dirty().pop().unwrap();
-        a.zeroed(node, dirty, 0, a.rejoins());
+        a.zeroed(node, dirty, 0, a.stamp());
         assert_eq!(a.totals(), (1 << 50, 1 << 50));
         assert!(
             a.alloc(1, 1).unwrap()[0][0].addr < 3 * 4096,
@@ -749,7 +765,7 @@ mod tests {
         let (node, addrs) = dirty.into_iter().next().unwrap();
         assert_eq!(addrs, [(0, 100), (100, 100)]);
         assert_eq!(a.totals(), (200, 200), "being zeroed still counts as free");
-        a.zeroed(node, addrs, 0, a.rejoins());
+        a.zeroed(node, addrs, 0, a.stamp());
         assert_eq!(a.alloc(2, 1).unwrap().len(), 2);
     }
 
@@ -857,7 +873,7 @@ mod tests {
         let dirty_bytes: u64 = dirty.iter().map(|&(_, l)| l).sum();
         assert_eq!(dirty_bytes, (RESERVE_AHEAD + 1 - 2) * 100);
         assert_eq!(dirty[0], (100, 100));
-        b.zeroed(node, dirty, 0, b.rejoins());
+        b.zeroed(node, dirty, 0, b.stamp());
         let all = b.alloc(998, 1).unwrap().concat();
         assert!(all.iter().all(|c| c.addr != 0 && c.addr != 200));
         assert_eq!(b.alloc(1, 1), Err(Errno::ENOSPC));
@@ -878,7 +894,7 @@ mod tests {
     /// Every chunk the allocator hands out until it runs dry, zeroing as it goes: none twice.
     fn hand_everything_out(a: &mut Allocator) -> Vec<u64> {
         for (node, dirty) in a.take_dirty() {
-            a.zeroed(node, dirty, 0, a.rejoins());
+            a.zeroed(node, dirty, 0, a.stamp());
         }
         let mut out = Vec::new();
         while let Ok(got) = a.alloc(1, 1) {
@@ -896,7 +912,7 @@ mod tests {
         let (mut a, freed) = restarted_with_one_node_away();
         // Freed (its file unlinked) while the node is away; released once its holders let go,
         // after the node came back. The return listed it already: no map names it.
-        let stamp = a.rejoins();
+        let stamp = a.stamp();
         assert_eq!(
             a.rejoin(11, "a".into(), (0, 10), |_| [(0, 100)].into()),
             Some(0)
@@ -910,7 +926,7 @@ mod tests {
         a.rejoin(11, "a".into(), (0, 10), |_| {
             [(0, 100), (freed.addr, 100)].into()
         });
-        let stamp = a.rejoins();
+        let stamp = a.stamp();
         a.release_freed([freed], stamp);
         assert_eq!(hand_everything_out(&mut a).len(), 9);
     }
@@ -924,7 +940,7 @@ mod tests {
         a.rejoin(11, "a".into(), (0, 10), |_| [(0, 100)].into());
         // The zeroer finishes what it took, its node's session found by then.
         for (node, addrs) in batch {
-            a.zeroed(node, addrs, 0, a.rejoins());
+            a.zeroed(node, addrs, 0, a.stamp());
         }
         assert_eq!(hand_everything_out(&mut a).len(), 9);
     }
@@ -970,7 +986,7 @@ mod tests {
         assert!(a.is_away(0) && !a.is_alive(0) && a.is_away_pool(11));
         assert_eq!(a.usage()[0].2, "away");
         // Freed while it was away, released only after it came back: not listed twice.
-        let stamp = a.rejoins();
+        let stamp = a.stamp();
         assert_eq!(
             a.rejoin(11, "a".into(), (0, 10), |_| [(used[0].addr, 100)].into()),
             Some(0)
@@ -1035,7 +1051,7 @@ mod tests {
         a.add_node("a".into(), 11, 0, 100, 10);
         let used = a.alloc(2, 1).unwrap().concat();
         a.release([used[1]]);
-        let stamp = a.rejoins();
+        let stamp = a.stamp();
         let batch = a.take_dirty();
         a.leave(0);
         a.rejoin(11, "a".into(), (0, 10), |_| [(used[0].addr, 100)].into());

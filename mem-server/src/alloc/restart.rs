@@ -103,8 +103,8 @@ impl Allocator {
         n.alive = true;
         n.away = false;
         n.addr = addr;
-        self.rejoins += 1;
-        n.rejoined_at = self.rejoins;
+        self.changes += 1;
+        n.rejoined_at = self.changes;
         let id = n.id;
         let record = Self::node_record(n);
         self.note(record);
@@ -131,12 +131,13 @@ impl Allocator {
         self.nodes.iter().filter(|n| n.away).map(|n| n.id).collect()
     }
 
-    /// What a chunk freed now is stamped with, for [`Allocator::release_freed`].
-    pub fn rejoins(&self) -> u64 {
-        self.rejoins
+    /// What work begun now is stamped with: a chunk freed now (for
+    /// [`Allocator::release_freed`]), a copy's target, a chunk map to grant.
+    pub fn stamp(&self) -> u64 {
+        self.changes
     }
 
-    /// The [`Allocator::rejoins`] count when node `id` last came back: what its sessions are
+    /// The [`Allocator::stamp`] count when node `id` last came back: what its sessions are
     /// stamped with, so that work begun before that (when it was away, or before it left)
     /// cannot use them.
     pub fn epoch(&self, id: u32) -> u64 {
@@ -144,7 +145,7 @@ impl Allocator {
     }
 
     /// Whether node `id` came back (after a restart, or after it left) since `stamp`
-    /// ([`Allocator::rejoins`]).
+    /// ([`Allocator::stamp`]).
     pub fn rejoined_since(&self, id: u32, stamp: u64) -> bool {
         self.nodes
             .get(id as usize)
@@ -159,11 +160,11 @@ impl Allocator {
 
     /// Takes chunks freed just now; they come back through `take_dirty` for zeroing.
     pub fn release(&mut self, chunks: impl IntoIterator<Item = ChunkRef>) {
-        let now = self.rejoins;
+        let now = self.changes;
         self.release_freed(chunks, now);
     }
 
-    /// Takes chunks freed when [`Allocator::rejoins`] was `stamp`, but those whose node came
+    /// Takes chunks freed when [`Allocator::stamp`] was `stamp`, but those whose node came
     /// back since: its return listed every chunk of its pool that no map named for zeroing,
     /// these among them, and a second listing would hand one chunk to two files.
     pub fn release_freed(&mut self, chunks: impl IntoIterator<Item = ChunkRef>, stamp: u64) {

@@ -113,11 +113,14 @@ impl MetaService {
         );
         for (ino, indices) in per_freeze(&inside, PER_FREEZE) {
             let indices = self.freeze(ino, &indices);
-            let mut moved = Vec::new();
+            let (mut moved, mut since) = (Vec::new(), None);
             let mut no_room = false;
             for &index in &indices {
                 match self.move_out_of_window(ino, index, window) {
-                    Moved::Out(old) => moved.push(old),
+                    Moved::Out(old, stamp) => {
+                        moved.push(old);
+                        since.get_or_insert(stamp);
+                    }
                     Moved::NoRoom => {
                         no_room = true;
                         break;
@@ -125,8 +128,12 @@ impl MetaService {
                     Moved::Nothing => {}
                 }
             }
-            if !moved.is_empty() {
-                self.settle(self.state.lock(), None, Effects::moved_off(ino, moved));
+            if let Some(since) = since {
+                self.settle(
+                    self.state.lock(),
+                    None,
+                    Effects::moved_off(ino, moved, since),
+                );
             }
             self.thaw(ino, &indices);
             if no_room {
@@ -163,7 +170,7 @@ impl MetaService {
             else {
                 return Moved::NoRoom;
             };
-            (old, leaving, target, st.alloc.rejoins())
+            (old, leaving, target, st.alloc.stamp())
         };
         // The journal must say the target was handed out before data lands in it: a restart
         // takes what is past it for zeros.
@@ -197,14 +204,14 @@ impl MetaService {
         self.compaction
             .bytes_moved
             .fetch_add(leaving.len as u64, Ordering::Relaxed);
-        Moved::Out(leaving)
+        Moved::Out(leaving, st.alloc.stamp())
     }
 }
 
 /// What became of a copy in a window being emptied.
 enum Moved {
-    /// Moved out: the old copy, which the map names no more.
-    Out(ChunkRef),
+    /// Moved out: the old copy, which the map names no more since the state's stamp was this.
+    Out(ChunkRef, u64),
     /// No room for it outside the windows.
     NoRoom,
     /// Not moved: gone or moved meanwhile, its node down, or the copy failed.

@@ -33,6 +33,9 @@ pub(crate) struct Effects {
     pub(crate) linger: bool,
     /// Chunks a cut split, frozen: their tails are zeroed once their holders let go.
     pub(crate) tails: Vec<Tail>,
+    /// [`crate::alloc::Allocator::stamp`] when the freed chunks left their maps, if that was
+    /// before this hold of the state lock (moves gather the copies they dropped over several).
+    pub(crate) freed_since: Option<u64>,
 }
 
 /// The chunk a cut splits (its tail is zeroed by [`super::tails`]): chunk `index` of `ino`, from byte `from` of it on, on `replicas`.
@@ -49,7 +52,7 @@ pub(crate) struct Granting {
     pub(crate) writable: bool,
     /// The free number when the map was read.
     pub(crate) seq: u64,
-    /// [`crate::alloc::Allocator::rejoins`] when the map was read.
+    /// [`crate::alloc::Allocator::stamp`] when the map was read.
     pub(crate) stamp: u64,
     /// The file's count of cuts when the map was read.
     pub(crate) cuts: u64,
@@ -62,8 +65,8 @@ pub(crate) struct Granting {
 pub(crate) struct Freed {
     pub(crate) seq: u64,
     pub(crate) chunks: Vec<ChunkRef>,
-    /// [`crate::alloc::Allocator::rejoins`] when they were freed.
-    pub(crate) rejoins: u64,
+    /// [`crate::alloc::Allocator::stamp`] when they left their maps.
+    pub(crate) stamp: u64,
 }
 
 impl Freed {
@@ -96,11 +99,13 @@ impl Effects {
     /// from its map: its holders let go of the map, and the old copies are kept out of reuse
     /// for a lease, since a write's late drop of the copies it missed may still name one
     /// ([`super::MetaState::moved`]).
-    pub(crate) fn moved_off(ino: Ino, old: Vec<ChunkRef>) -> Effects {
+    /// Copies moved off (`old`), the first of them when the state's stamp was `since`.
+    pub(crate) fn moved_off(ino: Ino, old: Vec<ChunkRef>, since: u64) -> Effects {
         let mut effects = Effects {
             freed: old,
             quick: true,
             linger: true,
+            freed_since: Some(since),
             ..Effects::default()
         };
         effects.change.remaps.push(ino);

@@ -75,6 +75,7 @@ impl MetaService {
             woken,
             tails,
             linger,
+            freed_since,
             ..
         } = effects;
         // Waiters for locks are told, not waited for: one that is slow must not hold up the
@@ -96,7 +97,7 @@ impl MetaService {
         let freed = Freed {
             seq: st.frees,
             chunks: freed,
-            rejoins: st.alloc.rejoins(),
+            stamp: freed_since.unwrap_or(st.alloc.stamp()),
         };
         let MetaState { ns, holders, .. } = &mut *st;
         let plan = holders.plan(caller, &change, |ino| ns.getattr(ino).ok());
@@ -172,7 +173,7 @@ impl MetaService {
         let mut reusable = Vec::with_capacity(freed.chunks.len());
         let mut relisted = Vec::new();
         for (node, extents) in by_node(&freed.chunks) {
-            if self.state.lock().alloc.rejoined_since(node, freed.rejoins) {
+            if self.state.lock().alloc.rejoined_since(node, freed.stamp) {
                 // Its return listed them for zeroing (no map named them), and they may be
                 // another file's by now: neither revoked nor released again.
                 relisted.extend(extents.into_iter().map(|(addr, _)| (node, addr)));
@@ -202,7 +203,7 @@ impl MetaService {
         for place in reusable.iter().map(|c| (c.node, c.addr)).chain(relisted) {
             st.moved.remove(&place);
         }
-        st.alloc.release_freed(reusable, freed.rejoins);
+        st.alloc.release_freed(reusable, freed.stamp);
         st.alloc.freed_now(freed.bytes());
         drop(st);
         self.zeroer.kick();

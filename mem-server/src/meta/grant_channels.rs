@@ -107,18 +107,26 @@ impl GrantChannels {
     /// The chunk map `g`, each chunk granted to the caller's data session at its node (key 0
     /// where the session has none there yet, or the node refused or did not answer by
     /// `deadline`: every node is asked at once, so slow ones cost that once). Nor is a chunk
-    /// granted on a node that came back since the map was read: a copy the map names there
-    /// may have been dropped when it left, and its place be another file's now (the client
-    /// asks again, for the map as it is).
-    fn grant(&self, data: &HashMap<u32, u64>, g: Granting, deadline: Instant) -> Reply {
+    /// granted on a node that `left` since the map was read, or came back since `now`: a copy
+    /// the map names there may have been dropped when it left, and its place be another
+    /// file's now (the client asks again, for the map as it is). A map read while a node was
+    /// away names only what its leave kept, and is granted once it is back.
+    fn grant(
+        &self,
+        data: &HashMap<u32, u64>,
+        g: Granting,
+        deadline: Instant,
+        left: &[u32],
+        now: u64,
+    ) -> Reply {
         let Granting {
             op,
             writable,
             seq,
-            stamp,
             cuts,
             mut chunks,
             opened,
+            ..
         } = g;
         let nodes = by_node(chunks.iter().flat_map(|(_, r)| r));
         let asked: Vec<(u32, Asked)> = nodes
@@ -131,7 +139,10 @@ impl GrantChannels {
                     writable,
                     extents,
                 };
-                Some((node, self.get_since(node, stamp)?.ask(&req.into())))
+                if left.contains(&node) {
+                    return None;
+                }
+                Some((node, self.get_since(node, now)?.ask(&req.into())))
             })
             .collect();
         for (node, asked) in asked {
@@ -213,7 +224,13 @@ impl MetaService {
         let deadline = Instant::now() + GRANT_WAIT;
         let nodes = by_node(g.chunks.iter().flat_map(|(_, r)| r));
         self.await_nodes(nodes.keys().copied(), deadline);
-        self.grant_channels.grant(data, g, deadline)
+        // Nodes that left since the map was read are passed over (their leave may have dropped
+        // copies it names), and so are those that come back after this look.
+        let (left, now) = {
+            let st = self.state.lock();
+            (st.alloc.left_since(g.stamp), st.alloc.stamp())
+        };
+        self.grant_channels.grant(data, g, deadline, &left, now)
     }
 
     /// Right after a restart, waits (until `deadline` at the latest) for those of `nodes`

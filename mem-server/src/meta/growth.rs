@@ -113,7 +113,7 @@ impl MetaService {
                 return;
             }
             let moves = live.into_iter().zip(targets).collect::<Vec<_>>();
-            (old, moves, st.alloc.rejoins())
+            (old, moves, st.alloc.stamp())
         };
         // The journal must say the targets were handed out before data lands in them: a
         // restart takes what is past it for zeros.
@@ -150,6 +150,7 @@ impl MetaService {
             "inode {ino}: chunk {index} moved to a span of {} bytes (no room to grow in place)",
             new[0].len
         );
-        self.settle(st, None, Effects::moved_off(ino, old));
+        let since = st.alloc.stamp();
+        self.settle(st, None, Effects::moved_off(ino, old, since));
     }
 }

@@ -119,14 +119,21 @@ impl MetaService {
             }
             let started = Instant::now();
             let indices = self.freeze(ino, &indices);
-            let (mut here, mut dropped) = (0, Vec::new());
+            let (mut here, mut dropped, mut since) = (0, Vec::new(), None);
             for &index in &indices {
                 let (done, gone) = self.move_off(ino, index, moves);
                 here += usize::from(done);
-                dropped.extend(gone);
+                if let Some((first, copies)) = gone {
+                    since.get_or_insert(first);
+                    dropped.extend(copies);
+                }
             }
-            if !dropped.is_empty() {
-                self.settle(self.state.lock(), None, Effects::moved_off(ino, dropped));
+            if let Some(since) = since {
+                self.settle(
+                    self.state.lock(),
+                    None,
+                    Effects::moved_off(ino, dropped, since),
+                );
             }
             self.thaw(ino, &indices);
             moved += here;
@@ -154,43 +161,46 @@ impl MetaService {
     }
 
     /// Moves every copy of chunk `index` of `ino` (frozen) that `moves` says: whether none is
-    /// left to move, and the copies dropped from the map (to be freed).
+    /// left to move, and the copies dropped from the map (to be freed) with the state's stamp
+    /// when the first left it.
     fn move_off(
         &self,
         ino: Ino,
         index: u64,
         moves: &dyn Fn(&MetaState) -> Moves,
-    ) -> (bool, Vec<ChunkRef>) {
+    ) -> (bool, Option<(u64, Vec<ChunkRef>)>) {
         let mut dropped = Vec::new();
+        let mut first = None;
+        let out = |done, first: Option<u64>, dropped| (done, first.map(|f| (f, dropped)));
         loop {
             let (leaving, target, len, stamp) = {
                 let mut st = self.state.lock();
                 let Some(replicas) = st.ns.replicas(ino, index) else {
-                    return (true, dropped); // freed meanwhile
+                    return out(true, first, dropped); // freed meanwhile
                 };
                 let Moves { from, mut avoid } = moves(&st);
                 let Some(leaving) = replicas.iter().copied().find(|c| from.contains(&c.node))
                 else {
-                    return (true, dropped);
+                    return out(true, first, dropped);
                 };
                 if !st.alloc.is_alive(leaving.node) {
-                    return (false, dropped); // its copy cannot be read
+                    return out(false, first, dropped); // its copy cannot be read
                 }
                 avoid.extend(self.repair.avoided());
                 let Some(target) = st.alloc.alloc_replica(&replicas, &avoid) else {
-                    return (false, dropped); // no room elsewhere now: the next pass tries again
+                    return out(false, first, dropped); // no room elsewhere now: the next pass tries again
                 };
-                (leaving, target, leaving.len as usize, st.alloc.rejoins())
+                (leaving, target, leaving.len as usize, st.alloc.stamp())
             };
             if !matches!(
                 self.copy_into(ino, index, &[leaving], target, len, stamp),
                 Copied::Done(_)
             ) {
-                return (false, dropped);
+                return out(false, first, dropped);
             }
             let mut st = self.state.lock();
             let Some(replicas) = st.ns.replicas(ino, index) else {
-                return (true, dropped);
+                return out(true, first, dropped);
             };
             let kept: Vec<ChunkRef> = replicas
                 .iter()
@@ -201,9 +211,10 @@ impl MetaService {
                 Ok(gone) => {
                     // Until `leaving` is reused, a lease at least from now.
                     st.moved.insert((leaving.node, leaving.addr), target);
+                    first.get_or_insert(st.alloc.stamp());
                     dropped.extend(gone);
                 }
-                Err(_) => return (false, dropped),
+                Err(_) => return out(false, first, dropped),
             }
         }
     }

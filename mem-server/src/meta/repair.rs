@@ -345,13 +345,13 @@ impl MetaService {
             let turn = index as usize % live.len();
             live.rotate_left(turn);
             live.sort_by_key(|c| avoided.contains(&c.node));
-            (live, target, replicas[0].len as usize, st.alloc.rejoins())
+            (live, target, replicas[0].len as usize, st.alloc.stamp())
         };
         self.copy_into(ino, index, &sources, target, len, stamp)
     }
 
     /// Copies chunk `index` of `ino` from the first of `sources` that reads to `target`
-    /// (allocated for it when [`crate::alloc::Allocator::rejoins`] was `stamp`) and adds it to
+    /// (allocated for it when [`crate::alloc::Allocator::stamp`] was `stamp`) and adds it to
     /// the chunk's replicas; `target` goes back if the copy fails or the chunk went meanwhile.
     /// A target whose node left and came back meanwhile is not ours any more: its return
     /// listed it for zeroing.

@@ -79,7 +79,7 @@ impl MetaService {
             let mut st = self.state.lock();
             st.frees += 1;
             let named = st.ns.replicas(tail.ino, tail.index).unwrap_or_default();
-            (st.frees, st.alloc.rejoins(), named)
+            (st.frees, st.alloc.stamp(), named)
         };
         let mut zeroed = Vec::with_capacity(tail.replicas.len());
         for c in &tail.replicas {

@@ -4,7 +4,7 @@
 //! chunks for re-replication ([`Zeroer::read_chunk`], [`Zeroer::write_chunk`]).
 //!
 //! Each session is stamped with its node's epoch (when the node last came back), and every
-//! transfer names the stamp its work began with ([`crate::alloc::Allocator::rejoins`]): work
+//! transfer names the stamp its work began with ([`crate::alloc::Allocator::stamp`]): work
 //! begun before a node left and came back must not reach its pool, where what it was about
 //! may be another file's by now.
 
@@ -82,7 +82,7 @@ impl Zeroer {
         while kick.recv().is_ok() {
             let (stamp, dirty) = {
                 let mut st = state.lock();
-                (st.alloc.rejoins(), st.alloc.take_dirty())
+                (st.alloc.stamp(), st.alloc.take_dirty())
             };
             // The frees must be durable before the data goes: a restart must not find a
             // file whose chunks were wiped.

@@ -175,7 +175,7 @@ impl Ctx<'_> {
             op,
             writable,
             seq: self.st.frees,
-            stamp: self.st.alloc.rejoins(),
+            stamp: self.st.alloc.stamp(),
             cuts: self.st.ns.getattr(ino).map_or(0, |a| a.cuts),
             chunks,
             opened: None,
