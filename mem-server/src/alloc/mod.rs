@@ -15,7 +15,7 @@ use crate::extents::FreeExtents;
 use crate::record::Record;
 
 mod compact;
-mod restart;
+mod membership;
 
 /// The unit of a span: spans start and end on a page of the pool.
 pub const PAGE: u64 = 4096;
@@ -249,62 +249,6 @@ impl Allocator {
         if let Some(log) = &mut self.log {
             out.append(log);
         }
-    }
-
-    /// Node `id` left (its join connection ended): away, until it comes back with its pool.
-    pub fn leave(&mut self, id: u32) {
-        if let Some(n) = self.nodes.get_mut(id as usize).filter(|n| !n.removed) {
-            self.changes += 1;
-            n.alive = false;
-            n.away = true;
-            n.left_at = self.changes;
-        }
-    }
-
-    /// The nodes that left since `stamp` ([`Allocator::stamp`]): a chunk map read before
-    /// may name copies there that their leave dropped.
-    pub fn left_since(&self, stamp: u64) -> Vec<u32> {
-        self.nodes
-            .iter()
-            .filter(|n| n.left_at > stamp)
-            .map(|n| n.id)
-            .collect()
-    }
-
-    /// A new node joined from `addr`: the nodes away from that address lent pools that went
-    /// with their processes (a node's address is its listening socket, which only one process
-    /// holds). They are down for good; their ids.
-    pub fn gone_from(&mut self, addr: &str) -> Vec<u32> {
-        self.nodes
-            .iter_mut()
-            .filter(|n| n.away && n.addr == addr)
-            .map(|n| {
-                n.away = false;
-                n.id
-            })
-            .collect()
-    }
-
-    /// Forgets node `id` (`rfs remove`): it is not listed any more, and its pool, were it to
-    /// come back, joins as a new one. Only a node that is not up: EBUSY for one that is, ENOENT
-    /// for no such node. Copies the maps still name there stay unreadable.
-    pub fn remove(&mut self, id: u32) -> Result<(), Errno> {
-        let n = match self.nodes.get_mut(id as usize) {
-            Some(n) if !n.removed => n,
-            _ => return Err(Errno::ENOENT),
-        };
-        if n.alive {
-            return Err(Errno::EBUSY);
-        }
-        n.removed = true;
-        n.away = false;
-        n.draining = false;
-        n.free = FreeExtents::fresh(n.pool_addr, n.pool_addr, n.pool_addr, n.chunk_size);
-        n.dirty = Vec::new();
-        n.compacting = Vec::new();
-        n.zeroing = 0;
-        self.note(Record::Removed { node: id });
-        Ok(())
     }
 
     /// Every node, `local` being the metadata node's own pool.

@@ -1,10 +1,12 @@
-//! The allocator across a restart of the metadata node: the registry of data nodes as
-//! journal records, its replay, and each node's return (what its pool holds is known from the
-//! maps; everything else it ever handed out is zeroed before reuse).
+//! Who lends the pools: the registry of data nodes as journal records and its replay after a
+//! restart of the metadata node; nodes leaving, coming back (what a pool holds is known from
+//! the maps; everything else it ever handed out is zeroed before reuse) and removed; and the
+//! stamps by which work begun before a node left or came back knows it.
 
 use std::collections::BTreeMap;
 
 use rfs_proto::types::ChunkRef;
+use rfs_proto::Errno;
 
 use super::{Allocator, FreeExtents};
 use crate::record::Record;
@@ -109,6 +111,62 @@ impl Allocator {
         let record = Self::node_record(n);
         self.note(record);
         Some(id)
+    }
+
+    /// Node `id` left (its join connection ended): away, until it comes back with its pool.
+    pub fn leave(&mut self, id: u32) {
+        if let Some(n) = self.nodes.get_mut(id as usize).filter(|n| !n.removed) {
+            self.changes += 1;
+            n.alive = false;
+            n.away = true;
+            n.left_at = self.changes;
+        }
+    }
+
+    /// The nodes that left since `stamp` ([`Allocator::stamp`]): a chunk map read before
+    /// may name copies there that their leave dropped.
+    pub fn left_since(&self, stamp: u64) -> Vec<u32> {
+        self.nodes
+            .iter()
+            .filter(|n| n.left_at > stamp)
+            .map(|n| n.id)
+            .collect()
+    }
+
+    /// A new node joined from `addr`: the nodes away from that address lent pools that went
+    /// with their processes (a node's address is its listening socket, which only one process
+    /// holds). They are down for good; their ids.
+    pub fn gone_from(&mut self, addr: &str) -> Vec<u32> {
+        self.nodes
+            .iter_mut()
+            .filter(|n| n.away && n.addr == addr)
+            .map(|n| {
+                n.away = false;
+                n.id
+            })
+            .collect()
+    }
+
+    /// Forgets node `id` (`rfs remove`): it is not listed any more, and its pool, were it to
+    /// come back, joins as a new one. Only a node that is not up: EBUSY for one that is, ENOENT
+    /// for no such node. Copies the maps still name there stay unreadable.
+    pub fn remove(&mut self, id: u32) -> Result<(), Errno> {
+        let n = match self.nodes.get_mut(id as usize) {
+            Some(n) if !n.removed => n,
+            _ => return Err(Errno::ENOENT),
+        };
+        if n.alive {
+            return Err(Errno::EBUSY);
+        }
+        n.removed = true;
+        n.away = false;
+        n.draining = false;
+        n.free = FreeExtents::fresh(n.pool_addr, n.pool_addr, n.pool_addr, n.chunk_size);
+        n.dirty = Vec::new();
+        n.compacting = Vec::new();
+        n.zeroing = 0;
+        self.note(Record::Removed { node: id });
+        Ok(())
     }
 
     /// Whether node `id` is away: it may come back with its pool.
