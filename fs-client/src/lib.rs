@@ -7,6 +7,7 @@
 //! - [`kernel_mount`]: the mount itself, as `fuse.rfs`, on directories only.
 //! - [`mount_table`]: which mount is on top of a directory (unmount only our own).
 //! - [`readahead`]: the kernel's readahead for the mount.
+//! - [`ring`]: the ring service beside the mount, for `rfs-io`.
 
 pub mod fs;
 pub mod fuse;
@@ -16,3 +17,4 @@ pub mod mount_helper;
 pub mod mount_table;
 pub mod options;
 pub mod readahead;
+pub mod ring;

@@ -324,21 +324,6 @@ fn invalidate_kernel_caches(fs: &Rfs, notifier: fuser::Notifier, names: KernelNa
     }
 }
 
-/// Busy polling spins a thread per queue pair of every storage node: more than there are
-/// cores and they take the CPU FUSE, the application and the transport need (measured in the
-/// Soft-RoCE VM, 2 CPUs and 4 queue pairs: a 128 KiB read cost 2.6x the CPU of adaptive polling
-/// and 21x the context switches, and ran at 0.74x; see docs/performance.md, polling modes).
-fn warn_if_spinning_outnumbers_cores(cfg: &MountConfig) {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if cfg.session.polling == rdmabox::PollMode::Busy && cfg.session.qps >= cores {
-        log::warn!(
-            "busy polling spins {} threads per storage node on {cores} cores: give -o qps=1, or \
-             use adaptive polling",
-            cfg.session.qps
-        );
-    }
-}
-
 /// Where this process logs: as asked, else stderr in the foreground and syslog (when there
 /// is one) for a daemon, whose stderr goes away with the shell that started it.
 fn start_logging(asked: Option<&LogTarget>, daemon_child: bool) -> Result<(), String> {
@@ -479,7 +464,7 @@ fn main() -> ExitCode {
         }
     };
     fs.attach();
-    warn_if_spinning_outnumbers_cores(&cfg);
+    cfg.warn_if_spinning_outnumbers_cores();
     if cfg.writeback_cache {
         log::warn!(
             "writeback_cache is on: the kernel keeps file sizes itself, and this mount does not \
@@ -572,6 +557,7 @@ fn main() -> ExitCode {
     };
     let ours = mount_table::top_mount_id(&mountpoint);
     invalidate_kernel_caches(&fs, session.notifier(), KernelNames::new(device));
+    let _ring = fs_client::ring::start_for_mount(&fs, &cfg.ring, &mountpoint, cfg.allow_other);
     if let Err(e) = readahead::set(&mountpoint, cfg.max_readahead) {
         // Unprivileged mounts cannot write sysfs: the kernel's 128 KiB stays.
         log::info!("kernel readahead left as it is: {e}");

@@ -60,6 +60,18 @@ pub struct MountConfig {
     pub kernel_flags: Vec<KernelFlag>,
     /// Where to serve the counters for Prometheus (`GET /metrics`).
     pub metrics: Option<std::net::SocketAddr>,
+    /// Where the ring service listens (see [`crate::ring`]).
+    pub ring: RingPlace,
+}
+
+/// Where a mount's ring socket goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RingPlace {
+    /// [`crate::ring::default_socket`].
+    Default,
+    At(PathBuf),
+    /// No ring service.
+    Off,
 }
 
 impl Default for MountConfig {
@@ -90,6 +102,7 @@ impl Default for MountConfig {
             log_file: None,
             kernel_flags: Vec::new(),
             metrics: None,
+            ring: RingPlace::Default,
         }
     }
 }
@@ -307,6 +320,21 @@ pub const OPTIONS: &[MountOption] = &[
         },
     },
     MountOption {
+        name: "ring",
+        value: Value::Takes("PATH|off"),
+        help: "The ring socket, for rfs-io beside the mount (default: /run/rfs/ring-PID.sock \
+               as root, else under $XDG_RUNTIME_DIR or /tmp); off: no ring",
+        default: None,
+        set: |c, v| {
+            c.ring = match v {
+                "off" => RingPlace::Off,
+                "" => return Err("an empty path".into()),
+                path => RingPlace::At(PathBuf::from(path)),
+            };
+            Ok(())
+        },
+    },
+    MountOption {
         name: "io_timeout",
         value: Value::Takes("SECONDS"),
         help: "Seconds before I/O to a silent storage node fails with EIO (at least 1)",
@@ -482,6 +510,21 @@ impl MountConfig {
         }
         self.rpc.timeout = self.io_timeout * 2;
         Ok(())
+    }
+
+    /// Busy polling spins a thread per queue pair of every storage node: more than there are
+    /// cores and they take the CPU FUSE, the application and the transport need (measured in the
+    /// Soft-RoCE VM, 2 CPUs and 4 queue pairs: a 128 KiB read cost 2.6x the CPU of adaptive polling
+    /// and 21x the context switches, and ran at 0.74x; see docs/performance.md, polling modes).
+    pub fn warn_if_spinning_outnumbers_cores(&self) {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if self.session.polling == rdmabox::PollMode::Busy && self.session.qps >= cores {
+            log::warn!(
+                "busy polling spins {} threads per storage node on {cores} cores: give -o qps=1, or \
+                 use adaptive polling",
+                self.session.qps
+            );
+        }
     }
 
     /// How the client reaches the nodes: a silent node fails after `io_timeout`.

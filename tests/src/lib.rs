@@ -454,7 +454,12 @@ impl Mount {
         let n = NEXT_MOUNT.fetch_add(1, Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("rfs-e2e-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("mount point");
-        let mut o = vec![format!("transport={}", transport())];
+        // The ring socket beside the mount point, gone with it (not left in /run/rfs).
+        let ring = dir.with_extension("ring");
+        let mut o = vec![
+            format!("transport={}", transport()),
+            format!("ring={}", ring.display()),
+        ];
         o.extend(opts.iter().map(|s| s.to_string()));
         let (log, stderr) = ChildLog::new("fs-client");
         let mut command = Command::new(bin("fs-client"));
@@ -580,6 +585,7 @@ impl Drop for Mount {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir(&self.dir);
+        let _ = std::fs::remove_file(self.dir.with_extension("ring"));
     }
 }
 

@@ -9,6 +9,7 @@ const ROOTS: &[&str] = &[
     "proto/",
     "mem-server/",
     "fs-client/",
+    "io/",
     "tests/",
     "fuzz/",
     "iozone/",

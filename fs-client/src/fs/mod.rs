@@ -34,6 +34,7 @@ mod open;
 mod owed;
 mod pages;
 mod ranges;
+mod ring_link;
 mod space;
 mod stats;
 #[cfg(test)]
@@ -62,6 +63,7 @@ pub use data::{ReadDone, WriteDone};
 pub use error::{Error, Result};
 pub use kernel_handles::{access, PageCacheUse};
 pub use locks::{LockDone, StillWanted};
+pub use ring_link::{RING_INO, RING_NAME};
 pub use stats::{stats_json, STATS_INO, STATS_NAME};
 
 use behind::WriteBehind;
@@ -117,6 +119,8 @@ pub struct Rfs<B: Backend = Client> {
     giving_back: GivingBack,
     /// The file locks this mount holds.
     locks: Locks,
+    /// Where the ring service listens, once it does (see [`ring_link`]).
+    ring_socket: OnceLock<std::path::PathBuf>,
     stats: Arc<ClientStats>,
 }
 
@@ -190,6 +194,7 @@ impl<B: Backend> Rfs<B> {
             owed: Owed::default(),
             giving_back: GivingBack::default(),
             locks: Locks::default(),
+            ring_socket: OnceLock::new(),
             stats,
         })
     }
@@ -222,7 +227,7 @@ impl<B: Backend> Rfs<B> {
     /// A call that adds `name` to `dir`: the inode it leads to, seen with our own
     /// uncommitted writes.
     fn add<C: Call<Reply = Made> + Debug>(&self, dir: Ino, name: &[u8], req: C) -> Result<Attr> {
-        not_the_stats_file(dir, name)?;
+        not_a_reserved_name(dir, name)?;
         let sent = self.dirs.sent();
         let made = self.changing(dir, req)?;
         self.dirs.added(sent, made.dir, name);
@@ -231,7 +236,7 @@ impl<B: Backend> Rfs<B> {
 
     /// A call that removes `name` from `dir`.
     fn remove<C: Call<Reply = Attr> + Debug>(&self, dir: Ino, name: &[u8], req: C) -> Result<()> {
-        not_the_stats_file(dir, name)?;
+        not_a_reserved_name(dir, name)?;
         let sent = self.dirs.sent();
         let after = self.changing(dir, req)?;
         self.dirs.removed(sent, after, name);
@@ -258,6 +263,9 @@ impl<B: Backend> Rfs<B> {
         if parent == ROOT && name == STATS_NAME.as_bytes() {
             return Ok(self.stats_attr());
         }
+        if parent == ROOT && name == RING_NAME.as_bytes() {
+            return self.ring_link_attr().ok_or(Errno::ENOENT.into());
+        }
         // Unless the metadata node is out of reach: callbacks may be missed meanwhile.
         if self.dirs.lacks(parent, name) && self.backend.metadata_connected() {
             return Err(Errno::ENOENT.into());
@@ -273,6 +281,9 @@ impl<B: Backend> Rfs<B> {
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
         if ino == STATS_INO {
             return Ok(self.stats_attr());
+        }
+        if ino == RING_INO {
+            return self.ring_link_attr().ok_or(Errno::ENOENT.into());
         }
         if let Some(a) = self.dirs.attrs(ino) {
             if self.backend.metadata_connected() {
@@ -438,7 +449,7 @@ impl<B: Backend> Rfs<B> {
 
     /// Creates a directory.
     pub fn mkdir(&self, parent: Ino, name: &[u8], owner: Owner, caller: &Caller) -> Result<Attr> {
-        not_the_stats_file(parent, name)?;
+        not_a_reserved_name(parent, name)?;
         let sent = self.dirs.sent();
         let mkdir = Mkdir {
             parent,
@@ -474,6 +485,9 @@ impl<B: Backend> Rfs<B> {
 
     /// A symbolic link's target.
     pub fn readlink(&self, ino: Ino) -> Result<Name> {
+        if let (RING_INO, Some(target)) = (ino, self.ring_target()) {
+            return Ok(Name(target.to_vec()));
+        }
         self.call(Readlink { ino })
     }
 
@@ -500,7 +514,7 @@ impl<B: Backend> Rfs<B> {
 
     /// Removes an empty directory.
     pub fn rmdir(&self, parent: Ino, name: &[u8], caller: &Caller) -> Result<()> {
-        not_the_stats_file(parent, name)?;
+        not_a_reserved_name(parent, name)?;
         let sent = self.dirs.sent();
         let rmdir = Rmdir {
             parent,
@@ -522,8 +536,8 @@ impl<B: Backend> Rfs<B> {
         flags: u32,
         caller: &Caller,
     ) -> Result<()> {
-        not_the_stats_file(parent, name)?;
-        not_the_stats_file(newparent, newname)?;
+        not_a_reserved_name(parent, name)?;
+        not_a_reserved_name(newparent, newname)?;
         let sent = self.dirs.sent();
         let rename = Rename {
             parent,
@@ -580,14 +594,12 @@ impl<B: Backend> Rfs<B> {
     }
 }
 
-/// The stats file's name in the root is ours, not the node's: nothing may be made, moved or
-/// linked there (the mount would show it in place of the counters), nor removed or moved away.
-fn not_the_stats_file(parent: Ino, name: &[u8]) -> Result<()> {
-    if parent == ROOT && name == STATS_NAME.as_bytes() {
-        return Err(Error::new(
-            Errno::EACCES,
-            "the name of the stats file is reserved",
-        ));
+/// The names of the stats file and the ring link in the root are ours, not the node's:
+/// nothing may be made, moved or linked there (the mount would show ours in its place), nor
+/// removed or moved away.
+fn not_a_reserved_name(parent: Ino, name: &[u8]) -> Result<()> {
+    if parent == ROOT && (name == STATS_NAME.as_bytes() || name == RING_NAME.as_bytes()) {
+        return Err(Error::new(Errno::EACCES, "the name is reserved"));
     }
     Ok(())
 }

@@ -1,0 +1,263 @@
+//! The ring service beside the mount: applications on this host (through `rfs-io`) share a
+//! buffer and a pair of rings with fs-client over a Unix socket, register files they opened
+//! through the mount, and read and write them without a FUSE request per I/O.
+//!
+//! The socket is reached through the mount's `.rfs-ring` link. Who connects is known by
+//! SO_PEERCRED: without `allow_other` only the mounting user may (as the kernel lets only
+//! them use the mount), and every registration opens the file again as the connecting
+//! process, so the metadata node checks its permissions. What the application shares is
+//! checked before use ([`rfs_io::shm`]) and never trusted after: a hostile or dying
+//! application can hurt only its own requests.
+
+mod session;
+
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::socket::{
+    accept4, bind, getsockopt, listen, socket, sockopt, AddressFamily, Backlog, SockFlag, SockType,
+    UnixAddr,
+};
+use rfs_io::wire::{self, Reply};
+
+use crate::fs::{Backend, Rfs};
+use crate::host::Callers;
+use crate::options::RingPlace;
+
+/// The most rings served at once.
+const MAX_RINGS: usize = 256;
+/// How often the accepting thread looks whether the service is stopping.
+const STOP_CHECK: Duration = Duration::from_millis(200);
+
+/// Who may use the rings: the mounting user, or anyone with `allow_other`.
+#[derive(Clone, Copy, Debug)]
+pub struct RingAccess {
+    pub owner: u32,
+    pub allow_other: bool,
+}
+
+impl RingAccess {
+    fn admits(&self, uid: u32) -> bool {
+        self.allow_other || uid == self.owner
+    }
+}
+
+/// The service: its socket, and the thread accepting on it; stopped (the socket removed) when
+/// dropped. Rings being served end when their applications hang up.
+pub struct RingService {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    accepting: Option<std::thread::JoinHandle<()>>,
+}
+
+impl RingService {
+    /// Serves rings of `fs`, mounted with device number `mount_dev`, on a socket at `path`.
+    pub fn start<B: Backend>(
+        fs: Arc<Rfs<B>>,
+        path: &Path,
+        mount_dev: u64,
+        access: RingAccess,
+    ) -> io::Result<RingService> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+            // Not a directory someone else made for us (in /tmp): they could swap the socket.
+            let owner = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(dir)?);
+            if owner != nix::unistd::geteuid().as_raw() {
+                return Err(io::Error::other(format!(
+                    "{} belongs to uid {owner}, not to us",
+                    dir.display()
+                )));
+            }
+        }
+        // A socket left by a process that is gone; not one that is served.
+        if UnixAddr::new(path).is_ok_and(|a| seqpacket_answers(&a)) {
+            return Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!("{} is served by another process", path.display()),
+            ));
+        }
+        let _ = std::fs::remove_file(path);
+        let listener = socket(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+            None,
+        )?;
+        bind(listener.as_raw_fd(), &UnixAddr::new(path)?)?;
+        // The kernel checks who may connect first; SO_PEERCRED checks again.
+        let mode = if access.allow_other { 0o666 } else { 0o600 };
+        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode))?;
+        listen(&listener, Backlog::new(64).map_err(io::Error::from)?)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let served = Served {
+            fs,
+            mount_dev,
+            access,
+            callers: Arc::new(Callers::default()),
+            rings: Arc::new(AtomicUsize::new(0)),
+        };
+        let accepting = {
+            let stop = stop.clone();
+            std::thread::Builder::new()
+                .name("ring-accept".into())
+                .spawn(move || served.accept_until(&listener, &stop))?
+        };
+        log::info!("ring service on {}", path.display());
+        Ok(RingService {
+            path: path.to_path_buf(),
+            stop,
+            accepting: Some(accepting),
+        })
+    }
+}
+
+impl Drop for RingService {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.accepting.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// What the accepting thread hands each ring.
+struct Served<B: Backend> {
+    fs: Arc<Rfs<B>>,
+    mount_dev: u64,
+    access: RingAccess,
+    callers: Arc<Callers>,
+    rings: Arc<AtomicUsize>,
+}
+
+impl<B: Backend> Served<B> {
+    fn accept_until(&self, listener: &OwnedFd, stop: &AtomicBool) {
+        while !stop.load(Ordering::Acquire) {
+            let mut fds = [PollFd::new(
+                std::os::fd::AsFd::as_fd(listener),
+                PollFlags::POLLIN,
+            )];
+            let timeout = PollTimeout::try_from(STOP_CHECK).unwrap_or(PollTimeout::NONE);
+            if !matches!(poll(&mut fds, timeout), Ok(n) if n > 0) {
+                continue;
+            }
+            let conn = match accept4(listener.as_raw_fd(), SockFlag::SOCK_CLOEXEC) {
+                // SAFETY: accept4 just made this descriptor for us alone.
+                Ok(fd) => unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) },
+                Err(e) => {
+                    log::warn!("ring service: accepting: {e}");
+                    continue;
+                }
+            };
+            if let Err(e) = self.admit(conn) {
+                log::warn!("ring service: {e}");
+            }
+        }
+    }
+
+    /// Checks who connected, and serves their ring on a thread of its own.
+    fn admit(&self, conn: OwnedFd) -> io::Result<()> {
+        let cred = getsockopt(&conn, sockopt::PeerCredentials)?;
+        let (pid, uid, gid) = (cred.pid() as u32, cred.uid(), cred.gid());
+        if !self.access.admits(uid) {
+            let _ = wire::send(&conn, &refusal(libc::EACCES), &[]);
+            return Err(io::Error::other(format!(
+                "process {pid} (uid {uid}) refused: the mount is not allow_other"
+            )));
+        }
+        if self.rings.fetch_add(1, Ordering::AcqRel) >= MAX_RINGS {
+            self.rings.fetch_sub(1, Ordering::AcqRel);
+            let _ = wire::send(&conn, &refusal(libc::EMFILE), &[]);
+            return Err(io::Error::other(format!(
+                "process {pid} refused: {MAX_RINGS} rings served already"
+            )));
+        }
+        let caller = self.callers.of(pid, uid, gid);
+        let (fs, dev, rings) = (self.fs.clone(), self.mount_dev, self.rings.clone());
+        let spawned = std::thread::Builder::new()
+            .name("ring".into())
+            .spawn(move || {
+                match session::serve(fs, conn, caller, dev) {
+                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                        log::debug!("ring of process {pid}: ended")
+                    }
+                    Err(e) => log::info!("ring of process {pid}: {e}"),
+                    Ok(()) => {}
+                }
+                rings.fetch_sub(1, Ordering::AcqRel);
+            });
+        if let Err(e) = spawned {
+            self.rings.fetch_sub(1, Ordering::AcqRel);
+            return Err(e);
+        }
+        Ok(())
+    }
+}
+
+/// Whether a process accepts on the SOCK_SEQPACKET socket at `addr`.
+fn seqpacket_answers(addr: &UnixAddr) -> bool {
+    socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .is_ok_and(|s| nix::sys::socket::connect(s.as_raw_fd(), addr).is_ok())
+}
+
+fn refusal(errno: i32) -> Vec<u8> {
+    Reply::Refused { errno }.encode()
+}
+
+/// Starts the ring service of `fs`, mounted at `mountpoint`, where `place` says; a failure is
+/// logged (the mount serves without a ring).
+pub fn start_for_mount<B: Backend>(
+    fs: &Arc<Rfs<B>>,
+    place: &RingPlace,
+    mountpoint: &Path,
+    allow_other: bool,
+) -> Option<RingService> {
+    let path = match place {
+        RingPlace::Off => return None,
+        RingPlace::Default => default_socket(),
+        RingPlace::At(p) => p.clone(),
+    };
+    let access = RingAccess {
+        owner: nix::unistd::geteuid().as_raw(),
+        allow_other,
+    };
+    let started = std::fs::metadata(mountpoint).and_then(|m| {
+        let dev = std::os::unix::fs::MetadataExt::dev(&m);
+        RingService::start(fs.clone(), &path, dev, access)
+    });
+    match started {
+        Ok(service) => {
+            fs.ring_started(path);
+            Some(service)
+        }
+        Err(e) => {
+            log::warn!("no ring service at {}: {e}", path.display());
+            None
+        }
+    }
+}
+
+/// Where a mount's ring socket goes by default: under /run/rfs as root, else under the user's
+/// runtime directory (or the temporary one); named for this process.
+pub fn default_socket() -> PathBuf {
+    let name = format!("ring-{}.sock", std::process::id());
+    if nix::unistd::geteuid().is_root() {
+        return PathBuf::from("/run/rfs").join(name);
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(dir) => PathBuf::from(dir).join("rfs").join(name),
+        None => std::env::temp_dir()
+            .join(format!("rfs-{}", nix::unistd::geteuid()))
+            .join(name),
+    }
+}

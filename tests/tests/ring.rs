@@ -1,0 +1,445 @@
+//! The ring beside the mount (rfs-io): reads and writes through shared memory, the same file
+//! as the mount's, and every bad request or registration refused without harm.
+
+use std::fs;
+use std::os::unix::fs::FileExt;
+use std::time::{Duration, Instant};
+
+use rfs_e2e::{MemServer, Mount};
+use rfs_io::Ring;
+
+/// A ring of `m` once its service is up (it starts just after the mount).
+fn ring(m: &Mount, buffer: usize, entries: u32) -> Ring {
+    let start = Instant::now();
+    loop {
+        match Ring::connect(&m.dir, buffer, entries) {
+            Ok(r) => return r,
+            Err(e) if start.elapsed() < Duration::from_secs(10) => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("no ring at {}: {e}", m.dir.display()),
+        }
+    }
+}
+
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    (0..len)
+        .map(|i| ((i as u64).wrapping_mul(2654435761) ^ seed) as u8)
+        .collect()
+}
+
+/// Reads through the ring, one at a time and 64 in flight at random offsets, give the bytes
+/// the mount wrote; what the ring writes (and commits) the mount and another mount read.
+#[test]
+fn the_ring_reads_and_writes_the_same_file_as_the_mount() {
+    let meta = MemServer::meta("64M", "1M");
+    let m = Mount::new(&meta, &[]);
+    let other = Mount::new(&meta, &["attr_timeout=0", "entry_timeout=0"]);
+    let data = pattern(3 << 20, 7);
+    fs::write(m.path("f"), &data).unwrap();
+
+    let mut r = ring(&m, 8 << 20, 64);
+    let f = r.register(&fs::File::open(m.path("f")).unwrap()).unwrap();
+    assert!(r.read_at(&f, 0, 3 << 20).unwrap() == data);
+    assert_eq!(
+        r.read_at(&f, (3 << 20) - 10, 100).unwrap(),
+        data[(3 << 20) - 10..]
+    );
+    assert!(
+        r.read_at(&f, 5 << 20, 100).unwrap().is_empty(),
+        "past the end"
+    );
+
+    let offsets: Vec<u64> = (0..64u64)
+        .map(|i| (i * 7919 * 4096 + i * 13) % ((3 << 20) - 4096))
+        .collect();
+    for (i, &off) in offsets.iter().enumerate() {
+        r.prep_read(&f, off, 4096, i as u64 * 4096, i as u64)
+            .unwrap();
+    }
+    let done = r.wait(64).unwrap();
+    assert_eq!(done.len(), 64);
+    for c in done {
+        assert_eq!(c.result.unwrap(), 4096);
+        let i = c.user_data as usize;
+        let mut got = vec![0u8; 4096];
+        r.copy_from_buffer(i as u64 * 4096, &mut got).unwrap();
+        let off = offsets[i] as usize;
+        assert!(got == data[off..off + 4096], "read {i} at {off}");
+    }
+    r.unregister(f).unwrap();
+
+    // Written through the ring, committed, read through both mounts.
+    let new = pattern(1 << 20, 99);
+    let w = r
+        .register(
+            &fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(m.path("f"))
+                .unwrap(),
+        )
+        .unwrap();
+    assert_eq!(r.write_at(&w, 4096, &new).unwrap(), 1 << 20);
+    r.fsync(&w).unwrap();
+    let mut expect = data.clone();
+    expect[4096..4096 + (1 << 20)].copy_from_slice(&new);
+    for mount in [&m, &other] {
+        assert!(fs::read(mount.path("f")).unwrap() == expect);
+    }
+    // Written through the other mount, read through the ring.
+    let f2 = fs::OpenOptions::new()
+        .write(true)
+        .open(other.path("f"))
+        .unwrap();
+    f2.write_all_at(b"from the other mount", 100).unwrap();
+    drop(f2);
+    assert_eq!(r.read_at(&w, 100, 20).unwrap(), b"from the other mount");
+    r.unregister(w).unwrap();
+    assert_eq!(m.stat("io_errors"), 0);
+}
+
+/// A ring spoken by hand, to send what rfs-io never would.
+mod raw {
+    use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+    use std::path::Path;
+    use std::sync::atomic::Ordering;
+    use std::time::{Duration, Instant};
+
+    use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
+    use rfs_io::layout::{Cqe, Layout, Sqe, CQ_HEAD, CQ_TAIL, SQ_TAIL};
+    use rfs_io::shm::SharedMemory;
+    use rfs_io::wire::{self, Reply, Request, MAX_MESSAGE};
+
+    pub struct RawRing {
+        pub sock: OwnedFd,
+        pub ring: SharedMemory,
+        pub buffer: SharedMemory,
+        pub layout: Layout,
+        pub submitted: OwnedFd,
+        pub completed: OwnedFd,
+        pub tail: u32,
+        pub head: u32,
+    }
+
+    pub fn dial(mount: &Path) -> OwnedFd {
+        let sock = socket(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .unwrap();
+        let addr = UnixAddr::new(&mount.join(rfs_io::SOCKET_NAME)).unwrap();
+        connect(sock.as_raw_fd(), &addr).unwrap();
+        sock
+    }
+
+    pub fn answer(sock: &OwnedFd) -> (Reply, Vec<OwnedFd>) {
+        let mut buf = [0u8; MAX_MESSAGE];
+        let (n, fds) = wire::recv(sock, &mut buf).unwrap();
+        (Reply::decode(&buf[..n]).unwrap(), fds)
+    }
+
+    impl RawRing {
+        pub fn connect(mount: &Path, buffer_len: usize, entries: u32) -> RawRing {
+            let sock = dial(mount);
+            let layout = Layout::new(entries, entries).unwrap();
+            let ring = SharedMemory::create(c"raw-ring", layout.bytes()).unwrap();
+            let buffer = SharedMemory::create(c"raw-buffer", buffer_len).unwrap();
+            let hello = Request::Hello {
+                layout,
+                buffer_len: buffer_len as u64,
+            };
+            wire::send(
+                &sock,
+                &hello.encode(),
+                &[ring.as_raw_fd(), buffer.as_raw_fd()],
+            )
+            .unwrap();
+            let (reply, fds) = answer(&sock);
+            assert!(matches!(reply, Reply::Welcome { .. }), "{reply:?}");
+            let [submitted, completed]: [OwnedFd; 2] = fds.try_into().unwrap();
+            RawRing {
+                sock,
+                ring,
+                buffer,
+                layout,
+                submitted,
+                completed,
+                tail: 0,
+                head: 0,
+            }
+        }
+
+        /// Registers `f` (asking for writing if `write`): its number, or the errno refused.
+        pub fn register(&self, f: &impl AsRawFd, write: bool) -> Result<u32, i32> {
+            let req = Request::Register { write }.encode();
+            wire::send(&self.sock, &req, &[f.as_raw_fd()]).unwrap();
+            match answer(&self.sock).0 {
+                Reply::Registered { file } => Ok(file),
+                Reply::Refused { errno } => Err(errno),
+                other => panic!("{other:?}"),
+            }
+        }
+
+        pub fn submit(&mut self, sqes: &[Sqe]) {
+            for &sqe in sqes {
+                self.ring.write(self.layout.sqe_at(self.tail), sqe);
+                self.tail = self.tail.wrapping_add(1);
+            }
+            self.ring
+                .counter(SQ_TAIL)
+                .store(self.tail, Ordering::Release);
+            let _ = nix::unistd::write(&self.submitted, &1u64.to_ne_bytes());
+        }
+
+        /// Up to `n` completions, waiting at most `limit` for them.
+        pub fn reap(&mut self, n: usize, limit: Duration) -> Vec<Cqe> {
+            let start = Instant::now();
+            let mut out = Vec::new();
+            while out.len() < n && start.elapsed() < limit {
+                let tail = self.ring.counter(CQ_TAIL).load(Ordering::Acquire);
+                while self.head != tail {
+                    out.push(self.ring.read(self.layout.cqe_at(self.head)));
+                    self.head = self.head.wrapping_add(1);
+                }
+                self.ring
+                    .counter(CQ_HEAD)
+                    .store(self.head, Ordering::Release);
+                let mut fds = [nix::poll::PollFd::new(
+                    self.completed.as_fd(),
+                    nix::poll::PollFlags::POLLIN,
+                )];
+                let _ = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(10u8));
+                let _ = nix::unistd::read(&self.completed, &mut [0u8; 8]);
+            }
+            out
+        }
+    }
+}
+
+use raw::RawRing;
+use rfs_io::layout::{op, Sqe};
+
+fn read_sqe(file: u32, offset: u64, len: u32, buf_off: u64, user_data: u64) -> Sqe {
+    Sqe {
+        op: op::READ,
+        file,
+        len,
+        offset,
+        buf_off,
+        user_data,
+        ..Sqe::default()
+    }
+}
+
+/// Requests rfs-io would never send complete with their errno, one by one, and the ring goes
+/// on; registrations of what the application may not use through the mount are refused; a
+/// submission counter run far ahead stops that ring only.
+#[test]
+fn bad_requests_and_registrations_are_refused_and_the_ring_goes_on() {
+    let meta = MemServer::meta("64M", "1M");
+    let m = Mount::new(&meta, &[]);
+    let data = pattern(1 << 20, 3);
+    fs::write(m.path("f"), &data).unwrap();
+    let _ = ring(&m, 4096, 1); // the service is up
+    let mut r = RawRing::connect(&m.dir, 1 << 20, 16);
+    let read_only = fs::File::open(m.path("f")).unwrap();
+    let f = r.register(&read_only, false).unwrap();
+    let (eb, ei, ef) = (
+        -libc::EBADF as i64,
+        -libc::EINVAL as i64,
+        -libc::EFAULT as i64,
+    );
+    let cases = [
+        (read_sqe(f + 1000, 0, 4096, 0, 1), eb), // not registered
+        (
+            Sqe {
+                op: op::WRITE,
+                ..read_sqe(f, 0, 4096, 0, 2)
+            },
+            eb,
+        ), // registered read-only
+        (read_sqe(f, 0, 4096, (1 << 20) - 100, 3), ef), // past the buffer
+        (read_sqe(f, 0, 4096, u64::MAX - 10, 4), ef), // wraps
+        (read_sqe(f, 0, 64 << 20, 0, 5), ei),    // over max_io
+        (
+            Sqe {
+                op: 9,
+                ..read_sqe(f, 0, 4096, 0, 6)
+            },
+            ei,
+        ), // no such op
+        (read_sqe(f, u64::MAX - 100, 4096, 0, 7), ei), // offset wraps
+        (read_sqe(f, 4096, 4096, 8192, 8), 4096), // and a good one
+    ];
+    r.submit(&cases.iter().map(|c| c.0).collect::<Vec<_>>());
+    let mut done = r.reap(cases.len(), Duration::from_secs(10));
+    done.sort_by_key(|c| c.user_data);
+    let got: Vec<(u64, i64)> = done.iter().map(|c| (c.user_data, c.result)).collect();
+    let want: Vec<(u64, i64)> = cases.iter().map(|c| (c.0.user_data, c.1)).collect();
+    assert_eq!(got, want);
+    let mut back = vec![0u8; 4096];
+    assert!(r.buffer.copy_out(8192, &mut back));
+    assert!(back == data[4096..8192]);
+
+    // Registrations.
+    let eb = libc::EBADF;
+    assert_eq!(
+        r.register(&read_only, true),
+        Err(eb),
+        "writing through a read-only fd"
+    );
+    let elsewhere = fs::File::open("/proc/self/status").unwrap();
+    assert_eq!(r.register(&elsewhere, false), Err(libc::EXDEV));
+    assert_eq!(
+        r.register(&fs::File::open(&m.dir).unwrap(), false),
+        Err(libc::EINVAL)
+    );
+    let path_only = nix::fcntl::open(
+        &m.path("f"),
+        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .unwrap();
+    assert_eq!(
+        r.register(&path_only, false),
+        Err(eb),
+        "O_PATH opens nothing"
+    );
+
+    // Hellos with memory that could shrink under fs-client, or is too short, are refused.
+    let sock = raw::dial(&m.dir);
+    let unsealed =
+        nix::sys::memfd::memfd_create(c"x", nix::sys::memfd::MFdFlags::MFD_CLOEXEC).unwrap();
+    nix::unistd::ftruncate(&unsealed, 1 << 20).unwrap();
+    let layout = rfs_io::layout::Layout::new(4, 4).unwrap();
+    let ring_mem = rfs_io::shm::SharedMemory::create(c"r", layout.bytes()).unwrap();
+    use std::os::fd::AsRawFd;
+    let hello = rfs_io::wire::Request::Hello {
+        layout,
+        buffer_len: 1 << 20,
+    };
+    rfs_io::wire::send(
+        &sock,
+        &hello.encode(),
+        &[ring_mem.as_raw_fd(), unsealed.as_raw_fd()],
+    )
+    .unwrap();
+    assert!(matches!(
+        raw::answer(&sock).0,
+        rfs_io::wire::Reply::Refused {
+            errno: libc::EINVAL
+        }
+    ));
+    let sock = raw::dial(&m.dir);
+    let short = rfs_io::shm::SharedMemory::create(c"s", 4096).unwrap();
+    rfs_io::wire::send(
+        &sock,
+        &hello.encode(),
+        &[ring_mem.as_raw_fd(), short.as_raw_fd()],
+    )
+    .unwrap();
+    assert!(matches!(
+        raw::answer(&sock).0,
+        rfs_io::wire::Reply::Refused {
+            errno: libc::EINVAL
+        }
+    ));
+
+    // A submission counter far past what was taken: that ring takes no more; others go on.
+    r.tail = r.tail.wrapping_add(1000);
+    r.submit(&[read_sqe(f, 0, 4096, 0, 9)]);
+    assert!(r.reap(1, Duration::from_millis(500)).is_empty());
+    let mut good = ring(&m, 1 << 20, 8);
+    let g = good
+        .register(&fs::File::open(m.path("f")).unwrap())
+        .unwrap();
+    assert!(good.read_at(&g, 0, 1 << 20).unwrap() == data);
+    assert_eq!(m.stat("io_errors"), 0);
+}
+
+/// Runs `ring-child` doing `what` on `file` (as `uid` if given); what it printed.
+fn child(what: &str, m: &Mount, file: fs::File, uid: Option<u32>) -> String {
+    use std::os::unix::process::CommandExt;
+    let mut c = std::process::Command::new(rfs_e2e::bin("ring-child"));
+    c.arg(what).arg(&m.dir).stdin(file);
+    if let Some(uid) = uid {
+        c.uid(uid).gid(uid);
+    }
+    let out = c.output().unwrap();
+    assert!(
+        out.status.success(),
+        "ring-child: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+const NOBODY: u32 = 65534;
+
+/// Registering opens the file again as the process: a user who was handed a descriptor of a
+/// file they could not open gets EACCES; without allow_other another user cannot even connect.
+#[test]
+fn a_process_registers_only_what_it_could_open_itself() {
+    let meta = MemServer::meta("64M", "1M");
+    let shared = Mount::new(&meta, &["allow_other"]);
+    fs::write(shared.path("secret"), b"root only").unwrap();
+    fs::set_permissions(
+        shared.path("secret"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    fs::write(shared.path("public"), b"anyone").unwrap();
+    let _ = ring(&shared, 4096, 1);
+    let secret = || fs::File::open(shared.path("secret")).unwrap();
+    let public = || fs::File::open(shared.path("public")).unwrap();
+    assert_eq!(
+        child("register", &shared, secret(), None),
+        "Ok(())",
+        "root may"
+    );
+    assert_eq!(
+        child("register", &shared, secret(), Some(NOBODY)),
+        format!("Err(Some({}))", libc::EACCES),
+        "a descriptor handed over is not a permission"
+    );
+    assert_eq!(child("register", &shared, public(), Some(NOBODY)), "Ok(())");
+
+    let own = Mount::new(&meta, &[]);
+    let _ = ring(&own, 4096, 1);
+    let file = fs::File::open(own.path("public")).unwrap();
+    assert_eq!(
+        child("register", &own, file, Some(NOBODY)),
+        format!("Err(Some({}))", libc::EACCES),
+        "not allow_other: only the mounting user"
+    );
+}
+
+/// A process that dies with reads in flight into its buffer harms nobody: its handle is
+/// released once they are done, and the mount and other rings go on.
+#[test]
+fn a_process_dying_with_requests_in_flight_leaves_nothing_behind() {
+    let meta = MemServer::meta("64M", "1M");
+    let m = Mount::new(&meta, &[]);
+    let data = pattern(16 << 20, 5);
+    fs::write(m.path("f"), &data).unwrap();
+    let _ = ring(&m, 4096, 1);
+    let open_before = m.stat("open_files");
+    for _ in 0..5 {
+        let file = fs::File::open(m.path("f")).unwrap();
+        assert_eq!(child("die", &m, file, None), "submitted");
+    }
+    rfs_e2e::within(
+        Duration::from_secs(20),
+        "the dead rings' handles released",
+        || m.stat("open_files") == open_before,
+    );
+    let mut r = ring(&m, 16 << 20, 16);
+    let f = r.register(&fs::File::open(m.path("f")).unwrap()).unwrap();
+    assert!(r.read_at(&f, 0, 16 << 20).unwrap() == data);
+    assert!(fs::read(m.path("f")).unwrap() == data);
+    assert_eq!(m.stat("io_errors"), 0);
+}
