@@ -7,7 +7,9 @@
 //! - [`shm`]: shared memory (a sealed memfd) and sound access to it.
 //! - [`wire`]: the control messages on the ring's Unix socket, with the descriptors they carry.
 //! - [`Ring`]: the application's side.
+//! - [`ffi`]: the same as a C ABI (`io/include/rfs_io.h`), which the Python module uses.
 
+pub mod ffi;
 pub mod layout;
 mod ring;
 pub mod shm;

@@ -36,12 +36,15 @@ pub struct Ring {
     /// Queued since the last submit.
     queued: u32,
     max_io: u32,
+    /// Tells this ring's registrations from another's.
+    id: u64,
 }
 
-/// A file registered with a ring: requests name it.
+/// A file registered with a ring: requests on that ring name it.
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub struct RegisteredFile {
     id: u32,
+    ring: u64,
 }
 
 impl RegisteredFile {
@@ -84,8 +87,12 @@ impl Ring {
             buffer_len: buffer_len as u64,
         };
         let fds = [ring.as_raw_fd(), buffer.as_raw_fd()];
-        wire::send(&sock, &hello.encode(), &fds)?;
-        let (reply, fds) = answer(&sock)?;
+        let sent = wire::send(&sock, &hello.encode(), &fds);
+        // A ring refused at once (too many) is said before the hello is read, and closed.
+        let (reply, fds) = match (sent, answer(&sock)) {
+            (_, Ok(answered)) => answered,
+            (Err(e), Err(_)) | (Ok(()), Err(e)) => return Err(e),
+        };
         let Reply::Welcome { max_io } = reply else {
             return Err(refused(reply));
         };
@@ -104,6 +111,12 @@ impl Ring {
             in_flight: 0,
             queued: 0,
             max_io,
+            id: {
+                use std::hash::{BuildHasher, Hasher};
+                std::collections::hash_map::RandomState::new()
+                    .build_hasher()
+                    .finish()
+            },
         })
     }
 
@@ -120,13 +133,16 @@ impl Ring {
     /// Registers `file`, opened through the mount: for reading, and for writing too if it
     /// was opened for writing. fs-client opens it again as this process (its permissions
     /// are checked again).
-    pub fn register(&mut self, file: &std::fs::File) -> io::Result<RegisteredFile> {
+    pub fn register(&mut self, file: &impl AsFd) -> io::Result<RegisteredFile> {
         let flags = OFlag::from_bits_truncate(fcntl(file, FcntlArg::F_GETFL)?);
         let write = (flags & OFlag::O_ACCMODE) != OFlag::O_RDONLY;
         let request = Request::Register { write };
-        wire::send(&self.sock, &request.encode(), &[file.as_raw_fd()])?;
+        wire::send(&self.sock, &request.encode(), &[file.as_fd().as_raw_fd()])?;
         match answer(&self.sock)?.0 {
-            Reply::Registered { file } => Ok(RegisteredFile { id: file }),
+            Reply::Registered { file } => Ok(RegisteredFile {
+                id: file,
+                ring: self.id,
+            }),
             other => Err(refused(other)),
         }
     }
@@ -134,6 +150,7 @@ impl Ring {
     /// Gives a registration back (its writes committed first, as a close does). Its requests
     /// still in flight complete with EBADF or as they went.
     pub fn unregister(&mut self, file: RegisteredFile) -> io::Result<()> {
+        self.ours(&file)?;
         let request = Request::Unregister { file: file.id };
         wire::send(&self.sock, &request.encode(), &[])?;
         match answer(&self.sock)?.0 {
@@ -180,6 +197,7 @@ impl Ring {
         buf_off: u64,
         user_data: u64,
     ) -> io::Result<()> {
+        self.ours(file)?;
         if self.in_flight >= self.layout.sq_entries {
             return Err(io::Error::new(
                 io::ErrorKind::WouldBlock,
@@ -200,6 +218,13 @@ impl Ring {
         self.in_flight += 1;
         self.queued += 1;
         Ok(())
+    }
+
+    fn ours(&self, file: &RegisteredFile) -> io::Result<()> {
+        match file.ring == self.id {
+            true => Ok(()),
+            false => Err(invalid("a file registered with another ring")),
+        }
     }
 
     /// Hands the queued requests to fs-client; how many.
@@ -249,16 +274,27 @@ impl Ring {
     }
 
     /// Submits what is queued and waits for at least `min` completions (at most those in
-    /// flight).
+    /// flight). Fails if the ring ends meanwhile (fs-client went, or ended it).
     pub fn wait(&mut self, min: usize) -> io::Result<Vec<Completion>> {
         self.submit()?;
         let min = min.min(self.in_flight as usize);
         let mut out = self.peek()?;
         while out.len() < min {
-            let mut fds = [PollFd::new(self.complete.as_fd(), PollFlags::POLLIN)];
+            // fs-client says nothing on the socket unasked: anything there is its end.
+            let mut fds = [
+                PollFd::new(self.complete.as_fd(), PollFlags::POLLIN),
+                PollFd::new(self.sock.as_fd(), PollFlags::POLLIN),
+            ];
             match poll(&mut fds, PollTimeout::NONE) {
                 Ok(_) | Err(nix::errno::Errno::EINTR) => {}
                 Err(e) => return Err(e.into()),
+            }
+            let ended = fds[1].any().unwrap_or(true);
+            if ended && self.ring.counter(CQ_TAIL).load(Ordering::Acquire) == self.cq_head {
+                return Err(io::Error::new(
+                    io::ErrorKind::ConnectionAborted,
+                    format!("the ring ended with {} requests in flight", self.in_flight),
+                ));
             }
             let mut count = [0u8; 8];
             let _ = nix::unistd::read(&self.complete, &mut count);

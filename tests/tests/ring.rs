@@ -443,3 +443,185 @@ fn a_process_dying_with_requests_in_flight_leaves_nothing_behind() {
     assert!(fs::read(m.path("f")).unwrap() == data);
     assert_eq!(m.stat("io_errors"), 0);
 }
+
+/// Writes through the ring are what the mount reads next, even where its page cache held the
+/// file. An unregistration right after a submission either finds the write not taken yet
+/// (EBADF: the file keeps what it had) or waits for it and commits it; never half of that.
+/// An fsync drops the mount's pages of the file.
+#[test]
+fn the_mounts_page_cache_follows_ring_writes_and_unregister_waits_for_them() {
+    let meta = MemServer::meta("64M", "1M");
+    let m = Mount::new(&meta, &[]);
+    let mut had = pattern(1 << 20, 1);
+    fs::write(m.path("f"), &had).unwrap();
+    let mut r = ring(&m, 1 << 20, 4);
+    let (mut taken, mut not_taken) = (0, 0);
+    for round in 0..30u64 {
+        // Cached by the mount.
+        assert!(fs::read(m.path("f")).unwrap() == had);
+        let new = pattern(1 << 20, 100 + round);
+        let rw = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(m.path("f"));
+        let w = r.register(&rw.unwrap()).unwrap();
+        r.copy_to_buffer(0, &new).unwrap();
+        r.prep_write(&w, 0, 1 << 20, 0, round).unwrap();
+        r.submit().unwrap();
+        let done = match round % 3 {
+            2 => {
+                let done = r.wait(1).unwrap();
+                r.fsync(&w).unwrap();
+                r.unregister(w).unwrap();
+                done
+            }
+            pause => {
+                std::thread::sleep(Duration::from_micros(500 * pause));
+                r.unregister(w).unwrap();
+                r.wait(1).unwrap()
+            }
+        };
+        match &done[0].result {
+            Ok(n) => {
+                assert_eq!(*n, 1 << 20);
+                had = new;
+                taken += 1;
+            }
+            Err(e) => {
+                assert_eq!(e.raw_os_error(), Some(libc::EBADF), "round {round}");
+                not_taken += 1;
+            }
+        }
+        assert!(fs::read(m.path("f")).unwrap() == had, "round {round}");
+    }
+    println!("{taken} writes taken before their unregistration, {not_taken} not");
+    let mut r2 = ring(&m, 4096, 1);
+    let f = r.register(&fs::File::open(m.path("f")).unwrap()).unwrap();
+    let e = r2.prep_read(&f, 0, 10, 0, 0).unwrap_err();
+    assert_eq!(
+        e.kind(),
+        std::io::ErrorKind::InvalidInput,
+        "another ring's file"
+    );
+}
+
+/// Connections that never say hello give their slots back: 256 silent ones fill the mount's
+/// rings for a moment, then a ring is served again. A ring whose fs-client is gone fails its
+/// wait rather than hanging.
+#[test]
+fn silent_connections_time_out_and_a_dead_fs_client_fails_a_wait() {
+    let meta = MemServer::meta("64M", "1M");
+    let mut m = Mount::new(&meta, &[]);
+    fs::write(m.path("f"), pattern(4096, 1)).unwrap();
+    let _ = ring(&m, 4096, 1);
+    let silent: Vec<_> = (0..256).map(|_| raw::dial(&m.dir)).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let refused = Ring::connect(&m.dir, 4096, 1).unwrap_err();
+    assert_eq!(refused.raw_os_error(), Some(libc::EMFILE), "{refused}");
+    let start = Instant::now();
+    let mut r = ring(&m, 4096, 1);
+    println!("served again after {:?}", start.elapsed());
+    assert!(start.elapsed() < Duration::from_secs(9));
+    drop(silent);
+    let f = r.register(&fs::File::open(m.path("f")).unwrap()).unwrap();
+    assert_eq!(r.read_at(&f, 0, 4096).unwrap(), pattern(4096, 1));
+
+    m.kill();
+    let waited = std::thread::spawn(move || {
+        r.prep_read(&f, 0, 4096, 0, 0).unwrap();
+        r.wait(1).map(drop)
+    });
+    let start = Instant::now();
+    while !waited.is_finished() {
+        assert!(start.elapsed() < Duration::from_secs(10), "a wait hangs");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(waited.join().unwrap().is_err());
+}
+
+/// The C ABI and the Python module over it reach the ring: the C example copies a file
+/// exactly; the Python data loader reads random samples from many files, and the checkpoint
+/// writer's file reads back through the mount as written.
+#[test]
+fn c_and_python_use_the_ring() {
+    use std::process::Command;
+    let meta = MemServer::meta("128M", "1M");
+    let m = Mount::new(&meta, &[]);
+    let _ = ring(&m, 4096, 1);
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap();
+    let lib = rfs_e2e::bin("librfs_io.so");
+    let lib_dir = lib.parent().unwrap();
+
+    let data = pattern((5 << 20) + 123, 9);
+    fs::write(m.path("f"), &data).unwrap();
+    let exe = std::env::temp_dir().join(format!("rfs-ring-cat-{}", std::process::id()));
+    let built = Command::new("cc")
+        .arg("-I")
+        .arg(repo.join("io/include"))
+        .arg(repo.join("io/examples/c/cat.c"))
+        .arg("-L")
+        .arg(lib_dir)
+        .args(["-lrfs_io", "-o"])
+        .arg(&exe)
+        .status()
+        .unwrap();
+    assert!(built.success());
+    let out = Command::new(&exe)
+        .env("LD_LIBRARY_PATH", lib_dir)
+        .arg(&m.dir)
+        .arg("f")
+        .output()
+        .unwrap();
+    let _ = fs::remove_file(&exe);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.stdout == data, "the C example's copy differs");
+
+    fs::create_dir(m.path("samples")).unwrap();
+    for i in 0..8 {
+        fs::write(m.path(&format!("samples/{i}")), pattern(1 << 20, i)).unwrap();
+    }
+    let python = |args: &[&str]| {
+        let out = Command::new("python3")
+            .args(args)
+            .env("RFS_IO_LIB", &lib)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "{args:?}: {said} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        said
+    };
+    let loader = repo.join("io/python/examples/loader.py");
+    let mount = m.dir.to_str().unwrap();
+    let said = python(&[
+        loader.to_str().unwrap(),
+        mount,
+        "samples",
+        "--batches",
+        "5",
+        "--batch",
+        "16",
+    ]);
+    assert!(said.contains("80 samples"), "{said}");
+    let checkpoint = repo.join("io/python/examples/checkpoint.py");
+    let said = python(&[
+        checkpoint.to_str().unwrap(),
+        mount,
+        "ckpt",
+        "--size",
+        "16M",
+        "--piece",
+        "1M",
+    ]);
+    assert!(said.contains("same"), "{said}");
+    assert_eq!(m.stat("io_errors"), 0);
+}

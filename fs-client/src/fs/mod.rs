@@ -227,7 +227,7 @@ impl<B: Backend> Rfs<B> {
     /// A call that adds `name` to `dir`: the inode it leads to, seen with our own
     /// uncommitted writes.
     fn add<C: Call<Reply = Made> + Debug>(&self, dir: Ino, name: &[u8], req: C) -> Result<Attr> {
-        not_a_reserved_name(dir, name)?;
+        self.not_a_reserved_name(dir, name)?;
         let sent = self.dirs.sent();
         let made = self.changing(dir, req)?;
         self.dirs.added(sent, made.dir, name);
@@ -236,7 +236,7 @@ impl<B: Backend> Rfs<B> {
 
     /// A call that removes `name` from `dir`.
     fn remove<C: Call<Reply = Attr> + Debug>(&self, dir: Ino, name: &[u8], req: C) -> Result<()> {
-        not_a_reserved_name(dir, name)?;
+        self.not_a_reserved_name(dir, name)?;
         let sent = self.dirs.sent();
         let after = self.changing(dir, req)?;
         self.dirs.removed(sent, after, name);
@@ -263,8 +263,11 @@ impl<B: Backend> Rfs<B> {
         if parent == ROOT && name == STATS_NAME.as_bytes() {
             return Ok(self.stats_attr());
         }
-        if parent == ROOT && name == RING_NAME.as_bytes() {
-            return self.ring_link_attr().ok_or(Errno::ENOENT.into());
+        if let Some(link) = self
+            .ring_link_attr()
+            .filter(|_| parent == ROOT && name == RING_NAME.as_bytes())
+        {
+            return Ok(link);
         }
         // Unless the metadata node is out of reach: callbacks may be missed meanwhile.
         if self.dirs.lacks(parent, name) && self.backend.metadata_connected() {
@@ -449,7 +452,7 @@ impl<B: Backend> Rfs<B> {
 
     /// Creates a directory.
     pub fn mkdir(&self, parent: Ino, name: &[u8], owner: Owner, caller: &Caller) -> Result<Attr> {
-        not_a_reserved_name(parent, name)?;
+        self.not_a_reserved_name(parent, name)?;
         let sent = self.dirs.sent();
         let mkdir = Mkdir {
             parent,
@@ -514,7 +517,7 @@ impl<B: Backend> Rfs<B> {
 
     /// Removes an empty directory.
     pub fn rmdir(&self, parent: Ino, name: &[u8], caller: &Caller) -> Result<()> {
-        not_a_reserved_name(parent, name)?;
+        self.not_a_reserved_name(parent, name)?;
         let sent = self.dirs.sent();
         let rmdir = Rmdir {
             parent,
@@ -536,8 +539,8 @@ impl<B: Backend> Rfs<B> {
         flags: u32,
         caller: &Caller,
     ) -> Result<()> {
-        not_a_reserved_name(parent, name)?;
-        not_a_reserved_name(newparent, newname)?;
+        self.not_a_reserved_name(parent, name)?;
+        self.not_a_reserved_name(newparent, newname)?;
         let sent = self.dirs.sent();
         let rename = Rename {
             parent,
@@ -594,14 +597,17 @@ impl<B: Backend> Rfs<B> {
     }
 }
 
-/// The names of the stats file and the ring link in the root are ours, not the node's:
-/// nothing may be made, moved or linked there (the mount would show ours in its place), nor
-/// removed or moved away.
-fn not_a_reserved_name(parent: Ino, name: &[u8]) -> Result<()> {
-    if parent == ROOT && (name == STATS_NAME.as_bytes() || name == RING_NAME.as_bytes()) {
-        return Err(Error::new(Errno::EACCES, "the name is reserved"));
+impl<B: Backend> Rfs<B> {
+    /// The names of the stats file and (while the ring service runs) the ring link in the
+    /// root are ours, not the node's: nothing may be made, moved or linked there (the mount
+    /// would show ours in its place), nor removed or moved away.
+    fn not_a_reserved_name(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        let ring = self.ring_target().is_some() && name == RING_NAME.as_bytes();
+        if parent == ROOT && (name == STATS_NAME.as_bytes() || ring) {
+            return Err(Error::new(Errno::EACCES, "the name is reserved"));
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 /// The set-ID bits of `perm` that a write by someone without CAP_FSETID clears: set-user-ID,

@@ -153,7 +153,7 @@ impl<B: Backend> Rfs<B> {
         access: FileAccess,
         caller: &Caller,
     ) -> Result<(u64, Attr)> {
-        super::not_a_reserved_name(parent, name)?;
+        self.not_a_reserved_name(parent, name)?;
         let sent = self.dirs.sent();
         let create = Create {
             parent,

@@ -11,11 +11,13 @@
 
 mod session;
 
+use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -29,10 +31,71 @@ use crate::fs::{Backend, Rfs};
 use crate::host::Callers;
 use crate::options::RingPlace;
 
-/// The most rings served at once.
+/// The most rings served at once, and per user (root aside).
 const MAX_RINGS: usize = 256;
+const MAX_RINGS_PER_USER: usize = 32;
+/// The most bytes of requests in flight over every ring of the mount.
+const MAX_BYTES_IN_FLIGHT: u64 = 1 << 30;
+/// The most files registered over every ring of the mount.
+const MAX_REGISTRATIONS: usize = 1 << 18;
 /// How often the accepting thread looks whether the service is stopping.
 const STOP_CHECK: Duration = Duration::from_millis(200);
+/// How long a refused connection stays open after its refusal, and how many may: its
+/// application reads the refusal rather than a reset (its hello unread at close).
+const LINGER: Duration = Duration::from_secs(1);
+const MAX_LINGERING: usize = 64;
+
+/// What the rings of a mount share: bounds over all of them, so that many rings cannot take
+/// what one may not.
+#[derive(Default)]
+pub(crate) struct Shared {
+    pub(crate) bytes_in_flight: AtomicU64,
+    registrations: AtomicUsize,
+    /// Rings served, by user.
+    rings: Mutex<HashMap<u32, usize>>,
+}
+
+impl Shared {
+    pub(crate) fn has_room_in_flight(&self) -> bool {
+        self.bytes_in_flight.load(Ordering::Acquire) < MAX_BYTES_IN_FLIGHT
+    }
+
+    /// Takes one registration of the mount's, if there is one left.
+    pub(crate) fn take_registration(&self) -> bool {
+        let taken = self.registrations.fetch_add(1, Ordering::AcqRel);
+        if taken >= MAX_REGISTRATIONS {
+            self.registrations.fetch_sub(1, Ordering::AcqRel);
+            return false;
+        }
+        true
+    }
+
+    pub(crate) fn give_registration(&self) {
+        self.registrations.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Takes a ring for user `uid`: false past the mount's bound or the user's.
+    fn take_ring(&self, uid: u32) -> bool {
+        let mut rings = self.rings.lock().unwrap();
+        let all: usize = rings.values().sum();
+        let theirs = rings.entry(uid).or_default();
+        if all >= MAX_RINGS || (uid != 0 && *theirs >= MAX_RINGS_PER_USER) {
+            return false;
+        }
+        *theirs += 1;
+        true
+    }
+
+    fn give_ring(&self, uid: u32) {
+        let mut rings = self.rings.lock().unwrap();
+        if let Some(n) = rings.get_mut(&uid) {
+            *n -= 1;
+            if *n == 0 {
+                rings.remove(&uid);
+            }
+        }
+    }
+}
 
 /// Who may use the rings: the mounting user, or anyone with `allow_other`.
 #[derive(Clone, Copy, Debug)]
@@ -64,24 +127,41 @@ impl RingService {
         access: RingAccess,
     ) -> io::Result<RingService> {
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
-            // Not a directory someone else made for us (in /tmp): they could swap the socket.
-            let owner = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(dir)?);
-            if owner != nix::unistd::geteuid().as_raw() {
+            if !dir.exists() {
+                std::fs::create_dir_all(dir)?;
+                std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+            }
+            // Not a directory someone else may swap the socket in: applications would hand an
+            // impostor their memory and files. Ours or root's, written by no one else (or
+            // sticky, as /tmp: nobody else may then remove or rename our socket).
+            let meta = std::fs::symlink_metadata(dir)?;
+            let owner = meta.uid();
+            let trusted = owner == 0 || owner == nix::unistd::geteuid().as_raw();
+            let sticky = meta.mode() & 0o1000 != 0;
+            if !meta.is_dir() || !trusted || (meta.mode() & 0o022 != 0 && !sticky) {
                 return Err(io::Error::other(format!(
-                    "{} belongs to uid {owner}, not to us",
+                    "{} must be a directory of ours (or root's) that nobody else may change",
                     dir.display()
                 )));
             }
         }
-        // A socket left by a process that is gone; not one that is served.
-        if UnixAddr::new(path).is_ok_and(|a| seqpacket_answers(&a)) {
-            return Err(io::Error::new(
-                io::ErrorKind::AddrInUse,
-                format!("{} is served by another process", path.display()),
-            ));
+        // A socket left by a process that is gone; not one that is served, nor anything else.
+        match std::fs::symlink_metadata(path) {
+            Ok(m) if !m.file_type().is_socket() => {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!("{} is there and is not a socket", path.display()),
+                ))
+            }
+            Ok(_) if UnixAddr::new(path).is_ok_and(|a| seqpacket_answers(&a)) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("{} is served by another process", path.display()),
+                ))
+            }
+            Ok(_) => std::fs::remove_file(path)?,
+            Err(_) => {}
         }
-        let _ = std::fs::remove_file(path);
         let listener = socket(
             AddressFamily::Unix,
             SockType::SeqPacket,
@@ -91,7 +171,7 @@ impl RingService {
         bind(listener.as_raw_fd(), &UnixAddr::new(path)?)?;
         // The kernel checks who may connect first; SO_PEERCRED checks again.
         let mode = if access.allow_other { 0o666 } else { 0o600 };
-        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
         listen(&listener, Backlog::new(64).map_err(io::Error::from)?)?;
         let stop = Arc::new(AtomicBool::new(false));
         let served = Served {
@@ -99,7 +179,7 @@ impl RingService {
             mount_dev,
             access,
             callers: Arc::new(Callers::default()),
-            rings: Arc::new(AtomicUsize::new(0)),
+            shared: Arc::new(Shared::default()),
         };
         let accepting = {
             let stop = stop.clone();
@@ -132,12 +212,17 @@ struct Served<B: Backend> {
     mount_dev: u64,
     access: RingAccess,
     callers: Arc<Callers>,
-    rings: Arc<AtomicUsize>,
+    shared: Arc<Shared>,
 }
 
 impl<B: Backend> Served<B> {
     fn accept_until(&self, listener: &OwnedFd, stop: &AtomicBool) {
+        let mut lingering: Vec<(OwnedFd, std::time::Instant)> = Vec::new();
         while !stop.load(Ordering::Acquire) {
+            lingering.retain(|(conn, since)| {
+                drain(conn);
+                since.elapsed() < LINGER
+            });
             let mut fds = [PollFd::new(
                 std::os::fd::AsFd::as_fd(listener),
                 PollFlags::POLLIN,
@@ -154,45 +239,59 @@ impl<B: Backend> Served<B> {
                     continue;
                 }
             };
-            if let Err(e) = self.admit(conn) {
+            if let Err(e) = self.admit(conn, &mut lingering) {
                 log::warn!("ring service: {e}");
             }
         }
     }
 
     /// Checks who connected, and serves their ring on a thread of its own.
-    fn admit(&self, conn: OwnedFd) -> io::Result<()> {
+    fn admit(
+        &self,
+        conn: OwnedFd,
+        lingering: &mut Vec<(OwnedFd, std::time::Instant)>,
+    ) -> io::Result<()> {
         let cred = getsockopt(&conn, sockopt::PeerCredentials)?;
         let (pid, uid, gid) = (cred.pid() as u32, cred.uid(), cred.gid());
+        let mut refuse = |errno: i32| {
+            drain(&conn);
+            let _ = wire::send(&conn, &refusal(errno), &[]);
+            let _ = nix::sys::socket::shutdown(conn.as_raw_fd(), nix::sys::socket::Shutdown::Write);
+            if lingering.len() < MAX_LINGERING {
+                if let Ok(c) = conn.try_clone() {
+                    lingering.push((c, std::time::Instant::now()));
+                }
+            }
+        };
         if !self.access.admits(uid) {
-            let _ = wire::send(&conn, &refusal(libc::EACCES), &[]);
+            refuse(libc::EACCES);
             return Err(io::Error::other(format!(
                 "process {pid} (uid {uid}) refused: the mount is not allow_other"
             )));
         }
-        if self.rings.fetch_add(1, Ordering::AcqRel) >= MAX_RINGS {
-            self.rings.fetch_sub(1, Ordering::AcqRel);
-            let _ = wire::send(&conn, &refusal(libc::EMFILE), &[]);
+        if !self.shared.take_ring(uid) {
+            refuse(libc::EMFILE);
             return Err(io::Error::other(format!(
-                "process {pid} refused: {MAX_RINGS} rings served already"
+                "process {pid} (uid {uid}) refused: {MAX_RINGS} rings served, or \
+                 {MAX_RINGS_PER_USER} of theirs"
             )));
         }
         let caller = self.callers.of(pid, uid, gid);
-        let (fs, dev, rings) = (self.fs.clone(), self.mount_dev, self.rings.clone());
+        let (fs, dev, shared) = (self.fs.clone(), self.mount_dev, self.shared.clone());
         let spawned = std::thread::Builder::new()
             .name("ring".into())
             .spawn(move || {
-                match session::serve(fs, conn, caller, dev) {
+                match session::serve(fs, shared.clone(), conn, caller, dev) {
                     Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
                         log::debug!("ring of process {pid}: ended")
                     }
                     Err(e) => log::info!("ring of process {pid}: {e}"),
                     Ok(()) => {}
                 }
-                rings.fetch_sub(1, Ordering::AcqRel);
+                shared.give_ring(uid);
             });
         if let Err(e) = spawned {
-            self.rings.fetch_sub(1, Ordering::AcqRel);
+            self.shared.give_ring(uid);
             return Err(e);
         }
         Ok(())
@@ -204,10 +303,20 @@ fn seqpacket_answers(addr: &UnixAddr) -> bool {
     socket(
         AddressFamily::Unix,
         SockType::SeqPacket,
-        SockFlag::SOCK_CLOEXEC,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
         None,
     )
     .is_ok_and(|s| nix::sys::socket::connect(s.as_raw_fd(), addr).is_ok())
+}
+
+/// Reads and drops whatever a connection sent (its descriptors closed with it), without
+/// waiting: closed with unread messages, it would reset its peer.
+fn drain(conn: &OwnedFd) {
+    let mut sink = [0u8; 64];
+    while matches!(
+        nix::sys::socket::recv(conn.as_raw_fd(), &mut sink, nix::sys::socket::MsgFlags::MSG_DONTWAIT),
+        Ok(n) if n > 0
+    ) {}
 }
 
 fn refusal(errno: i32) -> Vec<u8> {

@@ -12,11 +12,12 @@ use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use rfs_io::layout::{op, Cqe, Layout, Sqe, CQ_HEAD, CQ_TAIL, SQ_HEAD, SQ_TAIL};
-use rfs_io::shm::SharedMemory;
+use rfs_io::shm::{SharedFile, SharedMemory};
 use rfs_io::wire::{self, Reply, Request, MAX_MESSAGE};
 use rfs_proto::types::{Caller, FileAccess, Ino};
 use rfs_proto::Errno;
 
+use super::Shared;
 use crate::fs::{Backend, Rfs};
 
 /// The most bytes one request moves (FUSE's is 1 MiB).
@@ -27,6 +28,8 @@ const MAX_BYTES_IN_FLIGHT: u64 = 256 << 20;
 const MAX_BUFFER: u64 = 64 << 30;
 /// The most files one ring registers.
 const MAX_FILES: usize = 65536;
+/// How long a new connection has to say hello.
+const HELLO_WITHIN: Duration = Duration::from_secs(5);
 /// How long the submission thread sleeps when nothing wakes it (it looks whether the ring
 /// ends), and when completions not reaped leave no room for more.
 const IDLE: Duration = Duration::from_millis(100);
@@ -45,8 +48,14 @@ struct Registered {
 
 struct Ring<B: Backend> {
     fs: Arc<Rfs<B>>,
+    /// What every ring of the mount shares (its bounds).
+    shared: Arc<Shared>,
+    /// The connection, shut down when the application breaks the ring (its `wait` wakes).
+    conn: OwnedFd,
     ring: SharedMemory,
-    buffer: SharedMemory,
+    /// Reached through its descriptor: a hole the application punches in it fails a copy
+    /// with an errno rather than fs-client with SIGBUS.
+    buffer: SharedFile,
     layout: Layout,
     submitted: EventFd,
     completed: EventFd,
@@ -63,13 +72,24 @@ struct Ring<B: Backend> {
 /// mount's device number is `mount_dev`.
 pub(super) fn serve<B: Backend>(
     fs: Arc<Rfs<B>>,
+    shared: Arc<Shared>,
     conn: OwnedFd,
     caller: Caller,
     mount_dev: u64,
 ) -> io::Result<()> {
     let mut buf = [0u8; MAX_MESSAGE];
+    // A connection that never says hello must not hold its slot.
+    let timeout = |t: Option<Duration>| {
+        let tv = nix::sys::time::TimeVal::from(libc::timeval {
+            tv_sec: t.map_or(0, |t| t.as_secs() as libc::time_t),
+            tv_usec: 0,
+        });
+        nix::sys::socket::setsockopt(&conn, nix::sys::socket::sockopt::ReceiveTimeout, &tv)
+    };
+    timeout(Some(HELLO_WITHIN))?;
     let (n, fds) = wire::recv(&conn, &mut buf)?;
-    let ring = match welcome(fs, &buf[..n], fds) {
+    timeout(None)?;
+    let ring = match welcome(fs, shared, conn.try_clone()?, &buf[..n], fds) {
         Ok(ring) => Arc::new(ring),
         Err((errno, why)) => {
             let _ = wire::send(&conn, &Reply::Refused { errno }.encode(), &[]);
@@ -115,6 +135,8 @@ pub(super) fn serve<B: Backend>(
 /// log).
 fn welcome<B: Backend>(
     fs: Arc<Rfs<B>>,
+    shared: Arc<Shared>,
+    conn: OwnedFd,
     hello: &[u8],
     fds: Vec<OwnedFd>,
 ) -> Result<Ring<B>, (i32, String)> {
@@ -127,9 +149,9 @@ fn welcome<B: Backend>(
     if buffer_len == 0 || buffer_len > MAX_BUFFER {
         return Err((libc::EINVAL, format!("a buffer of {buffer_len} bytes")));
     }
-    let shared = |fd, len| SharedMemory::map(fd, len).map_err(|e| (libc::EINVAL, e.to_string()));
-    let ring = shared(ring_fd, layout.bytes())?;
-    let buffer = shared(buffer_fd, buffer_len as usize)?;
+    let refused = |e: io::Error| (libc::EINVAL, e.to_string());
+    let ring = SharedMemory::map(ring_fd, layout.bytes()).map_err(refused)?;
+    let buffer = SharedFile::open(buffer_fd, buffer_len).map_err(refused)?;
     let eventfd = || {
         EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
             .map_err(|e| (libc::ENOMEM, e.to_string()))
@@ -140,6 +162,8 @@ fn welcome<B: Backend>(
     }
     Ok(Ring {
         fs,
+        shared,
+        conn,
         ring,
         buffer,
         layout,
@@ -192,14 +216,16 @@ impl<B: Backend> Ring<B> {
         if access.is_empty() {
             return Err(Errno::EBADF);
         }
-        if self.files.lock().unwrap().len() >= MAX_FILES {
+        if self.files.lock().unwrap().len() >= MAX_FILES || !self.shared.take_registration() {
             return Err(Errno::from_raw(libc::EMFILE));
         }
-        let (fh, _) = self
-            .fs
-            .open(st.st_ino, access, caller)
-            .map_err(|e| e.errno())?;
-        let id = self.next_file.fetch_add(1, Ordering::Relaxed);
+        let (fh, _) = match self.fs.open(st.st_ino, access, caller) {
+            Ok(opened) => opened,
+            Err(e) => {
+                self.shared.give_registration();
+                return Err(e.errno());
+            }
+        };
         let file = Arc::new(Registered {
             ino: st.st_ino,
             fh,
@@ -208,7 +234,15 @@ impl<B: Backend> Ring<B> {
             in_flight: AtomicU32::new(0),
             wrote: AtomicBool::new(false),
         });
-        self.files.lock().unwrap().insert(id, file);
+        let mut files = self.files.lock().unwrap();
+        // Numbers wrap after 2^32 registrations: never onto one still registered.
+        let id = loop {
+            let id = self.next_file.fetch_add(1, Ordering::Relaxed);
+            if !files.contains_key(&id) {
+                break id;
+            }
+        };
+        files.insert(id, file);
         Ok(id)
     }
 
@@ -227,10 +261,22 @@ impl<B: Backend> Ring<B> {
         if let Err(e) = self.fs.release(file.fh) {
             log::warn!("ring: releasing inode {}: {e}", file.ino);
         }
+        self.written_elsewhere(file);
+        self.shared.give_registration();
+    }
+
+    /// What the ring wrote is not in the mount's page cache (the kernel did not see it): the
+    /// pages the kernel has of the file go, and its next open on the mount does not keep any.
+    fn written_elsewhere(&self, file: &Registered) {
         if file.wrote.load(Ordering::Acquire) {
-            // The mount's readers see what the ring wrote at their next open.
             self.fs.pages_left_stale(file.ino);
         }
+    }
+
+    /// Says the application broke the ring: its connection ends (so does its `wait`).
+    fn broken(&self, why: &str) {
+        log::warn!("ring: {why}: the ring ends");
+        let _ = nix::sys::socket::shutdown(self.conn.as_raw_fd(), nix::sys::socket::Shutdown::Both);
     }
 
     /// The application hung up: once its requests in flight are done, every file it left
@@ -251,11 +297,8 @@ impl<B: Backend> Ring<B> {
         while !self.ending.load(Ordering::Acquire) {
             let tail = self.ring.counter(SQ_TAIL).load(Ordering::Acquire);
             if tail.wrapping_sub(head) > self.layout.sq_entries {
-                log::warn!(
-                    "ring: the application's submission tail {tail} is {} past our head: \
-                     no more submissions taken",
-                    tail.wrapping_sub(head)
-                );
+                let ahead = tail.wrapping_sub(head);
+                self.broken(&format!("the submission tail is {ahead} past the head"));
                 return;
             }
             let mut full = false;
@@ -283,12 +326,15 @@ impl<B: Backend> Ring<B> {
     /// are within bounds.
     fn room_for_one(&self) -> bool {
         let reaped = self.ring.counter(CQ_HEAD).load(Ordering::Acquire);
-        let posted = *self.cq_tail.lock().unwrap();
+        // Under the completion lock, a request is either in flight or posted, never neither.
+        let posted = self.cq_tail.lock().unwrap();
         let unreaped = posted.wrapping_sub(reaped);
         let in_flight = self.in_flight.load(Ordering::Acquire);
+        drop(posted);
         unreaped <= self.layout.cq_entries
             && unreaped + in_flight < self.layout.cq_entries
             && self.bytes_in_flight.load(Ordering::Acquire) < MAX_BYTES_IN_FLIGHT
+            && self.shared.has_room_in_flight()
     }
 
     /// Starts the request `sqe` asks for; a bad one completes at once with its errno.
@@ -298,9 +344,9 @@ impl<B: Backend> Ring<B> {
             Ok(file) => file,
             Err(e) => return self.complete(None, sqe.user_data, -(e.raw() as i64), 0),
         };
-        file.in_flight.fetch_add(1, Ordering::AcqRel);
         let len = sqe.len as u64;
         self.bytes_in_flight.fetch_add(len, Ordering::AcqRel);
+        self.shared.bytes_in_flight.fetch_add(len, Ordering::AcqRel);
         let me = self.clone();
         let done_file = file.clone();
         let user_data = sqe.user_data;
@@ -312,9 +358,10 @@ impl<B: Backend> Ring<B> {
                     sqe.offset,
                     sqe.len as usize,
                     Box::new(move |r: crate::fs::Result<&[u8]>| {
-                        let result = match r {
-                            Ok(data) if me.buffer.copy_in(at, data) => data.len() as i64,
-                            Ok(_) => -(libc::EFAULT as i64),
+                        let result = match r.map(|data| (me.buffer.write_at(at, data), data.len()))
+                        {
+                            Ok((Ok(()), n)) => n as i64,
+                            Ok((Err(e), _)) => -(e.raw_os_error().unwrap_or(libc::EFAULT) as i64),
                             Err(e) => -(e.errno().raw() as i64),
                         };
                         me.complete(Some(&done_file), user_data, result, len);
@@ -323,10 +370,13 @@ impl<B: Backend> Ring<B> {
             }
             op::WRITE => {
                 let mut data = vec![0u8; sqe.len as usize];
-                if !self.buffer.copy_out(sqe.buf_off, &mut data) {
-                    return self.complete(Some(&file), user_data, -(libc::EFAULT as i64), len);
+                if let Err(e) = self.buffer.read_at(sqe.buf_off, &mut data) {
+                    let errno = e.raw_os_error().unwrap_or(libc::EFAULT);
+                    return self.complete(Some(&file), user_data, -(errno as i64), len);
                 }
                 file.wrote.store(true, Ordering::Release);
+                // An open on the mount meanwhile must not keep pages from before it.
+                self.fs.pages_changed(file.ino);
                 self.fs.write(
                     file.ino,
                     sqe.offset,
@@ -341,24 +391,32 @@ impl<B: Backend> Ring<B> {
                 );
             }
             _ => {
-                let result = match self.fs.commit(file.ino) {
-                    Ok(()) => 0,
-                    Err(e) => -(e.errno().raw() as i64),
+                // A registration for reading has nothing to commit, and must not take the
+                // failure of another writer's write, which that writer's fsync reports.
+                let result = match file.write {
+                    true => self.fs.commit(file.ino),
+                    false => Ok(()),
                 };
+                // After the commit, which takes the kernel's pages for ours.
+                self.written_elsewhere(&file);
+                let result = result.map_or_else(|e| -(e.errno().raw() as i64), |()| 0);
                 self.complete(Some(&file), user_data, result, len);
             }
         }
     }
 
-    /// The registered file a request names, if the request is well formed.
+    /// The registered file a request names, if the request is well formed; counted in
+    /// flight on it (under the lock an unregistration takes it away with, so that it waits
+    /// for this request).
     fn check(&self, sqe: &Sqe) -> Result<Arc<Registered>, Errno> {
-        let file = self
-            .files
-            .lock()
-            .unwrap()
-            .get(&sqe.file)
-            .cloned()
-            .ok_or(Errno::EBADF)?;
+        let files = self.files.lock().unwrap();
+        let file = files.get(&sqe.file).cloned().ok_or(Errno::EBADF)?;
+        let file = self.well_formed(sqe, file)?;
+        file.in_flight.fetch_add(1, Ordering::AcqRel);
+        Ok(file)
+    }
+
+    fn well_formed(&self, sqe: &Sqe, file: Arc<Registered>) -> Result<Arc<Registered>, Errno> {
         match sqe.op {
             op::READ | op::WRITE => {
                 let allowed = match sqe.op {
@@ -388,18 +446,22 @@ impl<B: Backend> Ring<B> {
 
     /// Posts a request's completion and wakes the application.
     fn complete(&self, file: Option<&Registered>, user_data: u64, result: i64, len: u64) {
+        if let Some(f) = file {
+            f.in_flight.fetch_sub(1, Ordering::AcqRel);
+            self.bytes_in_flight.fetch_sub(len, Ordering::AcqRel);
+            self.shared.bytes_in_flight.fetch_sub(len, Ordering::AcqRel);
+        }
         {
             let mut tail = self.cq_tail.lock().unwrap();
             self.ring
                 .write(self.layout.cqe_at(*tail), Cqe { user_data, result });
             *tail = tail.wrapping_add(1);
             self.ring.counter(CQ_TAIL).store(*tail, Ordering::Release);
+            // Posted and no longer in flight at once, for `room_for_one`: a request that
+            // seemed neither would let one too many in, and both would hold a submitter
+            // that resubmits the moment it reaps.
+            self.in_flight.fetch_sub(1, Ordering::AcqRel);
         }
-        if let Some(f) = file {
-            f.in_flight.fetch_sub(1, Ordering::AcqRel);
-            self.bytes_in_flight.fetch_sub(len, Ordering::AcqRel);
-        }
-        self.in_flight.fetch_sub(1, Ordering::AcqRel);
         // Non-blocking: a counter the application filled wakes it all the same.
         let _ = self.completed.write(1);
     }

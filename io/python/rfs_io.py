@@ -1,0 +1,141 @@
+"""rfs-io for Python: reads and writes of files on an rfs mount through a ring in shared
+memory, beside the mount (docs/ring.md). Pure ctypes over librfs_io.so: nothing to build but
+the library (`cargo build --release -p rfs-io`), found through $RFS_IO_LIB, next to this file,
+or in the repository's target/release.
+
+    ring = Ring("/mnt/rfs", buffer_len=64 << 20, entries=64)
+    f = ring.register(open("/mnt/rfs/shard-0", "rb"))
+    ring.prep_read(f, offset=0, length=4096, buf_off=0, user_data=7)
+    for user_data, result in ring.wait(1):
+        data = ring.buffer[0:result]          # a memoryview of the shared buffer: no copy
+
+`ring.buffer` is a writable memoryview of the shared buffer (numpy.frombuffer takes it
+without a copy). Errors raise OSError with the request's errno.
+"""
+
+import ctypes
+import os
+
+READ, WRITE, FSYNC = 1, 2, 3
+
+
+class _Completion(ctypes.Structure):
+    _fields_ = [("user_data", ctypes.c_uint64), ("result", ctypes.c_int64)]
+
+
+def _find_library():
+    here = os.path.dirname(os.path.abspath(__file__))
+    candidates = [
+        os.environ.get("RFS_IO_LIB"),
+        os.path.join(here, "librfs_io.so"),
+        os.path.join(here, "..", "..", "target", "release", "librfs_io.so"),
+        os.path.join(here, "..", "..", "target", "debug", "librfs_io.so"),
+    ]
+    for path in candidates:
+        if path and os.path.exists(path):
+            return path
+    raise OSError("librfs_io.so not found: build it (cargo build --release -p rfs-io) "
+                  "or set RFS_IO_LIB")
+
+
+_lib = ctypes.CDLL(_find_library(), use_errno=True)
+_lib.rfs_ring_open.restype = ctypes.c_void_p
+_lib.rfs_ring_open.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint32]
+_lib.rfs_ring_close.argtypes = [ctypes.c_void_p]
+_lib.rfs_ring_buffer.restype = ctypes.c_void_p
+_lib.rfs_ring_buffer.argtypes = [ctypes.c_void_p]
+_lib.rfs_ring_buffer_len.restype = ctypes.c_size_t
+_lib.rfs_ring_buffer_len.argtypes = [ctypes.c_void_p]
+_lib.rfs_ring_register.restype = ctypes.c_int64
+_lib.rfs_ring_register.argtypes = [ctypes.c_void_p, ctypes.c_int]
+_lib.rfs_ring_unregister.argtypes = [ctypes.c_void_p, ctypes.c_uint32]
+_lib.rfs_ring_prep.argtypes = [ctypes.c_void_p, ctypes.c_uint8, ctypes.c_uint32,
+                               ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint64,
+                               ctypes.c_uint64]
+_lib.rfs_ring_wait.restype = ctypes.c_int64
+_lib.rfs_ring_wait.argtypes = [ctypes.c_void_p, ctypes.c_size_t,
+                               ctypes.POINTER(_Completion), ctypes.c_size_t]
+_lib.rfs_ring_in_flight.restype = ctypes.c_uint32
+_lib.rfs_ring_in_flight.argtypes = [ctypes.c_void_p]
+
+
+def _check(n):
+    if n < 0:
+        raise OSError(-n, os.strerror(-n))
+    return n
+
+
+class Ring:
+    """A ring of an rfs mount, with its shared buffer."""
+
+    def __init__(self, mount, buffer_len=16 << 20, entries=64):
+        self._ring = _lib.rfs_ring_open(os.fsencode(mount), buffer_len, entries)
+        if not self._ring:
+            e = ctypes.get_errno()
+            raise OSError(e, f"{mount}: {os.strerror(e)}")
+        self._entries = entries
+        self._out = (_Completion * entries)()
+        address = _lib.rfs_ring_buffer(self._ring)
+        length = _lib.rfs_ring_buffer_len(self._ring)
+        self.buffer = memoryview((ctypes.c_char * length).from_address(address)).cast("B")
+
+    def close(self):
+        if self._ring:
+            self.buffer.release()
+            _lib.rfs_ring_close(self._ring)
+            self._ring = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+    def register(self, file):
+        """Registers a file (an object with fileno(), or a descriptor) opened through the
+        mount; returns its number."""
+        fd = file if isinstance(file, int) else file.fileno()
+        return _check(_lib.rfs_ring_register(self._ring, fd))
+
+    def unregister(self, file):
+        _check(_lib.rfs_ring_unregister(self._ring, file))
+
+    def prep_read(self, file, offset, length, buf_off, user_data=0):
+        _check(_lib.rfs_ring_prep(self._ring, READ, file, offset, length, buf_off, user_data))
+
+    def prep_write(self, file, offset, length, buf_off, user_data=0):
+        _check(_lib.rfs_ring_prep(self._ring, WRITE, file, offset, length, buf_off, user_data))
+
+    def prep_fsync(self, file, user_data=0):
+        _check(_lib.rfs_ring_prep(self._ring, FSYNC, file, 0, 0, 0, user_data))
+
+    def wait(self, min_complete=1):
+        """Submits what is queued and waits for at least `min_complete` completions:
+        [(user_data, bytes or -errno)]."""
+        n = _check(_lib.rfs_ring_wait(self._ring, min_complete, self._out, self._entries))
+        return [(self._out[k].user_data, self._out[k].result) for k in range(n)]
+
+    def in_flight(self):
+        return _lib.rfs_ring_in_flight(self._ring)
+
+    def pread(self, file, length, offset):
+        """One blocking read through the start of the buffer: the bytes (copied out)."""
+        self.prep_read(file, offset, length, 0)
+        [(_, n)] = self.wait(1)
+        _check(n)
+        return bytes(self.buffer[:n])
+
+    def pwrite(self, file, data, offset):
+        """One blocking write through the start of the buffer: the bytes written."""
+        self.buffer[:len(data)] = data
+        self.prep_write(file, offset, len(data), 0)
+        [(_, n)] = self.wait(1)
+        return _check(n)
+
+    def fsync(self, file):
+        self.prep_fsync(file)
+        [(_, n)] = self.wait(1)
+        _check(n)
