@@ -625,3 +625,57 @@ fn c_and_python_use_the_ring() {
     assert!(said.contains("same"), "{said}");
     assert_eq!(m.stat("io_errors"), 0);
 }
+
+/// Reads (and writes) of one file that follow each other, submitted together, move as one
+/// transfer, and each completes with its own share: 80 adjacent 4 KiB reads across the end
+/// of the file take a handful of transfers, not 80.
+#[test]
+fn adjacent_requests_move_as_one_transfer() {
+    let meta = MemServer::meta("64M", "1M");
+    let m = Mount::new(&meta, &[]);
+    let len = 300 * 1024 + 100;
+    let data = pattern(len, 4);
+    fs::write(m.path("f"), &data).unwrap();
+    let mut r = ring(&m, 1 << 20, 128);
+    let f = r.register(&fs::File::open(m.path("f")).unwrap()).unwrap();
+    let before = m.stat("requests");
+    for i in 0..80u64 {
+        r.prep_read(&f, i * 4096, 4096, i * 4096, i).unwrap();
+    }
+    let done = r.wait(80).unwrap();
+    let transfers = m.stat("requests") - before;
+    println!("80 adjacent reads: {transfers} transfers");
+    assert!(transfers <= 8, "{transfers} transfers");
+    for c in done {
+        let at = c.user_data as usize * 4096;
+        let want = len.saturating_sub(at).min(4096);
+        assert_eq!(c.result.unwrap() as usize, want, "read {}", c.user_data);
+        let mut got = vec![0u8; want];
+        r.copy_from_buffer(at as u64, &mut got).unwrap();
+        assert!(got == data[at.min(len)..at.min(len) + want]);
+    }
+    r.unregister(f).unwrap();
+
+    let w = r
+        .register(
+            &fs::OpenOptions::new()
+                .write(true)
+                .open(m.path("f"))
+                .unwrap(),
+        )
+        .unwrap();
+    let new = pattern(16 << 16, 5);
+    r.copy_to_buffer(0, &new).unwrap();
+    for i in 0..16u64 {
+        r.prep_write(&w, 4096 + (i << 16), 1 << 16, i << 16, i)
+            .unwrap();
+    }
+    for c in r.wait(16).unwrap() {
+        assert_eq!(c.result.unwrap(), 1 << 16);
+    }
+    r.fsync(&w).unwrap();
+    let mut expect = data.clone();
+    expect.resize(4096 + (16 << 16), 0);
+    expect[4096..].copy_from_slice(&new);
+    assert!(fs::read(m.path("f")).unwrap() == expect);
+}

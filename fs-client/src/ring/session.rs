@@ -35,6 +35,17 @@ const HELLO_WITHIN: Duration = Duration::from_secs(5);
 const IDLE: Duration = Duration::from_millis(100);
 const FULL: Duration = Duration::from_millis(1);
 
+/// Whether request `next` continues `last`: a read or a write of the same file, its file and
+/// buffer ranges right after the other's.
+fn follows(last: &Sqe, next: &Sqe) -> bool {
+    matches!(next.op, op::READ | op::WRITE)
+        && next.op == last.op
+        && next.file == last.file
+        && next.len > 0
+        && last.offset + last.len as u64 == next.offset
+        && last.buf_off + last.len as u64 == next.buf_off
+}
+
 /// A file registered on a ring: a handle of fs-client's own, opened as the application.
 struct Registered {
     ino: Ino,
@@ -302,16 +313,18 @@ impl<B: Backend> Ring<B> {
                 return;
             }
             let mut full = false;
+            let mut batch = Vec::new();
             while head != tail {
                 if !self.room_for_one() {
                     full = true;
                     break;
                 }
-                let sqe: Sqe = self.ring.read(self.layout.sqe_at(head));
+                batch.push(self.ring.read::<Sqe>(self.layout.sqe_at(head)));
+                self.in_flight.fetch_add(1, Ordering::AcqRel);
                 head = head.wrapping_add(1);
-                self.ring.counter(SQ_HEAD).store(head, Ordering::Release);
-                self.start(sqe);
             }
+            self.ring.counter(SQ_HEAD).store(head, Ordering::Release);
+            self.start_all(batch);
             let wait = if full { FULL } else { IDLE };
             let mut fds = [PollFd::new(self.submitted.as_fd(), PollFlags::POLLIN)];
             let timeout = PollTimeout::try_from(wait).unwrap_or(PollTimeout::NONE);
@@ -337,56 +350,88 @@ impl<B: Backend> Ring<B> {
             && self.shared.has_room_in_flight()
     }
 
-    /// Starts the request `sqe` asks for; a bad one completes at once with its errno.
-    fn start(self: &Arc<Self>, sqe: Sqe) {
-        self.in_flight.fetch_add(1, Ordering::AcqRel);
-        let file = match self.check(&sqe) {
-            Ok(file) => file,
-            Err(e) => return self.complete(None, sqe.user_data, -(e.raw() as i64), 0),
-        };
-        let len = sqe.len as u64;
-        self.bytes_in_flight.fetch_add(len, Ordering::AcqRel);
-        self.shared.bytes_in_flight.fetch_add(len, Ordering::AcqRel);
+    /// Starts the requests of `batch` (taken together, each counted in flight): a bad one
+    /// completes at once with its errno, and a run of reads (or writes) of one file whose
+    /// file and buffer ranges follow each other moves as one transfer.
+    fn start_all(self: &Arc<Self>, batch: Vec<Sqe>) {
+        let mut run: Vec<(Sqe, Arc<Registered>)> = Vec::new();
+        let mut run_len = 0u64;
+        for sqe in batch {
+            let file = match self.check(&sqe) {
+                Ok(file) => file,
+                Err(e) => {
+                    self.complete(None, sqe.user_data, -(e.raw() as i64), 0);
+                    continue;
+                }
+            };
+            let len = sqe.len as u64;
+            self.bytes_in_flight.fetch_add(len, Ordering::AcqRel);
+            self.shared.bytes_in_flight.fetch_add(len, Ordering::AcqRel);
+            if let Some((last, _)) = run.last() {
+                if !follows(last, &sqe) || run_len + len > MAX_IO as u64 {
+                    self.transfer(std::mem::take(&mut run));
+                    run_len = 0;
+                }
+            }
+            run_len += len;
+            run.push((sqe, file));
+        }
+        if !run.is_empty() {
+            self.transfer(run);
+        }
+    }
+
+    /// Moves a run of requests (one, or reads or writes that follow each other) as one
+    /// transfer, and completes each with its share.
+    fn transfer(self: &Arc<Self>, run: Vec<(Sqe, Arc<Registered>)>) {
+        let (first, file) = (run[0].0, run[0].1.clone());
+        let total: u64 = run.iter().map(|(s, _)| s.len as u64).sum();
         let me = self.clone();
-        let done_file = file.clone();
-        let user_data = sqe.user_data;
-        match sqe.op {
+        // Each request's share of what moved (`moved` bytes from the run's start), or the
+        // run's errno.
+        let finish = move |moved: Result<u64, i32>| {
+            let mut at = 0u64;
+            for (sqe, f) in &run {
+                let result = match moved {
+                    Ok(n) => n.saturating_sub(at).min(sqe.len as u64) as i64,
+                    Err(errno) => -(errno as i64),
+                };
+                at += sqe.len as u64;
+                me.complete(Some(f), sqe.user_data, result, sqe.len as u64);
+            }
+        };
+        match first.op {
             op::READ => {
-                let at = sqe.buf_off;
+                let buffer = self.clone();
                 self.fs.read(
                     file.ino,
-                    sqe.offset,
-                    sqe.len as usize,
+                    first.offset,
+                    total as usize,
                     Box::new(move |r: crate::fs::Result<&[u8]>| {
-                        let result = match r.map(|data| (me.buffer.write_at(at, data), data.len()))
-                        {
-                            Ok((Ok(()), n)) => n as i64,
-                            Ok((Err(e), _)) => -(e.raw_os_error().unwrap_or(libc::EFAULT) as i64),
-                            Err(e) => -(e.errno().raw() as i64),
-                        };
-                        me.complete(Some(&done_file), user_data, result, len);
+                        finish(match r {
+                            Ok(data) => match buffer.buffer.write_at(first.buf_off, data) {
+                                Ok(()) => Ok(data.len() as u64),
+                                Err(e) => Err(e.raw_os_error().unwrap_or(libc::EFAULT)),
+                            },
+                            Err(e) => Err(e.errno().raw()),
+                        })
                     }),
                 );
             }
             op::WRITE => {
-                let mut data = vec![0u8; sqe.len as usize];
-                if let Err(e) = self.buffer.read_at(sqe.buf_off, &mut data) {
-                    let errno = e.raw_os_error().unwrap_or(libc::EFAULT);
-                    return self.complete(Some(&file), user_data, -(errno as i64), len);
+                let mut data = vec![0u8; total as usize];
+                if let Err(e) = self.buffer.read_at(first.buf_off, &mut data) {
+                    return finish(Err(e.raw_os_error().unwrap_or(libc::EFAULT)));
                 }
                 file.wrote.store(true, Ordering::Release);
                 // An open on the mount meanwhile must not keep pages from before it.
                 self.fs.pages_changed(file.ino);
                 self.fs.write(
                     file.ino,
-                    sqe.offset,
+                    first.offset,
                     &data,
                     Box::new(move |r: crate::fs::Result<u32>| {
-                        let result = match r {
-                            Ok(n) => n as i64,
-                            Err(e) => -(e.errno().raw() as i64),
-                        };
-                        me.complete(Some(&done_file), user_data, result, len);
+                        finish(r.map(u64::from).map_err(|e| e.errno().raw()))
                     }),
                 );
             }
@@ -399,8 +444,7 @@ impl<B: Backend> Ring<B> {
                 };
                 // After the commit, which takes the kernel's pages for ours.
                 self.written_elsewhere(&file);
-                let result = result.map_or_else(|e| -(e.errno().raw() as i64), |()| 0);
-                self.complete(Some(&file), user_data, result, len);
+                finish(result.map(|()| 0).map_err(|e| e.errno().raw()))
             }
         }
     }
