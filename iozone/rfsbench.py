@@ -359,6 +359,41 @@ class Bench:
         for f in target.path.glob("fio.*"):
             f.unlink()
 
+    def ring_suite(self, target, config):
+        """The ring beside an rfs mount (rfs-io, through rfs-ring-bench), and the same
+        patterns through a baseline's mount: 4K random reads with 4 jobs (the ring with 16
+        in flight each; the others O_DIRECT, one each), 1 MiB sequential reads (the ring
+        with 4 in flight; the others through their page cache)."""
+        size = min(self.args.size, 256 << 20)
+        data = target.path / "ring.f"
+        with open(data, "wb") as f:
+            piece = os.urandom(1 << 20)
+            for _ in range(size >> 20):
+                f.write(piece)
+        ring = target.stats is not None
+        runs = [("ring 4K rand read 4 jobs",
+                 ["--via", "ring", "--depth", "16"] if ring else ["--via", "mount", "--direct", "on"],
+                 ["--bs", "4K", "--jobs", "4"]),
+                ("ring 1M seq read",
+                 ["--via", "ring", "--depth", "4"] if ring else ["--via", "mount"],
+                 ["--bs", "1M", "--pattern", "seq"])]
+        for test, via, shape in runs:
+            drop_caches(self.warm_size)
+            cmd = [BIN / "rfs-ring-bench", str(target.path), "ring.f", *via, *shape,
+                   "--seconds", str(self.args.runtime)]
+            res = subprocess.run(cmd, capture_output=True, text=True)
+            m = re.search(r": ([\d.]+) MB/s, ([\d.]+) ops/s, ([\d.]+) us CPU/op", res.stdout)
+            if res.returncode != 0 or not m:
+                if not ring:
+                    log(f"{target.name}: {test} unsupported here ({res.stderr.strip()[:80]}); skipped")
+                    continue
+                raise RuntimeError(f"{test} on {target.name} failed: {res.stderr}")
+            mb, ops, cpu = (float(x) for x in m.groups())
+            self.record(target, config, test, "read MB/s", mb, "MB/s")
+            self.record(target, config, test, "read IOPS", ops, "IOPS")
+            self.record(target, config, test, "cpu us/read", cpu, "us")
+        data.unlink()
+
     def metadata(self, target, config):
         d = target.path / "meta.tmp"
         d.mkdir()
@@ -426,6 +461,7 @@ class Bench:
             self.iozone(target, config)
         self.fio_suite(target, config)
         if full:
+            self.ring_suite(target, config)
             self.metadata(target, config)
             self.small_files(target, config)
 
@@ -646,7 +682,8 @@ class Bench:
         missing = []
         expect_tests = [f"iozone {r}K" for r in self.args.records] + [
             "fio seq write 128K", "fio seq read 128K", "fio rand read 4K qd1 direct",
-            "fio rand write 4K qd1 direct", "fio rand read 4K 4 jobs direct", f"metadata {self.args.files} files",
+            "fio rand write 4K qd1 direct", "fio rand read 4K 4 jobs direct",
+            "ring 4K rand read 4 jobs", "ring 1M seq read", f"metadata {self.args.files} files",
             f"small files {self.args.small_files} x 4K", f"small files {self.args.small_files} x 64K"]
         configs = ["given mount"] if self.args.mount else ["default"]
         if not self.args.mount and self.args.max_write != DEFAULT_MAX_WRITE:
