@@ -364,13 +364,16 @@ class Bench:
         patterns through a baseline's mount: 4K random reads with 4 jobs (the ring with 16
         in flight each; the others O_DIRECT, one each), 1 MiB sequential reads (the ring
         with 4 in flight; the others through their page cache)."""
-        size = min(self.args.size, 256 << 20)
+        size = max(min(self.args.size, 256 << 20), 1 << 20)
+        ring = target.stats is not None
+        if ring and not (target.path / ".rfs-ring").is_symlink():
+            log(f"{target.name}: no ring served (-o ring=off?); the ring's rows skipped")
+            return
         data = target.path / "ring.f"
         with open(data, "wb") as f:
             piece = os.urandom(1 << 20)
             for _ in range(size >> 20):
                 f.write(piece)
-        ring = target.stats is not None
         runs = [("ring 4K rand read 4 jobs",
                  ["--via", "ring", "--depth", "16"] if ring else ["--via", "mount", "--direct", "on"],
                  ["--bs", "4K", "--jobs", "4"]),

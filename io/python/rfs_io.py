@@ -10,11 +10,16 @@ or in the repository's target/release.
         data = ring.buffer[0:result]          # a memoryview of the shared buffer: no copy
 
 `ring.buffer` is a writable memoryview of the shared buffer (numpy.frombuffer takes it
-without a copy). Errors raise OSError with the request's errno.
+without a copy). The ring's memory stays mapped as long as any view of it lives: close()
+ends the ring for new calls at once, and gives the memory back when the last view goes.
+One ring serves one call at a time (a lock orders threads). Errors raise OSError with the
+request's errno.
 """
 
 import ctypes
 import os
+import threading
+import weakref
 
 READ, WRITE, FSYNC = 1, 2, 3
 
@@ -68,22 +73,30 @@ def _check(n):
 class Ring:
     """A ring of an rfs mount, with its shared buffer."""
 
+    _ring = None
+
     def __init__(self, mount, buffer_len=16 << 20, entries=64):
-        self._ring = _lib.rfs_ring_open(os.fsencode(mount), buffer_len, entries)
-        if not self._ring:
+        ring = _lib.rfs_ring_open(os.fsencode(mount), buffer_len, entries)
+        if not ring:
             e = ctypes.get_errno()
             raise OSError(e, f"{mount}: {os.strerror(e)}")
+        self._ring = ring
+        self._lock = threading.Lock()
         self._entries = entries
         self._out = (_Completion * entries)()
-        address = _lib.rfs_ring_buffer(self._ring)
-        length = _lib.rfs_ring_buffer_len(self._ring)
-        self.buffer = memoryview((ctypes.c_char * length).from_address(address)).cast("B")
+        address = _lib.rfs_ring_buffer(ring)
+        length = _lib.rfs_ring_buffer_len(ring)
+        memory = (ctypes.c_char * length).from_address(address)
+        # Every view of the buffer holds `memory`: the ring (and its mapping) goes only once
+        # `memory` does, whatever close() was called before.
+        weakref.finalize(memory, _lib.rfs_ring_close, ring)
+        self.buffer = memoryview(memory).cast("B")
 
     def close(self):
-        if self._ring:
-            self.buffer.release()
-            _lib.rfs_ring_close(self._ring)
+        """Ends the ring for this object's calls; its memory goes with the last view."""
+        with getattr(self, "_lock", threading.Lock()):
             self._ring = None
+            self.buffer = None
 
     def __enter__(self):
         return self
@@ -91,51 +104,64 @@ class Ring:
     def __exit__(self, *exc):
         self.close()
 
-    def __del__(self):
-        self.close()
+    def _call(self, fn, *args):
+        with self._lock:
+            if not self._ring:
+                raise ValueError("the ring is closed")
+            return fn(self._ring, *args)
 
     def register(self, file):
         """Registers a file (an object with fileno(), or a descriptor) opened through the
         mount; returns its number."""
         fd = file if isinstance(file, int) else file.fileno()
-        return _check(_lib.rfs_ring_register(self._ring, fd))
+        return _check(self._call(_lib.rfs_ring_register, fd))
 
     def unregister(self, file):
-        _check(_lib.rfs_ring_unregister(self._ring, file))
+        _check(self._call(_lib.rfs_ring_unregister, file))
 
     def prep_read(self, file, offset, length, buf_off, user_data=0):
-        _check(_lib.rfs_ring_prep(self._ring, READ, file, offset, length, buf_off, user_data))
+        _check(self._call(_lib.rfs_ring_prep, READ, file, offset, length, buf_off, user_data))
 
     def prep_write(self, file, offset, length, buf_off, user_data=0):
-        _check(_lib.rfs_ring_prep(self._ring, WRITE, file, offset, length, buf_off, user_data))
+        _check(self._call(_lib.rfs_ring_prep, WRITE, file, offset, length, buf_off, user_data))
 
     def prep_fsync(self, file, user_data=0):
-        _check(_lib.rfs_ring_prep(self._ring, FSYNC, file, 0, 0, 0, user_data))
+        _check(self._call(_lib.rfs_ring_prep, FSYNC, file, 0, 0, 0, user_data))
 
     def wait(self, min_complete=1):
-        """Submits what is queued and waits for at least `min_complete` completions:
-        [(user_data, bytes or -errno)]."""
-        n = _check(_lib.rfs_ring_wait(self._ring, min_complete, self._out, self._entries))
-        return [(self._out[k].user_data, self._out[k].result) for k in range(n)]
+        """Submits what is queued and waits for at least `min_complete` completions (0:
+        those there are): [(user_data, bytes or -errno)], at most `entries` at a time."""
+        out = self._out
+        n = _check(self._call(_lib.rfs_ring_wait, min_complete, out, self._entries))
+        return [(out[k].user_data, out[k].result) for k in range(n)]
 
     def in_flight(self):
-        return _lib.rfs_ring_in_flight(self._ring)
+        return self._call(_lib.rfs_ring_in_flight)
+
+    def _one(self):
+        if self.in_flight():
+            raise ValueError("other requests are in flight")
 
     def pread(self, file, length, offset):
-        """One blocking read through the start of the buffer: the bytes (copied out)."""
+        """One blocking read through the start of the buffer (nothing else in flight): the
+        bytes, copied out."""
+        self._one()
         self.prep_read(file, offset, length, 0)
         [(_, n)] = self.wait(1)
         _check(n)
         return bytes(self.buffer[:n])
 
     def pwrite(self, file, data, offset):
-        """One blocking write through the start of the buffer: the bytes written."""
+        """One blocking write through the start of the buffer (nothing else in flight): the
+        bytes written."""
+        self._one()
         self.buffer[:len(data)] = data
         self.prep_write(file, offset, len(data), 0)
         [(_, n)] = self.wait(1)
         return _check(n)
 
     def fsync(self, file):
+        self._one()
         self.prep_fsync(file)
         [(_, n)] = self.wait(1)
         _check(n)

@@ -24,8 +24,18 @@ pub struct RfsCompletion {
     pub result: i64,
 }
 
+/// The negated errno of `e` (of its kind, where it has none of its own).
 fn errno(e: &io::Error) -> i64 {
-    -(e.raw_os_error().unwrap_or(libc::EIO) as i64)
+    let raw = e.raw_os_error().unwrap_or(match e.kind() {
+        io::ErrorKind::InvalidInput => libc::EINVAL,
+        io::ErrorKind::InvalidData => libc::EPROTO,
+        io::ErrorKind::ConnectionAborted => libc::ECONNABORTED,
+        io::ErrorKind::ResourceBusy => libc::EBUSY,
+        io::ErrorKind::WouldBlock => libc::EAGAIN,
+        io::ErrorKind::UnexpectedEof => libc::ECONNRESET,
+        _ => libc::EIO,
+    });
+    -(raw as i64)
 }
 
 /// The ring behind `ring`, if it is one of ours.
@@ -64,7 +74,7 @@ pub unsafe extern "C" fn rfs_ring_open(
             reaped: VecDeque::new(),
         })),
         Err(e) => {
-            nix::errno::Errno::set_raw(e.raw_os_error().unwrap_or(libc::EIO));
+            nix::errno::Errno::set_raw(-errno(&e) as i32);
             std::ptr::null_mut()
         }
     }
@@ -208,8 +218,12 @@ pub unsafe extern "C" fn rfs_ring_wait(
             Ok(done) => r.reaped.extend(done),
             Err(e) => return errno(&e),
         }
-    } else if let Err(e) = r.ring.submit() {
-        return errno(&e);
+    } else {
+        // Nothing to wait for: what completed by now.
+        match r.ring.submit().and_then(|_| r.ring.peek()) {
+            Ok(done) => r.reaped.extend(done),
+            Err(e) => return errno(&e),
+        }
     }
     let n = r.reaped.len().min(max);
     for (k, c) in r.reaped.drain(..n).enumerate() {

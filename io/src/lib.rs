@@ -15,4 +15,4 @@ mod ring;
 pub mod shm;
 pub mod wire;
 
-pub use ring::{Completion, RegisteredFile, Ring, SOCKET_NAME};
+pub use ring::{Completion, RegisteredFile, Ring, SOCKET_LINK_INO, SOCKET_NAME};

@@ -15,8 +15,10 @@ use crate::layout::{op, Cqe, Layout, Sqe, CQ_HEAD, CQ_TAIL, SQ_TAIL};
 use crate::shm::SharedMemory;
 use crate::wire::{self, Reply, Request, MAX_MESSAGE};
 
-/// The name, in a mount's root, of the link to its ring socket.
+/// The name, in a mount's root, of the link to its ring socket, and the link's inode number
+/// (fs-client answers for it; a file of that name in the namespace is never there).
 pub const SOCKET_NAME: &str = ".rfs-ring";
+pub const SOCKET_LINK_INO: u64 = u64::MAX - 2;
 
 /// A ring of an rfs mount, with its shared buffer.
 #[derive(Debug)]
@@ -74,8 +76,15 @@ impl Ring {
             None,
         )?;
         // ENOENT: not an rfs mount (or one without a ring); EACCES: another user's mount.
-        let path = mount.as_ref().join(SOCKET_NAME);
-        connect(sock.as_raw_fd(), &UnixAddr::new(&path)?)?;
+        // The link must be the mount's own, and the socket is reached at its target (which
+        // fits a socket address however long the mount's path).
+        let link = mount.as_ref().join(SOCKET_NAME);
+        let meta = std::fs::symlink_metadata(&link)?;
+        if std::os::unix::fs::MetadataExt::ino(&meta) != SOCKET_LINK_INO {
+            return Err(io::Error::from_raw_os_error(libc::ENOENT));
+        }
+        let target = std::fs::read_link(&link)?;
+        connect(sock.as_raw_fd(), &UnixAddr::new(&target)?)?;
         let name = |what: &str| {
             let name = format!("rfs-{what}-{}", mount.as_ref().display());
             CString::new(name.as_bytes()).unwrap_or_else(|_| c"rfs-ring".into())
@@ -223,7 +232,7 @@ impl Ring {
     fn ours(&self, file: &RegisteredFile) -> io::Result<()> {
         match file.ring == self.id {
             true => Ok(()),
-            false => Err(invalid("a file registered with another ring")),
+            false => Err(io::Error::from_raw_os_error(libc::EINVAL)),
         }
     }
 
@@ -274,7 +283,8 @@ impl Ring {
     }
 
     /// Submits what is queued and waits for at least `min` completions (at most those in
-    /// flight). Fails if the ring ends meanwhile (fs-client went, or ended it).
+    /// flight). If the ring ends meanwhile (fs-client went, or ended it), hands out what
+    /// completed, and fails once nothing has.
     pub fn wait(&mut self, min: usize) -> io::Result<Vec<Completion>> {
         self.submit()?;
         let min = min.min(self.in_flight as usize);
@@ -291,6 +301,9 @@ impl Ring {
             }
             let ended = fds[1].any().unwrap_or(true);
             if ended && self.ring.counter(CQ_TAIL).load(Ordering::Acquire) == self.cq_head {
+                if !out.is_empty() {
+                    return Ok(out);
+                }
                 return Err(io::Error::new(
                     io::ErrorKind::ConnectionAborted,
                     format!("the ring ended with {} requests in flight", self.in_flight),

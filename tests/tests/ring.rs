@@ -349,6 +349,13 @@ fn bad_requests_and_registrations_are_refused_and_the_ring_goes_on() {
         }
     ));
 
+    // Without a ring, nobody can put a link of theirs where applications look for it.
+    let off = Mount::new(&meta, &["ring=off"]);
+    let planted = std::os::unix::fs::symlink("/tmp/elsewhere.sock", off.path(rfs_io::SOCKET_NAME));
+    assert_eq!(planted.unwrap_err().raw_os_error(), Some(libc::EACCES));
+    let none = Ring::connect(&off.dir, 4096, 1).unwrap_err();
+    assert_eq!(none.raw_os_error(), Some(libc::ENOENT));
+
     // A submission counter far past what was taken: that ring takes no more; others go on.
     r.tail = r.tail.wrapping_add(1000);
     r.submit(&[read_sqe(f, 0, 4096, 0, 9)]);
@@ -702,7 +709,7 @@ fn ring_io_survives_severed_connections_and_a_metadata_restart() {
     let mut round = 0u64;
     while start.elapsed() < Duration::from_secs(8) {
         round += 1;
-        if round % 5 == 0 {
+        if round.is_multiple_of(5) {
             unsafe { libc::kill(m.pid(), libc::SIGUSR1) };
         }
         if round == 12 {

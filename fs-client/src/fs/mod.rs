@@ -263,11 +263,8 @@ impl<B: Backend> Rfs<B> {
         if parent == ROOT && name == STATS_NAME.as_bytes() {
             return Ok(self.stats_attr());
         }
-        if let Some(link) = self
-            .ring_link_attr()
-            .filter(|_| parent == ROOT && name == RING_NAME.as_bytes())
-        {
-            return Ok(link);
+        if parent == ROOT && name == RING_NAME.as_bytes() {
+            return self.ring_link_attr().ok_or(Errno::ENOENT.into());
         }
         // Unless the metadata node is out of reach: callbacks may be missed meanwhile.
         if self.dirs.lacks(parent, name) && self.backend.metadata_connected() {
@@ -598,12 +595,13 @@ impl<B: Backend> Rfs<B> {
 }
 
 impl<B: Backend> Rfs<B> {
-    /// The names of the stats file and (while the ring service runs) the ring link in the
-    /// root are ours, not the node's: nothing may be made, moved or linked there (the mount
-    /// would show ours in its place), nor removed or moved away.
+    /// The names of the stats file and the ring link in the root are ours, not the node's:
+    /// nothing may be made, moved or linked there (the mount would show it in place of ours,
+    /// and a link of someone else's there would take applications' memory and files), nor
+    /// removed or moved away.
     fn not_a_reserved_name(&self, parent: Ino, name: &[u8]) -> Result<()> {
-        let ring = self.ring_target().is_some() && name == RING_NAME.as_bytes();
-        if parent == ROOT && (name == STATS_NAME.as_bytes() || ring) {
+        let ours = [STATS_NAME.as_bytes(), RING_NAME.as_bytes()];
+        if parent == ROOT && ours.contains(&name) {
             return Err(Error::new(Errno::EACCES, "the name is reserved"));
         }
         Ok(())

@@ -9,9 +9,9 @@ use rfs_proto::types::{Attr, FileKind, Timestamp};
 
 use super::{Backend, Rfs};
 
-pub use rfs_io::SOCKET_NAME as RING_NAME;
-/// The link's inode number: out of the namespace's range, as the stats file's is.
-pub const RING_INO: u64 = u64::MAX - 2;
+/// The link's name and inode number (out of the namespace's range, as the stats file's is):
+/// an application takes a link there with another number for someone else's.
+pub use rfs_io::{SOCKET_LINK_INO as RING_INO, SOCKET_NAME as RING_NAME};
 
 impl<B: Backend> Rfs<B> {
     /// The ring service listens at `socket` from now on: the link points there.

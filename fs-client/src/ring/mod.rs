@@ -56,8 +56,9 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn has_room_in_flight(&self) -> bool {
-        self.bytes_in_flight.load(Ordering::Acquire) < MAX_BYTES_IN_FLIGHT
+    /// Whether the mount's rings have room for more in flight, besides `taking` bytes.
+    pub(crate) fn has_room_in_flight(&self, taking: u64) -> bool {
+        self.bytes_in_flight.load(Ordering::Acquire) + taking < MAX_BYTES_IN_FLIGHT
     }
 
     /// Takes one registration of the mount's, if there is one left.
@@ -306,17 +307,31 @@ fn seqpacket_answers(addr: &UnixAddr) -> bool {
         SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
         None,
     )
-    .is_ok_and(|s| nix::sys::socket::connect(s.as_raw_fd(), addr).is_ok())
+    .is_ok_and(|s| {
+        // A full backlog (EAGAIN) is a server all the same.
+        matches!(
+            nix::sys::socket::connect(s.as_raw_fd(), addr),
+            Ok(()) | Err(nix::errno::Errno::EAGAIN)
+        )
+    })
 }
 
 /// Reads and drops whatever a connection sent (its descriptors closed with it), without
 /// waiting: closed with unread messages, it would reset its peer.
+/// At most so many messages at a time: a peer that keeps sending cannot hold the accepting
+/// thread (what is left when it closes resets it, which is its own doing).
 fn drain(conn: &OwnedFd) {
     let mut sink = [0u8; 64];
-    while matches!(
-        nix::sys::socket::recv(conn.as_raw_fd(), &mut sink, nix::sys::socket::MsgFlags::MSG_DONTWAIT),
-        Ok(n) if n > 0
-    ) {}
+    for _ in 0..64 {
+        let got = nix::sys::socket::recv(
+            conn.as_raw_fd(),
+            &mut sink,
+            nix::sys::socket::MsgFlags::MSG_DONTWAIT,
+        );
+        if !matches!(got, Ok(n) if n > 0) {
+            return;
+        }
+    }
 }
 
 fn refusal(errno: i32) -> Vec<u8> {

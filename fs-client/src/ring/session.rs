@@ -313,13 +313,16 @@ impl<B: Backend> Ring<B> {
                 return;
             }
             let mut full = false;
-            let mut batch = Vec::new();
+            let (mut batch, mut taking) = (Vec::new(), 0u64);
             while head != tail {
-                if !self.room_for_one() {
+                if !self.room_for_one(taking) {
                     full = true;
                     break;
                 }
-                batch.push(self.ring.read::<Sqe>(self.layout.sqe_at(head)));
+                let sqe: Sqe = self.ring.read(self.layout.sqe_at(head));
+                // As much as it may take once checked (a request over it fails).
+                taking += u64::from(sqe.len.min(MAX_IO));
+                batch.push(sqe);
                 self.in_flight.fetch_add(1, Ordering::AcqRel);
                 head = head.wrapping_add(1);
             }
@@ -335,9 +338,9 @@ impl<B: Backend> Ring<B> {
     }
 
     /// Whether one more request may start: its completion has room in the completion ring
-    /// (counting those in flight and those posted but not reaped), and the bytes in flight
-    /// are within bounds.
-    fn room_for_one(&self) -> bool {
+    /// (counting those in flight and those posted but not reaped), and the bytes in flight,
+    /// with `taking` bytes of requests taken but not started yet, are within bounds.
+    fn room_for_one(&self, taking: u64) -> bool {
         let reaped = self.ring.counter(CQ_HEAD).load(Ordering::Acquire);
         // Under the completion lock, a request is either in flight or posted, never neither.
         let posted = self.cq_tail.lock().unwrap();
@@ -346,8 +349,8 @@ impl<B: Backend> Ring<B> {
         drop(posted);
         unreaped <= self.layout.cq_entries
             && unreaped + in_flight < self.layout.cq_entries
-            && self.bytes_in_flight.load(Ordering::Acquire) < MAX_BYTES_IN_FLIGHT
-            && self.shared.has_room_in_flight()
+            && self.bytes_in_flight.load(Ordering::Acquire) + taking < MAX_BYTES_IN_FLIGHT
+            && self.shared.has_room_in_flight(taking)
     }
 
     /// Starts the requests of `batch` (taken together, each counted in flight): a bad one

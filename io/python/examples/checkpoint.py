@@ -34,17 +34,21 @@ def main():
             open(path, "wb+") as f:
         fid = ring.register(f)
         start, written, next_piece = time.monotonic(), 0, 0
+        # A slot of the buffer is filled again only once its write completed.
+        free, slot_of = list(range(a.depth)), {}
         while written < pieces:
-            while next_piece < pieces and ring.in_flight() < a.depth:
-                slot = next_piece % a.depth
+            while next_piece < pieces and free:
+                slot = free.pop()
                 block = hashlib.sha256(next_piece.to_bytes(8, "little")).digest()
                 data = block * (a.piece // len(block))
                 ring.buffer[slot * a.piece:(slot + 1) * a.piece] = data
                 ring.prep_write(fid, next_piece * a.piece, a.piece, slot * a.piece, next_piece)
+                slot_of[next_piece] = slot
                 next_piece += 1
             for piece, n in ring.wait(1):
                 if n != a.piece:
                     sys.exit(f"piece {piece}: {n}")
+                free.append(slot_of.pop(piece))
                 written += 1
         ring.fsync(fid)
         took = time.monotonic() - start
