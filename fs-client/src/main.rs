@@ -611,7 +611,8 @@ fn main() -> ExitCode {
         }
         if session.guard.is_finished() {
             // Unmounted from outside (fusermount3 -u), or by us above.
-            if still_ours(&mountpoint, ours, &connection) {
+            let mounted = still_ours(&mountpoint, ours, &connection);
+            if mounted {
                 // The session ended while still mounted (an error of the FUSE loop): a dead
                 // mount would answer ENOTCONN to everyone until unmounted by hand.
                 log::error!("the FUSE session ended while mounted: detaching the mount");
@@ -619,6 +620,11 @@ fn main() -> ExitCode {
             }
             break match ended(session) {
                 Ok(()) => ExitCode::SUCCESS,
+                // The kernel may abort the connection as the last user of an unmounted (or
+                // detached) mount lets go, rather than close it: an end all the same.
+                Err(e) if !mounted && e.raw_os_error() == Some(libc::ECONNABORTED) => {
+                    ExitCode::SUCCESS
+                }
                 Err(e) => {
                     eprintln!("fs-client: {e}");
                     ExitCode::FAILURE
