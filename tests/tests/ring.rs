@@ -645,7 +645,7 @@ fn adjacent_requests_move_as_one_transfer() {
     fs::write(m.path("f"), &data).unwrap();
     let mut r = ring(&m, 1 << 20, 128);
     let f = r.register(&fs::File::open(m.path("f")).unwrap()).unwrap();
-    let before = m.stat("requests");
+    let (before, taken) = (m.stat("requests"), m.stat("ring_transfers"));
     for i in 0..80u64 {
         r.prep_read(&f, i * 4096, 4096, i * 4096, i).unwrap();
     }
@@ -653,6 +653,12 @@ fn adjacent_requests_move_as_one_transfer() {
     let transfers = m.stat("requests") - before;
     println!("80 adjacent reads: {transfers} transfers");
     assert!(transfers <= 8, "{transfers} transfers");
+    assert!(
+        m.stat("ring_transfers") - taken <= 2,
+        "the ring's own count"
+    );
+    assert!(m.stat("ring_requests") >= 80);
+    assert_eq!(m.stat("rings"), 1);
     for c in done {
         let at = c.user_data as usize * 4096;
         let want = len.saturating_sub(at).min(4096);

@@ -78,6 +78,11 @@ pub(crate) struct ClientStats {
     pub(crate) xattr_requests: AtomicU64,
     /// Locks that had to wait for another owner's (F_SETLKW, flock without LOCK_NB).
     pub(crate) lock_waits: AtomicU64,
+    /// Requests taken from rings (`rfs-io`), the transfers they made (adjacent ones move
+    /// together), and the rings served now.
+    pub(crate) ring_requests: AtomicU64,
+    pub(crate) ring_transfers: AtomicU64,
+    pub(crate) rings: AtomicU64,
     /// Locks a metadata node that lost our session did not give back.
     pub(crate) locks_lost: AtomicU64,
     /// Metadata connections found lost: the kernel's names and attributes were dropped.
@@ -93,6 +98,22 @@ impl ClientStats {
 }
 
 impl<B: Backend> Rfs<B> {
+    /// A ring is served (`open`), or no more.
+    pub(crate) fn ring_served(&self, open: bool) {
+        match open {
+            true => ClientStats::add(&self.stats.rings, 1),
+            false => {
+                self.stats.rings.fetch_sub(1, Relaxed);
+            }
+        }
+    }
+
+    /// A ring's `requests` were taken, and made `transfers` transfers.
+    pub(crate) fn ring_counted(&self, requests: u64, transfers: u64) {
+        ClientStats::add(&self.stats.ring_requests, requests);
+        ClientStats::add(&self.stats.ring_transfers, transfers);
+    }
+
     /// Counts an extended attribute request from the kernel.
     pub fn xattr_asked(&self) {
         ClientStats::add(&self.stats.xattr_requests, 1);
@@ -216,6 +237,17 @@ impl<B: Backend> Rfs<B> {
                 u64::from(self.backend.metadata_connected()),
             ),
             Metric::gauge("open_files", "Files open", self.open_file_count() as u64),
+            Metric::counter(
+                "ring_requests",
+                "Requests taken from rings beside the mount",
+                n(&s.ring_requests),
+            ),
+            Metric::counter(
+                "ring_transfers",
+                "Transfers the rings' requests made (adjacent ones move together)",
+                n(&s.ring_transfers),
+            ),
+            Metric::gauge("rings", "Rings served", n(&s.rings)),
             Metric::gauge(
                 "cached_chunks",
                 "Chunk references cached",

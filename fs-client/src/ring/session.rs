@@ -110,6 +110,7 @@ pub(super) fn serve<B: Backend>(
     let welcome = Reply::Welcome { max_io: MAX_IO }.encode();
     let efds = [ring.submitted.as_raw_fd(), ring.completed.as_raw_fd()];
     wire::send(&conn, &welcome, &efds)?;
+    ring.fs.ring_served(true);
     let submitting = {
         let ring = ring.clone();
         std::thread::Builder::new()
@@ -139,6 +140,7 @@ pub(super) fn serve<B: Backend>(
     let _ = ring.submitted.write(1);
     let _ = submitting.join();
     ring.end();
+    ring.fs.ring_served(false);
     Err(why)
 }
 
@@ -327,6 +329,7 @@ impl<B: Backend> Ring<B> {
                 head = head.wrapping_add(1);
             }
             self.ring.counter(SQ_HEAD).store(head, Ordering::Release);
+            self.fs.ring_counted(batch.len() as u64, 0);
             self.start_all(batch);
             let wait = if full { FULL } else { IDLE };
             let mut fds = [PollFd::new(self.submitted.as_fd(), PollFlags::POLLIN)];
@@ -387,6 +390,7 @@ impl<B: Backend> Ring<B> {
     /// Moves a run of requests (one, or reads or writes that follow each other) as one
     /// transfer, and completes each with its share.
     fn transfer(self: &Arc<Self>, run: Vec<(Sqe, Arc<Registered>)>) {
+        self.fs.ring_counted(0, 1);
         let (first, file) = (run[0].0, run[0].1.clone());
         let total: u64 = run.iter().map(|(s, _)| s.len as u64).sum();
         let me = self.clone();
