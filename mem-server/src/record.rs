@@ -48,6 +48,9 @@ pub enum Record {
     Fresh { node: u32, upto: u64 },
     /// Data node `node` was removed (`rfs remove`): its pool never comes back.
     Removed { node: u32 },
+    /// Data node `node`'s pool is gone (a new node joined from its address): it never comes
+    /// back, but stays listed until removed.
+    Down { node: u32 },
     /// Client `client` holds open handles (`holds`), or no more: after a restart, the grace for
     /// taking handles back ends as soon as every client that held some is back.
     Holding { client: u64, holds: bool },
@@ -61,6 +64,7 @@ const CREATED: u8 = 12;
 const ATTR: u8 = 13;
 const HOLDING: u8 = 14;
 const REMOVED: u8 = 16;
+const DOWN: u8 = 17;
 /// Chunk records: before copies held spans (protocol 20) every copy was a whole chunk.
 const CHUNK_WHOLE: u8 = 6;
 const CHUNK: u8 = 15;
@@ -190,6 +194,10 @@ impl Record {
                 REMOVED.put(w);
                 node.put(w);
             }
+            Record::Down { node } => {
+                DOWN.put(w);
+                node.put(w);
+            }
             Record::Holding { client, holds } => {
                 HOLDING.put(w);
                 client.put(w);
@@ -253,6 +261,9 @@ impl Record {
                 upto: Wire::get(r)?,
             },
             REMOVED => Record::Removed {
+                node: Wire::get(r)?,
+            },
+            DOWN => Record::Down {
                 node: Wire::get(r)?,
             },
             HOLDING => Record::Holding {
@@ -368,6 +379,7 @@ mod tests {
             },
             Record::Fresh { node: 2, upto: 77 },
             Record::Removed { node: 2 },
+            Record::Down { node: 3 },
             Record::Holding {
                 client: u64::MAX,
                 holds: true,

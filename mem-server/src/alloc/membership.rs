@@ -21,8 +21,13 @@ impl Allocator {
                     node: n.id,
                     upto: n.reserved,
                 };
-                let removed = n.removed.then_some(Record::Removed { node: n.id });
-                [Self::node_record(n), fresh].into_iter().chain(removed)
+                // Removed, or down for good: never awaited after a restart.
+                let gone = match (n.removed, n.alive || n.away) {
+                    (true, _) => Some(Record::Removed { node: n.id }),
+                    (false, false) => Some(Record::Down { node: n.id }),
+                    (false, true) => None,
+                };
+                [Self::node_record(n), fresh].into_iter().chain(gone)
             })
             .collect()
     }
@@ -63,6 +68,10 @@ impl Allocator {
                 Record::Removed { node } => a
                     .remove(*node)
                     .map_err(|_| format!("removal of unknown data node {node}"))?,
+                Record::Down { node } => match a.nodes.get_mut(*node as usize) {
+                    Some(n) => n.away = false,
+                    None => return Err(format!("unknown data node {node} down")),
+                },
                 _ => {}
             }
         }
@@ -135,16 +144,21 @@ impl Allocator {
 
     /// A new node joined from `addr`: the nodes away from that address lent pools that went
     /// with their processes (a node's address is its listening socket, which only one process
-    /// holds). They are down for good; their ids.
+    /// holds). They are down for good (journaled); their ids.
     pub fn gone_from(&mut self, addr: &str) -> Vec<u32> {
-        self.nodes
+        let gone: Vec<u32> = self
+            .nodes
             .iter_mut()
             .filter(|n| n.away && n.addr == addr)
             .map(|n| {
                 n.away = false;
                 n.id
             })
-            .collect()
+            .collect();
+        for &node in &gone {
+            self.note(Record::Down { node });
+        }
+        gone
     }
 
     /// Forgets node `id` (`rfs remove`): it is not listed any more, and its pool, were it to

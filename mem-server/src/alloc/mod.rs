@@ -947,6 +947,7 @@ mod tests {
     #[test]
     fn a_new_node_at_an_away_nodes_address_leaves_it_down_for_good() {
         let mut a = Allocator::default();
+        a.journal_changes();
         a.add_node("a".into(), 11, 0, 100, 10);
         a.add_node("b".into(), 12, 0, 100, 10);
         a.leave(0);
@@ -958,6 +959,15 @@ mod tests {
             a.rejoin(11, "a".into(), (0, 10), |_| Default::default()),
             None
         );
+        // Down for good after a restart too, from the journal and from a snapshot: never
+        // awaited.
+        let mut journal = Vec::new();
+        a.take_records(&mut journal);
+        for records in [journal, a.records()] {
+            let b = Allocator::replay(100, &records).unwrap();
+            assert_eq!(b.away(), [1], "only b may come back");
+            assert_eq!(b.usage()[0].2, "down");
+        }
     }
 
     #[test]

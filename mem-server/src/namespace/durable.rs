@@ -193,6 +193,7 @@ impl Namespace {
             | Record::Node { .. }
             | Record::Fresh { .. }
             | Record::Removed { .. }
+            | Record::Down { .. }
             | Record::Holding { .. } => {}
         }
         Ok(true)
