@@ -753,3 +753,60 @@ fn ring_io_survives_severed_connections_and_a_metadata_restart() {
     assert!(fs::read(fresh.path("f")).unwrap() == expect);
     assert_eq!(m.stat("io_errors"), 0);
 }
+
+/// The ring and another mount on one file: a truncate there is what the ring reads next
+/// (short, then zeros where the file grew again), and what the ring writes and commits the
+/// other mount reads at its next open; close-to-open holds both ways.
+#[test]
+fn the_ring_sees_another_mounts_truncates_and_growth() {
+    let meta = MemServer::meta("64M", "1M");
+    let m = Mount::new(&meta, &[]);
+    let other = Mount::new(&meta, &["attr_timeout=0", "entry_timeout=0"]);
+    let data = pattern(1 << 20, 21);
+    fs::write(m.path("f"), &data).unwrap();
+    let mut r = ring(&m, 1 << 20, 4);
+    let rw = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(m.path("f"));
+    let f = r.register(&rw.unwrap()).unwrap();
+    assert!(r.read_at(&f, 0, 1 << 20).unwrap() == data);
+
+    // Cut short on the other mount: the ring's next read is short.
+    let cut = fs::OpenOptions::new()
+        .write(true)
+        .open(other.path("f"))
+        .unwrap();
+    cut.set_len(4096).unwrap();
+    drop(cut);
+    rfs_e2e::within(Duration::from_secs(5), "the cut heard", || {
+        r.read_at(&f, 0, 1 << 20).unwrap().len() == 4096
+    });
+    assert!(r.read_at(&f, 0, 4096).unwrap() == data[..4096]);
+
+    // Grown again there past a hole: zeros where the cut was, then the new bytes.
+    let grow = fs::OpenOptions::new()
+        .write(true)
+        .open(other.path("f"))
+        .unwrap();
+    grow.write_all_at(b"tail", 65536).unwrap();
+    drop(grow);
+    rfs_e2e::within(Duration::from_secs(5), "the growth heard", || {
+        r.read_at(&f, 0, 1 << 20).unwrap().len() == 65540
+    });
+    let back = r.read_at(&f, 0, 1 << 20).unwrap();
+    assert!(back[..4096] == data[..4096]);
+    assert!(
+        back[4096..65536].iter().all(|&b| b == 0),
+        "the cut bytes stay cut"
+    );
+    assert_eq!(&back[65536..], b"tail");
+
+    // Written through the ring and committed: the other mount's next open reads it.
+    assert_eq!(r.write_at(&f, 100, b"ring was here").unwrap(), 13);
+    r.fsync(&f).unwrap();
+    let seen = fs::read(other.path("f")).unwrap();
+    assert_eq!(&seen[100..113], b"ring was here");
+    assert_eq!(seen.len(), 65540);
+    r.unregister(f).unwrap();
+}
