@@ -468,16 +468,21 @@ class Bench:
         """A metric of the metadata node this run started (None without one)."""
         if not getattr(self, "metrics", None):
             return None
-        text = urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=5).read().decode()
+        try:
+            text = urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=5).read().decode()
+        except OSError as e:
+            log(f"the metadata node's metrics: {e}")
+            return None
         for line in text.splitlines():
             if line.startswith(name + " "):
                 return float(line.split()[1])
         return None
 
     def zeroing(self, target, config, fn):
-        """Runs fn, then records what the metadata node zeroed per byte the mount wrote
-        (freed space is zeroed before reuse; issue 39 asks that this cost less than the
-        writes), once the zeroing it started is done."""
+        """Runs fn, then records what the metadata node zeroed per byte the mount moved to
+        data nodes (every copy's; freed space is zeroed before reuse, and issue 39 asks that
+        this cost less than the writes), once the zeroing it started is done (30 s at most:
+        space still held by clients counts as zeroing too)."""
         zeroed, written = self.node_metric("rfs_node_zeroed_bytes_total"), target.counters()
         fn()
         if zeroed is None or not written:
@@ -486,9 +491,10 @@ class Bench:
         while (self.node_metric("rfs_node_zeroing_bytes") or 0) > 0 and time.time() < deadline:
             time.sleep(0.1)
         moved = target.counters()["bytes_written"] - written["bytes_written"]
-        if moved > 0:
-            per = (self.node_metric("rfs_node_zeroed_bytes_total") - zeroed) / moved
-            self.record(target, config, "zeroing", "zeroed bytes per written byte", per, "")
+        after = self.node_metric("rfs_node_zeroed_bytes_total")
+        if moved > 0 and after is not None:
+            self.record(target, config, "zeroing", "zeroed bytes per byte written to data nodes",
+                         (after - zeroed) / moved, "")
 
     def measure(self, target, config, full=True):
         self.progress.step(f"measuring {target.name} ({config})")

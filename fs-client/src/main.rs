@@ -611,6 +611,8 @@ fn main() -> ExitCode {
         }
         if session.guard.is_finished() {
             // Unmounted from outside (fusermount3 -u), or by us above.
+            // Whether the kernel still lists our mount (the connection may be gone either way).
+            let listed = ours.is_some() && mount_table::top_mount_id(&mountpoint) == ours;
             let mounted = still_ours(&mountpoint, ours, &connection);
             if mounted {
                 // The session ended while still mounted (an error of the FUSE loop): a dead
@@ -621,8 +623,9 @@ fn main() -> ExitCode {
             break match ended(session) {
                 Ok(()) => ExitCode::SUCCESS,
                 // The kernel may abort the connection as the last user of an unmounted (or
-                // detached) mount lets go, rather than close it: an end all the same.
-                Err(e) if !mounted && e.raw_os_error() == Some(libc::ECONNABORTED) => {
+                // detached) mount lets go, rather than close it: an end all the same. Not
+                // while the mount is still there (an abort through fusectl).
+                Err(e) if !listed && e.raw_os_error() == Some(libc::ECONNABORTED) => {
                     ExitCode::SUCCESS
                 }
                 Err(e) => {

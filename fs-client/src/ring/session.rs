@@ -110,13 +110,13 @@ pub(super) fn serve<B: Backend>(
     let welcome = Reply::Welcome { max_io: MAX_IO }.encode();
     let efds = [ring.submitted.as_raw_fd(), ring.completed.as_raw_fd()];
     wire::send(&conn, &welcome, &efds)?;
-    ring.fs.ring_served(true);
     let submitting = {
         let ring = ring.clone();
         std::thread::Builder::new()
             .name("ring-submit".into())
             .spawn(move || ring.take_submissions())?
     };
+    ring.fs.ring_served(true);
     let why = loop {
         let (n, fds) = match wire::recv(&conn, &mut buf) {
             Ok(got) => got,

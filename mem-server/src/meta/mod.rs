@@ -286,7 +286,8 @@ impl MetaService {
         });
         for id in lost {
             log::warn!("this node's own pool before the restart (data node {id}) is gone");
-            meta.node_left(id);
+            // Down for good (as journaled), not away: only its copies go from the maps.
+            meta.drop_copies_on(meta.state.lock(), id);
         }
         Ok((meta, wait))
     }
