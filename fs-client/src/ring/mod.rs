@@ -282,12 +282,12 @@ impl<B: Backend> Served<B> {
         let spawned = std::thread::Builder::new()
             .name("ring".into())
             .spawn(move || {
-                match session::serve(fs, shared.clone(), conn, caller, dev) {
-                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                        log::debug!("ring of process {pid}: ended")
+                // It serves until the application hangs up (or breaks the ring).
+                if let Err(why) = session::serve(fs, shared.clone(), conn, caller, dev) {
+                    match why.kind() {
+                        io::ErrorKind::UnexpectedEof => log::debug!("ring of process {pid}: ended"),
+                        _ => log::info!("ring of process {pid}: {why}"),
                     }
-                    Err(e) => log::info!("ring of process {pid}: {e}"),
-                    Ok(()) => {}
                 }
                 shared.give_ring(uid);
             });

@@ -35,6 +35,15 @@ const HELLO_WITHIN: Duration = Duration::from_secs(5);
 const IDLE: Duration = Duration::from_millis(100);
 const FULL: Duration = Duration::from_millis(1);
 
+/// The bytes request `sqe` moves (as bounded once checked): none for an fsync, whatever its
+/// length field says.
+fn moves(sqe: &Sqe) -> u64 {
+    match sqe.op {
+        op::READ | op::WRITE => u64::from(sqe.len.min(MAX_IO)),
+        _ => 0,
+    }
+}
+
 /// Whether request `next` continues `last`: a read or a write of the same file, its file and
 /// buffer ranges right after the other's.
 fn follows(last: &Sqe, next: &Sqe) -> bool {
@@ -322,8 +331,7 @@ impl<B: Backend> Ring<B> {
                     break;
                 }
                 let sqe: Sqe = self.ring.read(self.layout.sqe_at(head));
-                // As much as it may take once checked (a request over it fails).
-                taking += u64::from(sqe.len.min(MAX_IO));
+                taking += moves(&sqe);
                 batch.push(sqe);
                 self.in_flight.fetch_add(1, Ordering::AcqRel);
                 head = head.wrapping_add(1);
@@ -370,7 +378,7 @@ impl<B: Backend> Ring<B> {
                     continue;
                 }
             };
-            let len = sqe.len as u64;
+            let len = moves(&sqe);
             self.bytes_in_flight.fetch_add(len, Ordering::AcqRel);
             self.shared.bytes_in_flight.fetch_add(len, Ordering::AcqRel);
             if let Some((last, _)) = run.last() {
@@ -404,7 +412,7 @@ impl<B: Backend> Ring<B> {
                     Err(errno) => -(errno as i64),
                 };
                 at += sqe.len as u64;
-                me.complete(Some(f), sqe.user_data, result, sqe.len as u64);
+                me.complete(Some(f), sqe.user_data, result, moves(sqe));
             }
         };
         match first.op {
@@ -433,10 +441,10 @@ impl<B: Backend> Ring<B> {
                 file.wrote.store(true, Ordering::Release);
                 // An open on the mount meanwhile must not keep pages from before it.
                 self.fs.pages_changed(file.ino);
-                self.fs.write(
+                self.fs.write_owned(
                     file.ino,
                     first.offset,
-                    &data,
+                    data,
                     Box::new(move |r: crate::fs::Result<u32>| {
                         finish(r.map(u64::from).map_err(|e| e.errno().raw()))
                     }),
@@ -462,12 +470,12 @@ impl<B: Backend> Ring<B> {
     fn check(&self, sqe: &Sqe) -> Result<Arc<Registered>, Errno> {
         let files = self.files.lock().unwrap();
         let file = files.get(&sqe.file).cloned().ok_or(Errno::EBADF)?;
-        let file = self.well_formed(sqe, file)?;
+        self.well_formed(sqe, &file)?;
         file.in_flight.fetch_add(1, Ordering::AcqRel);
         Ok(file)
     }
 
-    fn well_formed(&self, sqe: &Sqe, file: Arc<Registered>) -> Result<Arc<Registered>, Errno> {
+    fn well_formed(&self, sqe: &Sqe, file: &Registered) -> Result<(), Errno> {
         match sqe.op {
             op::READ | op::WRITE => {
                 let allowed = match sqe.op {
@@ -488,9 +496,9 @@ impl<B: Backend> Ring<B> {
                 if !self.buffer.holds(sqe.buf_off, sqe.len as u64) {
                     return Err(Errno::from_raw(libc::EFAULT));
                 }
-                Ok(file)
+                Ok(())
             }
-            op::FSYNC => Ok(file),
+            op::FSYNC => Ok(()),
             _ => Err(Errno::EINVAL),
         }
     }

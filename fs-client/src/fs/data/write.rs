@@ -7,6 +7,55 @@ use rfs_proto::message::GetAttr;
 use super::*;
 use crate::fs::KernelInval;
 
+/// A write's bytes: borrowed (FUSE's, copied into a buffer per chunk piece), or owned (moved
+/// into the pieces).
+enum Bytes<'a> {
+    Borrowed(&'a [u8]),
+    Owned(Vec<u8>),
+}
+
+impl Bytes<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Bytes::Borrowed(b) => b.len(),
+            Bytes::Owned(v) => v.len(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The buffer of each of `segs` (in order, covering the bytes).
+    fn into_pieces(self, segs: Vec<Segment>) -> Vec<(Segment, Vec<u8>)> {
+        match self {
+            Bytes::Borrowed(data) => segs
+                .into_iter()
+                .map(|s| {
+                    let piece = data[s.at..s.at + s.len].to_vec();
+                    (s, piece)
+                })
+                .collect(),
+            Bytes::Owned(mut data) => {
+                // From the last piece back: the first keeps the buffer itself.
+                let mut pieces: Vec<_> = segs
+                    .into_iter()
+                    .rev()
+                    .map(|s| {
+                        let piece = match s.at {
+                            0 => std::mem::take(&mut data),
+                            at => data.split_off(at),
+                        };
+                        (s, piece)
+                    })
+                    .collect();
+                pieces.reverse();
+                pieces
+            }
+        }
+    }
+}
+
 impl<B: Backend> Rfs<B> {
     /// Writes `data` at `offset` of a chunk to every replica at once; `done` gets None once
     /// each has it, the replicas it reached if some failed (those the map must drop before the
@@ -120,7 +169,20 @@ impl<B: Backend> Rfs<B> {
     /// Writes `data` at `offset`; `done` gets the byte count once every piece is in remote
     /// memory, on every replica.
     pub fn write(self: &Arc<Self>, ino: Ino, offset: u64, data: &[u8], done: WriteDone) {
-        self.write_answering(ino, offset, data, false, done)
+        self.write_answering(ino, offset, Bytes::Borrowed(data), false, done)
+    }
+
+    /// Like [`Self::write`], with bytes the caller gives up: they become the transfer's
+    /// buffer rather than being copied into one (all of them within one chunk; a piece past
+    /// a chunk's edge is split off).
+    pub(crate) fn write_owned(
+        self: &Arc<Self>,
+        ino: Ino,
+        offset: u64,
+        data: Vec<u8>,
+        done: WriteDone,
+    ) {
+        self.write_answering(ino, offset, Bytes::Owned(data), false, done)
     }
 
     /// Like [`Self::write`], but with write-behind on (see [`behind`](super::behind)), and
@@ -138,7 +200,7 @@ impl<B: Backend> Rfs<B> {
         done: WriteDone,
     ) {
         let early = !sync && self.behind.enabled();
-        self.write_answering(ino, offset, data, early, done)
+        self.write_answering(ino, offset, Bytes::Borrowed(data), early, done)
     }
 
     /// A write, answered once mapped (`early`) or once landed.
@@ -146,7 +208,7 @@ impl<B: Backend> Rfs<B> {
         self: &Arc<Self>,
         ino: Ino,
         offset: u64,
-        data: &[u8],
+        data: Bytes<'_>,
         early: bool,
         done: WriteDone,
     ) {
@@ -162,10 +224,7 @@ impl<B: Backend> Rfs<B> {
             return done(Err(e));
         }
         ClientStats::add(&self.stats.writes, 1);
-        let pieces: Vec<_> = segments(offset, data.len(), self.chunk_size)
-            .into_iter()
-            .map(|s| (s, data[s.at..s.at + s.len].to_vec()))
-            .collect();
+        let pieces = data.into_pieces(segments(offset, len as usize, self.chunk_size));
         // Answered by whichever comes first: the end of the transfers (always, without
         // write-behind; with it, when mapping their chunks fails), or their mapping.
         let answer = Arc::new(Mutex::new(Some(done)));
@@ -524,4 +583,32 @@ struct WriteState {
     again: Vec<(Segment, Vec<u8>)>,
     stale: Option<Error>,
     failure: Option<Error>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owned_bytes_make_the_same_pieces_as_borrowed_ones() {
+        let data: Vec<u8> = (0..10_000u32).map(|i| i as u8).collect();
+        for (offset, len) in [
+            (0, 10_000),
+            (100, 4096),
+            (4000, 9000),
+            (4096, 1),
+            (12_000, 0),
+        ] {
+            let bytes = &data[..len];
+            let borrowed = Bytes::Borrowed(bytes).into_pieces(segments(offset, len, 4096));
+            let owned = Bytes::Owned(bytes.to_vec()).into_pieces(segments(offset, len, 4096));
+            let shape = |p: &[(Segment, Vec<u8>)]| {
+                p.iter()
+                    .map(|(s, b)| (s.index, s.offset_in_chunk, s.at, b.clone()))
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(shape(&borrowed), shape(&owned), "{offset} {len}");
+            assert_eq!(borrowed.iter().map(|(_, b)| b.len()).sum::<usize>(), len);
+        }
+    }
 }
