@@ -8,6 +8,9 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --all-features -- -D warnings
+# The end-to-end tests start the workspace's binaries and load rfs-io's C library (a cdylib,
+# which `cargo test` alone does not build).
+cargo build --workspace
 cargo test --workspace
 bash tests/rxe/run.sh
 bash fuzz/run.sh 60

@@ -38,7 +38,7 @@ pub fn bin(name: &str) -> PathBuf {
         .join(name);
     assert!(
         path.exists(),
-        "{} is not built: run `cargo build --workspace` (or `cargo test --workspace`) first",
+        "{} is not built: run `cargo build --workspace` first",
         path.display()
     );
     path
