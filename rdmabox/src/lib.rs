@@ -35,6 +35,8 @@ pub mod workers;
 
 pub use counters::Snapshot;
 pub use poller::PollMode;
-pub use session::{AbortHandle, IoError, KeepingCallback, Pending, Session, SessionConfig};
+pub use session::{
+    AbortHandle, IoError, KeepingCallback, LandedCallback, Pending, Session, SessionConfig,
+};
 pub use transport::connect_queue_pairs;
 pub use window::WindowConfig;

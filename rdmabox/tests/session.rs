@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdmabox::transport::{
-    Access, CompletionQueue, Context, MemoryRegion, ProviderKind, QpCaps, QpRoute, QueuePair,
-    RemoteAddr, TransportConfig, WcStatus,
+    Access, CompletionQueue, Context, ExternalMemory, Landing, MemoryRegion, ProviderKind, QpCaps,
+    QpRoute, QueuePair, RemoteAddr, TransportConfig, WcStatus,
 };
 use rdmabox::{connect_queue_pairs, IoError, PollMode, Session, SessionConfig, WindowConfig};
 
@@ -265,6 +265,110 @@ fn borrowing_reads_see_the_bytes_where_they_landed() {
         .unwrap();
     assert!(copied == data[..4096]);
     assert_eq!(session.counters().premr_copies, before + 1);
+}
+
+/// Memory of the caller's own (as an application's shared buffer is), which says when it goes.
+struct Outside {
+    bytes: *mut u8,
+    len: usize,
+    gone: Arc<AtomicUsize>,
+}
+
+// SAFETY: reached only through raw pointers (Landing's copies, the provider's writes, and the
+// test's reads once every transfer is over).
+unsafe impl Send for Outside {}
+// SAFETY: as for Send.
+unsafe impl Sync for Outside {}
+
+// SAFETY: the boxed slice is leaked in `outside` and freed only in `drop`: it stays put while
+// the object lives.
+unsafe impl ExternalMemory for Outside {
+    fn as_ptr(&self) -> *mut u8 {
+        self.bytes
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+impl Drop for Outside {
+    fn drop(&mut self) {
+        // SAFETY: made from a leaked Box<[u8]> of this length in `outside`, freed once.
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.bytes, self.len)) });
+        self.gone.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn outside(len: usize) -> (Arc<Outside>, Arc<AtomicUsize>) {
+    let gone = Arc::new(AtomicUsize::new(0));
+    let bytes = Box::leak(vec![0xeeu8; len].into_boxed_slice()).as_mut_ptr();
+    let memory = Outside {
+        bytes,
+        len,
+        gone: gone.clone(),
+    };
+    (Arc::new(memory), gone)
+}
+
+impl Outside {
+    fn bytes(&self, at: usize, len: usize) -> Vec<u8> {
+        assert!(at + len <= self.len);
+        // SAFETY: inside the memory; called once the reads into it are over.
+        unsafe { std::slice::from_raw_parts(self.bytes.add(at), len).to_vec() }
+    }
+}
+
+/// Reads into memory of the caller's: a large one is registered there and lands there (no
+/// copy), a small one is staged and copied in; failures leave the memory as it was, and the
+/// memory lives on while a transfer still holds it, whoever let go of it first.
+#[test]
+fn reads_land_in_the_callers_memory() {
+    let (lender, session) = setup(8 << 20, SessionConfig::default());
+    let data = pattern(4 << 20, 9);
+    lender.mem.write_at(0, &data).unwrap();
+    let (memory, gone) = outside(6 << 20);
+    let read_into = |off: u64, to: usize, len: usize| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let into = Landing::new(memory.clone(), to, len).unwrap();
+        session.read_into(at(&lender, off), into, Box::new(move |r| drop(tx.send(r))));
+        rx
+    };
+    let registered = session.counters().dynmr_registrations;
+    read_into(4096, 1 << 20, 3 << 20).recv().unwrap().unwrap();
+    assert!(memory.bytes(1 << 20, 3 << 20) == data[4096..4096 + (3 << 20)]);
+    assert_eq!(memory.bytes((1 << 20) - 1, 1), [0xee]);
+    assert_eq!(memory.bytes(4 << 20, 1), [0xee]);
+    assert_eq!(session.counters().dynmr_registrations, registered + 1);
+    let small: Vec<_> = (0..64usize)
+        .map(|i| read_into(i as u64 * 4096, i * 4096, 4096))
+        .collect();
+    for rx in small {
+        rx.recv().unwrap().unwrap();
+    }
+    assert!(memory.bytes(0, 64 * 4096) == data[..64 * 4096]);
+    assert_eq!(session.counters().dynmr_registrations, registered + 1);
+    let before = memory.bytes(5 << 20, 1 << 20);
+    assert!(matches!(
+        read_into((8 << 20) - (1 << 20) + 1, 5 << 20, 1 << 20)
+            .recv()
+            .unwrap(),
+        Err(IoError::OutOfBounds { .. })
+    ));
+    assert!(memory.bytes(5 << 20, 1 << 20) == before);
+    // The caller lets go at once; the transfer keeps the memory until it is over.
+    let rx = read_into(0, 0, 2 << 20);
+    drop(memory);
+    rx.recv().unwrap().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while gone.load(Ordering::SeqCst) == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        gone.load(Ordering::SeqCst),
+        1,
+        "freed once the transfer let go"
+    );
+    assert_eq!(session.counters().inflight_bytes, 0);
 }
 
 /// Borrowing reads that merge into one work request are each lent their own bytes, without a

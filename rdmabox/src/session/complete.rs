@@ -290,12 +290,12 @@ impl Inner {
                         done => {
                             slot.read_at(off, &mut v);
                             Counters::add(&c.premr_copies, 1);
-                            done.ok(v)
+                            done.ok(Buffer::Plain(v))
                         }
                     }
                 }
                 // A write's buffer, or a dynMR read's, which it landed in.
-                (buf, _) => r.done.ok(buf.into_vec()),
+                (buf, _) => r.done.ok(buf),
             }
         }
     }

@@ -26,7 +26,8 @@ use crate::merge_queue::MergeQueue;
 use crate::mr_pool::{MrPool, Slot};
 use crate::poller::PollMode;
 use crate::transport::{
-    CompletionQueue, ProtectionDomain, QpCaps, QueuePair, RemoteAddr, RemoteRegion, WcStatus,
+    Access, CompletionQueue, Landing, ProtectionDomain, QpCaps, QueuePair, RemoteAddr,
+    RemoteRegion, WcStatus,
 };
 use crate::window::{AdmissionPolicy, WindowConfig};
 
@@ -143,6 +144,9 @@ pub type KeepingCallback = Box<dyn FnOnce(Result<Vec<u8>, (IoError, Vec<u8>)>) +
 
 /// Receives a read's bytes where they landed, for as long as the call lasts.
 pub type BorrowingCallback = Box<dyn FnOnce(Result<&[u8], IoError>) + Send>;
+
+/// Hears that a read is in the caller's memory (or why not).
+pub type LandedCallback = Box<dyn FnOnce(Result<(), IoError>) + Send>;
 
 /// One queue pair with its CQ and the work requests it has in flight, keyed by wr_id.
 struct SessionQp {
@@ -351,6 +355,42 @@ impl Session {
             Buffer::Plain(Vec::new()),
             Done::Borrowing(done),
         );
+    }
+
+    /// Reads `into.len()` bytes at `remote` into the caller's memory `into`. At the dynMR
+    /// threshold and above that memory is registered for the transfer, which lands there and
+    /// nowhere else; below it the bytes are staged in a pool slot and copied in, as any small
+    /// read's are (a copy costs less than a registration).
+    pub fn read_into(&self, remote: RemoteAddr, into: Landing, done: LandedCallback) {
+        let len = into.len();
+        if !self.inner.is_dynamic_len(len) {
+            return self.read_borrowing(
+                remote,
+                len,
+                Box::new(move |r| {
+                    done(r.map(|bytes| {
+                        into.copy_in(0, bytes);
+                    }))
+                }),
+            );
+        }
+        match self.inner.pd.register_landing(&into, Access::LOCAL_WRITE) {
+            Ok(mr) => {
+                Counters::add(&self.inner.counters.dynmr_registrations, 1);
+                self.inner.submit(
+                    Dir::Read,
+                    remote,
+                    len,
+                    Buffer::Registered(Arc::new(mr)),
+                    Done::Landed(done),
+                )
+            }
+            Err(e) => {
+                Counters::add(&self.inner.counters.requests, 1);
+                Counters::add(&self.inner.counters.requests_failed, 1);
+                done(Err(IoError::Registration(e.to_string())))
+            }
+        }
     }
 
     /// Reads the remote ranges `pieces` side by side; `done` borrows their bytes as one run,
@@ -568,6 +608,6 @@ impl Inner {
     /// Answers a request with an error and counts it as failed.
     fn fail(&self, r: Request, e: IoError) {
         Counters::add(&self.counters.requests_failed, 1);
-        r.done.fail(e, r.buf.into_vec());
+        r.done.fail(e, r.buf);
     }
 }

@@ -11,7 +11,7 @@ use crate::mr_pool::Slot;
 use crate::transport::{MemoryRegion, RemoteAddr};
 
 use super::gather::Gather;
-use super::{BorrowingCallback, Callback, IoError, KeepingCallback};
+use super::{BorrowingCallback, Callback, IoError, KeepingCallback, LandedCallback};
 
 /// The direction of a request; indexes the session's two merge queues.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,8 +21,8 @@ pub(super) enum Dir {
 }
 
 /// The caller's buffer: as handed in (to be staged through the preMR pool), registered for
-/// the transfer itself (dynMR), or a piece of a gathered read's slot, at this offset of the
-/// pool region.
+/// the transfer itself (dynMR: the caller's vector, or the caller's memory a read lands in),
+/// or a piece of a gathered read's slot, at this offset of the pool region.
 pub(super) enum Buffer {
     Plain(Vec<u8>),
     Registered(Arc<MemoryRegion>),
@@ -54,24 +54,28 @@ pub(super) enum Done {
     Borrowing(BorrowingCallback),
     /// A piece of a gathered read, which answers once all its pieces are over.
     Gathered(Arc<Gather>),
+    /// A read that landed in the caller's memory (its buffer is a registration of it).
+    Landed(LandedCallback),
 }
 
 impl Done {
-    pub(super) fn ok(self, buf: Vec<u8>) {
+    pub(super) fn ok(self, buf: Buffer) {
         match self {
-            Done::Result(done) => done(Ok(buf)),
-            Done::Keeping(done) => done(Ok(buf)),
-            Done::Borrowing(done) => done(Ok(&buf)),
+            Done::Result(done) => done(Ok(buf.into_vec())),
+            Done::Keeping(done) => done(Ok(buf.into_vec())),
+            Done::Borrowing(done) => done(Ok(&buf.into_vec())),
             Done::Gathered(g) => g.piece_done(None),
+            Done::Landed(done) => done(Ok(())),
         }
     }
 
-    pub(super) fn fail(self, e: IoError, buf: Vec<u8>) {
+    pub(super) fn fail(self, e: IoError, buf: Buffer) {
         match self {
             Done::Result(done) => done(Err(e)),
-            Done::Keeping(done) => done(Err((e, buf))),
+            Done::Keeping(done) => done(Err((e, buf.into_vec()))),
             Done::Borrowing(done) => done(Err(e)),
             Done::Gathered(g) => g.piece_done(Some(e)),
+            Done::Landed(done) => done(Err(e)),
         }
     }
 }

@@ -38,10 +38,10 @@ impl Inner {
         Counters::add(&self.counters.requests, 1);
         if self.closed.load(Ordering::Acquire) {
             Counters::add(&self.counters.requests_failed, 1);
-            return done.fail(IoError::Closed, buf.into_vec());
+            return done.fail(IoError::Closed, buf);
         }
         if len == 0 {
-            return done.ok(buf.into_vec());
+            return done.ok(buf);
         }
         // Only the range: keys are the peer's to check (one region may be reached by many
         // keys, each granting part of it).
@@ -58,7 +58,7 @@ impl Inner {
                 addr: remote.addr,
                 len,
             };
-            return done.fail(e, buf.into_vec());
+            return done.fail(e, buf);
         }
         self.queues[dir as usize].push(Request {
             remote,

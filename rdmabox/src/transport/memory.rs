@@ -29,6 +29,10 @@ pub(crate) enum Backing {
     Borrowed,
     /// Part of another region (`register_within`), kept alive by holding it.
     Within { _parent: Arc<MrInner> },
+    /// Memory owned outside the library (`register_landing`), kept alive by holding it.
+    External {
+        _memory: Arc<dyn super::landing::ExternalMemory>,
+    },
     /// Already handed back by `into_vec`.
     Taken,
 }
@@ -95,7 +99,10 @@ impl Drop for Backing {
             },
             // SAFETY: ptr/len/cap came from a Vec<u8> in `from_vec` and were never freed.
             Backing::Vec { ptr, len, cap } => unsafe { drop(Vec::from_raw_parts(ptr, len, cap)) },
-            Backing::Borrowed | Backing::Within { .. } | Backing::Taken => {}
+            Backing::Borrowed
+            | Backing::Within { .. }
+            | Backing::External { .. }
+            | Backing::Taken => {}
         }
     }
 }

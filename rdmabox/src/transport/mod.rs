@@ -12,6 +12,7 @@ mod binding;
 mod connect;
 mod deadline;
 mod endpoint;
+mod landing;
 pub mod memory;
 mod region;
 pub mod tcp;
@@ -32,6 +33,7 @@ pub use binding::ControlBinding;
 pub use connect::connect_queue_pairs;
 pub use deadline::DeadlineStream;
 pub use endpoint::{exchange_endpoints, Endpoint};
+pub use landing::{ExternalMemory, Landing};
 pub use memory::{MemoryRegion, Sge};
 pub use region::{Access, RemoteAddr, RemoteRegion};
 pub use tcp::{Arrivals, Authenticated, Dialer, InlineConsumer, QpRoute, TcpConfig, WireKeys};
@@ -287,6 +289,16 @@ impl ProtectionDomain {
         access: Access,
     ) -> io::Result<MemoryRegion> {
         self.register(memory::Backing::Borrowed, ptr as u64, len, access)
+            .map_err(|(e, _)| e)
+    }
+
+    /// Registers the memory a read lands in, for the transfer that lands there; the region
+    /// keeps that memory alive.
+    pub fn register_landing(&self, landing: &Landing, access: Access) -> io::Result<MemoryRegion> {
+        let backing = memory::Backing::External {
+            _memory: landing.memory(),
+        };
+        self.register(backing, landing.ptr() as u64, landing.len(), access)
             .map_err(|(e, _)| e)
     }
 

@@ -202,8 +202,9 @@ impl Pd {
         access: Access,
     ) -> Result<MemoryRegion, (std::io::Error, Backing)> {
         // A region within another is pinned by it (mlock does not nest: our munlock would
-        // unpin the other's pages).
-        let pin = len > 0 && !matches!(backing, Backing::Within { .. });
+        // unpin the other's pages). External memory is another process's to pin or not: no
+        // NIC reads it here, and mlock of a part of its mapping would split the mapping.
+        let pin = len > 0 && !matches!(backing, Backing::Within { .. } | Backing::External { .. });
         // SAFETY: mlock only changes residency of pages we were handed; failure is harmless
         // (not enough RLIMIT_MEMLOCK), the region then works unpinned.
         let pinned = pin && unsafe { libc::mlock(addr as *const libc::c_void, len) } == 0;
