@@ -1,18 +1,16 @@
 //! Memory shared between an application and fs-client: a memfd, sealed against shrinking (so
-//! that no side can make the other's accesses fault), mapped by both ([`SharedMemory`]), or
-//! reached by fs-client through the descriptor alone ([`SharedFile`]: a page the other side
-//! took away, by punching a hole, then fails with an errno rather than a signal). Huge-page
-//! memfds are refused: a hole in one may not fault back in.
+//! that no side can make the other's accesses fault), mapped by both ([`SharedMemory`]).
+//! Huge-page memfds are refused: a hole in one may not fault back in. (A page the other side
+//! punches out of a small-page memfd faults back in, but may fail to where memory is short:
+//! fs-client guards its mappings against that.)
 //!
 //! The other process may write any byte at any moment, so nothing here hands out references
 //! into the mapping: bytes are copied in and out through raw pointers, entries read and
 //! written whole, counters touched only as atomics.
 
 use std::ffi::CStr;
-use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::os::unix::fs::FileExt;
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU32;
 
@@ -203,46 +201,6 @@ pub fn check_shared(fd: &OwnedFd, len: u64) -> io::Result<()> {
     Ok(())
 }
 
-/// Shared memory reached through its descriptor (pread and pwrite), never mapped: whatever
-/// the other process does to it, an access fails with an errno at worst.
-#[derive(Debug)]
-pub struct SharedFile {
-    file: File,
-    len: u64,
-}
-
-impl SharedFile {
-    /// The `len` bytes of the memfd `fd` another process made, if [`check_shared`] takes it.
-    pub fn open(fd: OwnedFd, len: u64) -> io::Result<SharedFile> {
-        check_shared(&fd, len)?;
-        Ok(SharedFile {
-            file: File::from(fd),
-            len,
-        })
-    }
-
-    /// Whether `len` bytes at `at` are inside.
-    pub fn holds(&self, at: u64, len: u64) -> bool {
-        at.checked_add(len).is_some_and(|end| end <= self.len)
-    }
-
-    /// Copies `data` to `at`.
-    pub fn write_at(&self, at: u64, data: &[u8]) -> io::Result<()> {
-        if !self.holds(at, data.len() as u64) {
-            return Err(invalid("outside the shared memory"));
-        }
-        self.file.write_all_at(data, at)
-    }
-
-    /// Copies the bytes at `at` into `out`.
-    pub fn read_at(&self, at: u64, out: &mut [u8]) -> io::Result<()> {
-        if !self.holds(at, out.len() as u64) {
-            return Err(invalid("outside the shared memory"));
-        }
-        self.file.read_exact_at(out, at)
-    }
-}
-
 fn invalid(why: impl Into<String>) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, why.into())
 }
@@ -284,13 +242,6 @@ mod tests {
         assert!(SharedMemory::map(unsealed, 4096).is_err());
         let file = std::fs::File::open("/proc/self/status").unwrap();
         assert!(SharedMemory::map(file.into(), 10).is_err());
-        let dup = || a.fd().try_clone_to_owned().unwrap();
-        let through = SharedFile::open(dup(), 4096).unwrap();
-        through.write_at(10, b"abc").unwrap();
-        let mut out = [0u8; 3];
-        assert!(a.copy_out(10, &mut out) && &out == b"abc");
-        assert!(through.write_at(4095, b"ab").is_err());
-        assert!(SharedFile::open(dup(), 8192).is_err());
     }
 
     #[test]

@@ -100,6 +100,64 @@ fn the_ring_reads_and_writes_the_same_file_as_the_mount() {
     assert_eq!(m.stat("io_errors"), 0);
 }
 
+/// Reads land in the application's buffer where it asked: large ones straight from the wire
+/// (a registration of the buffer, no copy on the way), holes and the parts of a chunk no
+/// write reached as zeros over whatever the buffer held, and nothing past what the file has.
+#[test]
+fn reads_land_in_the_buffer_with_the_holes_zeroed() {
+    let meta = MemServer::meta("64M", "1M");
+    let m = Mount::new(&meta, &[]);
+    let f = fs::File::create(m.path("sparse")).unwrap();
+    f.write_all_at(&pattern(100, 1), 0).unwrap();
+    f.write_all_at(&pattern(3 << 19, 2), (1 << 20) + (64 << 10) + 300)
+        .unwrap();
+    f.set_len(4 << 20).unwrap();
+    drop(f);
+    fs::write(m.path("small"), pattern(100, 3)).unwrap();
+    let want = fs::read(m.path("sparse")).unwrap();
+
+    let mut r = ring(&m, 8 << 20, 16);
+    let sparse = r
+        .register(&fs::File::open(m.path("sparse")).unwrap())
+        .unwrap();
+    let small = r
+        .register(&fs::File::open(m.path("small")).unwrap())
+        .unwrap();
+    let stale = vec![0xffu8; 8 << 20];
+    let registered = m.stat("dynmr_registrations");
+    for (offset, len, at) in [
+        (0u64, 4u32 << 20, 0u64),
+        (50, 3 << 20, 4096 + 7),
+        ((5 << 19) + 100, 8192, 1 << 20),
+        ((1 << 20) - 10, 20, 5),
+    ] {
+        r.copy_to_buffer(0, &stale).unwrap();
+        r.prep_read(&sparse, offset, len, at, 0).unwrap();
+        let n = r.wait(1).unwrap().remove(0).result.unwrap() as usize;
+        assert_eq!(n, len as usize);
+        let mut got = vec![0u8; 8 << 20];
+        r.copy_from_buffer(0, &mut got).unwrap();
+        let (o, a) = (offset as usize, at as usize);
+        assert!(got[a..a + n] == want[o..o + n], "{offset}+{len} at {at}");
+        assert!(
+            got[..a].iter().chain(&got[a + n..]).all(|&b| b == 0xff),
+            "{offset}+{len} at {at}: only where asked"
+        );
+    }
+    assert!(
+        m.stat("dynmr_registrations") > registered,
+        "large reads registered the buffer"
+    );
+    r.copy_to_buffer(0, &stale).unwrap();
+    r.prep_read(&small, 0, 1 << 20, 64, 0).unwrap();
+    assert_eq!(r.wait(1).unwrap().remove(0).result.unwrap(), 100);
+    let mut got = vec![0u8; 300];
+    r.copy_from_buffer(0, &mut got).unwrap();
+    assert!(got[64..164] == pattern(100, 3)[..]);
+    assert!(got[..64].iter().chain(&got[164..]).all(|&b| b == 0xff));
+    assert_eq!(m.stat("io_errors"), 0);
+}
+
 /// A ring spoken by hand, to send what rfs-io never would.
 mod raw {
     use std::os::fd::{AsFd, AsRawFd, OwnedFd};

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use rdmabox::transport::Landing;
 use rdmabox::Snapshot;
 use rfs_client::Client;
 use rfs_client::{ListHeld, NoticeHandler};
@@ -16,6 +17,8 @@ use super::error::Error;
 
 /// Receives a read's result: its bytes, lent where they landed for the call.
 pub type DataDone = Box<dyn FnOnce(Result<&[u8], Error>) + Send>;
+/// Hears that a read is in the caller's memory (or why not).
+pub type LandedDone = Box<dyn FnOnce(Result<(), Error>) + Send>;
 /// Receives a write's result, and its buffer either way (to send again after a failure).
 pub type WriteBack = Box<dyn FnOnce(Result<(), Error>, Vec<u8>) + Send>;
 
@@ -29,6 +32,19 @@ pub trait Backend: MetadataChannel + Send + Sync + 'static {
     fn connect(&self, node: u32) -> Result<(), Error>;
     /// Reads `len` bytes at `offset` of `chunk`.
     fn read(&self, chunk: &ChunkRef, offset: u64, len: usize, done: DataDone);
+    /// Reads `into.len()` bytes at `offset` of `chunk` into the caller's memory `into`.
+    fn read_into(&self, chunk: &ChunkRef, offset: u64, into: Landing, done: LandedDone) {
+        self.read(
+            chunk,
+            offset,
+            into.len(),
+            Box::new(move |r| {
+                done(r.map(|bytes| {
+                    into.copy_in(0, bytes);
+                }))
+            }),
+        )
+    }
     /// Reads the pieces (chunk, offset in it, length), all on one node, side by side: `done`
     /// gets them as one run of bytes.
     fn read_gathered(&self, pieces: &[(ChunkRef, u64, usize)], done: DataDone);
@@ -91,6 +107,18 @@ impl Backend for Client {
             Ok(d) => d.session.read_borrowing(
                 chunk_addr(chunk, offset),
                 len,
+                Box::new(move |r| done(r.map_err(|e| Error::data(node, &e)))),
+            ),
+            Err(e) => done(Err(e)),
+        }
+    }
+
+    fn read_into(&self, chunk: &ChunkRef, offset: u64, into: Landing, done: LandedDone) {
+        let node = chunk.node;
+        match session_of(self, chunk) {
+            Ok(d) => d.session.read_into(
+                chunk_addr(chunk, offset),
+                into,
                 Box::new(move |r| done(r.map_err(|e| Error::data(node, &e)))),
             ),
             Err(e) => done(Err(e)),

@@ -57,9 +57,9 @@ use rfs_proto::types::{
 use rfs_proto::wire::MAX_LIST;
 use rfs_proto::{Errno, MetadataChannel};
 
-pub use backend::{Backend, DataDone, WriteBack};
+pub use backend::{Backend, DataDone, LandedDone, WriteBack};
 pub use coherence::KernelInval;
-pub use data::{ReadDone, WriteDone};
+pub use data::{LandDone, ReadDone, WriteDone};
 pub use error::{Error, Result};
 pub use kernel_handles::{access, PageCacheUse};
 pub use locks::{LockDone, StillWanted};

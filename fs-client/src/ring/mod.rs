@@ -9,6 +9,7 @@
 //! checked before use ([`rfs_io::shm`]) and never trusted after: a hostile or dying
 //! application can hurt only its own requests.
 
+mod guard;
 mod session;
 
 use std::collections::HashMap;

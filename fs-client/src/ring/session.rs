@@ -11,12 +11,14 @@ use std::time::Duration;
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::eventfd::{EfdFlags, EventFd};
+use rdmabox::transport::Landing;
 use rfs_io::layout::{op, Cqe, Layout, Sqe, CQ_HEAD, CQ_TAIL, SQ_HEAD, SQ_TAIL};
-use rfs_io::shm::{SharedFile, SharedMemory};
+use rfs_io::shm::SharedMemory;
 use rfs_io::wire::{self, Reply, Request, MAX_MESSAGE};
 use rfs_proto::types::{Caller, FileAccess, Ino};
 use rfs_proto::Errno;
 
+use super::guard::GuardedMemory;
 use super::Shared;
 use crate::fs::{Backend, Rfs};
 
@@ -72,10 +74,12 @@ struct Ring<B: Backend> {
     shared: Arc<Shared>,
     /// The connection, shut down when the application breaks the ring (its `wait` wakes).
     conn: OwnedFd,
-    ring: SharedMemory,
-    /// Reached through its descriptor: a hole the application punches in it fails a copy
-    /// with an errno rather than fs-client with SIGBUS.
-    buffer: SharedFile,
+    ring: GuardedMemory,
+    /// Where reads land and writes are taken from: a page the application takes away that
+    /// cannot come back spoils it (see `guard`), and the ring ends.
+    buffer: Arc<GuardedMemory>,
+    /// Whether the ring was told to end for a spoilt mapping.
+    spoilt: AtomicBool,
     layout: Layout,
     submitted: EventFd,
     completed: EventFd,
@@ -172,8 +176,12 @@ fn welcome<B: Backend>(
         return Err((libc::EINVAL, format!("a buffer of {buffer_len} bytes")));
     }
     let refused = |e: io::Error| (libc::EINVAL, e.to_string());
-    let ring = SharedMemory::map(ring_fd, layout.bytes()).map_err(refused)?;
-    let buffer = SharedFile::open(buffer_fd, buffer_len).map_err(refused)?;
+    let guarded = |fd, len| {
+        let memory = SharedMemory::map(fd, len).map_err(refused)?;
+        GuardedMemory::new(memory).map_err(|e| (libc::ENOMEM, e.to_string()))
+    };
+    let ring = guarded(ring_fd, layout.bytes())?;
+    let buffer = Arc::new(guarded(buffer_fd, buffer_len as usize)?);
     let eventfd = || {
         EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
             .map_err(|e| (libc::ENOMEM, e.to_string()))
@@ -188,6 +196,7 @@ fn welcome<B: Backend>(
         conn,
         ring,
         buffer,
+        spoilt: AtomicBool::new(false),
         layout,
         submitted: eventfd()?,
         completed: eventfd()?,
@@ -403,8 +412,12 @@ impl<B: Backend> Ring<B> {
         let total: u64 = run.iter().map(|(s, _)| s.len as u64).sum();
         let me = self.clone();
         // Each request's share of what moved (`moved` bytes from the run's start), or the
-        // run's errno.
+        // run's errno; nothing moved right through a spoilt buffer.
         let finish = move |moved: Result<u64, i32>| {
+            let moved = match me.buffer.spoilt() {
+                true => Err(libc::EFAULT),
+                false => moved,
+            };
             let mut at = 0u64;
             for (sqe, f) in &run {
                 let result = match moved {
@@ -417,26 +430,22 @@ impl<B: Backend> Ring<B> {
         };
         match first.op {
             op::READ => {
-                let buffer = self.clone();
-                self.fs.read(
+                let memory: Arc<dyn rdmabox::transport::ExternalMemory> = self.buffer.clone();
+                let into = Landing::new(memory, first.buf_off as usize, total as usize)
+                    .expect("checked against the buffer when taken");
+                self.fs.read_into(
                     file.ino,
                     first.offset,
-                    total as usize,
-                    Box::new(move |r: crate::fs::Result<&[u8]>| {
-                        finish(match r {
-                            Ok(data) => match buffer.buffer.write_at(first.buf_off, data) {
-                                Ok(()) => Ok(data.len() as u64),
-                                Err(e) => Err(e.raw_os_error().unwrap_or(libc::EFAULT)),
-                            },
-                            Err(e) => Err(e.errno().raw()),
-                        })
+                    into,
+                    Box::new(move |r: crate::fs::Result<usize>| {
+                        finish(r.map(|n| n as u64).map_err(|e| e.errno().raw()))
                     }),
                 );
             }
             op::WRITE => {
                 let mut data = vec![0u8; total as usize];
-                if let Err(e) = self.buffer.read_at(first.buf_off, &mut data) {
-                    return finish(Err(e.raw_os_error().unwrap_or(libc::EFAULT)));
+                if !self.buffer.copy_out(first.buf_off, &mut data) || self.buffer.spoilt() {
+                    return finish(Err(libc::EFAULT));
                 }
                 file.wrote.store(true, Ordering::Release);
                 // An open on the mount meanwhile must not keep pages from before it.
@@ -523,5 +532,9 @@ impl<B: Backend> Ring<B> {
         }
         // Non-blocking: a counter the application filled wakes it all the same.
         let _ = self.completed.write(1);
+        let spoilt = self.ring.spoilt() || self.buffer.spoilt();
+        if spoilt && !self.spoilt.swap(true, Ordering::AcqRel) {
+            self.broken("a page of its shared memory could not come back");
+        }
     }
 }

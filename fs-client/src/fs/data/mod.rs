@@ -18,7 +18,7 @@ use rfs_proto::message::DropReplicas;
 use rfs_proto::types::{ChunkRef, Ino, Replicas};
 use rfs_proto::Errno;
 
-use super::backend::{Backend, DataDone};
+use super::backend::{Backend, DataDone, LandedDone};
 use super::chunks::InFlight;
 use super::error::{Error, Result};
 use super::space::SPACE_WAIT;
@@ -30,6 +30,8 @@ mod write;
 
 /// Receives the bytes of a read (short at end of file).
 pub type ReadDone = Box<dyn FnOnce(Result<&[u8]>) + Send>;
+/// Receives how many bytes a read put in the caller's memory.
+pub type LandDone = Box<dyn FnOnce(Result<usize>) + Send>;
 /// Receives the byte count of a write.
 pub type WriteDone = Box<dyn FnOnce(Result<u32>) + Send>;
 

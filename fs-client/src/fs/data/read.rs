@@ -2,7 +2,25 @@
 //! gathered into one transfer), another replica when one fails, and again with a fresh map
 //! when a node refused a stale reference.
 
+use rdmabox::transport::Landing;
+
 use super::*;
+
+/// Where one piece of a read goes: lent to a callback where it landed, or into the caller's
+/// memory.
+enum Sink {
+    Lend(DataDone),
+    Land(Landing, LandedDone),
+}
+
+impl Sink {
+    fn fail(self, e: Error) {
+        match self {
+            Sink::Lend(done) => done(Err(e)),
+            Sink::Land(_, done) => done(Err(e)),
+        }
+    }
+}
 
 impl<B: Backend> Rfs<B> {
     /// Reads `len` bytes at `offset` of a chunk from one of its replicas, and from the next
@@ -13,14 +31,17 @@ impl<B: Backend> Rfs<B> {
         mut replicas: Replicas,
         offset: u64,
         len: usize,
-        done: DataDone,
+        sink: Sink,
     ) {
         if let [c] = replicas[..] {
             // One copy (the common case): nothing to choose or fail over to.
             if c.rkey == 0 {
-                return done(Err(not_granted(&c)));
+                return sink.fail(not_granted(&c));
             }
-            return self.backend.read(&c, offset, len, done);
+            return match sink {
+                Sink::Lend(done) => self.backend.read(&c, offset, len, done),
+                Sink::Land(into, done) => self.backend.read_into(&c, offset, into, done),
+            };
         }
         let turn = self.next_replica.fetch_add(1, Ordering::Relaxed) % replicas.len();
         replicas.rotate_left(turn);
@@ -30,7 +51,7 @@ impl<B: Backend> Rfs<B> {
         if replicas[0] != chosen {
             ClientStats::add(&self.stats.failovers, 1);
         }
-        self.read_from(replicas, 0, offset, len, None, done);
+        self.read_from(replicas, 0, offset, len, None, sink);
     }
 
     /// [`Self::read_replicas`] from replica `k` on; `failure` is the first one's error.
@@ -41,33 +62,48 @@ impl<B: Backend> Rfs<B> {
         offset: u64,
         len: usize,
         failure: Option<Error>,
-        done: DataDone,
+        sink: Sink,
     ) {
         let Some(&c) = replicas.get(k) else {
-            return done(Err(failure.expect("at least one replica was tried")));
+            return sink.fail(failure.expect("at least one replica was tried"));
         };
         if k > 0 {
             ClientStats::add(&self.stats.failovers, 1);
         }
         if c.rkey == 0 {
             let e = not_granted(&c);
-            return self.read_from(replicas, k + 1, offset, len, failure.or(Some(e)), done);
+            return self.read_from(replicas, k + 1, offset, len, failure.or(Some(e)), sink);
         }
         let fs = self.clone();
-        self.backend.read(
-            &c,
-            offset,
-            len,
-            Box::new(move |r: Result<&[u8]>| match r {
-                Ok(data) => done(Ok(data)),
-                Err(e) => {
-                    if k + 1 < replicas.len() {
-                        log::warn!("{e}: reading another replica");
-                    }
-                    fs.read_from(replicas, k + 1, offset, len, failure.or(Some(e)), done)
-                }
-            }),
-        );
+        let next = move |e: Error, sink: Sink| {
+            if k + 1 < replicas.len() {
+                log::warn!("{e}: reading another replica");
+            }
+            fs.read_from(replicas, k + 1, offset, len, failure.or(Some(e)), sink)
+        };
+        match sink {
+            Sink::Lend(done) => self.backend.read(
+                &c,
+                offset,
+                len,
+                Box::new(move |r: Result<&[u8]>| match r {
+                    Ok(data) => done(Ok(data)),
+                    Err(e) => next(e, Sink::Lend(done)),
+                }),
+            ),
+            Sink::Land(into, done) => {
+                let again = into.clone();
+                self.backend.read_into(
+                    &c,
+                    offset,
+                    into,
+                    Box::new(move |r: Result<()>| match r {
+                        Ok(()) => done(Ok(())),
+                        Err(e) => next(e, Sink::Land(again, done)),
+                    }),
+                )
+            }
+        }
     }
 
     /// Reads up to `len` bytes at `offset`; `done` gets them (short at end of file).
@@ -146,7 +182,12 @@ impl<B: Backend> Rfs<B> {
             let Some(replicas) = refs.into_iter().next().flatten() else {
                 return answer(Ok(&vec![0; len])); // a hole
             };
-            return self.read_replicas(replicas, s.offset_in_chunk, len, Box::new(answer));
+            return self.read_replicas(
+                replicas,
+                s.offset_in_chunk,
+                len,
+                Sink::Lend(Box::new(answer)),
+            );
         }
         // Pieces that all have a copy on one node (the common case: a read crossing a chunk
         // boundary): gathered where they land, and answered from there. Should that fail, a
@@ -210,13 +251,109 @@ impl<B: Backend> Rfs<B> {
                 replicas,
                 from,
                 (end - from) as usize,
-                Box::new(move |r: Result<&[u8]>| {
+                Sink::Lend(Box::new(move |r: Result<&[u8]>| {
                     match r {
                         Ok(data) => buf.lock().unwrap()[at..at + data.len()].copy_from_slice(data),
                         Err(e) => job.fail(e),
                     }
                     job.part_done();
-                }),
+                })),
+            );
+        }
+    }
+
+    /// Reads up to `into.len()` bytes at `offset` into the caller's memory: each piece lands
+    /// where it belongs (straight from the wire at the dynMR size and above), and what no copy
+    /// holds (a hole) is zeroed there; `done` gets how many bytes the file had (short at end
+    /// of file: the rest of `into` is left as it was).
+    pub fn read_into(self: &Arc<Self>, ino: Ino, offset: u64, into: Landing, done: LandDone) {
+        if ino == STATS_INO {
+            let bytes = self.stats_read(offset, into.len());
+            into.copy_in(0, &bytes);
+            return done(Ok(bytes.len()));
+        }
+        self.behind.settle(ino, offset, offset + into.len() as u64);
+        let size = match self.size_for_read(ino) {
+            Ok(s) => s,
+            Err(e) => return done(Err(e)),
+        };
+        let len = (size.saturating_sub(offset)).min(into.len() as u64) as usize;
+        let Some(into) = into.part(0, len).filter(|_| len > 0) else {
+            return done(Ok(0));
+        };
+        ClientStats::add(&self.stats.reads, 1);
+        ClientStats::add(&self.stats.bytes_read, len as u64);
+        let attempt = Attempt::first(self.retry_window, self.hard);
+        self.land_attempt(ino, offset, into, attempt, done);
+    }
+
+    /// One try of [`Self::read_into`]; a stale reference makes another, whole.
+    fn land_attempt(
+        self: &Arc<Self>,
+        ino: Ino,
+        offset: u64,
+        into: Landing,
+        attempt: Attempt,
+        done: LandDone,
+    ) {
+        let len = into.len();
+        let segs = segments(offset, len, self.chunk_size);
+        let (refs, hold) = match self.refs(ino, segs[0].index, segs.len() as u64, None) {
+            Ok(r) => r,
+            Err(e) => return done(Err(e)),
+        };
+        let answer = {
+            let (fs, from, into) = (self.clone(), segs[0].index, into.clone());
+            move |r: Result<()>| {
+                drop(hold);
+                match r {
+                    Err(e) if e.is_stale() => {
+                        let retry_fs = fs.clone();
+                        fs.again(ino, from, attempt, e, move |next| match next {
+                            Ok(next) => retry_fs.land_attempt(ino, offset, into, next, done),
+                            Err(e) => done(Err(e)),
+                        })
+                    }
+                    Err(e) => {
+                        Self::piece_failed(&fs.stats, &e);
+                        done(Err(e))
+                    }
+                    Ok(()) => done(Ok(len)),
+                }
+            }
+        };
+        let job = Pieces::new(segs.len(), Box::new(answer));
+        for (s, r) in segs.iter().zip(refs) {
+            let (lo, hi) = (s.offset_in_chunk, s.offset_in_chunk + s.len as u64);
+            // What the copies hold of the piece (a span of the chunk): zeros around it.
+            let held = r.as_ref().and_then(|r| r.first()).map(|c| {
+                let from = lo.max(c.lo as u64).min(hi);
+                (from, hi.min(c.hi()).max(from))
+            });
+            let (from, end) = held.unwrap_or((hi, hi));
+            into.zero(s.at, (from - lo) as usize);
+            into.zero(s.at + (end - lo) as usize, (hi - end) as usize);
+            let Some(replicas) = r.filter(|_| from < end) else {
+                job.part_done();
+                continue;
+            };
+            let part = into
+                .part(s.at + (from - lo) as usize, (end - from) as usize)
+                .expect("a piece is inside its read");
+            let job = job.clone();
+            self.read_replicas(
+                replicas,
+                from,
+                part.len(),
+                Sink::Land(
+                    part,
+                    Box::new(move |r: Result<()>| {
+                        if let Err(e) = r {
+                            job.fail(e);
+                        }
+                        job.part_done();
+                    }),
+                ),
             );
         }
     }

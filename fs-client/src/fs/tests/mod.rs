@@ -19,6 +19,7 @@ mod closes;
 mod cuts;
 mod data;
 mod handles;
+mod landing;
 mod locks;
 mod misc;
 mod owed;
