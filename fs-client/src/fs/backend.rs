@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use rdmabox::transport::Landing;
-use rdmabox::Snapshot;
+use rdmabox::transport::{Landing, WcStatus};
+use rdmabox::{IoError, Snapshot};
 use rfs_client::Client;
 use rfs_client::{ListHeld, NoticeHandler};
 use rfs_proto::data::chunk_addr;
@@ -34,13 +34,18 @@ pub trait Backend: MetadataChannel + Send + Sync + 'static {
     fn read(&self, chunk: &ChunkRef, offset: u64, len: usize, done: DataDone);
     /// Reads `into.len()` bytes at `offset` of `chunk` into the caller's memory `into`.
     fn read_into(&self, chunk: &ChunkRef, offset: u64, into: Landing, done: LandedDone) {
+        let node = chunk.node;
         self.read(
             chunk,
             offset,
             into.len(),
             Box::new(move |r| {
-                done(r.map(|bytes| {
-                    into.copy_in(0, bytes);
+                done(r.and_then(|bytes| match into.copy_in(0, bytes) {
+                    true if bytes.len() == into.len() => Ok(()),
+                    _ => Err(Error::data(
+                        node,
+                        &IoError::Transport(WcStatus::LocalLengthError),
+                    )),
                 }))
             }),
         )

@@ -1,13 +1,16 @@
 //! Shared memory of an application, mapped here under a guard. The application can take a page
 //! of it away (punch a hole in its memfd); touching that page again faults it back in, and
-//! where it cannot come back (a host with strict overcommit, a full memory cgroup) the kernel
-//! sends SIGBUS, which would kill fs-client and every mount user with it. Under the guard, such
-//! a fault puts a private zero page in its place and marks the mapping spoilt; the access goes
+//! where it cannot come back (a host with strict overcommit, `vm.overcommit_memory=2`, at its
+//! commit limit) the kernel sends SIGBUS, which would kill fs-client and every mount user with
+//! it. Under the guard, such a fault maps a spare page of fs-client's own (allocated up front,
+//! so mapping it costs no memory) in its place and marks the mapping spoilt; the access goes
 //! on, and the ring that owns the mapping ends. Faults anywhere else go to the handler that was
-//! there before (Rust's stack-overflow handler, or the default: a crash, as without us).
+//! there before (Rust's stack-overflow handler, or the default: a crash, as without us); a
+//! SIGBUS sent by a process rather than raised by a fault is ignored.
 
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::os::fd::IntoRawFd;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 use rdmabox::transport::ExternalMemory;
@@ -34,8 +37,13 @@ const FREE: Slot = Slot {
 
 static GUARDED: [Slot; SLOTS] = [FREE; SLOTS];
 static PAGE: AtomicUsize = AtomicUsize::new(4096);
-/// The SIGBUS disposition before ours, and whether ours is installed.
-static PREVIOUS: OnceLock<io::Result<libc::sigaction>> = OnceLock::new();
+/// The page put in place of one that cannot come back: one page of a memfd of our own,
+/// allocated up front and shared by every spoilt mapping (what lands there is lost anyway).
+static SPARE: AtomicI32 = AtomicI32::new(-1);
+/// The SIGBUS disposition before ours, set before ours is installed.
+static PREVIOUS: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
+/// Whether ours is installed.
+static INSTALLED: OnceLock<io::Result<()>> = OnceLock::new();
 
 /// Shared memory mapped under the guard; a read may land in it.
 pub(super) struct GuardedMemory {
@@ -46,7 +54,7 @@ pub(super) struct GuardedMemory {
 impl GuardedMemory {
     /// Guards `memory` (refused when the handler cannot be installed, or every slot is taken).
     pub(super) fn new(memory: SharedMemory) -> io::Result<GuardedMemory> {
-        if let Err(e) = PREVIOUS.get_or_init(install) {
+        if let Err(e) = INSTALLED.get_or_init(install) {
             return Err(io::Error::new(e.kind(), format!("SIGBUS guard: {e}")));
         }
         let slot = (0..SLOTS)
@@ -99,31 +107,47 @@ unsafe impl ExternalMemory for GuardedMemory {
     }
 }
 
-fn install() -> io::Result<libc::sigaction> {
+fn install() -> io::Result<()> {
     // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if page > 0 {
-        PAGE.store(page as usize, Ordering::Release);
-    }
-    // SAFETY: a zeroed sigaction is a valid "no flags, empty mask" value; the handler is an
-    // `extern "C"` function of the SA_SIGINFO signature, and `previous` is written by the call.
+    let page = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        n if n > 0 => n as usize,
+        _ => 4096,
+    };
+    PAGE.store(page, Ordering::Release);
+    let spare =
+        nix::sys::memfd::memfd_create(c"rfs-ring-spare", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)?;
+    nix::unistd::ftruncate(&spare, page as libc::off_t)?;
+    // Written once, so that the page exists before any fault needs it.
+    nix::sys::uio::pwrite(&spare, &vec![0u8; page], 0)?;
+    SPARE.store(spare.into_raw_fd(), Ordering::Release);
+    // SAFETY: a zeroed sigaction is a valid "no flags, empty mask" value; `previous` is
+    // written by the first call (a query), and leaked so that the handler may read it at any
+    // time; ours is an `extern "C"` function of the SA_SIGINFO signature.
     unsafe {
+        let previous: &mut libc::sigaction = Box::leak(Box::new(std::mem::zeroed()));
+        if libc::sigaction(libc::SIGBUS, std::ptr::null(), previous) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        PREVIOUS.store(previous, Ordering::Release);
         let mut action: libc::sigaction = std::mem::zeroed();
         action.sa_sigaction = on_sigbus as *const () as usize;
         action.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
         libc::sigemptyset(&mut action.sa_mask);
-        let mut previous: libc::sigaction = std::mem::zeroed();
-        if libc::sigaction(libc::SIGBUS, &action, &mut previous) != 0 {
+        if libc::sigaction(libc::SIGBUS, &action, std::ptr::null_mut()) != 0 {
             return Err(io::Error::last_os_error());
         }
-        Ok(previous)
     }
+    Ok(())
 }
 
 /// Async-signal-safe: atomics, mmap and sigaction only.
 extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the kernel hands a valid siginfo to an SA_SIGINFO handler.
-    let addr = unsafe { (*info).si_addr() } as usize;
+    let (code, addr) = unsafe { ((*info).si_code, (*info).si_addr() as usize) };
+    if code <= 0 {
+        // Sent by a process (kill, sigqueue): no fault to mend, and nothing to die of.
+        return;
+    }
     let page = PAGE.load(Ordering::Acquire);
     for s in &GUARDED {
         let len = s.len.load(Ordering::Acquire);
@@ -132,15 +156,16 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
             continue;
         }
         // SAFETY: the page lies inside a mapping of ours that stays mapped while guarded;
-        // replacing it with private memory changes no memory Rust code holds references to
-        // (shared memory is reached by raw pointers only).
+        // replacing it with our spare page changes no memory Rust code holds references to
+        // (shared memory is reached by raw pointers only). A shared mapping of a page that
+        // exists charges no memory, so this works where the fault came from memory running out.
         let fixed = unsafe {
             libc::mmap(
                 (addr & !(page - 1)) as *mut libc::c_void,
                 page,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
-                -1,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                SPARE.load(Ordering::Acquire),
                 0,
             )
         };
@@ -155,10 +180,12 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
 
 /// Hands a fault that is not ours to the disposition before ours.
 fn pass_on(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-    let previous = match PREVIOUS.get() {
-        Some(Ok(p)) => *p,
-        _ => return default_and_refault(sig),
-    };
+    let previous = PREVIOUS.load(Ordering::Acquire);
+    if previous.is_null() {
+        return default_and_refault(sig);
+    }
+    // SAFETY: set once, before our handler was installed, and never freed.
+    let previous = unsafe { *previous };
     let handler = previous.sa_sigaction;
     if handler == libc::SIG_DFL || handler == libc::SIG_IGN {
         return default_and_refault(sig);
@@ -223,10 +250,14 @@ mod tests {
         let s = &GUARDED[guarded.slot];
         s.start.store(ptr as usize, Ordering::Release);
         s.len.store(2 * page, Ordering::Release);
+        // Sent, not raised by a fault: ignored (neither fatal nor a spoilt mapping).
+        // SAFETY: raise has no memory preconditions.
+        assert_eq!(unsafe { libc::raise(libc::SIGBUS) }, 0);
+        assert!(!guarded.spoilt());
         // SAFETY: inside the test's mapping; its second page now lies past the file's end.
         unsafe {
             ptr.add(page + 8).write_volatile(42);
-            assert_eq!(ptr.add(page + 8).read_volatile(), 42, "a private page now");
+            assert_eq!(ptr.add(page + 8).read_volatile(), 42, "the spare page now");
             ptr.write_volatile(7);
         }
         assert!(guarded.spoilt());

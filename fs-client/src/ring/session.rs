@@ -346,6 +346,14 @@ impl<B: Backend> Ring<B> {
                 head = head.wrapping_add(1);
             }
             self.ring.counter(SQ_HEAD).store(head, Ordering::Release);
+            if self.ring.spoilt() {
+                // What was read there may be the spare page's bytes, not the application's.
+                for _ in &batch {
+                    self.in_flight.fetch_sub(1, Ordering::AcqRel);
+                }
+                self.broken("a page of its ring could not come back");
+                return;
+            }
             self.fs.ring_counted(batch.len() as u64, 0);
             self.start_all(batch);
             let wait = if full { FULL } else { IDLE };

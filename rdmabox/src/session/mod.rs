@@ -368,8 +368,9 @@ impl Session {
                 remote,
                 len,
                 Box::new(move |r| {
-                    done(r.map(|bytes| {
-                        into.copy_in(0, bytes);
+                    done(r.and_then(|bytes| match into.copy_in(0, bytes) {
+                        true if bytes.len() == into.len() => Ok(()),
+                        _ => Err(IoError::Transport(WcStatus::LocalLengthError)),
                     }))
                 }),
             );

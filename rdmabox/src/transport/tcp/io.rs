@@ -144,6 +144,15 @@ pub(crate) struct FrameReader {
 /// Payloads at least this long bypass the buffer.
 const DIRECT_READ_MIN: usize = 16 * 1024;
 
+/// Whether the kernel could not write a payload where it was to go: a page of memory shared
+/// with another process that cannot come back (that process punched it out, and memory is
+/// short). Nothing was taken off the socket then; the bytes come through our buffer instead,
+/// copied in user space, where the owner of that memory takes the fault (fs-client's guard)
+/// and the connection stays in step.
+fn refused_by_memory(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::EFAULT)
+}
+
 impl FrameReader {
     /// A reader over `fd` with an empty 64 KiB buffer; it does not own the descriptor. With
     /// keys, the socket's bytes are opened with them.
@@ -216,6 +225,7 @@ impl FrameReader {
     /// `dst` must be valid for `len` bytes of writes for the duration of the call.
     pub(crate) unsafe fn read_into(&mut self, dst: *mut u8, len: usize) -> io::Result<()> {
         let mut done = 0;
+        let mut direct = true;
         while done < len {
             let buffered = self.end - self.start;
             if buffered > 0 {
@@ -226,13 +236,14 @@ impl FrameReader {
                 };
                 self.start += n;
                 done += n;
-            } else if len - done >= DIRECT_READ_MIN {
+            } else if direct && len - done >= DIRECT_READ_MIN {
                 // SAFETY: the remaining destination range is valid per the caller's promise.
-                let n = self.raw_read(unsafe { dst.add(done) }, len - done, 0)?;
-                if n == 0 {
-                    return Err(io::ErrorKind::UnexpectedEof.into());
+                match self.raw_read(unsafe { dst.add(done) }, len - done, 0) {
+                    Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                    Ok(n) => done += n,
+                    Err(e) if refused_by_memory(&e) => direct = false,
+                    Err(e) => return Err(e),
                 }
-                done += n;
             } else {
                 self.fill()?;
             }
@@ -254,14 +265,20 @@ impl FrameReader {
             self.end = self.recv_now(dst, free)?;
         }
         let buffered = self.end - self.start;
-        if buffered > 0 {
-            let n = buffered.min(len);
-            // SAFETY: source is within the buffer; destination within the caller's range.
-            unsafe { std::ptr::copy_nonoverlapping(self.buf[self.start..].as_ptr(), dst, n) };
-            self.start += n;
-            return Ok(n);
+        if buffered == 0 {
+            match self.recv_now(dst, len) {
+                Err(e) if refused_by_memory(&e) => {
+                    let (ours, free) = (self.buf.as_mut_ptr(), self.buf.len());
+                    (self.start, self.end) = (0, self.recv_now(ours, free)?);
+                }
+                r => return r,
+            }
         }
-        self.recv_now(dst, len)
+        let n = (self.end - self.start).min(len);
+        // SAFETY: source is within the buffer; destination within the caller's range.
+        unsafe { std::ptr::copy_nonoverlapping(self.buf[self.start..].as_ptr(), dst, n) };
+        self.start += n;
+        Ok(n)
     }
 
     /// What the socket has, up to `len` bytes into `dst`, without waiting (Ok(0): nothing).
@@ -293,5 +310,79 @@ impl FrameReader {
             len -= n;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::fd::{AsFd, AsRawFd};
+    use std::os::unix::net::UnixStream;
+    use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
+
+    /// The memfd the test's SIGBUS handler grows back, and how often it did.
+    static SHRUNK: AtomicI32 = AtomicI32::new(-1);
+    static FAULTS: AtomicUsize = AtomicUsize::new(0);
+    const PAGES: usize = 8;
+
+    /// Grows the memfd back, so that the faulting copy goes on (as fs-client's guard puts a
+    /// page in place).
+    extern "C" fn grow_back(_: libc::c_int) {
+        FAULTS.fetch_add(1, Ordering::SeqCst);
+        // SAFETY: ftruncate is async-signal-safe; the descriptor is the test's memfd.
+        unsafe { libc::ftruncate(SHRUNK.load(Ordering::SeqCst), (PAGES * 4096) as i64) };
+    }
+
+    /// A payload whose memory the kernel cannot write (a page that cannot come back: here,
+    /// past the end of its file) comes through the buffer, copied in user space, and the
+    /// stream stays in step: the frame behind it reads whole.
+    #[test]
+    fn memory_the_kernel_cannot_write_is_filled_through_the_buffer() {
+        let fd = nix::sys::memfd::memfd_create(c"efault", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
+            .unwrap();
+        nix::unistd::ftruncate(&fd, (PAGES * 4096) as i64).unwrap();
+        // SAFETY: a new shared mapping of a memfd of ours, reached by raw pointers only.
+        let map = unsafe {
+            nix::sys::mman::mmap(
+                None,
+                std::num::NonZeroUsize::new(PAGES * 4096).unwrap(),
+                nix::sys::mman::ProtFlags::PROT_READ | nix::sys::mman::ProtFlags::PROT_WRITE,
+                nix::sys::mman::MapFlags::MAP_SHARED,
+                fd.as_fd(),
+                0,
+            )
+        }
+        .unwrap()
+        .as_ptr()
+        .cast::<u8>();
+        nix::unistd::ftruncate(&fd, 0).unwrap();
+        SHRUNK.store(fd.as_raw_fd(), Ordering::SeqCst);
+        // SAFETY: a plain handler; restored below.
+        let before = unsafe { libc::signal(libc::SIGBUS, grow_back as *const () as usize) };
+
+        let (mut tx, rx) = UnixStream::pair().unwrap();
+        let payload: Vec<u8> = (0..PAGES * 4096).map(|i| (i * 7) as u8).collect();
+        let writer = std::thread::spawn(move || {
+            tx.write_all(&payload).unwrap();
+            tx.write_all(b"next").unwrap();
+            payload
+        });
+        let mut r = FrameReader::new(rx.as_raw_fd(), None);
+        // SAFETY: the mapping is PAGES pages long; past the file's end until the handler
+        // grows it back.
+        unsafe { r.read_into(map, PAGES * 4096).unwrap() };
+        let next = r.read_header::<4>().unwrap().unwrap();
+        let payload = writer.join().unwrap();
+        // SAFETY: restores what was there before.
+        unsafe { libc::signal(libc::SIGBUS, before) };
+        assert_eq!(&next, b"next", "the stream is in step");
+        assert!(
+            FAULTS.load(Ordering::SeqCst) > 0,
+            "the user-space copy faulted"
+        );
+        let mut back = vec![0u8; PAGES * 4096];
+        nix::sys::uio::pread(&fd, &mut back, 0).unwrap();
+        assert!(back == payload, "every byte landed");
     }
 }
