@@ -428,11 +428,29 @@ fn bad_requests_and_registrations_are_refused_and_the_ring_goes_on() {
 
 /// Runs `ring-child` doing `what` on `file` (as `uid` if given); what it printed.
 fn child(what: &str, m: &Mount, file: fs::File, uid: Option<u32>) -> String {
+    child_in(what, m, file, uid.map(|u| (u, &[][..])))
+}
+
+/// [`child`] as `uid` (its gid the same) with the supplementary `groups`.
+fn child_in(what: &str, m: &Mount, file: fs::File, user: Option<(u32, &[u32])>) -> String {
     use std::os::unix::process::CommandExt;
     let mut c = std::process::Command::new(rfs_e2e::bin("ring-child"));
     c.arg(what).arg(&m.dir).stdin(file);
-    if let Some(uid) = uid {
-        c.uid(uid).gid(uid);
+    if let Some((uid, groups)) = user {
+        let groups: Vec<libc::gid_t> = groups.to_vec();
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            c.pre_exec(move || {
+                let fail = || Err(std::io::Error::last_os_error());
+                if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                    || libc::setgid(uid) != 0
+                    || libc::setuid(uid) != 0
+                {
+                    return fail();
+                }
+                Ok(())
+            })
+        };
     }
     let out = c.output().unwrap();
     assert!(
@@ -472,6 +490,23 @@ fn a_process_registers_only_what_it_could_open_itself() {
         "a descriptor handed over is not a permission"
     );
     assert_eq!(child("register", &shared, public(), Some(NOBODY)), "Ok(())");
+    // A group the process is in (a supplementary one, as the kernel recorded it when the
+    // process connected) lets it in; without that group, the same user is refused.
+    fs::write(shared.path("group"), b"group only").unwrap();
+    std::os::unix::fs::chown(shared.path("group"), Some(0), Some(4242)).unwrap();
+    fs::set_permissions(
+        shared.path("group"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o640),
+    )
+    .unwrap();
+    let group = || fs::File::open(shared.path("group")).unwrap();
+    let member = Some((NOBODY, &[4242][..]));
+    assert_eq!(child_in("register", &shared, group(), member), "Ok(())");
+    assert_eq!(
+        child_in("register", &shared, group(), Some((NOBODY, &[4243][..]))),
+        format!("Err(Some({}))", libc::EACCES),
+        "not in the file's group"
+    );
 
     let own = Mount::new(&meta, &[]);
     let _ = ring(&own, 4096, 1);

@@ -27,9 +27,9 @@ use nix::sys::socket::{
     UnixAddr,
 };
 use rfs_io::wire::{self, Reply};
+use rfs_proto::types::Caller;
 
 use crate::fs::{Backend, Rfs};
-use crate::host::Callers;
 use crate::options::RingPlace;
 
 /// The most rings served at once, and per user (root aside).
@@ -180,7 +180,6 @@ impl RingService {
             fs,
             mount_dev,
             access,
-            callers: Arc::new(Callers::default()),
             shared: Arc::new(Shared::default()),
         };
         let accepting = {
@@ -213,7 +212,6 @@ struct Served<B: Backend> {
     fs: Arc<Rfs<B>>,
     mount_dev: u64,
     access: RingAccess,
-    callers: Arc<Callers>,
     shared: Arc<Shared>,
 }
 
@@ -278,7 +276,15 @@ impl<B: Backend> Served<B> {
                  {MAX_RINGS_PER_USER} of theirs"
             )));
         }
-        let caller = self.callers.of(pid, uid, gid);
+        let caller = match peer_groups(&conn) {
+            Ok(groups) => Caller { uid, gid, groups },
+            Err(e) => {
+                refuse(libc::EACCES);
+                return Err(io::Error::other(format!(
+                    "process {pid} (uid {uid}) refused: its groups: {e}"
+                )));
+            }
+        };
         let (fs, dev, shared) = (self.fs.clone(), self.mount_dev, self.shared.clone());
         let spawned = std::thread::Builder::new()
             .name("ring".into())
@@ -297,6 +303,38 @@ impl<B: Backend> Served<B> {
             return Err(e);
         }
         Ok(())
+    }
+}
+
+/// The connecting process's supplementary groups as the kernel recorded them when it
+/// connected (SO_PEERGROUPS), not read later from /proc, where a process that changed them
+/// since, or a new one with the same pid, would answer.
+fn peer_groups(conn: &OwnedFd) -> io::Result<Vec<u32>> {
+    let mut groups: Vec<libc::gid_t> = vec![0; 64];
+    loop {
+        let room = std::mem::size_of_val(groups.as_slice());
+        let mut len = room as libc::socklen_t;
+        // SAFETY: `groups` has `len` bytes of room for the kernel to write gids into.
+        let r = unsafe {
+            libc::getsockopt(
+                conn.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERGROUPS,
+                groups.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        let e = io::Error::last_os_error();
+        match r {
+            0 => {
+                groups.truncate(len as usize / size_of::<libc::gid_t>());
+                return Ok(groups);
+            }
+            _ if e.raw_os_error() == Some(libc::ERANGE) && len as usize > room => {
+                groups.resize(len as usize / size_of::<libc::gid_t>(), 0);
+            }
+            _ => return Err(e),
+        }
     }
 }
 
