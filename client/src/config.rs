@@ -30,7 +30,7 @@ impl Default for ClientConfig {
             transport: TransportConfig::default(),
             secret: None,
             session: SessionConfig::default(),
-            rpc: RpcConfig::default(),
+            rpc: rfs_proto::message::METADATA_RPC,
             connect_timeout: Duration::from_secs(5),
             encrypt: false,
             hard: false,

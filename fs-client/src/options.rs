@@ -96,7 +96,7 @@ impl Default for MountConfig {
             session: SessionConfig::default(),
             rpc: RpcConfig {
                 timeout: io_timeout * 2,
-                ..RpcConfig::default()
+                ..rfs_proto::message::METADATA_RPC
             },
             mount_timeout: Duration::from_secs(30),
             log_file: None,

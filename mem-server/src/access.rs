@@ -7,6 +7,7 @@
 use rfs_proto::types::{
     Attr, AttrChanges, Caller, FileAccess, FileKind, Owner, MAX_GROUPS, RENAME_EXCHANGE,
 };
+use rfs_proto::xattr::XattrClass;
 use rfs_proto::Errno;
 
 use crate::namespace::SETGID;
@@ -155,6 +156,50 @@ fn check_dir(dir: &Attr, c: &Caller, want: FileAccess) -> Result<(), Errno> {
     } else {
         Err(Errno::EACCES)
     }
+}
+
+/// Checks that `c` may read (`write` false) or set and remove extended attribute `name` of a
+/// file with attributes `a`, as Linux has it without a security module: `user.` ones on
+/// regular files and directories by their mode bits (in a sticky directory, set only by its
+/// owner), `trusted.` ones root's alone (others see none: ENODATA), `security.` ones read by
+/// anyone and set by root. Other namespaces: EOPNOTSUPP.
+pub fn check_xattr(a: &Attr, c: &Caller, name: &[u8], write: bool) -> Result<(), Errno> {
+    let refused = |errno| {
+        if write {
+            Err(errno)
+        } else {
+            Err(Errno::ENODATA)
+        }
+    };
+    match XattrClass::of(name)? {
+        XattrClass::Trusted if c.uid != 0 => refused(Errno::EPERM),
+        XattrClass::Security if write && c.uid != 0 => Err(Errno::EPERM),
+        XattrClass::Trusted | XattrClass::Security => Ok(()),
+        XattrClass::User => {
+            if !matches!(a.kind, FileKind::RegularFile | FileKind::Directory) {
+                return refused(Errno::EPERM);
+            }
+            let sticky = a.kind == FileKind::Directory && a.perm & 0o1000 != 0;
+            if write && sticky && c.uid != 0 && c.uid != a.uid {
+                return Err(Errno::EPERM);
+            }
+            let want = if write {
+                FileAccess::WRITE
+            } else {
+                FileAccess::READ
+            };
+            if may(a, c, want) {
+                Ok(())
+            } else {
+                Err(Errno::EACCES)
+            }
+        }
+    }
+}
+
+/// Whether `c` sees extended attribute `name` in a listing (trusted ones are root's).
+pub fn shows_xattr(c: &Caller, name: &[u8]) -> bool {
+    c.uid == 0 || XattrClass::of(name) != Ok(XattrClass::Trusted)
 }
 
 /// Checks that `c` may remove or replace `victim` in `dir`: in a sticky directory (/tmp) only

@@ -169,7 +169,7 @@ impl NodeConfig {
             join: None,
             join_timeout: Duration::from_secs(60),
             advertise: None,
-            rpc: RpcConfig::default(),
+            rpc: rfs_proto::message::METADATA_RPC,
             lease: Duration::from_secs(10),
             limits: Limits::default(),
             policy: Policy::default(),

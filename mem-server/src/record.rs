@@ -51,6 +51,12 @@ pub enum Record {
     /// Data node `node`'s pool is gone (a new node joined from its address): it never comes
     /// back, but stays listed until removed.
     Down { node: u32 },
+    /// Inode `ino`'s extended attribute `name` is now `value` (None: it went).
+    Xattr {
+        ino: Ino,
+        name: Vec<u8>,
+        value: Option<Vec<u8>>,
+    },
     /// Client `client` holds open handles (`holds`), or no more: after a restart, the grace for
     /// taking handles back ends as soon as every client that held some is back.
     Holding { client: u64, holds: bool },
@@ -65,6 +71,7 @@ const ATTR: u8 = 13;
 const HOLDING: u8 = 14;
 const REMOVED: u8 = 16;
 const DOWN: u8 = 17;
+const XATTR: u8 = 18;
 /// Chunk records: before copies held spans (protocol 20) every copy was a whole chunk.
 const CHUNK_WHOLE: u8 = 6;
 const CHUNK: u8 = 15;
@@ -198,6 +205,15 @@ impl Record {
                 DOWN.put(w);
                 node.put(w);
             }
+            Record::Xattr { ino, name, value } => {
+                XATTR.put(w);
+                ino.put(w);
+                put_bytes(name, w);
+                value.is_some().put(w);
+                if let Some(v) = value {
+                    put_bytes(v, w);
+                }
+            }
             Record::Holding { client, holds } => {
                 HOLDING.put(w);
                 client.put(w);
@@ -269,6 +285,14 @@ impl Record {
             HOLDING => Record::Holding {
                 client: Wire::get(r)?,
                 holds: Wire::get(r)?,
+            },
+            XATTR => Record::Xattr {
+                ino: Wire::get(r)?,
+                name: get_bytes(r)?,
+                value: match bool::get(r)? {
+                    true => Some(get_bytes(r)?),
+                    false => None,
+                },
             },
             t => return bad(format!("unknown journal record {t}")),
         })
@@ -380,6 +404,16 @@ mod tests {
             Record::Fresh { node: 2, upto: 77 },
             Record::Removed { node: 2 },
             Record::Down { node: 3 },
+            Record::Xattr {
+                ino: 5,
+                name: b"user.a".to_vec(),
+                value: Some(vec![0; 65536]),
+            },
+            Record::Xattr {
+                ino: 5,
+                name: b"user.a".to_vec(),
+                value: None,
+            },
             Record::Holding {
                 client: u64::MAX,
                 holds: true,

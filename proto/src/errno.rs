@@ -20,6 +20,7 @@ macro_rules! errnos {
 }
 
 errnos!(
+    E2BIG,
     EACCES,
     EAGAIN,
     EBADF,
@@ -31,6 +32,7 @@ errnos!(
     EIO,
     EISDIR,
     ENAMETOOLONG,
+    ENODATA,
     ENOENT,
     ENOLCK,
     ENOSPC,
@@ -40,6 +42,7 @@ errnos!(
     ENXIO,
     EPERM,
     EPROTO,
+    ERANGE,
     ESTALE,
 );
 

@@ -33,6 +33,7 @@ pub mod message;
 pub mod session_key;
 pub mod types;
 pub mod wire;
+pub mod xattr;
 
 pub use call::{CallError, MetadataChannel};
 pub use errno::Errno;

@@ -13,6 +13,7 @@ use crate::types::{
     Ino, Name, NodeInfo, Owner, StatFs,
 };
 use crate::wire::{bad, DecodeError, Reader, Wire, Writer};
+use crate::xattr::XattrValue;
 use crate::{wire_enum, wire_struct};
 
 wire_struct! {
@@ -313,6 +314,40 @@ wire_struct! {
     pub struct RemoveNode { pub caller: Caller, pub node: u32, pub force: bool }
 }
 
+wire_struct! {
+    /// The value of `ino`'s extended attribute `name`, if `caller` may read it (ENODATA: none;
+    /// see [`crate::xattr::XattrClass`] for who may read what).
+    #[derive(Clone, Debug, PartialEq)]
+    pub struct GetXattr { pub ino: Ino, pub name: Name, pub caller: Caller }
+}
+
+wire_struct! {
+    /// The names of `ino`'s extended attributes that `caller` may see (trusted ones: root), as
+    /// listxattr(2) hands them out: each ended by a NUL, at most 64 KiB.
+    #[derive(Clone, Debug, PartialEq)]
+    pub struct ListXattr { pub ino: Ino, pub caller: Caller }
+}
+
+wire_struct! {
+    /// Sets `ino`'s extended attribute `name` to `value`, with setxattr(2)'s `flags`
+    /// ([`crate::xattr::XATTR_CREATE`], [`crate::xattr::XATTR_REPLACE`]); answers the
+    /// attributes after (the change time moves).
+    #[derive(Clone, Debug, PartialEq)]
+    pub struct SetXattr {
+        pub ino: Ino,
+        pub name: Name,
+        pub value: XattrValue,
+        pub flags: u32,
+        pub caller: Caller,
+    }
+}
+
+wire_struct! {
+    /// Removes `ino`'s extended attribute `name` (ENODATA: none); answers the attributes after.
+    #[derive(Clone, Debug, PartialEq)]
+    pub struct RemoveXattr { pub ino: Ino, pub name: Name, pub caller: Caller }
+}
+
 wire_enum! {
     /// A metadata request, as the service receives it.
     #[derive(Clone, Debug, PartialEq)]
@@ -349,6 +384,10 @@ wire_enum! {
         30 => Drain,
         31 => Rebalance,
         32 => RemoveNode,
+        33 => GetXattr,
+        34 => ListXattr,
+        35 => SetXattr,
+        36 => RemoveXattr,
     }
 }
 
@@ -369,6 +408,8 @@ impl RequestOp {
                 | RequestOp::Create
                 | RequestOp::Reclaim
                 | RequestOp::RemoveNode
+                | RequestOp::SetXattr
+                | RequestOp::RemoveXattr
         )
     }
 }
@@ -424,7 +465,19 @@ calls! {
     Drain => (),
     Rebalance => (),
     RemoveNode => (),
+    GetXattr => XattrValue,
+    ListXattr => XattrValue,
+    SetXattr => Attr,
+    RemoveXattr => Attr,
 }
+
+/// The sizing of the metadata protocol's RPC channel, the same on both sides: a call carries
+/// up to a 64 KiB attribute value with its name, so messages are up to 80 KiB.
+pub const METADATA_RPC: rdmabox::rpc::RpcConfig = rdmabox::rpc::RpcConfig {
+    slots: 16,
+    max_msg: 80 << 10,
+    timeout: std::time::Duration::from_secs(10),
+};
 
 /// The bytes of reply that a readdir page may fill, in messages of `max_msg` bytes: what is
 /// left after the reply's header (version, op, status) and the entry count.
@@ -732,6 +785,31 @@ mod tests {
                 force: true,
             }
             .into(),
+            GetXattr {
+                ino: 4,
+                name: "user.x".into(),
+                caller: Caller::default(),
+            }
+            .into(),
+            ListXattr {
+                ino: 4,
+                caller: Caller::default(),
+            }
+            .into(),
+            SetXattr {
+                ino: 4,
+                name: "user.x".into(),
+                value: XattrValue(vec![1; 65536]),
+                flags: crate::xattr::XATTR_CREATE,
+                caller: Caller::default(),
+            }
+            .into(),
+            RemoveXattr {
+                ino: 4,
+                name: "user.x".into(),
+                caller: Caller::default(),
+            }
+            .into(),
         ]
     }
 
@@ -802,13 +880,21 @@ mod tests {
             ),
             encode_reply(RequestOp::SetLock as u8, &Ok(Some(LOCK))),
             encode_reply(RequestOp::GetLock as u8, &Ok(None::<FileLock>)),
+            encode_reply(
+                RequestOp::GetXattr as u8,
+                &Ok(XattrValue(b"value".to_vec())),
+            ),
+            encode_reply(
+                RequestOp::ListXattr as u8,
+                &Ok(XattrValue(b"user.a\0security.b\0".to_vec())),
+            ),
         ]
     }
 
     #[test]
     fn every_request_round_trips_and_keeps_its_op() {
         let all = all_requests();
-        assert_eq!(all.len(), 32, "one of each");
+        assert_eq!(all.len(), 36, "one of each");
         for (i, r) in all.iter().enumerate() {
             assert_eq!(r.op() as usize, i + 1);
             assert_eq!(Request::decode(&r.encode()).unwrap(), *r);

@@ -29,10 +29,12 @@ use crate::errno::Errno;
 /// ([`crate::types::ChunkRef`]), and `Allocate` asks for bytes, not chunks. 21: queue pairs
 /// are bound to their control connection (its MAC on the endpoints and in each tcp queue
 /// pair's hello), and `Open` answers the first chunks of the map too
-/// ([`crate::message::Opened`]). 22: `RemoveNode`.
-pub const VERSION: u8 = 22;
+/// ([`crate::message::Opened`]). 22: `RemoveNode`. 23: extended attributes (`GetXattr`,
+/// `ListXattr`, `SetXattr`, `RemoveXattr`), and metadata calls of up to 80 KiB (a 64 KiB value
+/// with its name).
+pub const VERSION: u8 = 23;
 /// Bounds what one list (readdir page, chunk map, node list) may carry: a message is at most
-/// 64 KiB.
+/// 80 KiB.
 pub const MAX_LIST: u32 = 256;
 /// The longest string a peer may send.
 pub const MAX_STRING: usize = 4096;

@@ -121,6 +121,7 @@ impl<B: Backend> Rfs<B> {
         ClientStats::add(&self.stats.reconnections, 1);
         self.chunks.forget_all();
         self.dirs.forget_all();
+        self.xattrs.forget_all();
         self.pages_unknown();
         let open: Vec<Ino> = self.open.lock().unwrap().keys().copied().collect();
         for &ino in &open {
@@ -154,6 +155,7 @@ impl<B: Backend> Rfs<B> {
     /// open or a lock revalidates.
     pub(crate) fn connection_lost(&self) {
         self.kernel_forgets(&self.kernel_inodes.all(), false, KERNEL_INVAL_WAIT);
+        self.xattrs.forget_all();
         ClientStats::add(&self.stats.connections_lost, 1);
     }
 
@@ -195,6 +197,7 @@ impl<B: Backend> Rfs<B> {
         let invalidates = !cb.inodes.is_empty() || !cb.entries.is_empty();
         for inv in &cb.inodes {
             self.dirs.changed(inv.ino);
+            self.xattrs.changed(inv.ino);
             // Replicas moved: the whole map goes (and the transfers through it finish).
             let recall_from = if inv.remapped {
                 Some(0)

@@ -35,10 +35,12 @@ mod owed;
 mod pages;
 mod ranges;
 mod ring_link;
+mod setid;
 mod space;
 mod stats;
 #[cfg(test)]
 mod tests;
+mod xattrs;
 
 use std::collections::HashMap;
 use std::fmt::Debug;
@@ -64,6 +66,7 @@ pub use error::{Error, Result};
 pub use kernel_handles::{access, PageCacheUse};
 pub use locks::{LockDone, StillWanted};
 pub use ring_link::{RING_INO, RING_NAME};
+pub use setid::setid_cleared_by_write;
 pub use stats::{stats_json, STATS_INO, STATS_NAME};
 
 use behind::WriteBehind;
@@ -111,6 +114,8 @@ pub struct Rfs<B: Backend = Client> {
     behind: WriteBehind,
     /// What we know of the directories we change.
     dirs: Dirs,
+    /// The extended attributes we read.
+    xattrs: xattrs::XattrCache,
     /// Handles closed and not yet given back.
     closes: Closes,
     /// Handles closed whose commit has not reached the metadata node yet.
@@ -190,6 +195,7 @@ impl<B: Backend> Rfs<B> {
             behind: WriteBehind::new(cfg.write_behind),
             // A quarter: with the kernel's half lease, nothing older than a lease is served.
             dirs: Dirs::new(lease / 4),
+            xattrs: xattrs::XattrCache::new(lease / 4),
             closes: Closes::default(),
             owed: Owed::default(),
             giving_back: GivingBack::default(),
@@ -293,28 +299,6 @@ impl<B: Backend> Rfs<B> {
         self.attr_of(GetAttr { ino })
     }
 
-    /// A write by `caller` that the kernel says clears the file's set-user-ID bit (and its
-    /// set-group-ID bit when group-executable, as Linux clears them): writes that go around the
-    /// page cache leave that to the file system (FUSE_WRITE_KILL_SUIDGID, on every such write
-    /// of a caller without CAP_FSETID). The mode of a file open here is known (its open, and
-    /// callbacks, tell it), so a file without those bits costs no call.
-    pub fn write_clears_setid(self: &Arc<Self>, ino: Ino, caller: &Caller) -> Result<()> {
-        let perm = match self.open_perm(ino) {
-            Some(p) => p,
-            None => self.getattr(ino)?.perm,
-        };
-        let perm = u32::from(perm);
-        let cleared = perm & !setid_cleared_by_write(perm);
-        if cleared == perm {
-            return Ok(());
-        }
-        let changes = AttrChanges {
-            mode: Some(cleared),
-            ..AttrChanges::default()
-        };
-        self.setattr(ino, changes, caller).map(drop)
-    }
-
     /// chmod, chown, utimens and truncate. A truncation commits our writes first and zeroes
     /// the rest of the last chunk kept, so that growing the file again reads zeros.
     pub fn setattr(
@@ -326,6 +310,7 @@ impl<B: Backend> Rfs<B> {
         if ino == STATS_INO {
             return Err(Errno::EACCES.into());
         }
+        let changes = self.clearing_setid(ino, changes, caller)?;
         // Chunk maps come only through a handle: a truncate without a writable one here opens
         // one (which checks that the caller may write) before zeroing the cut chunk's tail.
         let temporary = match changes.size {
@@ -606,15 +591,4 @@ impl<B: Backend> Rfs<B> {
         }
         Ok(())
     }
-}
-
-/// The set-ID bits of `perm` that a write by someone without CAP_FSETID clears: set-user-ID,
-/// and set-group-ID on a group-executable file (without group execute it marks mandatory
-/// locking, and stays).
-pub fn setid_cleared_by_write(perm: u32) -> u32 {
-    let mut bits = perm & 0o4000;
-    if perm & 0o2010 == 0o2010 {
-        bits |= 0o2000;
-    }
-    bits
 }

@@ -94,6 +94,12 @@ impl Filesystem for RfsFuse {
         if let Err(missing) = config.add_capabilities(want) {
             log::warn!("kernel lacks FUSE capabilities {missing:?}");
         }
+        // With the writeback cache, clearing set-ID bits is then ours (`fs::setid`): without
+        // it, the kernel asks for security.capability before every write.
+        let killpriv = InitFlags::FUSE_HANDLE_KILLPRIV_V2;
+        if self.cfg.writeback_cache && config.add_capabilities(killpriv).is_err() {
+            log::warn!("kernel lacks {killpriv:?}: each write asks for security.capability");
+        }
         // Locks go to the metadata node, flock's as whole-file ones (as NFS has them).
         let locks = InitFlags::FUSE_POSIX_LOCKS | InitFlags::FUSE_FLOCK_LOCKS;
         if let Err(missing) = config.add_capabilities(locks) {
@@ -510,42 +516,49 @@ impl Filesystem for RfsFuse {
 
     fn getxattr(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _name: &OsStr,
-        _size: u32,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        size: u32,
         reply: fuser::ReplyXattr,
     ) {
-        // No extended attributes. ENOSYS, not ENOTSUP: only ENOSYS makes the kernel stop
-        // asking (applications then get EOPNOTSUPP from the kernel itself). It asks for
-        // security.capability before every write, so any other answer costs a round trip
-        // through this daemon per write.
         self.fs.xattr_asked();
-        reply.error(fuser::Errno::ENOSYS);
+        let value = self.fs.getxattr(ino.0, name.as_bytes(), &self.caller(req));
+        replies::sized("getxattr", value, size, reply);
     }
 
-    fn listxattr(&self, _req: &Request, _ino: INodeNo, _size: u32, reply: fuser::ReplyXattr) {
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
         self.fs.xattr_asked();
-        reply.error(fuser::Errno::ENOSYS);
+        let names = self.fs.listxattr(ino.0, &self.caller(req));
+        replies::sized("listxattr", names, size, reply);
     }
 
     fn setxattr(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _name: &OsStr,
-        _value: &[u8],
-        _flags: i32,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
         _position: u32,
         reply: ReplyEmpty,
     ) {
         self.fs.xattr_asked();
-        reply.error(fuser::Errno::ENOSYS);
+        let caller = self.caller(req);
+        let set = self
+            .fs
+            .setxattr(ino.0, name.as_bytes(), value, flags as u32, &caller);
+        empty("setxattr", set, reply);
     }
 
-    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         self.fs.xattr_asked();
-        reply.error(fuser::Errno::ENOSYS);
+        let caller = self.caller(req);
+        empty(
+            "removexattr",
+            self.fs.removexattr(ino.0, name.as_bytes(), &caller),
+            reply,
+        );
     }
 
     fn fallocate(

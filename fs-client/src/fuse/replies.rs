@@ -1,7 +1,7 @@
 //! Replies to the kernel: a failed operation is logged once (faults as warnings, plain answers
 //! such as ENOENT at debug level) and answered with its errno.
 
-use fuser::ReplyEmpty;
+use fuser::{ReplyEmpty, ReplyXattr};
 
 use crate::fs::Error;
 
@@ -44,4 +44,15 @@ macro_rules! or_reply {
             Err(e) => return fuse_error!($op, $reply, e),
         }
     };
+}
+
+/// Answers a getxattr or listxattr that has room for `size` bytes with `bytes`: their size when
+/// `size` is 0 (the caller sizes its buffer), ERANGE when they do not fit, else the bytes.
+pub(super) fn sized(op: &'static str, r: Result<Vec<u8>, Error>, size: u32, reply: ReplyXattr) {
+    match r {
+        Ok(bytes) if size == 0 => reply.size(bytes.len() as u32),
+        Ok(bytes) if bytes.len() > size as usize => reply.error(fuser::Errno::ERANGE),
+        Ok(bytes) => reply.data(&bytes),
+        Err(e) => fuse_error!(op, reply, e),
+    }
 }

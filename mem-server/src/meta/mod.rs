@@ -130,6 +130,8 @@ fn changes_something(req: &Request) -> bool {
             | Request::GetStatFs(_)
             | Request::ListNodes(_)
             | Request::GetLock(_)
+            | Request::GetXattr(_)
+            | Request::ListXattr(_)
     )
 }
 

@@ -9,9 +9,11 @@ use rfs_proto::message::{
     Lookup, Made, Mkdir, Mknod, Open, ReadDir, Readlink, Reclaim, Release, ReleaseMany, Rename,
     Rmdir, SetAttr, SetLock, Status, Symlink, Unlink,
 };
+use rfs_proto::message::{GetXattr, ListXattr, RemoveXattr, SetXattr};
 use rfs_proto::types::{
     Attr, Caller, ChunkRef, FileAccess, FileKind, Ino, Name, Owner, Replicas, RENAME_NOREPLACE,
 };
+use rfs_proto::xattr::{XattrValue, XATTR_CREATE};
 
 use super::*;
 use crate::in_process::{InProcessClient, InProcessService};
@@ -1168,4 +1170,118 @@ fn a_drop_naming_a_copy_a_drain_moved_keeps_the_copy_made_from_it() {
         (1, new.addr),
         "the moved copy stays"
     );
+}
+
+impl Client<'_> {
+    fn get_xattr(&mut self, ino: Ino, name: &str, caller: &Caller) -> Result<Vec<u8>, Errno> {
+        let name = name.into();
+        let caller = caller.clone();
+        self.call(GetXattr { ino, name, caller }).map(|v| v.0)
+    }
+
+    fn set_xattr(&mut self, ino: Ino, name: &str, value: &[u8], c: &Caller) -> Result<(), Errno> {
+        self.call(SetXattr {
+            ino,
+            name: name.into(),
+            value: XattrValue(value.to_vec()),
+            flags: 0,
+            caller: c.clone(),
+        })
+        .map(drop)
+    }
+
+    fn list_xattr(&mut self, ino: Ino, caller: &Caller) -> Vec<u8> {
+        let caller = caller.clone();
+        self.call(ListXattr { ino, caller }).unwrap().0
+    }
+}
+
+/// Who may read, set, list and remove which extended attributes: `user.` ones by the file's
+/// mode bits (and only on files and directories, and in a sticky directory set only by its
+/// owner), `trusted.` ones root's alone and hidden from others, `security.` ones read by
+/// anyone and set by root; other namespaces are not kept.
+#[test]
+fn extended_attributes_are_reached_as_the_caller_may() {
+    let node = Node::new();
+    let mut c = node.client(1);
+    let alice = user(1000);
+    let f = c.create(ROOT, "f").ino; // root's, 0644
+    c.set_xattr(f, "user.a", b"1", &root()).unwrap();
+    c.set_xattr(f, "trusted.t", b"2", &root()).unwrap();
+    c.set_xattr(f, "security.s", b"3", &root()).unwrap();
+    assert_eq!(
+        c.get_xattr(f, "user.a", &alice),
+        Ok(b"1".to_vec()),
+        "read bit"
+    );
+    assert_eq!(c.set_xattr(f, "user.a", b"x", &alice), Err(Errno::EACCES));
+    assert_eq!(
+        c.call(RemoveXattr {
+            ino: f,
+            name: "user.a".into(),
+            caller: alice.clone()
+        })
+        .map(drop),
+        Err(Errno::EACCES)
+    );
+    assert_eq!(c.get_xattr(f, "trusted.t", &alice), Err(Errno::ENODATA));
+    assert_eq!(c.set_xattr(f, "trusted.t", b"x", &alice), Err(Errno::EPERM));
+    assert_eq!(c.get_xattr(f, "security.s", &alice), Ok(b"3".to_vec()));
+    assert_eq!(
+        c.set_xattr(f, "security.s", b"x", &alice),
+        Err(Errno::EPERM)
+    );
+    assert_eq!(
+        c.set_xattr(f, "system.posix_acl_access", b"x", &root()),
+        Err(Errno::ENOTSUP)
+    );
+    assert_eq!(c.get_xattr(f, "user.none", &root()), Err(Errno::ENODATA));
+    assert_eq!(c.list_xattr(f, &root()), b"security.s\0trusted.t\0user.a\0");
+    assert_eq!(
+        c.list_xattr(f, &alice),
+        b"security.s\0user.a\0",
+        "trusted: root's"
+    );
+    let flags = XATTR_CREATE;
+    let again = SetXattr {
+        ino: f,
+        name: "user.a".into(),
+        value: XattrValue(vec![]),
+        flags,
+        caller: root(),
+    };
+    assert_eq!(c.call(again).map(drop), Err(Errno::EEXIST));
+
+    // Her own file: hers to change; a symbolic link takes no user attributes.
+    let public = c.mkdir_as(&root(), ROOT, "pub", 0o777).unwrap().attr.ino;
+    let mine = c.create_as(&alice, public, "mine", 0o600).unwrap().attr.ino;
+    c.set_xattr(mine, "user.a", b"mine", &alice).unwrap();
+    assert_eq!(c.get_xattr(mine, "user.a", &user(1001)), Err(Errno::EACCES));
+    let link = c
+        .call(Symlink {
+            parent: ROOT,
+            name: "l".into(),
+            target: "f".into(),
+            uid: 0,
+            gid: 0,
+            caller: root(),
+        })
+        .unwrap()
+        .attr
+        .ino;
+    assert_eq!(
+        c.set_xattr(link, "user.a", b"x", &root()),
+        Err(Errno::EPERM)
+    );
+    assert_eq!(c.get_xattr(link, "user.a", &root()), Err(Errno::ENODATA));
+    // A sticky directory anyone may write: only its owner sets its user attributes.
+    let tmp = c.mkdir_as(&root(), ROOT, "tmp", 0o1777).unwrap().attr.ino;
+    assert_eq!(c.set_xattr(tmp, "user.a", b"x", &alice), Err(Errno::EPERM));
+    c.set_xattr(tmp, "user.a", b"x", &root()).unwrap();
+
+    // Another session sees the change (mounts are told of it: tests/tests/xattrs.rs).
+    let mut other = node.client(2);
+    other.get_xattr(f, "user.a", &root()).unwrap();
+    c.set_xattr(f, "user.a", b"new", &root()).unwrap();
+    assert_eq!(other.get_xattr(f, "user.a", &root()), Ok(b"new".to_vec()));
 }

@@ -48,6 +48,13 @@ impl Namespace {
                 parent,
                 target,
             });
+            for (name, value) in i.xattrs.iter().flat_map(|x| x.iter()) {
+                out.push(Record::Xattr {
+                    ino: *ino,
+                    name: name.clone(),
+                    value: Some(value.clone()),
+                });
+            }
         }
         for &ino in &inos {
             match &self.inodes[ino].data {
@@ -128,6 +135,7 @@ impl Namespace {
                         attr: *attr,
                         data,
                         open: 0,
+                        xattrs: None,
                     },
                 );
             }
@@ -189,6 +197,19 @@ impl Namespace {
                 }
             }
             Record::NextIno(n) => self.next_ino = self.next_ino.max(*n),
+            Record::Xattr { ino, name, value } => match self.inodes.get_mut(ino) {
+                Some(i) => {
+                    let x = i.xattrs.get_or_insert_default();
+                    match value {
+                        Some(v) => x.insert(name.clone(), v.clone()),
+                        None => x.remove(name),
+                    };
+                    if x.is_empty() {
+                        i.xattrs = None;
+                    }
+                }
+                None => return Ok(false),
+            },
             Record::Format { .. }
             | Record::Node { .. }
             | Record::Fresh { .. }

@@ -22,6 +22,7 @@ mod files;
 #[cfg(test)]
 mod tests;
 mod tree;
+mod xattrs;
 
 enum Data {
     File {
@@ -40,6 +41,10 @@ struct Inode {
     data: Data,
     /// Open handles; an unlinked inode lives until the last one is released.
     open: u32,
+    /// Extended attributes by name. Boxed: most inodes have none, and pay 8 bytes for that
+    /// rather than a map's 24 (a million inodes: 16 MB).
+    #[allow(clippy::box_collection)]
+    xattrs: Option<Box<BTreeMap<Vec<u8>, Vec<u8>>>>,
 }
 
 fn now() -> Timestamp {
@@ -96,6 +101,7 @@ impl Namespace {
                 parent: ROOT,
             },
             open: 0,
+            xattrs: None,
         };
         Namespace {
             inodes: HashMap::from([(ROOT, root)]),

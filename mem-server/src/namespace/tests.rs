@@ -435,3 +435,74 @@ fn under_replicated_chunks_are_found_and_copies_land_only_on_what_is_still_there
         "truncated meanwhile"
     );
 }
+
+/// Extended attributes live with their inode (a hard link shares them, a rename keeps them,
+/// the last link takes them), keep Linux's flags and bounds, and come back whole from the
+/// journal and from a snapshot.
+#[test]
+fn extended_attributes_live_with_their_inode_and_survive_a_replay() {
+    use rfs_proto::xattr::{XATTR_CREATE, XATTR_REPLACE};
+    let mut n = ns();
+    n.journal_changes();
+    // What a state directory starts with, then the changes after it.
+    let mut journal = n.records();
+    let f = file(&mut n, ROOT, "f");
+    let before = n.getattr(f).unwrap().ctime;
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    let after = n.set_xattr(f, b"user.a", b"1", XATTR_CREATE).unwrap();
+    assert_ne!(after.ctime, before, "the change time moves");
+    assert_eq!(
+        n.set_xattr(f, b"user.a", b"2", XATTR_CREATE),
+        Err(Errno::EEXIST)
+    );
+    assert_eq!(
+        n.set_xattr(f, b"user.b", b"2", XATTR_REPLACE),
+        Err(Errno::ENODATA)
+    );
+    n.set_xattr(f, b"user.a", b"22", XATTR_REPLACE).unwrap();
+    n.set_xattr(f, b"user.big", &[7; 65536], 0).unwrap();
+    assert_eq!(n.set_xattr(f, b"user.c", &[7; 65537], 0), Err(Errno::E2BIG));
+    n.set_xattr(f, b"security.x", b"", 0).unwrap();
+    assert_eq!(
+        n.get_xattr(f, b"security.x"),
+        Ok(Vec::new()),
+        "empty, not absent"
+    );
+    // 256 KiB of names and values at most.
+    for i in 0..2 {
+        n.set_xattr(f, format!("user.fill{i}").as_bytes(), &[1; 65536], 0)
+            .unwrap();
+    }
+    assert_eq!(
+        n.set_xattr(f, b"user.over", &[1; 65536], 0),
+        Err(Errno::ENOSPC)
+    );
+    n.remove_xattr(f, b"user.fill1").unwrap();
+    assert_eq!(n.remove_xattr(f, b"user.fill1"), Err(Errno::ENODATA));
+    n.link(f, ROOT, b"g").unwrap();
+    n.rename(ROOT, b"f", ROOT, b"h", 0).unwrap();
+    assert_eq!(n.get_xattr(f, b"user.a"), Ok(b"22".to_vec()));
+    let want = vec![
+        b"security.x".to_vec(),
+        b"user.a".to_vec(),
+        b"user.big".to_vec(),
+        b"user.fill0".to_vec(),
+    ];
+    assert_eq!(n.xattr_names(f).unwrap(), want);
+    n.take_records(&mut journal);
+    let snapshot = n.records();
+    for records in [&journal, &snapshot] {
+        let (back, skipped) = Namespace::replay(1 << 20, records).unwrap();
+        assert_eq!(skipped, 0);
+        assert_eq!(back.xattr_names(f).unwrap(), want);
+        assert_eq!(back.get_xattr(f, b"user.big"), Ok(vec![7; 65536]));
+        assert_eq!(back.get_xattr(f, b"user.fill1"), Err(Errno::ENODATA));
+    }
+    n.unlink(ROOT, b"g").unwrap();
+    n.unlink(ROOT, b"h").unwrap();
+    assert_eq!(
+        n.get_xattr(f, b"user.a"),
+        Err(Errno::ENOENT),
+        "gone with the inode"
+    );
+}

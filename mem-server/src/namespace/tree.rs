@@ -66,6 +66,7 @@ impl Namespace {
                 attr,
                 data,
                 open: 0,
+                xattrs: None,
             },
         );
         self.note(|| Record::Created {

@@ -1,6 +1,6 @@
 //! The metadata operations, one function per request, by family: names (lookups and the
 //! directory tree), files (handles and sizes), chunks (maps, allocation, replicas, space),
-//! locks, and the cluster's state for its operators. Each runs under the state lock with a [`Ctx`], answers with an [`Answer`], and leaves
+//! locks, extended attributes, and the cluster's state for its operators. Each runs under the state lock with a [`Ctx`], answers with an [`Answer`], and leaves
 //! in [`Effects`] what the service does once the lock is released (callbacks, grants,
 //! revocations, freed chunks).
 
@@ -9,6 +9,7 @@ mod cluster;
 mod files;
 mod locking;
 mod names;
+mod xattrs;
 
 use rfs_proto::message::{encode_reply, Call, Made, Request, RequestOp};
 use rfs_proto::types::{Attr, Caller, FileAccess, Ino, Name};
@@ -100,6 +101,10 @@ pub(super) fn apply(cx: &mut Ctx<'_>, req: &Request) -> Answer {
         Request::Drain(m) => cluster::drain(cx, m),
         Request::Rebalance(m) => cluster::rebalance(cx, m),
         Request::RemoveNode(m) => cluster::remove_node(cx, m),
+        Request::GetXattr(m) => xattrs::get_xattr(cx, m),
+        Request::ListXattr(m) => xattrs::list_xattr(cx, m),
+        Request::SetXattr(m) => xattrs::set_xattr(cx, m),
+        Request::RemoveXattr(m) => xattrs::remove_xattr(cx, m),
     }
 }
 

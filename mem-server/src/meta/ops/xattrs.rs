@@ -1,0 +1,83 @@
+//! Extended attributes: read, listed, set and removed as the caller may (see
+//! [`crate::access::check_xattr`]). A session that read an inode's attributes is told when they
+//! change, as it is of the inode's other attributes (it may cache both).
+
+use rfs_proto::message::{GetXattr, ListXattr, RemoveXattr, SetXattr};
+use rfs_proto::types::{Attr, Caller, Ino};
+use rfs_proto::xattr::XattrValue;
+use rfs_proto::Errno;
+
+use super::{answer, Answer, Ctx};
+use crate::access::{check_xattr, shows_xattr};
+
+impl Ctx<'_> {
+    /// The caller as the checks see them, if they may reach `name` of `ino` (`write`: to set
+    /// or remove it); and the inode's attributes.
+    fn xattr_caller(
+        &self,
+        caller: &Caller,
+        ino: Ino,
+        name: &[u8],
+        write: bool,
+    ) -> Result<(Caller, Attr), Errno> {
+        let c = self.svc.policy.caller(caller)?;
+        let a = self.st.ns.getattr(ino)?;
+        check_xattr(&a, &c, name, write)?;
+        Ok((c, a))
+    }
+
+    /// The session read `ino`'s extended attributes: it is told when they change.
+    fn read_xattrs_of(&mut self, ino: Ino) {
+        self.st.holders.saw(self.cs.id, ino);
+    }
+
+    /// `ino`'s extended attributes changed: its holders are told, and the caller gets its
+    /// attributes after.
+    fn xattrs_changed(&mut self, r: Result<Attr, Errno>, ino: Ino) -> Result<Attr, Errno> {
+        if r.is_ok() {
+            self.fx.change.inodes.push((ino, false));
+        }
+        self.told(r, None)
+    }
+}
+
+pub(super) fn get_xattr(cx: &mut Ctx<'_>, m: &GetXattr) -> Answer {
+    let r = cx
+        .xattr_caller(&m.caller, m.ino, &m.name.0, false)
+        .and_then(|_| cx.st.ns.get_xattr(m.ino, &m.name.0));
+    // A value or its absence, either may be cached.
+    if matches!(r, Ok(_) | Err(Errno::ENODATA)) {
+        cx.read_xattrs_of(m.ino);
+    }
+    answer(m, r.map(XattrValue))
+}
+
+pub(super) fn list_xattr(cx: &mut Ctx<'_>, m: &ListXattr) -> Answer {
+    let r = cx.svc.policy.caller(&m.caller).and_then(|c| {
+        let names = cx.st.ns.xattr_names(m.ino)?;
+        let mut list = Vec::new();
+        for n in names.iter().filter(|n| shows_xattr(&c, n)) {
+            list.extend_from_slice(n);
+            list.push(0);
+        }
+        Ok(XattrValue(list))
+    });
+    if r.is_ok() {
+        cx.read_xattrs_of(m.ino);
+    }
+    answer(m, r)
+}
+
+pub(super) fn set_xattr(cx: &mut Ctx<'_>, m: &SetXattr) -> Answer {
+    let r = cx
+        .xattr_caller(&m.caller, m.ino, &m.name.0, true)
+        .and_then(|_| cx.st.ns.set_xattr(m.ino, &m.name.0, &m.value.0, m.flags));
+    answer(m, cx.xattrs_changed(r, m.ino))
+}
+
+pub(super) fn remove_xattr(cx: &mut Ctx<'_>, m: &RemoveXattr) -> Answer {
+    let r = cx
+        .xattr_caller(&m.caller, m.ino, &m.name.0, true)
+        .and_then(|_| cx.st.ns.remove_xattr(m.ino, &m.name.0));
+    answer(m, cx.xattrs_changed(r, m.ino))
+}
