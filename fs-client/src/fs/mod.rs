@@ -266,6 +266,11 @@ impl<B: Backend> Rfs<B> {
 
     /// Looks `name` up in `parent`.
     pub fn lookup(&self, parent: Ino, name: &[u8], caller: &Caller) -> Result<Attr> {
+        // A file handle's inode, which the kernel forgot, asked for by number (an export:
+        // `fuse::init`); any kind of inode.
+        if name == b"." {
+            return self.getattr(parent);
+        }
         if parent == ROOT && name == STATS_NAME.as_bytes() {
             return Ok(self.stats_attr());
         }
@@ -273,7 +278,7 @@ impl<B: Backend> Rfs<B> {
             return self.ring_link_attr().ok_or(Errno::ENOENT.into());
         }
         // Unless the metadata node is out of reach: callbacks may be missed meanwhile.
-        if self.dirs.lacks(parent, name) && self.backend.metadata_connected() {
+        if name != b".." && self.dirs.lacks(parent, name) && self.backend.metadata_connected() {
             return Err(Errno::ENOENT.into());
         }
         self.attr_of(Lookup {

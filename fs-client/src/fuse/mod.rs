@@ -11,10 +11,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use fuser::{
-    AccessFlags, FileAttr, FileHandle, Filesystem, Generation, INodeNo, InitFlags, KernelConfig,
-    LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLock, ReplyLseek, ReplyOpen, ReplyStatfs,
-    ReplyWrite, Request, TimeOrNow, WriteFlags,
+    AccessFlags, FileAttr, FileHandle, Filesystem, Generation, INodeNo, KernelConfig, LockOwner,
+    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
+    ReplyEmpty, ReplyEntry, ReplyLock, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, Request,
+    TimeOrNow, WriteFlags,
 };
 use rfs_proto::types::{Attr, AttrChanges, Caller};
 use rfs_proto::Errno;
@@ -26,6 +26,7 @@ use crate::options::MountConfig;
 #[macro_use]
 mod replies;
 mod convert;
+mod init;
 mod kernel_names;
 
 use convert::{fcntl_type, file_lock, fopen_flags, kind_of, name, owner, timestamp};
@@ -81,30 +82,7 @@ impl RfsFuse {
 
 impl Filesystem for RfsFuse {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        if let Err(max) = config.set_max_write(self.cfg.max_write) {
-            log::warn!("kernel limits max_write to {max}");
-            let _ = config.set_max_write(max);
-        }
-        let _ = config.set_max_readahead(self.cfg.max_readahead);
-        let _ = config.set_max_background(64);
-        let mut want = InitFlags::FUSE_PARALLEL_DIROPS | InitFlags::FUSE_READDIRPLUS_AUTO;
-        if self.cfg.writeback_cache {
-            want |= InitFlags::FUSE_WRITEBACK_CACHE;
-        }
-        if let Err(missing) = config.add_capabilities(want) {
-            log::warn!("kernel lacks FUSE capabilities {missing:?}");
-        }
-        // With the writeback cache, clearing set-ID bits is then ours (`fs::setid`): without
-        // it, the kernel asks for security.capability before every write.
-        let killpriv = InitFlags::FUSE_HANDLE_KILLPRIV_V2;
-        if self.cfg.writeback_cache && config.add_capabilities(killpriv).is_err() {
-            log::warn!("kernel lacks {killpriv:?}: each write asks for security.capability");
-        }
-        // Locks go to the metadata node, flock's as whole-file ones (as NFS has them).
-        let locks = InitFlags::FUSE_POSIX_LOCKS | InitFlags::FUSE_FLOCK_LOCKS;
-        if let Err(missing) = config.add_capabilities(locks) {
-            log::warn!("kernel lacks {missing:?}: file locks stay local to this mount");
-        }
+        init::negotiate(&self.cfg, config);
         Ok(())
     }
 
