@@ -127,6 +127,9 @@ pub fn check_setattr(a: &Attr, c: &Caller, s: &AttrChanges, writing: bool) -> Re
     if s.size.is_some() && !can_write {
         return Err(Errno::EACCES);
     }
+    if s.kill_setid && !(owner || can_write) {
+        return Err(Errno::EPERM);
+    }
     if (s.atime.is_some() || s.mtime.is_some()) && !(owner || can_write) {
         return Err(Errno::EPERM);
     }
@@ -158,12 +161,23 @@ fn check_dir(dir: &Attr, c: &Caller, want: FileAccess) -> Result<(), Errno> {
     }
 }
 
-/// Checks that `c` may read (`write` false) or set and remove extended attribute `name` of a
-/// file with attributes `a`, as Linux has it without a security module: `user.` ones on
-/// regular files and directories by their mode bits (in a sticky directory, set only by its
-/// owner), `trusted.` ones root's alone (others see none: ENODATA), `security.` ones read by
-/// anyone and set by root. Other namespaces: EOPNOTSUPP.
-pub fn check_xattr(a: &Attr, c: &Caller, name: &[u8], write: bool) -> Result<(), Errno> {
+/// What a call does with an extended attribute.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum XattrUse {
+    Read,
+    Set,
+    Remove,
+}
+
+/// Checks that `c` may `use` extended attribute `name` of a file with attributes `a`, as Linux
+/// has it without a security module: `user.` ones on regular files and directories by their
+/// mode bits (in a sticky directory, set only by its owner), `trusted.` ones root's alone
+/// (others see none: ENODATA), `security.` ones read by anyone and set by root. Other
+/// namespaces: EOPNOTSUPP. One more: anyone who may write a file may remove its capabilities
+/// (`security.capability`), as a write of theirs does (the kernel asks for that in the
+/// writer's name when it clears them).
+pub fn check_xattr(a: &Attr, c: &Caller, name: &[u8], how: XattrUse) -> Result<(), Errno> {
+    let write = how != XattrUse::Read;
     let refused = |errno| {
         if write {
             Err(errno)
@@ -173,6 +187,13 @@ pub fn check_xattr(a: &Attr, c: &Caller, name: &[u8], write: bool) -> Result<(),
     };
     match XattrClass::of(name)? {
         XattrClass::Trusted if c.uid != 0 => refused(Errno::EPERM),
+        XattrClass::Security
+            if how == XattrUse::Remove
+                && name == b"security.capability"
+                && may(a, c, FileAccess::WRITE) =>
+        {
+            Ok(())
+        }
         XattrClass::Security if write && c.uid != 0 => Err(Errno::EPERM),
         XattrClass::Trusted | XattrClass::Security => Ok(()),
         XattrClass::User => {

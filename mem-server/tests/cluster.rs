@@ -160,7 +160,7 @@ fn raw_metadata_channel(
     std::mem::forget(links.pop());
     let (qp, cq) = links.remove(0);
     let _resumed = rfs_proto::frame::recv_frame(&mut s, 1).unwrap();
-    let rpc = rdmabox::rpc::RpcClient::new(&pd, qp, cq, Default::default()).unwrap();
+    let rpc = rdmabox::rpc::RpcClient::new(&pd, qp, cq, rfs_proto::message::METADATA_RPC).unwrap();
     (rpc, key, s)
 }
 

@@ -618,6 +618,7 @@ mod tests {
                     size: Some(1 << 40),
                     atime: None,
                     mtime: Some(Timestamp { secs: 9, nsecs: 10 }),
+                    kill_setid: true,
                 },
                 caller: Caller::default(),
             }

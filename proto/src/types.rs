@@ -253,7 +253,23 @@ wire_struct! {
         pub atime: Option<Timestamp>,
         /// New modification time.
         pub mtime: Option<Timestamp>,
+        /// Clear what a write by someone without CAP_FSETID clears: the set-ID bits of
+        /// [`setid_cleared_by_write`] and the file capabilities (`security.capability`), as
+        /// the node holds them now (a chmod meanwhile is not undone). The owner's, or a
+        /// writer's, to ask.
+        pub kill_setid: bool,
     }
+}
+
+/// The set-ID bits of `perm` that a write by someone without CAP_FSETID clears: set-user-ID,
+/// and set-group-ID on a group-executable file (without group execute it marks mandatory
+/// locking, and stays).
+pub fn setid_cleared_by_write(perm: u32) -> u32 {
+    let mut bits = perm & 0o4000;
+    if perm & 0o2010 == 0o2010 {
+        bits |= 0o2000;
+    }
+    bits
 }
 
 wire_struct! {

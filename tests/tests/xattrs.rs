@@ -291,24 +291,53 @@ fn cp_a_carries_them_both_ways() {
     let _ = std::fs::remove_dir_all(&local);
 }
 
-/// With the kernel's writeback cache, clearing set-ID bits is the file system's: a truncate
-/// by a user and a chown clear them (as Linux does, and as the kernel does without it).
+/// A valid `security.capability` value (version 2: CAP_NET_RAW permitted and effective).
+const CAPABILITIES: [u8; 20] = [
+    1, 0, 0, 2, 0, 0x20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+];
+
+/// With the kernel's writeback cache, clearing set-ID bits is the file system's: a truncate,
+/// a fallocate and a write by a user, and a chown clear them (as Linux does, and as the kernel
+/// does without it), and a user's write takes the file capabilities away.
 #[test]
 fn truncates_and_chowns_clear_set_id_bits_with_or_without_the_writeback_cache() {
     let meta = MemServer::meta("32M", "1M");
     for opts in [&["allow_other"][..], &["allow_other", "writeback_cache=on"]] {
         let m = Mount::new(&meta, opts);
         let f = m.path("suid");
+        let mode = || std::fs::metadata(&f).unwrap().permissions().mode() & 0o7777;
+        let chmod = |mode| std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode));
         std::fs::write(&f, b"#!/bin/sh\n").unwrap();
-        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o6777)).unwrap();
+        chmod(0o6777).unwrap();
         let cut = "import os,sys; os.truncate(sys.argv[1], 3); print('ok')";
         assert_eq!(as_nobody(cut, &f).unwrap(), "ok");
-        let mode = std::fs::metadata(&f).unwrap().permissions().mode() & 0o7777;
-        assert_eq!(mode, 0o777, "{opts:?}: a user's truncate");
-        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o4755)).unwrap();
+        assert_eq!(mode(), 0o777, "{opts:?}: a user's truncate");
+        chmod(0o4777).unwrap();
+        let grow = "import os,sys; fd = os.open(sys.argv[1], os.O_WRONLY); \
+                    os.posix_fallocate(fd, 0, 8192); print('ok')";
+        assert_eq!(as_nobody(grow, &f).unwrap(), "ok");
+        assert_eq!(mode(), 0o777, "{opts:?}: a user's fallocate");
+        chmod(0o4755).unwrap();
         std::os::unix::fs::chown(&f, Some(NOBODY), None).unwrap();
-        let mode = std::fs::metadata(&f).unwrap().permissions().mode() & 0o7777;
-        assert_eq!(mode, 0o755, "{opts:?}: a chown");
+        assert_eq!(mode(), 0o755, "{opts:?}: a chown");
+        // A user's write (O_DIRECT: around the page cache, which the kernel leaves to us
+        // either way) takes the capabilities away; and so does a buffered one.
+        for flags in ["os.O_WRONLY | os.O_DIRECT", "os.O_WRONLY"] {
+            std::os::unix::fs::chown(&f, Some(0), None).unwrap();
+            chmod(0o666).unwrap();
+            set(&f, "security.capability", &CAPABILITIES, 0).unwrap();
+            assert_eq!(get(&f, "security.capability").unwrap(), CAPABILITIES);
+            let write = format!(
+                "import os,sys,mmap; fd = os.open(sys.argv[1], {flags}); \
+                 b = mmap.mmap(-1, 4096); b.write(b'x' * 4096); os.write(fd, b); print('ok')"
+            );
+            assert_eq!(as_nobody(&write, &f).unwrap(), "ok", "{opts:?} {flags}");
+            assert_eq!(
+                get(&f, "security.capability"),
+                Err(libc::ENODATA),
+                "{opts:?} {flags}: a user's write"
+            );
+        }
         std::fs::remove_file(&f).unwrap();
     }
 }

@@ -315,7 +315,7 @@ impl<B: Backend> Rfs<B> {
         if ino == STATS_INO {
             return Err(Errno::EACCES.into());
         }
-        let changes = self.clearing_setid(ino, changes, caller)?;
+        let changes = self.clearing_setid(changes, caller);
         // Chunk maps come only through a handle: a truncate without a writable one here opens
         // one (which checks that the caller may write) before zeroing the cut chunk's tail.
         let temporary = match changes.size {
@@ -325,6 +325,10 @@ impl<B: Backend> Rfs<B> {
             _ => None,
         };
         let result = self.truncate_and_set(ino, changes, caller);
+        if changes.kill_setid {
+            // The file's capabilities may have gone with it.
+            self.xattrs.changed(ino);
+        }
         match temporary {
             Some(fh) => {
                 let released = self.release(fh);

@@ -32,21 +32,22 @@ const INODES: usize = 4096;
 /// Bytes of values kept over every inode; past it, the least recently used inodes go.
 const BYTES: usize = 16 << 20;
 
-/// What is kept of one inode's extended attributes.
+/// What is kept of one inode's extended attributes, for root and for anyone else apart: the
+/// node answers them differently (trusted attributes are root's; under root squash root is
+/// nobody, while the kernel lets it past the mode bits). Others share what one of them read:
+/// the kernel checked the mode bits before asking.
 #[derive(Default)]
 struct Kept {
     /// Values by name; None: the node said there is none.
-    values: HashMap<Vec<u8>, Option<Vec<u8>>>,
-    /// The names as listed for root, and for anyone else (who does not see trusted ones).
+    values: [HashMap<Vec<u8>, Option<Vec<u8>>>; 2],
+    /// The names as listed.
     lists: [Option<Vec<u8>>; 2],
     confirmed: Option<Instant>,
 }
 
 impl Kept {
     fn bytes(&self) -> usize {
-        let values: usize = self
-            .values
-            .iter()
+        let values: usize = (self.values.iter().flatten())
             .map(|(n, v)| n.len() + v.as_ref().map_or(0, Vec::len))
             .sum();
         values + self.lists.iter().flatten().map(Vec::len).sum::<usize>()
@@ -89,14 +90,15 @@ impl XattrCache {
         k.confirmed.is_some_and(|t| t.elapsed() < self.max_age)
     }
 
-    /// The value of `name` kept for `ino`: Some(None) if it is known to be absent.
-    fn value(&self, ino: Ino, name: &[u8]) -> Option<Option<Vec<u8>>> {
+    /// The value of `name` kept for `ino` (for root, or for others): Some(None) if it is
+    /// known to be absent.
+    fn value(&self, ino: Ino, name: &[u8], root: bool) -> Option<Option<Vec<u8>>> {
         let mut inner = self.inner.lock().unwrap();
         let k = inner.inodes.get(&ino)?;
         if !self.fresh(k) {
             return None;
         }
-        k.values.get(name).cloned()
+        k.values[root as usize].get(name).cloned()
     }
 
     fn list(&self, ino: Ino, root: bool) -> Option<Vec<u8>> {
@@ -159,7 +161,8 @@ impl<B: Backend> Rfs<B> {
         if ino == STATS_INO || ino == RING_INO {
             return Err(Errno::ENODATA.into());
         }
-        if let Some(kept) = self.xattrs.value(ino, name) {
+        let root = caller.uid == 0;
+        if let Some(kept) = self.xattrs.value(ino, name, root) {
             return kept.ok_or(Errno::ENODATA.into());
         }
         let sent = self.xattrs.sent();
@@ -172,13 +175,13 @@ impl<B: Backend> Rfs<B> {
             Ok(XattrValue(v)) => {
                 let kept = v.clone();
                 self.xattrs.keep(ino, sent, |k| {
-                    k.values.insert(name.to_vec(), Some(kept));
+                    k.values[root as usize].insert(name.to_vec(), Some(kept));
                 });
                 Ok(v)
             }
             Err(e) if e.errno() == Errno::ENODATA => {
                 self.xattrs.keep(ino, sent, |k| {
-                    k.values.insert(name.to_vec(), None);
+                    k.values[root as usize].insert(name.to_vec(), None);
                 });
                 Err(e)
             }
@@ -227,9 +230,11 @@ impl<B: Backend> Rfs<B> {
             flags,
             caller: caller.clone(),
         };
-        // Whatever the answer: a call that failed may have taken effect.
+        // Whatever the answer: a call that failed may have taken effect. Its change time
+        // moved (a directory's attributes may be kept).
         let r = self.call(set);
         self.xattrs.changed(ino);
+        self.dirs.changed(ino);
         r.map(drop)
     }
 
@@ -244,6 +249,7 @@ impl<B: Backend> Rfs<B> {
             caller: caller.clone(),
         });
         self.xattrs.changed(ino);
+        self.dirs.changed(ino);
         r.map(drop)
     }
 }
@@ -257,22 +263,31 @@ mod tests {
         let c = XattrCache::new(Duration::from_secs(10));
         let sent = c.sent();
         c.keep(1, sent, |k| {
-            k.values.insert(b"user.a".to_vec(), Some(b"x".to_vec()));
+            k.values[0].insert(b"user.a".to_vec(), Some(b"x".to_vec()));
         });
         c.keep(1, c.sent(), |k| {
-            k.values.insert(b"user.b".to_vec(), None);
+            k.values[0].insert(b"user.b".to_vec(), None);
         });
-        assert_eq!(c.value(1, b"user.a"), Some(Some(b"x".to_vec())));
-        assert_eq!(c.value(1, b"user.b"), Some(None));
-        assert_eq!(c.value(1, b"user.c"), None);
+        assert_eq!(c.value(1, b"user.a", false), Some(Some(b"x".to_vec())));
+        assert_eq!(
+            c.value(1, b"user.a", true),
+            None,
+            "root's answers are its own"
+        );
+        assert_eq!(c.value(1, b"user.b", false), Some(None));
+        assert_eq!(c.value(1, b"user.c", false), None);
         let before = c.sent();
         c.changed(2);
         c.keep(1, before, |k| {
-            k.values.insert(b"user.c".to_vec(), None);
+            k.values[0].insert(b"user.c".to_vec(), None);
         });
-        assert_eq!(c.value(1, b"user.c"), None, "overtaken by a callback");
+        assert_eq!(
+            c.value(1, b"user.c", false),
+            None,
+            "overtaken by a callback"
+        );
         c.changed(1);
-        assert_eq!(c.value(1, b"user.a"), None);
+        assert_eq!(c.value(1, b"user.a", false), None);
         c.keep(1, c.sent(), |k| k.lists[0] = Some(b"user.a\0".to_vec()));
         assert_eq!(c.list(1, false), Some(b"user.a\0".to_vec()));
         assert_eq!(c.list(1, true), None, "root's list is its own");
@@ -284,18 +299,22 @@ mod tests {
     fn kept_answers_age_out_and_large_ones_make_room() {
         let c = XattrCache::new(Duration::from_millis(50));
         c.keep(1, c.sent(), |k| {
-            k.values.insert(b"user.a".to_vec(), None);
+            k.values[0].insert(b"user.a".to_vec(), None);
         });
         std::thread::sleep(Duration::from_millis(80));
-        assert_eq!(c.value(1, b"user.a"), None, "older than the age kept");
+        assert_eq!(
+            c.value(1, b"user.a", false),
+            None,
+            "older than the age kept"
+        );
         let c = XattrCache::new(Duration::from_secs(10));
         for ino in 0..300 {
             c.keep(ino, c.sent(), |k| {
-                k.values.insert(b"user.v".to_vec(), Some(vec![0; 65536]));
+                k.values[0].insert(b"user.v".to_vec(), Some(vec![0; 65536]));
             });
         }
         assert!(c.inner.lock().unwrap().bytes <= BYTES);
-        assert_eq!(c.value(0, b"user.v"), None, "the oldest went");
-        assert!(c.value(299, b"user.v").is_some());
+        assert_eq!(c.value(0, b"user.v", false), None, "the oldest went");
+        assert!(c.value(299, b"user.v", false).is_some());
     }
 }

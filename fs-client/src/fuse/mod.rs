@@ -72,6 +72,16 @@ impl RfsFuse {
         }
     }
 
+    /// `ino` is about to change by `req`'s fallocate or copy_file_range: with the writeback
+    /// cache the kernel leaves clearing its set-ID bits and capabilities to us (`fs::setid`),
+    /// and says nothing of these (root is taken to have CAP_FSETID).
+    fn modified_by(&self, req: &Request, ino: u64) -> Result<(), Error> {
+        match self.cfg.writeback_cache && req.uid() != 0 {
+            true => self.fs.write_clears_setid(ino, &self.caller(req)),
+            false => Ok(()),
+        }
+    }
+
     fn attr_reply(&self, op: &'static str, r: Result<Attr, Error>, reply: ReplyAttr) {
         match r {
             Ok(a) => reply.attr(&self.attr_ttl, &self.attr(&a)),
@@ -128,6 +138,7 @@ impl Filesystem for RfsFuse {
             size,
             atime: atime.map(timestamp),
             mtime: mtime.map(timestamp),
+            kill_setid: false,
         };
         self.attr_reply(
             "setattr",
@@ -541,7 +552,7 @@ impl Filesystem for RfsFuse {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -549,6 +560,7 @@ impl Filesystem for RfsFuse {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        or_reply!("fallocate", self.modified_by(req, ino.0), reply);
         empty(
             "fallocate",
             self.fs.fallocate(ino.0, offset, length, mode),
@@ -558,7 +570,7 @@ impl Filesystem for RfsFuse {
 
     fn copy_file_range(
         &self,
-        _req: &Request,
+        req: &Request,
         ino_in: INodeNo,
         _fh_in: FileHandle,
         offset_in: u64,
@@ -569,6 +581,7 @@ impl Filesystem for RfsFuse {
         _flags: fuser::CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
+        or_reply!("copy_file_range", self.modified_by(req, ino_out.0), reply);
         let copied = self
             .fs
             .copy_range(ino_in.0, offset_in, ino_out.0, offset_out, len);

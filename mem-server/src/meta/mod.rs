@@ -117,6 +117,10 @@ fn invalid_state(dir: &std::path::Path, why: &str) -> io::Error {
     )
 }
 
+/// What extended attributes may cost the node, per file of the file limit: all of them
+/// together (one file may take much of it), as the file limit budgets the inodes themselves.
+const XATTR_BYTES_PER_FILE: u64 = 256;
+
 /// Whether applying `req` twice would differ from applying it once: its reply is kept for a
 /// resend. (Reading calls are simply applied again.)
 fn changes_something(req: &Request) -> bool {
@@ -144,6 +148,7 @@ impl MetaService {
         let (zeroing, inodes) = (st.alloc.zeroing(), st.ns.inode_count());
         let (allocatable, inodes_max) = (st.alloc.allocatable_bytes(), st.ns.max_inodes());
         let locks = st.locks.count() as u64;
+        let (xattr_bytes, xattr_bytes_max) = st.ns.xattr_bytes();
         drop(st);
         vec![
             Metric::gauge("space_bytes", "Bytes every data node lends", space),
@@ -167,6 +172,16 @@ impl MetaService {
                 inodes_max,
             ),
             Metric::gauge("file_locks", "File locks held, over every client", locks),
+            Metric::gauge(
+                "xattr_bytes",
+                "What every file's extended attributes cost the node",
+                xattr_bytes,
+            ),
+            Metric::gauge(
+                "xattr_bytes_max",
+                "The most extended attributes may cost the node",
+                xattr_bytes_max,
+            ),
             Metric::counter(
                 "zeroed_bytes",
                 "Bytes of freed space zeroed before reuse (a new file must read zeros)",
@@ -225,6 +240,7 @@ impl MetaService {
         };
         ns.journal_changes();
         ns.set_max_inodes(cfg.max_files);
+        ns.set_max_xattr_bytes(cfg.max_files.saturating_mul(XATTR_BYTES_PER_FILE));
         alloc.journal_changes();
         if cfg.root_dir != AttrChanges::default() {
             let (root, _) = ns.setattr(ROOT, &cfg.root_dir).map_err(|e| {

@@ -1285,3 +1285,61 @@ fn extended_attributes_are_reached_as_the_caller_may() {
     c.set_xattr(f, "user.a", b"new", &root()).unwrap();
     assert_eq!(other.get_xattr(f, "user.a", &root()), Ok(b"new".to_vec()));
 }
+
+/// What a write by someone without CAP_FSETID clears (`kill_setid`, which the client asks for
+/// where the kernel leaves it to the file system): the set-ID bits and capabilities the node
+/// holds now, at a writer's request; anyone else is refused. A writer may remove the
+/// capabilities (the kernel does, in the writer's name), not other security attributes.
+#[test]
+fn a_writer_clears_set_id_bits_and_capabilities() {
+    let node = Node::new();
+    let mut c = node.client(1);
+    let alice = user(1000);
+    let f = c.create(ROOT, "f").ino;
+    let chmod = |mode| SetAttr {
+        ino: f,
+        changes: rfs_proto::types::AttrChanges {
+            mode: Some(mode),
+            ..Default::default()
+        },
+        caller: root(),
+    };
+    let kill = |caller: &Caller| SetAttr {
+        ino: f,
+        changes: rfs_proto::types::AttrChanges {
+            kill_setid: true,
+            ..Default::default()
+        },
+        caller: caller.clone(),
+    };
+    c.call(chmod(0o6777)).unwrap();
+    c.set_xattr(f, "security.capability", b"caps", &root())
+        .unwrap();
+    c.set_xattr(f, "security.other", b"o", &root()).unwrap();
+    assert_eq!(c.call(kill(&alice)).unwrap().perm, 0o777);
+    assert_eq!(
+        c.get_xattr(f, "security.capability", &root()),
+        Err(Errno::ENODATA)
+    );
+    assert_eq!(c.get_xattr(f, "security.other", &root()), Ok(b"o".to_vec()));
+    // Set-group-ID without group execute marks mandatory locking: it stays.
+    c.call(chmod(0o2744)).unwrap();
+    assert_eq!(c.call(kill(&root())).unwrap().perm, 0o2744);
+    c.call(chmod(0o4744)).unwrap();
+    // (This session holds the file open for writing, which lets it: another does not.)
+    let mut other = node.client(2);
+    assert_eq!(other.call(kill(&alice)), Err(Errno::EPERM), "not a writer");
+    c.call(chmod(0o666)).unwrap();
+    c.set_xattr(f, "security.capability", b"caps", &root())
+        .unwrap();
+    let remove = |name: &str| RemoveXattr {
+        ino: f,
+        name: name.into(),
+        caller: alice.clone(),
+    };
+    assert_eq!(c.call(remove("security.capability")).map(drop), Ok(()));
+    assert_eq!(
+        c.call(remove("security.other")).map(drop),
+        Err(Errno::EPERM)
+    );
+}

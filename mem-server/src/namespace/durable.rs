@@ -89,6 +89,8 @@ impl Namespace {
             chunk_size,
             log: Some(Vec::new()),
             touched: BTreeSet::new(),
+            xattr_bytes: 0,
+            max_xattr_bytes: u64::MAX,
         };
         let mut skipped = 0;
         for r in records {
@@ -191,25 +193,16 @@ impl Namespace {
                 }) => drop(chunks.split_off(from)),
                 _ => return Ok(false),
             },
-            Record::Gone(ino) => {
-                if self.inodes.remove(ino).is_none() {
+            Record::Gone(ino) => match self.inodes.remove(ino) {
+                Some(i) => self.xattr_bytes -= super::xattrs::cost_of(&i.xattrs),
+                None => return Ok(false),
+            },
+            Record::NextIno(n) => self.next_ino = self.next_ino.max(*n),
+            Record::Xattr { ino, name, value } => {
+                if !self.restore_xattr(*ino, name, value.as_deref()) {
                     return Ok(false);
                 }
             }
-            Record::NextIno(n) => self.next_ino = self.next_ino.max(*n),
-            Record::Xattr { ino, name, value } => match self.inodes.get_mut(ino) {
-                Some(i) => {
-                    let x = i.xattrs.get_or_insert_default();
-                    match value {
-                        Some(v) => x.insert(name.clone(), v.clone()),
-                        None => x.remove(name),
-                    };
-                    if x.is_empty() {
-                        i.xattrs = None;
-                    }
-                }
-                None => return Ok(false),
-            },
             Record::Format { .. }
             | Record::Node { .. }
             | Record::Fresh { .. }

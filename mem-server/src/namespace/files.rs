@@ -1,6 +1,8 @@
 //! Files: attributes, handles (an unlinked file goes with its last one), sizes committed by
 //! clients, and what closed files give back past their size.
 
+use rfs_proto::types::setid_cleared_by_write;
+
 use super::*;
 
 impl Namespace {
@@ -29,6 +31,11 @@ impl Namespace {
         if let Some(mode) = s.mode {
             i.attr.perm = (mode & 0o7777) as u16;
         }
+        let kill = s.kill_setid && i.attr.kind == FileKind::RegularFile;
+        if kill {
+            let perm = u32::from(i.attr.perm);
+            i.attr.perm = (perm & !setid_cleared_by_write(perm)) as u16;
+        }
         if let Some(uid) = s.uid {
             i.attr.uid = uid;
         }
@@ -45,6 +52,9 @@ impl Namespace {
         let attr = i.attr;
         if let Some(from) = cut {
             self.note(|| Record::Cut { ino, from });
+        }
+        if kill {
+            self.drop_capabilities(ino);
         }
         Ok((attr, freed))
     }

@@ -506,3 +506,36 @@ fn extended_attributes_live_with_their_inode_and_survive_a_replay() {
         "gone with the inode"
     );
 }
+
+/// The node's extended attributes together are held to a budget (each costing its name, value
+/// and a fixed overhead, so that many tiny ones count too): a set past it fails with ENOSPC,
+/// and a removal, an inode's end and a replay all keep the count right.
+#[test]
+fn extended_attributes_are_held_to_the_nodes_budget() {
+    let mut n = ns();
+    n.journal_changes();
+    let mut journal = n.records();
+    let (f, g) = (file(&mut n, ROOT, "f"), file(&mut n, ROOT, "g"));
+    let each = 6 + 10 + xattrs::ENTRY_COST;
+    n.set_max_xattr_bytes(3 * each);
+    n.set_xattr(f, b"user.a", &[0; 10], 0).unwrap();
+    n.set_xattr(f, b"user.b", &[0; 10], 0).unwrap();
+    n.set_xattr(g, b"user.c", &[0; 10], 0).unwrap();
+    assert_eq!(n.xattr_bytes().0, 3 * each);
+    assert_eq!(n.set_xattr(g, b"user.d", &[0; 10], 0), Err(Errno::ENOSPC));
+    assert_eq!(
+        n.set_xattr(g, b"user.c", &[0; 11], 0),
+        Err(Errno::ENOSPC),
+        "growing one"
+    );
+    n.set_xattr(g, b"user.c", &[1; 10], 0).unwrap();
+    n.remove_xattr(f, b"user.a").unwrap();
+    n.set_xattr(g, b"user.d", &[0; 10], 0).unwrap();
+    n.unlink(ROOT, b"f").unwrap();
+    assert_eq!(n.xattr_bytes().0, 2 * each, "the file took its own along");
+    n.take_records(&mut journal);
+    let (back, _) = Namespace::replay(1 << 20, &journal).unwrap();
+    assert_eq!(back.xattr_bytes().0, 2 * each);
+    let (back, _) = Namespace::replay(1 << 20, &n.records()).unwrap();
+    assert_eq!(back.xattr_bytes().0, 2 * each);
+}

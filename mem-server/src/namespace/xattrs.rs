@@ -1,6 +1,9 @@
 //! Extended attributes of an inode: kept with it (so renames and hard links carry them, and
-//! they go with its last link), journaled as they change, bounded as Linux bounds them. Who
-//! may read or change which is the operations' to check (`access::check_xattr`).
+//! they go with its last link), journaled as they change, bounded as Linux bounds them per
+//! inode and, over the whole namespace, by what the node budgets them (each costing its name,
+//! its value and [`ENTRY_COST`]: a user must not grow the node's memory without bound, as
+//! with the file limit). Who may read or change which is the operations' to check
+//! (`access::check_xattr`).
 
 use rfs_proto::xattr::{
     XATTR_CREATE, XATTR_LIST_MAX, XATTR_REPLACE, XATTR_SIZE_MAX, XATTR_TOTAL_MAX,
@@ -8,7 +11,37 @@ use rfs_proto::xattr::{
 
 use super::*;
 
+/// The attribute that holds a file's capabilities.
+const CAPABILITIES: &[u8] = b"security.capability";
+
+/// What an attribute costs beyond its name and value (the map's node and two allocations).
+pub(super) const ENTRY_COST: u64 = 64;
+
+/// What one attribute costs the node.
+fn cost(name: &[u8], value: &[u8]) -> u64 {
+    (name.len() + value.len()) as u64 + ENTRY_COST
+}
+
+/// What an inode's attributes cost the node.
+pub(super) fn cost_of(x: &Xattrs) -> u64 {
+    x.iter()
+        .flat_map(|x| x.iter())
+        .map(|(n, v)| cost(n, v))
+        .sum()
+}
+
 impl Namespace {
+    /// Holds the extended attributes of every inode together to `max` bytes (as costed by
+    /// [`cost`]): sets past it fail with ENOSPC (what is there already stays).
+    pub fn set_max_xattr_bytes(&mut self, max: u64) {
+        self.max_xattr_bytes = max;
+    }
+
+    /// What every inode's extended attributes cost, and the most they may.
+    pub fn xattr_bytes(&self) -> (u64, u64) {
+        (self.xattr_bytes, self.max_xattr_bytes)
+    }
+
     /// The value of `ino`'s attribute `name` (ENODATA: none).
     pub fn get_xattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>, Errno> {
         let i = self.get(ino)?;
@@ -49,9 +82,12 @@ impl Namespace {
             total += name.len();
         }
         total = total - old.map_or(0, Vec::len) + value.len();
-        if list > XATTR_LIST_MAX || total > XATTR_TOTAL_MAX {
+        let was = old.map_or(0, |v| cost(name, v));
+        let all = self.xattr_bytes - was + cost(name, value);
+        if list > XATTR_LIST_MAX || total > XATTR_TOTAL_MAX || all > self.max_xattr_bytes {
             return Err(Errno::ENOSPC);
         }
+        self.xattr_bytes = all;
         let i = self.get_mut(ino)?;
         i.xattrs
             .get_or_insert_default()
@@ -77,20 +113,52 @@ impl Namespace {
             return Err(Errno::ENODATA);
         }
         let i = self.get_mut(ino)?;
+        let mut freed = 0;
         if let Some(x) = &mut i.xattrs {
-            x.remove(name);
+            freed = x.remove(name).map_or(0, |v| cost(name, &v));
             if x.is_empty() {
                 i.xattrs = None;
             }
         }
         i.attr.ctime = now();
         let attr = i.attr;
+        self.xattr_bytes -= freed;
         self.note(|| Record::Xattr {
             ino,
             name: name.to_vec(),
             value: None,
         });
         Ok(attr)
+    }
+}
+
+impl Namespace {
+    /// Takes `ino`'s file capabilities away, if it has any (a write by someone without
+    /// CAP_FSETID does, as Linux's does).
+    pub(super) fn drop_capabilities(&mut self, ino: Ino) {
+        if self.get_xattr(ino, CAPABILITIES).is_ok() {
+            let _ = self.remove_xattr(ino, CAPABILITIES);
+        }
+    }
+
+    /// A journaled change of `ino`'s attribute `name` (None: it went), replayed: false if the
+    /// inode is not there. Replays are not held to the budget (a node restarted with a
+    /// smaller one keeps what it had).
+    pub(super) fn restore_xattr(&mut self, ino: Ino, name: &[u8], value: Option<&[u8]>) -> bool {
+        let Some(i) = self.inodes.get_mut(&ino) else {
+            return false;
+        };
+        let x = i.xattrs.get_or_insert_default();
+        let was = match value {
+            Some(v) => x.insert(name.to_vec(), v.to_vec()),
+            None => x.remove(name),
+        };
+        if x.is_empty() {
+            i.xattrs = None;
+        }
+        self.xattr_bytes -= was.map_or(0, |v| cost(name, &v));
+        self.xattr_bytes += value.map_or(0, |v| cost(name, v));
+        true
     }
 }
 

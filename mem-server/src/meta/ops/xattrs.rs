@@ -8,21 +8,21 @@ use rfs_proto::xattr::XattrValue;
 use rfs_proto::Errno;
 
 use super::{answer, Answer, Ctx};
-use crate::access::{check_xattr, shows_xattr};
+use crate::access::{check_xattr, shows_xattr, XattrUse};
 
 impl Ctx<'_> {
-    /// The caller as the checks see them, if they may reach `name` of `ino` (`write`: to set
-    /// or remove it); and the inode's attributes.
+    /// The caller as the checks see them, if they may `how` `name` of `ino`; and the inode's
+    /// attributes.
     fn xattr_caller(
         &self,
         caller: &Caller,
         ino: Ino,
         name: &[u8],
-        write: bool,
+        how: XattrUse,
     ) -> Result<(Caller, Attr), Errno> {
         let c = self.svc.policy.caller(caller)?;
         let a = self.st.ns.getattr(ino)?;
-        check_xattr(&a, &c, name, write)?;
+        check_xattr(&a, &c, name, how)?;
         Ok((c, a))
     }
 
@@ -43,7 +43,7 @@ impl Ctx<'_> {
 
 pub(super) fn get_xattr(cx: &mut Ctx<'_>, m: &GetXattr) -> Answer {
     let r = cx
-        .xattr_caller(&m.caller, m.ino, &m.name.0, false)
+        .xattr_caller(&m.caller, m.ino, &m.name.0, XattrUse::Read)
         .and_then(|_| cx.st.ns.get_xattr(m.ino, &m.name.0));
     // A value or its absence, either may be cached.
     if matches!(r, Ok(_) | Err(Errno::ENODATA)) {
@@ -70,14 +70,14 @@ pub(super) fn list_xattr(cx: &mut Ctx<'_>, m: &ListXattr) -> Answer {
 
 pub(super) fn set_xattr(cx: &mut Ctx<'_>, m: &SetXattr) -> Answer {
     let r = cx
-        .xattr_caller(&m.caller, m.ino, &m.name.0, true)
+        .xattr_caller(&m.caller, m.ino, &m.name.0, XattrUse::Set)
         .and_then(|_| cx.st.ns.set_xattr(m.ino, &m.name.0, &m.value.0, m.flags));
     answer(m, cx.xattrs_changed(r, m.ino))
 }
 
 pub(super) fn remove_xattr(cx: &mut Ctx<'_>, m: &RemoveXattr) -> Answer {
     let r = cx
-        .xattr_caller(&m.caller, m.ino, &m.name.0, true)
+        .xattr_caller(&m.caller, m.ino, &m.name.0, XattrUse::Remove)
         .and_then(|_| cx.st.ns.remove_xattr(m.ino, &m.name.0));
     answer(m, cx.xattrs_changed(r, m.ino))
 }
