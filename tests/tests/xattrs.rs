@@ -341,3 +341,38 @@ fn truncates_and_chowns_clear_set_id_bits_with_or_without_the_writeback_cache() 
         std::fs::remove_file(&f).unwrap();
     }
 }
+
+/// A mount whose connection to the metadata node was cut misses the callbacks meanwhile: what
+/// it kept of the attributes goes, and it reads what another mount set while it was away.
+#[test]
+fn a_mount_that_lost_its_connection_does_not_serve_what_it_kept() {
+    let meta = MemServer::meta("32M", "1M");
+    let a = Mount::new(&meta, &[]);
+    let b = Mount::new(&meta, &["io_timeout=2"]);
+    std::fs::write(a.path("f"), b"data").unwrap();
+    let (fa, fb) = (a.path("f"), b.path("f"));
+    for round in 0..5 {
+        set(&fa, "user.v", format!("before {round}").as_bytes(), 0).unwrap();
+        assert_eq!(
+            get(&fb, "user.v").unwrap(),
+            format!("before {round}").as_bytes()
+        );
+        assert_eq!(get(&fb, "user.new"), Err(libc::ENODATA));
+        let back = b.stat("reconnections");
+        // SAFETY: a signal to our own child process: it severs its metadata connection.
+        unsafe { libc::kill(b.pid(), libc::SIGUSR1) };
+        // At once: the node's callbacks find the connection gone.
+        set(&fa, "user.v", format!("after {round}").as_bytes(), 0).unwrap();
+        set(&fa, "user.new", b"set while away", 0).unwrap();
+        rfs_e2e::within(std::time::Duration::from_secs(20), "reconnected", || {
+            b.stat("reconnections") > back
+        });
+        assert_eq!(
+            get(&fb, "user.v").unwrap(),
+            format!("after {round}").as_bytes()
+        );
+        assert_eq!(get(&fb, "user.new").unwrap(), b"set while away");
+        remove(&fa, "user.new").unwrap();
+    }
+    assert_eq!(b.stat("io_errors"), 0);
+}

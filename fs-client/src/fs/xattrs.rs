@@ -2,7 +2,7 @@
 //! who may (the kernel checks first: the mount has `default_permissions`). What this mount
 //! read is kept, values and absences alike, as attributes are: the node tells every session
 //! that read an inode's attributes when they change, and the copy goes then (and when the
-//! connection is lost, and a quarter of the lease after the node last answered about it). The
+//! connection is lost, and a quarter of the lease after the node first answered about it). The
 //! kernel asks for `security.capability` before writes (once per file with the writeback
 //! cache, see `fuse`), so its absence is answered here, not by a call each time.
 //!
