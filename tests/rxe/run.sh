@@ -52,7 +52,10 @@ cluster:a_dead_storage_node_fails_io_with_eio_and_nothing_hangs
 posix:files_directories_links_and_their_errors
 posix:unlinked_open_files_keep_their_data_and_unmount_is_clean
 replicas:with_two_replicas_a_killed_node_loses_nothing_and_its_copies_are_made_again
-restart:a_restarted_metadata_node_comes_back_with_everything_it_answered"}
+restart:a_restarted_metadata_node_comes_back_with_everything_it_answered
+ring:reads_land_in_the_buffer_with_the_holes_zeroed
+ring:the_ring_reads_and_writes_the_same_file_as_the_mount
+xattrs:extended_attributes_keep_xattr7s_semantics"}
 
 rm -rf "$SHARE" && mkdir -p "$SHARE/fs/deps"
 cp "$bin" "$SHARE/conformance"
