@@ -241,6 +241,23 @@ impl<B: Backend> Rfs<B> {
         }
     }
 
+    /// After a read attempt of `ino` (its references let go) failed with `e`: a stale
+    /// reference goes [`Self::again`]; any other failure is counted and handed to `then`.
+    fn after_failed_read(
+        self: &Arc<Self>,
+        ino: Ino,
+        from: u64,
+        attempt: Attempt,
+        e: Error,
+        then: impl FnOnce(Result<Attempt>) + Send + 'static,
+    ) {
+        if e.is_stale() {
+            return self.again(ino, from, attempt, e, then);
+        }
+        Self::piece_failed(&self.stats, &e);
+        then(Err(e))
+    }
+
     /// After a transfer of `ino` failed for a `stale` reference: once the attempt's pause is
     /// over, forgets the file's chunk map from `from` on and has `then` send it again (given
     /// the next attempt), or fail it (given `stale`) if the window is spent. Called with no

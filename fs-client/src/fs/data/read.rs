@@ -152,18 +152,14 @@ impl<B: Backend> Rfs<B> {
             move |r: Result<&[u8]>| {
                 drop(hold);
                 match r {
-                    Err(e) if e.is_stale() => {
-                        let retry_fs = fs.clone();
-                        fs.again(ino, from, attempt, e, move |next| match next {
-                            Ok(next) => retry_fs.read_attempt(ino, offset, len, next, done),
+                    Ok(data) => done(Ok(data)),
+                    Err(e) => {
+                        let retry = fs.clone();
+                        fs.after_failed_read(ino, from, attempt, e, move |next| match next {
+                            Ok(next) => retry.read_attempt(ino, offset, len, next, done),
                             Err(e) => done(Err(e)),
                         })
                     }
-                    Err(e) => {
-                        Self::piece_failed(&fs.stats, &e);
-                        done(Err(e))
-                    }
-                    Ok(data) => done(Ok(data)),
                 }
             }
         };
@@ -307,18 +303,14 @@ impl<B: Backend> Rfs<B> {
             move |r: Result<()>| {
                 drop(hold);
                 match r {
-                    Err(e) if e.is_stale() => {
-                        let retry_fs = fs.clone();
-                        fs.again(ino, from, attempt, e, move |next| match next {
-                            Ok(next) => retry_fs.land_attempt(ino, offset, into, next, done),
+                    Ok(()) => done(Ok(len)),
+                    Err(e) => {
+                        let retry = fs.clone();
+                        fs.after_failed_read(ino, from, attempt, e, move |next| match next {
+                            Ok(next) => retry.land_attempt(ino, offset, into, next, done),
                             Err(e) => done(Err(e)),
                         })
                     }
-                    Err(e) => {
-                        Self::piece_failed(&fs.stats, &e);
-                        done(Err(e))
-                    }
-                    Ok(()) => done(Ok(len)),
                 }
             }
         };
