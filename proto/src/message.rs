@@ -480,9 +480,10 @@ pub const METADATA_RPC: rdmabox::rpc::RpcConfig = rdmabox::rpc::RpcConfig {
 };
 
 /// The bytes of reply that a readdir page may fill, in messages of `max_msg` bytes: what is
-/// left after the reply's header (version, op, status) and the entry count.
+/// left after the reply's header (version, op, status), the entry count and the MAC every
+/// reply is sealed with ([`crate::integrity`]).
 pub fn readdir_budget(max_msg: usize) -> usize {
-    max_msg.saturating_sub(3 + 4)
+    max_msg.saturating_sub(3 + 4 + crate::integrity::TAG)
 }
 
 /// Bytes before every call: its sequence number in the client's session, the lowest sequence

@@ -518,6 +518,35 @@ fn a_process_registers_only_what_it_could_open_itself() {
     );
 }
 
+/// A user's write through the ring clears what a write of theirs through the mount clears
+/// (set-ID bits, file capabilities): the kernel sees none of these writes.
+#[test]
+fn a_users_ring_write_clears_set_id_bits() {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = MemServer::meta("64M", "1M");
+    let m = Mount::new(&meta, &["allow_other"]);
+    let _ = ring(&m, 4096, 1);
+    fs::write(m.path("suid"), vec![0u8; 8192]).unwrap();
+    fs::set_permissions(m.path("suid"), fs::Permissions::from_mode(0o6777)).unwrap();
+    let open = || {
+        fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(m.path("suid"))
+            .unwrap()
+    };
+    assert_eq!(
+        child("write", &m, open(), None),
+        "Ok(())",
+        "root keeps them"
+    );
+    let mode = || fs::metadata(m.path("suid")).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode(), 0o6777);
+    assert_eq!(child("write", &m, open(), Some(NOBODY)), "Ok(())");
+    assert_eq!(mode(), 0o777, "a user's write");
+    assert_eq!(fs::read(m.path("suid")).unwrap()[..4096], [b'r'; 4096]);
+}
+
 /// A process that dies with reads in flight into its buffer harms nobody: its handle is
 /// released once they are done, and the mount and other rings go on.
 #[test]

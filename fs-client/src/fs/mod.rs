@@ -110,6 +110,8 @@ pub struct Rfs<B: Backend = Client> {
     hard: bool,
     /// The kernel's writeback cache is on ([`FsConfig::writeback_cache`]).
     writeback_cache: bool,
+    /// The kernel leaves clearing set-ID bits and capabilities to us (`setid`).
+    leaves_setid: std::sync::atomic::AtomicBool,
     /// Writes in flight, answered or not.
     behind: WriteBehind,
     /// What we know of the directories we change.
@@ -178,6 +180,7 @@ impl<B: Backend> Rfs<B> {
             backend,
             chunk_size,
             writeback_cache: cfg.writeback_cache,
+            leaves_setid: Default::default(),
             // Half the lease: a reference is never used past the lease, counting the
             // transfer's own deadline (at most the other half).
             chunks: Arc::new(ChunkCache::new(lease / 2, chunk_size)),

@@ -155,6 +155,7 @@ impl<B: Backend> Rfs<B> {
     ) -> Result<(u64, Attr)> {
         self.not_a_reserved_name(parent, name)?;
         let sent = self.dirs.sent();
+        let no_xattrs = self.xattrs.sent();
         let create = Create {
             parent,
             name: name.into(),
@@ -164,6 +165,8 @@ impl<B: Backend> Rfs<B> {
         };
         let made = self.changing(parent, create)?;
         self.dirs.added(sent, made.dir, name);
+        // A new file has no extended attributes: its writes need not ask for capabilities.
+        self.xattrs.made(made.attr.ino, no_xattrs);
         // The kernel has no pages of a new file, so none of another version.
         let new = PageVersion::of(&made.attr);
         self.page_versions

@@ -1,9 +1,11 @@
-//! Set-user-ID and set-group-ID bits that writes, truncates and chowns clear, as Linux clears
-//! them. The kernel does it itself for what goes through its page cache, except with its
-//! writeback cache on: there it leaves all of it to the file system (FUSE_HANDLE_KILLPRIV_V2,
-//! which the mount asks for so that a write does not cost a getxattr of `security.capability`
-//! each), and says which writes must clear (FUSE_WRITE_KILL_SUIDGID).
+//! Set-user-ID and set-group-ID bits, and file capabilities, that writes, truncates and chowns
+//! clear, as Linux clears them. The mount asks the kernel to leave all of it to the file system
+//! (FUSE_HANDLE_KILLPRIV_V2): otherwise the kernel asks for `security.capability` before every
+//! write through its page cache. It then says which writes must clear
+//! (FUSE_WRITE_KILL_SUIDGID), and leaves truncates, chowns, fallocate and copy_file_range to
+//! us.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 pub use rfs_proto::types::setid_cleared_by_write;
@@ -39,13 +41,23 @@ impl<B: Backend> Rfs<B> {
         self.setattr(ino, changes, caller).map(drop)
     }
 
+    /// The kernel leaves clearing set-ID bits and capabilities to us (said once mounted).
+    pub fn kernel_leaves_setid(&self, leaves: bool) {
+        self.leaves_setid.store(leaves, Ordering::Relaxed);
+    }
+
+    /// Whether the kernel leaves clearing set-ID bits and capabilities to us.
+    pub fn leaves_setid(&self) -> bool {
+        self.leaves_setid.load(Ordering::Relaxed)
+    }
+
     /// `changes` with the set-ID bits (and capabilities) they clear, where the kernel leaves
-    /// that to us (its writeback cache on): a truncate by anyone but root, and a chown (by root
-    /// too, as Linux has it since 2.2.13), on a regular file.
+    /// that to us: a truncate by anyone but root, and a chown (by root too, as Linux has it
+    /// since 2.2.13), on a regular file.
     pub(super) fn clearing_setid(&self, mut changes: AttrChanges, caller: &Caller) -> AttrChanges {
         let chown = changes.uid.is_some() || changes.gid.is_some();
         let cut = changes.size.is_some() && caller.uid != 0;
-        if self.writeback_cache && (chown || cut) {
+        if self.leaves_setid() && (chown || cut) {
             changes.kill_setid = true;
         }
         changes

@@ -91,14 +91,31 @@ impl XattrCache {
     }
 
     /// The value of `name` kept for `ino` (for root, or for others): Some(None) if it is
-    /// known to be absent.
+    /// known to be absent (answered so, or missing from a list kept).
     fn value(&self, ino: Ino, name: &[u8], root: bool) -> Option<Option<Vec<u8>>> {
         let mut inner = self.inner.lock().unwrap();
         let k = inner.inodes.get(&ino)?;
         if !self.fresh(k) {
             return None;
         }
-        k.values[root as usize].get(name).cloned()
+        let slot = root as usize;
+        if let Some(v) = k.values[slot].get(name) {
+            return Some(v.clone());
+        }
+        let listed = |list: &Vec<u8>| list.split(|&b| b == 0).any(|n| n == name);
+        // Others' list leaves trusted attributes out: only root's says those are absent.
+        let trusted = name.starts_with(b"trusted.");
+        match &k.lists[slot] {
+            Some(list) if (root || !trusted) && !listed(list) => Some(None),
+            _ => None,
+        }
+    }
+
+    /// `ino` was made by this mount, at `sent`: it has no attributes yet.
+    pub(crate) fn made(&self, ino: Ino, sent: Sent) {
+        self.keep(ino, sent, |k| {
+            k.lists = [Some(Vec::new()), Some(Vec::new())]
+        });
     }
 
     fn list(&self, ino: Ino, root: bool) -> Option<Vec<u8>> {

@@ -5,7 +5,9 @@ use fuser::{InitFlags, KernelConfig};
 
 use crate::options::MountConfig;
 
-pub(super) fn negotiate(cfg: &MountConfig, config: &mut KernelConfig) {
+/// Whether the kernel leaves clearing set-ID bits and capabilities to the file system (it
+/// took FUSE_HANDLE_KILLPRIV_V2).
+pub(super) fn negotiate(cfg: &MountConfig, config: &mut KernelConfig) -> bool {
     if let Err(max) = config.set_max_write(cfg.max_write) {
         log::warn!("kernel limits max_write to {max}");
         let _ = config.set_max_write(max);
@@ -19,10 +21,11 @@ pub(super) fn negotiate(cfg: &MountConfig, config: &mut KernelConfig) {
     if let Err(missing) = config.add_capabilities(want) {
         log::warn!("kernel lacks FUSE capabilities {missing:?}");
     }
-    // With the writeback cache, clearing set-ID bits is then ours (`fs::setid`): without it,
-    // the kernel asks for security.capability before every write.
+    // Clearing set-ID bits and capabilities is then ours (`fs::setid`): without it, the
+    // kernel asks for security.capability before every write through its page cache.
     let killpriv = InitFlags::FUSE_HANDLE_KILLPRIV_V2;
-    if cfg.writeback_cache && config.add_capabilities(killpriv).is_err() {
+    let leaves_setid = config.add_capabilities(killpriv).is_ok();
+    if !leaves_setid {
         log::warn!("kernel lacks {killpriv:?}: each write asks for security.capability");
     }
     // Locks go to the metadata node, flock's as whole-file ones (as NFS has them).
@@ -35,4 +38,5 @@ pub(super) fn negotiate(cfg: &MountConfig, config: &mut KernelConfig) {
     if let Err(missing) = config.add_capabilities(InitFlags::FUSE_EXPORT_SUPPORT) {
         log::warn!("kernel lacks {missing:?}: file handles go stale once the kernel forgets them");
     }
+    leaves_setid
 }

@@ -72,11 +72,11 @@ impl RfsFuse {
         }
     }
 
-    /// `ino` is about to change by `req`'s fallocate or copy_file_range: with the writeback
-    /// cache the kernel leaves clearing its set-ID bits and capabilities to us (`fs::setid`),
-    /// and says nothing of these (root is taken to have CAP_FSETID).
+    /// `ino` is about to change by `req`'s fallocate or copy_file_range: the kernel leaves
+    /// clearing its set-ID bits and capabilities to us (`fs::setid`), and says nothing of these
+    /// (root is taken to have CAP_FSETID).
     fn modified_by(&self, req: &Request, ino: u64) -> Result<(), Error> {
-        match self.cfg.writeback_cache && req.uid() != 0 {
+        match self.fs.leaves_setid() && req.uid() != 0 {
             true => self.fs.write_clears_setid(ino, &self.caller(req)),
             false => Ok(()),
         }
@@ -92,7 +92,8 @@ impl RfsFuse {
 
 impl Filesystem for RfsFuse {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        init::negotiate(&self.cfg, config);
+        let leaves_setid = init::negotiate(&self.cfg, config);
+        self.fs.kernel_leaves_setid(leaves_setid);
         Ok(())
     }
 

@@ -66,6 +66,8 @@ struct Registered {
     /// Its requests in flight: it is released only once none is.
     in_flight: AtomicU32,
     wrote: AtomicBool,
+    /// Who registered it: their writes clear what a write clears (set-ID bits, capabilities).
+    caller: Caller,
 }
 
 struct Ring<B: Backend> {
@@ -264,6 +266,7 @@ impl<B: Backend> Ring<B> {
             write,
             in_flight: AtomicU32::new(0),
             wrote: AtomicBool::new(false),
+            caller: caller.clone(),
         });
         let mut files = self.files.lock().unwrap();
         // Numbers wrap after 2^32 registrations: never onto one still registered.
@@ -454,6 +457,13 @@ impl<B: Backend> Ring<B> {
                 let mut data = vec![0u8; total as usize];
                 if !self.buffer.copy_out(first.buf_off, &mut data) || self.buffer.spoilt() {
                     return finish(Err(libc::EFAULT));
+                }
+                // The kernel sees none of these writes: what a write by someone without
+                // CAP_FSETID clears is ours to clear (root is taken to have it).
+                if file.caller.uid != 0 {
+                    if let Err(e) = self.fs.write_clears_setid(file.ino, &file.caller) {
+                        return finish(Err(e.errno().raw()));
+                    }
                 }
                 file.wrote.store(true, Ordering::Release);
                 // An open on the mount meanwhile must not keep pages from before it.

@@ -1343,3 +1343,63 @@ fn a_writer_clears_set_id_bits_and_capabilities() {
         Err(Errno::EPERM)
     );
 }
+
+/// A page of long names fills its message up to the budget, and the MAC every reply is sealed
+/// with must still fit: a reply past the message's size is dropped by the RPC layer, and the
+/// client takes the empty reply for one altered on the path (the directory could never be
+/// listed). The names' length is chosen to leave the least room at a page's end.
+#[test]
+fn a_readdir_page_of_long_names_fits_its_message_with_its_mac() {
+    use rfs_proto::message::METADATA_RPC;
+    use rfs_proto::types::DirEntry;
+    use rfs_proto::wire::{Wire, Writer, MAX_LIST};
+    let node = Node::new();
+    let mut c = node.client(1);
+    let d = c.mkdir(ROOT, "d");
+    let size = |len: usize| {
+        let e = DirEntry {
+            cookie: 0,
+            name: Name(vec![b'a'; len]),
+            attr: d,
+        };
+        let mut w = Writer::default();
+        e.put(&mut w);
+        w.0.len()
+    };
+    let max = METADATA_RPC.max_msg;
+    // What a page could take before the MAC: past "." and "..", the names.
+    let room = max - 3 - 4 - size(1) - size(2);
+    // Long enough that the page fills by bytes, not by its count of entries.
+    let fills = |l: usize| (MAX_LIST as usize - 2) * size(l) > room;
+    let len = (100..=255)
+        .filter(|&l| fills(l))
+        .min_by_key(|&l| room % size(l))
+        .unwrap();
+    assert!(
+        room % size(len) < rfs_proto::integrity::TAG,
+        "a length that tests it"
+    );
+    for i in 0..room / size(len) + 2 {
+        let name = format!("{i:05}{}", "a".repeat(len - 5));
+        c.create(d.ino, &name);
+    }
+    let call = ReadDir {
+        ino: d.ino,
+        cookie: 0,
+        max: MAX_LIST,
+        caller: root(),
+    };
+    c.seq += 1;
+    let envelope = Envelope {
+        seq: c.seq,
+        oldest: c.seq,
+        sent_ms: clock::now_ms(),
+        budget_ms: 10_000,
+    };
+    let reply = node.handle(&c, &seal(&envelope, &encode_call(&call)));
+    assert!(
+        reply.len() + rfs_proto::integrity::TAG <= max,
+        "a {}-byte reply and its MAC in a {max}-byte message",
+        reply.len()
+    );
+}

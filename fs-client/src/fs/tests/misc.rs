@@ -63,6 +63,41 @@ fn a_write_clears_set_user_id_and_group_executable_set_group_id() {
     assert_eq!(setid_cleared_by_write(0o0777), 0);
 }
 
+/// A file this mount made has no extended attributes: a user's write that clears set-ID bits
+/// and capabilities asks the metadata node nothing about it (one made elsewhere, it asks).
+#[test]
+fn a_users_write_asks_for_capabilities_only_of_files_made_elsewhere() {
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let (fs, other) = (client(&cluster), client(&cluster));
+    let calls = |fs: &Rfs<Fake>| {
+        let stats = fs.stats_text();
+        let line = stats
+            .lines()
+            .find(|l| l.starts_with("metadata_ops "))
+            .unwrap();
+        line[13..].parse::<u64>().unwrap()
+    };
+    let nobody = Caller {
+        uid: 65534,
+        gid: 65534,
+        groups: Vec::new(),
+    };
+    let (fh, made) = fs.create(ROOT, b"here", OWNER, RW, &ROOT_CALLER).unwrap();
+    let before = calls(&fs);
+    fs.write_clears_setid(made.ino, &nobody).unwrap();
+    assert_eq!(calls(&fs), before, "made here: nothing to ask");
+    let (ofh, elsewhere) = other
+        .create(ROOT, b"there", OWNER, RW, &ROOT_CALLER)
+        .unwrap();
+    let (fh2, _) = fs.open(elsewhere.ino, RW, &ROOT_CALLER).unwrap();
+    let before = calls(&fs);
+    fs.write_clears_setid(elsewhere.ino, &nobody).unwrap();
+    assert!(calls(&fs) > before, "made elsewhere: asked");
+    for (fs, fh) in [(&fs, fh), (&fs, fh2), (&other, ofh)] {
+        fs.release(fh).unwrap();
+    }
+}
+
 /// Callbacks missed while the connection was down: the sizes of files open here are asked for
 /// again when it is back, a growth and a cut alike, and what the kernel was given is dropped.
 #[test]
