@@ -5,6 +5,10 @@
 # VM, every fuzz target for 60 s, and the benchmark harness in quick mode.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# A fresh checkout gains nothing from incremental state, and line tables are all a failing
+# test's backtrace needs: the debug build is then 1.3 GB instead of 3.3 GB (the whole run once
+# filled a CI machine's disk, in the fuzz build that comes last but one).
+export CARGO_INCREMENTAL=0 CARGO_PROFILE_DEV_DEBUG=line-tables-only
 bash scripts/setup.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --all-features -- -D warnings

@@ -118,6 +118,8 @@ GUEST
 chmod +x "$SHARE/autorun.sh"
 
 bash tests/rxe/vm.sh test | sed -u 's/^/[vm] /' | grep -v '^\[vm\] *$' || true
+# The logs stay; the copies of the test binaries (hundreds of MB) go.
+rm -rf "$SHARE/conformance" "$SHARE/fs"
 
 end=$(date +%s)
 if [ ! -f "$SHARE/result" ]; then
