@@ -20,7 +20,7 @@ fi
 
 PKGS=(build-essential pkg-config cmake libclang-dev libnl-3-dev libnl-route-3-dev libibverbs-dev
       ibverbs-providers fuse3 libfuse3-dev)
-[ "${1:-}" = --build ] || PKGS+=(fio qemu-system-x86 debootstrap cpio kmod python3)
+[ "${1:-}" = --build ] || PKGS+=(fio qemu-system-x86 debootstrap cpio kmod python3 acl rsync)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

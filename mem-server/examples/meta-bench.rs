@@ -85,6 +85,7 @@ fn main() {
                                 perm: 0o644,
                                 uid: 0,
                                 gid: 0,
+                                umask: 0,
                             },
                             caller: Caller::default(),
                         })

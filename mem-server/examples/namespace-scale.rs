@@ -85,6 +85,7 @@ fn owner(perm: u16) -> Owner {
         perm,
         uid: 0,
         gid: 0,
+        umask: 0,
     }
 }
 

@@ -7,9 +7,10 @@
 use rfs_proto::types::{
     Attr, AttrChanges, Caller, FileAccess, FileKind, Owner, MAX_GROUPS, RENAME_EXCHANGE,
 };
-use rfs_proto::xattr::XattrClass;
+use rfs_proto::xattr::{XattrClass, POSIX_ACL_DEFAULT};
 use rfs_proto::Errno;
 
+use crate::acl::Acl;
 use crate::namespace::SETGID;
 
 /// Who root becomes under root squash.
@@ -53,18 +54,40 @@ impl Policy {
     }
 }
 
+/// A file as the permission checks see it: its attributes and its access ACL, if it has one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Perms {
+    pub attr: Attr,
+    pub acl: Option<Acl>,
+}
+
+impl From<Attr> for Perms {
+    fn from(attr: Attr) -> Perms {
+        Perms { attr, acl: None }
+    }
+}
+
 fn in_group(c: &Caller, gid: u32) -> bool {
     c.gid == gid || c.groups.contains(&gid)
 }
 
-/// Whether `c` may have `want` on a file with attributes `a`: the owner's bits for the owner,
-/// the group's for a member, the others' for anyone else; root reads and writes anything, and
-/// executes what has any execute bit.
-pub fn may(a: &Attr, c: &Caller, want: FileAccess) -> bool {
+fn owns(p: &Perms, c: &Caller) -> bool {
+    c.uid == 0 || c.uid == p.attr.uid
+}
+
+/// Whether `c` may have `want` on file `p`: the owner's bits for the owner; for anyone else
+/// the access ACL if there is one (see [`Acl::permits`]), else the group's bits for a member
+/// and the others' for the rest; root reads and writes anything, and executes what has any
+/// execute bit.
+pub fn may(p: &Perms, c: &Caller, want: FileAccess) -> bool {
+    let a = &p.attr;
     if c.uid == 0 {
         return !want.contains(FileAccess::EXEC)
             || a.perm & 0o111 != 0
             || a.kind == FileKind::Directory;
+    }
+    if let Some(acl) = p.acl.as_ref().filter(|_| c.uid != a.uid) {
+        return acl.permits((a.uid, a.gid), c, want);
     }
     let perm = a.perm as u32;
     let bits = if c.uid == a.uid {
@@ -86,24 +109,25 @@ pub fn check_access_bits(access: FileAccess) -> Result<(), Errno> {
     Ok(())
 }
 
-/// Checks an open of a file with attributes `a` for `access`.
-pub fn check_open(a: &Attr, c: &Caller, access: FileAccess) -> Result<(), Errno> {
+/// Checks an open of file `p` for `access`.
+pub fn check_open(p: &Perms, c: &Caller, access: FileAccess) -> Result<(), Errno> {
     check_access_bits(access)?;
-    if a.kind == FileKind::Directory && access.contains(FileAccess::WRITE) {
+    if p.attr.kind == FileKind::Directory && access.contains(FileAccess::WRITE) {
         return Err(Errno::EISDIR);
     }
-    if !may(a, c, access) {
+    if !may(p, c, access) {
         return Err(Errno::EACCES);
     }
     Ok(())
 }
 
-/// Checks a setattr of a file with attributes `a`; `writing` says the caller's session holds a
-/// handle open for writing (ftruncate on a descriptor opened before a chmod still works).
-pub fn check_setattr(a: &Attr, c: &Caller, s: &AttrChanges, writing: bool) -> Result<(), Errno> {
+/// Checks a setattr of file `p`; `writing` says the caller's session holds a handle open for
+/// writing (ftruncate on a descriptor opened before a chmod still works).
+pub fn check_setattr(p: &Perms, c: &Caller, s: &AttrChanges, writing: bool) -> Result<(), Errno> {
+    let a = &p.attr;
     let root = c.uid == 0;
-    let owner = root || c.uid == a.uid;
-    let can_write = writing || may(a, c, FileAccess::WRITE);
+    let owner = owns(p, c);
+    let can_write = writing || may(p, c, FileAccess::WRITE);
     // A write by someone else clears set-ID bits (the kernel, or the client for writes that go
     // around the page cache, asks for that as a chmod in the writer's name); anything more is
     // the owner's.
@@ -139,22 +163,22 @@ pub fn check_setattr(a: &Attr, c: &Caller, s: &AttrChanges, writing: bool) -> Re
 /// Checks that `c` may look names up in directory `dir` (search permission). The kernel of a
 /// client lets root through every directory; under root squash this is root's only check.
 /// A `dir` that is not a directory passes: the namespace answers ENOTDIR.
-pub fn check_search(dir: &Attr, c: &Caller) -> Result<(), Errno> {
+pub fn check_search(dir: &Perms, c: &Caller) -> Result<(), Errno> {
     check_dir(dir, c, FileAccess::EXEC)
 }
 
 /// Checks that `c` may list directory `dir` (read permission).
-pub fn check_list(dir: &Attr, c: &Caller) -> Result<(), Errno> {
+pub fn check_list(dir: &Perms, c: &Caller) -> Result<(), Errno> {
     check_dir(dir, c, FileAccess::READ)
 }
 
 /// Checks that `c` may add names to directory `dir` or take them out (write and search).
-pub fn check_change(dir: &Attr, c: &Caller) -> Result<(), Errno> {
+pub fn check_change(dir: &Perms, c: &Caller) -> Result<(), Errno> {
     check_dir(dir, c, FileAccess::WRITE | FileAccess::EXEC)
 }
 
-fn check_dir(dir: &Attr, c: &Caller, want: FileAccess) -> Result<(), Errno> {
-    if dir.kind != FileKind::Directory || may(dir, c, want) {
+fn check_dir(dir: &Perms, c: &Caller, want: FileAccess) -> Result<(), Errno> {
+    if dir.attr.kind != FileKind::Directory || may(dir, c, want) {
         Ok(())
     } else {
         Err(Errno::EACCES)
@@ -169,14 +193,16 @@ pub enum XattrUse {
     Remove,
 }
 
-/// Checks that `c` may `use` extended attribute `name` of a file with attributes `a`, as Linux
-/// has it without a security module: `user.` ones on regular files and directories by their
-/// mode bits (in a sticky directory, set only by its owner), `trusted.` ones root's alone
-/// (others see none: ENODATA), `security.` ones read by anyone and set by root. Other
+/// Checks that `c` may `use` extended attribute `name` of file `p`, as Linux has it without a
+/// security module: `user.` ones on regular files and directories by their permissions (in a
+/// sticky directory, set only by its owner), `trusted.` ones root's alone (others see none:
+/// ENODATA), `security.` ones read by anyone and set by root, POSIX ACLs read by anyone and
+/// set by the owner (not on symbolic links; default ACLs on directories alone). Other
 /// namespaces: EOPNOTSUPP. One more: anyone who may write a file may remove its capabilities
 /// (`security.capability`), as a write of theirs does (the kernel asks for that in the
 /// writer's name when it clears them).
-pub fn check_xattr(a: &Attr, c: &Caller, name: &[u8], how: XattrUse) -> Result<(), Errno> {
+pub fn check_xattr(p: &Perms, c: &Caller, name: &[u8], how: XattrUse) -> Result<(), Errno> {
+    let a = &p.attr;
     let write = how != XattrUse::Read;
     let refused = |errno| {
         if write {
@@ -190,12 +216,23 @@ pub fn check_xattr(a: &Attr, c: &Caller, name: &[u8], how: XattrUse) -> Result<(
         XattrClass::Security
             if how == XattrUse::Remove
                 && name == b"security.capability"
-                && may(a, c, FileAccess::WRITE) =>
+                && may(p, c, FileAccess::WRITE) =>
         {
             Ok(())
         }
         XattrClass::Security if write && c.uid != 0 => Err(Errno::EPERM),
         XattrClass::Trusted | XattrClass::Security => Ok(()),
+        XattrClass::PosixAcl if !write => Ok(()),
+        XattrClass::PosixAcl if a.kind == FileKind::Symlink => Err(Errno::ENOTSUP),
+        XattrClass::PosixAcl if !owns(p, c) => Err(Errno::EPERM),
+        XattrClass::PosixAcl
+            if how == XattrUse::Set
+                && name == POSIX_ACL_DEFAULT
+                && a.kind != FileKind::Directory =>
+        {
+            Err(Errno::EACCES)
+        }
+        XattrClass::PosixAcl => Ok(()),
         XattrClass::User => {
             if !matches!(a.kind, FileKind::RegularFile | FileKind::Directory) {
                 return refused(Errno::EPERM);
@@ -209,13 +246,19 @@ pub fn check_xattr(a: &Attr, c: &Caller, name: &[u8], how: XattrUse) -> Result<(
             } else {
                 FileAccess::READ
             };
-            if may(a, c, want) {
+            if may(p, c, want) {
                 Ok(())
             } else {
                 Err(Errno::EACCES)
             }
         }
     }
+}
+
+/// Whether setting an access ACL on a file with attributes `a` takes its set-group-ID bit away:
+/// the caller is neither root nor in the file's group (as chmod by its owner would).
+pub fn acl_clears_setgid(a: &Attr, c: &Caller) -> bool {
+    c.uid != 0 && !in_group(c, a.gid)
 }
 
 /// Whether `c` sees extended attribute `name` in a listing (trusted ones are root's).
@@ -238,24 +281,26 @@ pub fn check_sticky(dir: &Attr, victim: &Attr, c: &Caller) -> Result<(), Errno> 
 /// rule, and a directory that moves to another parent needs write permission on itself (its
 /// ".." changes): with RENAME_EXCHANGE, `dst` moves too.
 pub fn check_rename(
-    (from, src): (&Attr, Option<&Attr>),
-    (to, dst): (&Attr, Option<&Attr>),
+    (from, src): (&Perms, Option<&Perms>),
+    (to, dst): (&Perms, Option<&Perms>),
     flags: u32,
     c: &Caller,
 ) -> Result<(), Errno> {
     check_change(from, c)?;
     check_change(to, c)?;
-    let moves_away = |d: &Attr| {
-        d.kind == FileKind::Directory && from.ino != to.ino && !may(d, c, FileAccess::WRITE)
+    let moves_away = |d: &Perms| {
+        d.attr.kind == FileKind::Directory
+            && from.attr.ino != to.attr.ino
+            && !may(d, c, FileAccess::WRITE)
     };
     if let Some(src) = src {
-        check_sticky(from, src, c)?;
+        check_sticky(&from.attr, &src.attr, c)?;
         if moves_away(src) {
             return Err(Errno::EACCES);
         }
     }
     if let Some(dst) = dst {
-        check_sticky(to, dst, c)?;
+        check_sticky(&to.attr, &dst.attr, c)?;
         if flags & RENAME_EXCHANGE != 0 && moves_away(dst) {
             return Err(Errno::EACCES);
         }
@@ -277,6 +322,10 @@ pub fn made_in(mut o: Owner, dir: &Attr, c: &Caller) -> Owner {
 mod tests {
     use super::*;
     use rfs_proto::types::Timestamp;
+
+    fn p(a: Attr) -> Perms {
+        a.into()
+    }
 
     fn file(perm: u16, uid: u32, gid: u32) -> Attr {
         let t = Timestamp::default();
@@ -308,24 +357,24 @@ mod tests {
     fn the_owner_group_and_other_bits_decide_in_that_order() {
         let f = file(0o640, 1000, 100);
         assert!(may(
-            &f,
+            &p(f),
             &who(1000, 1, &[]),
             FileAccess::READ | FileAccess::WRITE
         ));
-        assert!(may(&f, &who(2000, 100, &[]), FileAccess::READ));
-        assert!(!may(&f, &who(2000, 100, &[]), FileAccess::WRITE));
+        assert!(may(&p(f), &who(2000, 100, &[]), FileAccess::READ));
+        assert!(!may(&p(f), &who(2000, 100, &[]), FileAccess::WRITE));
         assert!(
-            may(&f, &who(2000, 5, &[7, 100]), FileAccess::READ),
+            may(&p(f), &who(2000, 5, &[7, 100]), FileAccess::READ),
             "a supplementary group"
         );
-        assert!(!may(&f, &who(2000, 5, &[7]), FileAccess::READ));
+        assert!(!may(&p(f), &who(2000, 5, &[7]), FileAccess::READ));
         assert!(
-            may(&f, &who(0, 0, &[]), FileAccess::READ | FileAccess::WRITE),
+            may(&p(f), &who(0, 0, &[]), FileAccess::READ | FileAccess::WRITE),
             "root"
         );
         // The owner's bits hold for the owner even when others may do more.
         let odd = file(0o047, 1000, 100);
-        assert!(!may(&odd, &who(1000, 100, &[]), FileAccess::READ));
+        assert!(!may(&p(odd), &who(1000, 100, &[]), FileAccess::READ));
     }
 
     fn dir(perm: u16, uid: u32) -> Attr {
@@ -343,20 +392,20 @@ mod tests {
             .caller(&who(0, 0, &[]))
             .unwrap();
         for check in [check_search, check_list, check_change] {
-            assert_eq!(check(&private, &owner), Ok(()));
-            assert_eq!(check(&private, &squashed), Err(Errno::EACCES));
-            assert_eq!(check(&private, &who(0, 0, &[])), Ok(()), "root");
+            assert_eq!(check(&p(private), &owner), Ok(()));
+            assert_eq!(check(&p(private), &squashed), Err(Errno::EACCES));
+            assert_eq!(check(&p(private), &who(0, 0, &[])), Ok(()), "root");
         }
         let listed_only = dir(0o755, 0);
-        assert_eq!(check_search(&listed_only, &squashed), Ok(()));
-        assert_eq!(check_list(&listed_only, &squashed), Ok(()));
-        assert_eq!(check_change(&listed_only, &squashed), Err(Errno::EACCES));
+        assert_eq!(check_search(&p(listed_only), &squashed), Ok(()));
+        assert_eq!(check_list(&p(listed_only), &squashed), Ok(()));
+        assert_eq!(check_change(&p(listed_only), &squashed), Err(Errno::EACCES));
         // Search without read: names can be looked up, not listed.
         let blind = dir(0o711, 0);
-        assert_eq!(check_search(&blind, &owner), Ok(()));
-        assert_eq!(check_list(&blind, &owner), Err(Errno::EACCES));
+        assert_eq!(check_search(&p(blind), &owner), Ok(()));
+        assert_eq!(check_list(&p(blind), &owner), Err(Errno::EACCES));
         // Not a directory: the namespace says ENOTDIR.
-        assert_eq!(check_change(&file(0o400, 1, 1), &owner), Ok(()));
+        assert_eq!(check_change(&p(file(0o400, 1, 1)), &owner), Ok(()));
     }
 
     #[test]
@@ -370,11 +419,11 @@ mod tests {
         let open = dir(0o777, 0);
         assert_eq!(check_sticky(&open, &hers, &bob), Ok(()));
         assert_eq!(
-            check_rename((&tmp, Some(&hers)), (&open, None), 0, &bob),
+            check_rename((&p(tmp), Some(&p(hers))), (&p(open), None), 0, &bob),
             Err(Errno::EPERM)
         );
         assert_eq!(
-            check_rename((&open, None), (&tmp, Some(&hers)), 0, &bob),
+            check_rename((&p(open), None), (&p(tmp), Some(&p(hers))), 0, &bob),
             Err(Errno::EPERM),
             "nor replace them"
         );
@@ -387,27 +436,27 @@ mod tests {
         );
         let theirs = dir(0o755, 1000);
         assert_eq!(
-            check_rename((&a, Some(&theirs)), (&b, None), 0, &bob),
+            check_rename((&p(a), Some(&p(theirs))), (&p(b), None), 0, &bob),
             Err(Errno::EACCES),
             "its .. would change"
         );
         assert_eq!(
-            check_rename((&a, Some(&theirs)), (&a, None), 0, &bob),
+            check_rename((&p(a), Some(&p(theirs))), (&p(a), None), 0, &bob),
             Ok(())
         );
         // An exchange moves the other directory too (a reviewer swapped theirs for its own).
         let mine = dir(0o755, 2000);
         assert_eq!(
             check_rename(
-                (&a, Some(&mine)),
-                (&b, Some(&theirs)),
+                (&p(a), Some(&p(mine))),
+                (&p(b), Some(&p(theirs))),
                 RENAME_EXCHANGE,
                 &bob
             ),
             Err(Errno::EACCES)
         );
         assert_eq!(
-            check_rename((&a, Some(&mine)), (&b, Some(&theirs)), 0, &bob),
+            check_rename((&p(a), Some(&p(mine))), (&p(b), Some(&p(theirs))), 0, &bob),
             Ok(()),
             "replacing it is the target directory's write permission's business"
         );
@@ -423,6 +472,7 @@ mod tests {
             perm: 0o2755,
             uid: 1000,
             gid: 1000,
+            umask: 0,
         };
         let kept = |c: &Caller| made_in(prog, &shared, c).perm;
         assert_eq!(kept(&who(1000, 1000, &[100])), 0o2755, "a member");
@@ -438,41 +488,48 @@ mod tests {
     fn opens_check_access_kind_and_mode() {
         let f = file(0o600, 1000, 100);
         assert_eq!(
-            check_open(&f, &who(2000, 100, &[]), FileAccess::READ),
+            check_open(&p(f), &who(2000, 100, &[]), FileAccess::READ),
             Err(Errno::EACCES)
         );
         assert_eq!(
-            check_open(&f, &who(1000, 1, &[]), FileAccess::READ | FileAccess::WRITE),
+            check_open(
+                &p(f),
+                &who(1000, 1, &[]),
+                FileAccess::READ | FileAccess::WRITE
+            ),
             Ok(())
         );
         assert_eq!(
-            check_open(&f, &who(1000, 1, &[]), FileAccess::empty()),
+            check_open(&p(f), &who(1000, 1, &[]), FileAccess::empty()),
             Err(Errno::EINVAL)
         );
         // execve needs the execute bit, not the read bit; root needs some execute bit.
         let tool = file(0o711, 1000, 100);
         assert_eq!(
-            check_open(&tool, &who(2000, 5, &[]), FileAccess::EXEC),
+            check_open(&p(tool), &who(2000, 5, &[]), FileAccess::EXEC),
             Ok(())
         );
         assert_eq!(
-            check_open(&tool, &who(2000, 5, &[]), FileAccess::READ),
+            check_open(&p(tool), &who(2000, 5, &[]), FileAccess::READ),
             Err(Errno::EACCES)
         );
         assert_eq!(
-            check_open(&f, &who(0, 0, &[]), FileAccess::EXEC),
+            check_open(&p(f), &who(0, 0, &[]), FileAccess::EXEC),
             Err(Errno::EACCES)
         );
-        assert_eq!(check_open(&tool, &who(0, 0, &[]), FileAccess::EXEC), Ok(()));
+        assert_eq!(
+            check_open(&p(tool), &who(0, 0, &[]), FileAccess::EXEC),
+            Ok(())
+        );
         let d = Attr {
             kind: FileKind::Directory,
             ..file(0o777, 0, 0)
         };
         assert_eq!(
-            check_open(&d, &who(1, 1, &[]), FileAccess::WRITE),
+            check_open(&p(d), &who(1, 1, &[]), FileAccess::WRITE),
             Err(Errno::EISDIR)
         );
-        assert_eq!(check_open(&d, &who(1, 1, &[]), FileAccess::READ), Ok(()));
+        assert_eq!(check_open(&p(d), &who(1, 1, &[]), FileAccess::READ), Ok(()));
     }
 
     #[test]
@@ -484,28 +541,34 @@ mod tests {
             mode: Some(0o777),
             ..Default::default()
         };
-        assert_eq!(check_setattr(&f, &other, &mode, false), Err(Errno::EPERM));
-        assert_eq!(check_setattr(&f, &owner, &mode, false), Ok(()));
+        assert_eq!(
+            check_setattr(&p(f), &other, &mode, false),
+            Err(Errno::EPERM)
+        );
+        assert_eq!(check_setattr(&p(f), &owner, &mode, false), Ok(()));
         // A writer who is not the owner may clear the set-id bits, and only that.
         let setuid = file(0o4666, 1000, 100);
         let clear = AttrChanges {
             mode: Some(0o666),
             ..Default::default()
         };
-        assert_eq!(check_setattr(&setuid, &other, &clear, false), Ok(()));
+        assert_eq!(check_setattr(&p(setuid), &other, &clear, false), Ok(()));
         // Set-group-ID without group execute stays when set-user-ID goes, as Linux keeps it.
         let locking = file(0o6767, 1000, 100);
         let clear_suid = AttrChanges {
             mode: Some(0o2767),
             ..Default::default()
         };
-        assert_eq!(check_setattr(&locking, &other, &clear_suid, false), Ok(()));
+        assert_eq!(
+            check_setattr(&p(locking), &other, &clear_suid, false),
+            Ok(())
+        );
         let and_gexec = AttrChanges {
             mode: Some(0o2777),
             ..Default::default()
         };
         assert_eq!(
-            check_setattr(&locking, &other, &and_gexec, false),
+            check_setattr(&p(locking), &other, &and_gexec, false),
             Err(Errno::EPERM)
         );
         let widen = AttrChanges {
@@ -513,35 +576,41 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            check_setattr(&setuid, &other, &widen, false),
+            check_setattr(&p(setuid), &other, &widen, false),
             Err(Errno::EPERM)
         );
         let give = AttrChanges {
             uid: Some(2000),
             ..Default::default()
         };
-        assert_eq!(check_setattr(&f, &owner, &give, false), Err(Errno::EPERM));
-        assert_eq!(check_setattr(&f, &who(0, 0, &[]), &give, false), Ok(()));
+        assert_eq!(
+            check_setattr(&p(f), &owner, &give, false),
+            Err(Errno::EPERM)
+        );
+        assert_eq!(check_setattr(&p(f), &who(0, 0, &[]), &give, false), Ok(()));
         let chgrp = |g| AttrChanges {
             gid: Some(g),
             ..Default::default()
         };
-        assert_eq!(check_setattr(&f, &owner, &chgrp(200), false), Ok(()));
+        assert_eq!(check_setattr(&p(f), &owner, &chgrp(200), false), Ok(()));
         assert_eq!(
-            check_setattr(&f, &owner, &chgrp(999), false),
+            check_setattr(&p(f), &owner, &chgrp(999), false),
             Err(Errno::EPERM)
         );
         assert_eq!(
-            check_setattr(&f, &other, &chgrp(300), false),
+            check_setattr(&p(f), &other, &chgrp(300), false),
             Err(Errno::EPERM)
         );
         let cut = AttrChanges {
             size: Some(0),
             ..Default::default()
         };
-        assert_eq!(check_setattr(&f, &other, &cut, false), Err(Errno::EACCES));
         assert_eq!(
-            check_setattr(&f, &other, &cut, true),
+            check_setattr(&p(f), &other, &cut, false),
+            Err(Errno::EACCES)
+        );
+        assert_eq!(
+            check_setattr(&p(f), &other, &cut, true),
             Ok(()),
             "a writable handle"
         );
@@ -549,26 +618,30 @@ mod tests {
             mtime: Some(Timestamp::now()),
             ..Default::default()
         };
-        assert_eq!(check_setattr(&f, &other, &touch, false), Err(Errno::EPERM));
         assert_eq!(
-            check_setattr(&file(0o666, 1, 1), &other, &touch, false),
+            check_setattr(&p(f), &other, &touch, false),
+            Err(Errno::EPERM)
+        );
+        assert_eq!(
+            check_setattr(&p(file(0o666, 1, 1)), &other, &touch, false),
             Ok(())
         );
     }
 
     #[test]
     fn root_squash_makes_root_nobody() {
-        let p = Policy { root_squash: true };
-        let c = p.caller(&who(0, 0, &[0, 5])).unwrap();
+        let squash = Policy { root_squash: true };
+        let c = squash.caller(&who(0, 0, &[0, 5])).unwrap();
         assert_eq!(
             (c.uid, c.gid, &c.groups[..]),
             (NOBODY, NOBODY, &[NOBODY, 5][..])
         );
-        assert!(!may(&file(0o600, 0, 0), &c, FileAccess::READ));
-        let o = p.owner(Owner {
+        assert!(!may(&p(file(0o600, 0, 0)), &c, FileAccess::READ));
+        let o = squash.owner(Owner {
             perm: 0o600,
             uid: 0,
             gid: 0,
+            umask: 0,
         });
         assert_eq!((o.uid, o.gid), (NOBODY, NOBODY));
         let plain = Policy::default();

@@ -11,7 +11,8 @@
 //! - [`in_process`]: the metadata service in process, for tests.
 //! - [`namespace`]: POSIX namespace semantics, pure.
 //! - [`meta::lock_table`]: every client's file locks.
-//! - [`access`]: permission checks of the metadata service (mode bits, root squash).
+//! - [`access`]: permission checks of the metadata service (mode bits, ACLs, root squash);
+//!   [`acl`]: POSIX ACLs, as Linux keeps and evaluates them.
 //! - [`admission`]: limits on connections, in total and per peer.
 //! - [`alloc`]: chunk allocation across nodes, each node's free space as [`extents`].
 //! - [`join`]: data nodes joining the metadata node, both halves.
@@ -20,6 +21,7 @@
 //! - [`journal`]: the state directory (journal of [`record`]s, snapshots, replay).
 
 pub mod access;
+pub mod acl;
 pub mod admission;
 pub mod alloc;
 pub mod config;

@@ -38,6 +38,7 @@ fn create(c: &Client, name: &str) -> u64 {
         perm: 0o644,
         uid: 0,
         gid: 0,
+        umask: 0,
     };
     c.call(Create {
         parent: ROOT,
@@ -583,6 +584,7 @@ fn a_call_replayed_after_it_was_answered_is_not_applied() {
         perm: 0o644,
         uid: 0,
         gid: 0,
+        umask: 0,
     };
     let create = |seq| {
         let call = Create {
@@ -668,6 +670,7 @@ fn a_call_that_reaches_the_node_after_its_deadline_is_not_applied() {
                 perm: 0o755,
                 uid: 0,
                 gid: 0,
+                umask: 0,
             },
             caller: Caller::default(),
         })

@@ -65,6 +65,7 @@ fn file(c: &Client, name: &str, chunks: u32) -> (u64, Vec<ChunkRef>) {
                 perm: 0o644,
                 uid: 1000,
                 gid: 1000,
+                umask: 0,
             },
             access: RW,
             caller: Caller::default(),

@@ -185,6 +185,7 @@ fn metadata_sessions_cost_the_node_no_threads_of_their_own() {
         perm: 0o755,
         uid: 0,
         gid: 0,
+        umask: 0,
     };
     let f = clients[0]
         .call(Mkdir {
@@ -353,6 +354,7 @@ fn create_private(c: &Client, name: &str, uid: u32) -> Attr {
             perm: 0o600,
             uid,
             gid: uid,
+            umask: 0,
         },
         access: FileAccess::READ | FileAccess::WRITE,
         caller: user(0),
@@ -485,6 +487,7 @@ fn root_squash_makes_root_an_ordinary_user() {
         perm: 0o700,
         uid: 1000,
         gid: 1000,
+        umask: 0,
     };
     let dir = c
         .call(Mkdir {

@@ -598,6 +598,7 @@ mod tests {
         perm: 0o644,
         uid: 1,
         gid: 2,
+        umask: 0,
     };
 
     fn all_requests() -> Vec<Request> {

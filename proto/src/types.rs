@@ -276,12 +276,15 @@ wire_struct! {
     /// Who creates a node, and with which permission bits.
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     pub struct Owner {
-        /// Permission bits, the umask already applied.
+        /// Permission bits, as the creator asked for them.
         pub perm: u16,
         /// The creator's user.
         pub uid: u32,
         /// The creator's group.
         pub gid: u32,
+        /// The creator's umask: the node takes it out of `perm` unless the parent directory
+        /// has a default ACL, which decides instead (as on a local file system with ACLs).
+        pub umask: u16,
     }
 }
 

@@ -31,8 +31,9 @@ use crate::errno::Errno;
 /// pair's hello), and `Open` answers the first chunks of the map too
 /// ([`crate::message::Opened`]). 22: `RemoveNode`. 23: extended attributes (`GetXattr`,
 /// `ListXattr`, `SetXattr`, `RemoveXattr`), and metadata calls of up to 80 KiB (a 64 KiB value
-/// with its name).
-pub const VERSION: u8 = 23;
+/// with its name). 24: a new node's [`crate::types::Owner`] carries the creator's umask (the
+/// metadata node applies it, or the parent's default ACL instead).
+pub const VERSION: u8 = 24;
 /// Bounds what one list (readdir page, chunk map, node list) may carry: a message is at most
 /// 80 KiB.
 pub const MAX_LIST: u32 = 256;

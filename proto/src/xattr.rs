@@ -27,14 +27,25 @@ pub enum XattrClass {
     Trusted,
     /// `security.`: anyone reads them, root sets them (Linux's capability rules, no LSM).
     Security,
+    /// `system.posix_acl_access` and `system.posix_acl_default`: POSIX ACLs, read by anyone,
+    /// set by the file's owner.
+    PosixAcl,
 }
 
+/// The attribute that holds a file's POSIX access ACL.
+pub const POSIX_ACL_ACCESS: &[u8] = b"system.posix_acl_access";
+/// The attribute that holds a directory's POSIX default ACL.
+pub const POSIX_ACL_DEFAULT: &[u8] = b"system.posix_acl_default";
+
 impl XattrClass {
-    /// The class of `name`: EOPNOTSUPP for another namespace (`system.` among them: POSIX
-    /// ACLs are not kept), ERANGE for a name too long or empty, EINVAL for a bare prefix.
+    /// The class of `name`: EOPNOTSUPP for another namespace (other `system.` attributes among
+    /// them), ERANGE for a name too long or empty, EINVAL for a bare prefix.
     pub fn of(name: &[u8]) -> Result<XattrClass, Errno> {
         if name.is_empty() || name.len() > XATTR_NAME_MAX {
             return Err(Errno::ERANGE);
+        }
+        if name == POSIX_ACL_ACCESS || name == POSIX_ACL_DEFAULT {
+            return Ok(XattrClass::PosixAcl);
         }
         let (class, prefix): (_, &[u8]) = if name.starts_with(b"user.") {
             (XattrClass::User, b"user.")
@@ -91,8 +102,13 @@ mod tests {
         );
         assert_eq!(
             XattrClass::of(b"system.posix_acl_access"),
-            Err(Errno::ENOTSUP)
+            Ok(XattrClass::PosixAcl)
         );
+        assert_eq!(
+            XattrClass::of(b"system.posix_acl_default"),
+            Ok(XattrClass::PosixAcl)
+        );
+        assert_eq!(XattrClass::of(b"system.nfs4_acl"), Err(Errno::ENOTSUP));
         assert_eq!(XattrClass::of(b"other.x"), Err(Errno::ENOTSUP));
         assert_eq!(XattrClass::of(b"user."), Err(Errno::EINVAL));
         assert_eq!(XattrClass::of(b""), Err(Errno::ERANGE));

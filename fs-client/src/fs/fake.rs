@@ -332,7 +332,7 @@ impl FakeCluster {
             let a = Attr {
                 ino,
                 kind,
-                perm: owner.perm,
+                perm: owner.perm & !owner.umask,
                 nlink: 1,
                 uid: owner.uid,
                 gid: owner.gid,

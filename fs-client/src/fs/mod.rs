@@ -328,8 +328,8 @@ impl<B: Backend> Rfs<B> {
             _ => None,
         };
         let result = self.truncate_and_set(ino, changes, caller);
-        if changes.kill_setid {
-            // The file's capabilities may have gone with it.
+        if changes.kill_setid || changes.mode.is_some() {
+            // The file's capabilities may have gone with it, and its ACL follows a chmod.
             self.xattrs.changed(ino);
         }
         match temporary {

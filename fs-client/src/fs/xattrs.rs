@@ -29,6 +29,8 @@ use super::Rfs;
 
 /// Inodes whose attributes are kept.
 const INODES: usize = 4096;
+/// The attribute that holds a file's capabilities (asked for before writes).
+const CAPABILITIES: &[u8] = b"security.capability";
 /// Bytes of values kept over every inode; past it, the least recently used inodes go.
 const BYTES: usize = 16 << 20;
 
@@ -111,10 +113,13 @@ impl XattrCache {
         }
     }
 
-    /// `ino` was made by this mount, at `sent`: it has no attributes yet.
+    /// `ino` was made by this mount, at `sent`: it has no capabilities (the ACLs of its
+    /// directory's default ACL it may have).
     pub(crate) fn made(&self, ino: Ino, sent: Sent) {
         self.keep(ino, sent, |k| {
-            k.lists = [Some(Vec::new()), Some(Vec::new())]
+            for values in &mut k.values {
+                values.insert(CAPABILITIES.to_vec(), None);
+            }
         });
     }
 

@@ -117,11 +117,13 @@ pub(super) fn kind_of(mode: u32) -> Option<FileKind> {
     })
 }
 
-/// The creator of a new node, with the umask applied.
+/// The creator of a new node, and its umask (the metadata node applies it, or the parent's
+/// default ACL instead: the mount asks the kernel to leave the umask to it).
 pub(super) fn owner(req: &Request, mode: u32, umask: u32) -> Owner {
     Owner {
-        perm: (mode & !umask & 0o7777) as u16,
+        perm: (mode & 0o7777) as u16,
         uid: req.uid(),
         gid: req.gid(),
+        umask: (umask & 0o777) as u16,
     }
 }

@@ -43,6 +43,7 @@ fn owner(perm: u16, c: &Caller) -> Owner {
         perm,
         uid: c.uid,
         gid: c.gid,
+        umask: 0,
     }
 }
 
@@ -1233,6 +1234,11 @@ fn extended_attributes_are_reached_as_the_caller_may() {
     );
     assert_eq!(
         c.set_xattr(f, "system.posix_acl_access", b"x", &root()),
+        Err(Errno::EINVAL),
+        "not an ACL"
+    );
+    assert_eq!(
+        c.set_xattr(f, "system.other", b"x", &root()),
         Err(Errno::ENOTSUP)
     );
     assert_eq!(c.get_xattr(f, "user.none", &root()), Err(Errno::ENODATA));
@@ -1402,4 +1408,124 @@ fn a_readdir_page_of_long_names_fits_its_message_with_its_mac() {
         "a {}-byte reply and its MAC in a {max}-byte message",
         reply.len()
     );
+}
+
+/// POSIX ACLs on the node's own path (what a client that skips its kernel's checks meets): a
+/// named user let in and held to the mask, a group whose entry refuses keeping its members
+/// from the others' bits, search through a directory by an entry, only the owner setting
+/// them, a chmod moving the mask, and a new file taking a default ACL instead of its umask.
+#[test]
+fn acls_decide_on_the_nodes_path_and_only_owners_set_them() {
+    use crate::acl::from_text;
+    let node = Node::new();
+    let mut c = node.client(1);
+    let (alice, bob) = (user(1000), user(2000));
+    let carol = Caller {
+        groups: vec![1000],
+        ..user(3000)
+    };
+    let d = c.mkdir_as(&root(), ROOT, "d", 0o777).unwrap().attr.ino;
+    let f = c.create_as(&alice, d, "f", 0o640).unwrap().attr.ino;
+    let acl = |text: &str| from_text(text).to_bytes();
+    let set = |c: &mut Client<'_>, ino, name: &str, text: &str, who: &Caller| {
+        c.set_xattr(ino, name, &acl(text), who)
+    };
+    let access = "system.posix_acl_access";
+    assert_eq!(c.open(f, FileAccess::READ, &bob), Err(Errno::EACCES));
+    let named = "u::rw-,u:2000:rw-,g::r--,m::r--,o::---";
+    assert_eq!(set(&mut c, f, access, named, &bob), Err(Errno::EPERM));
+    set(&mut c, f, access, named, &alice).unwrap();
+    assert_eq!(
+        c.get_xattr(f, access, &bob),
+        Ok(acl(named)),
+        "anyone reads it"
+    );
+    assert!(c
+        .list_xattr(f, &bob)
+        .starts_with(b"system.posix_acl_access\0"));
+    assert!(c.open(f, FileAccess::READ, &bob).is_ok(), "a named user");
+    assert_eq!(
+        c.open(f, FileAccess::WRITE, &bob),
+        Err(Errno::EACCES),
+        "held to the mask"
+    );
+    let chmod = |c: &mut Client<'_>, ino, mode, who: &Caller| {
+        c.call(SetAttr {
+            ino,
+            changes: AttrChanges {
+                mode: Some(mode),
+                ..Default::default()
+            },
+            caller: who.clone(),
+        })
+    };
+    assert_eq!(chmod(&mut c, f, 0o660, &alice).unwrap().perm, 0o660);
+    assert!(c.open(f, FileAccess::WRITE, &bob).is_ok(), "the mask moved");
+    let masked = "u::rw-,u:2000:rw-,g::r--,m::rw-,o::---";
+    assert_eq!(c.get_xattr(f, access, &bob), Ok(acl(masked)));
+    // Carol is in alice's group, whose entry refuses her: the others' entry is not hers.
+    set(&mut c, f, access, "u::rw-,g::---,m::rw-,o::r--", &alice).unwrap();
+    assert_eq!(c.open(f, FileAccess::READ, &carol), Err(Errno::EACCES));
+    assert!(c.open(f, FileAccess::READ, &user(4000)).is_ok());
+    // Search through a private directory by an entry.
+    let private = c.mkdir_as(&alice, d, "p", 0o700).unwrap().attr.ino;
+    c.create_as(&alice, private, "in", 0o644).unwrap();
+    let lookup = |c: &mut Client<'_>, who: &Caller| {
+        c.call(Lookup {
+            parent: private,
+            name: "in".into(),
+            caller: who.clone(),
+        })
+    };
+    assert_eq!(lookup(&mut c, &bob), Err(Errno::EACCES));
+    set(
+        &mut c,
+        private,
+        access,
+        "u::rwx,u:2000:--x,g::---,m::--x,o::---",
+        &alice,
+    )
+    .unwrap();
+    assert!(lookup(&mut c, &bob).is_ok());
+    // A default ACL decides a new file's bits instead of its maker's umask.
+    let default = "system.posix_acl_default";
+    assert_eq!(
+        set(&mut c, f, default, named, &alice),
+        Err(Errno::EACCES),
+        "only directories have one"
+    );
+    set(
+        &mut c,
+        private,
+        default,
+        "u::rwx,u:2000:rw-,g::---,m::rwx,o::---",
+        &alice,
+    )
+    .unwrap();
+    let made = c
+        .call(Create {
+            parent: private,
+            name: "new".into(),
+            owner: Owner {
+                umask: 0o077,
+                ..owner(0o666, &alice)
+            },
+            access: RW,
+            caller: alice.clone(),
+        })
+        .unwrap()
+        .attr;
+    assert_eq!(
+        made.perm, 0o660,
+        "the mask is the umask-free mode's group bits"
+    );
+    assert!(c.open(made.ino, RW, &bob).is_ok(), "bob's inherited entry");
+    // Removing the access ACL leaves the mode as it was.
+    c.call(RemoveXattr {
+        ino: made.ino,
+        name: access.into(),
+        caller: alice.clone(),
+    })
+    .unwrap();
+    assert_eq!(c.open(made.ino, FileAccess::READ, &bob), Err(Errno::EACCES));
 }

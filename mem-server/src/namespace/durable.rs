@@ -252,6 +252,7 @@ mod tests {
         perm: 0o644,
         uid: 1,
         gid: 1,
+        umask: 0,
     };
 
     fn chunk(node: u32, addr: u64) -> Vec<ChunkRef> {

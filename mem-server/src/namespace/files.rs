@@ -56,6 +56,9 @@ impl Namespace {
         if kill {
             self.drop_capabilities(ino);
         }
+        if s.mode.is_some() || kill {
+            self.chmod_acl(ino);
+        }
         Ok((attr, freed))
     }
 

@@ -16,6 +16,7 @@ use rfs_proto::Errno;
 use crate::record::Record;
 use crate::spans;
 
+mod acls;
 mod chunks;
 mod durable;
 mod files;

@@ -6,6 +6,7 @@ const OWNER: Owner = Owner {
     perm: 0o755,
     uid: 0,
     gid: 0,
+    umask: 0,
 };
 
 fn ns() -> Namespace {
@@ -72,12 +73,14 @@ fn a_set_group_id_directory_gives_its_group_and_its_bit_to_what_is_made_in_it() 
         perm: 0o2777,
         uid: 0,
         gid: 100,
+        umask: 0,
     };
     let d = n.mkdir(ROOT, "d", shared).unwrap().ino;
     let maker = |perm| Owner {
         perm,
         uid: 1000,
         gid: 1000,
+        umask: 0,
     };
     let f = n
         .mknod(d, "f", FileKind::RegularFile, 0, maker(0o644))
@@ -538,4 +541,109 @@ fn extended_attributes_are_held_to_the_nodes_budget() {
     assert_eq!(back.xattr_bytes().0, 2 * each);
     let (back, _) = Namespace::replay(1 << 20, &n.records()).unwrap();
     assert_eq!(back.xattr_bytes().0, 2 * each);
+}
+
+/// POSIX ACLs: an access ACL sets the mode's classes (and one the mode says all of is not
+/// kept), a chmod moves the mask, what is made under a default ACL inherits it with its mode
+/// masked (the umask does not apply; a directory passes the default on), the umask applies
+/// without one, and all of it comes back from the journal.
+#[test]
+fn acls_follow_the_mode_are_inherited_and_survive_a_replay() {
+    use crate::acl::from_text;
+    use rfs_proto::xattr::{POSIX_ACL_ACCESS, POSIX_ACL_DEFAULT};
+    let mut n = ns();
+    n.journal_changes();
+    let mut journal = n.records();
+    let f = file(&mut n, ROOT, "f");
+    let named = from_text("u::rw-,u:2000:rwx,g::r--,m::r--,o::---");
+    let a = n.set_access_acl(f, &named, false).unwrap();
+    assert_eq!(a.perm, 0o640, "the mask is the group's class");
+    assert_eq!(n.perms(f).unwrap().acl, Some(named.clone()));
+    let a = n
+        .setattr(
+            f,
+            &AttrChanges {
+                mode: Some(0o4770),
+                ..Default::default()
+            },
+        )
+        .unwrap()
+        .0;
+    assert_eq!(a.perm, 0o4770);
+    let moved = from_text("u::rwx,u:2000:rwx,g::r--,m::rwx,o::---");
+    assert_eq!(n.perms(f).unwrap().acl, Some(moved.clone()));
+    let a = n
+        .set_access_acl(f, &from_text("u::rw-,g::r--,o::r--"), true)
+        .unwrap();
+    assert_eq!(a.perm, 0o4644, "minimal: the mode says it all");
+    assert_eq!(n.get_xattr(f, POSIX_ACL_ACCESS), Err(Errno::ENODATA));
+    let sgid = file(&mut n, ROOT, "sgid");
+    n.setattr(
+        sgid,
+        &AttrChanges {
+            mode: Some(0o2770),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let a = n.set_access_acl(sgid, &named, true).unwrap();
+    assert_eq!(a.perm, 0o640, "the set-group-ID bit went");
+
+    let umasked = Owner {
+        perm: 0o666,
+        umask: 0o027,
+        ..OWNER
+    };
+    let plain = n.mknod(ROOT, "plain", FileKind::RegularFile, 0, umasked);
+    assert_eq!(plain.unwrap().perm, 0o640, "no default ACL: the umask");
+    let d = n.mkdir(ROOT, "d", OWNER).unwrap().ino;
+    let default = from_text("u::rwx,u:2000:rwx,g::r-x,m::rwx,o::---");
+    n.set_xattr(d, POSIX_ACL_DEFAULT, &default.to_bytes(), 0)
+        .unwrap();
+    let g = n.mknod(d, "g", FileKind::RegularFile, 0, umasked).unwrap();
+    assert_eq!(g.perm, 0o660, "the default ACL, not the umask");
+    let inherited = from_text("u::rw-,u:2000:rwx,g::r-x,m::rw-,o::---");
+    assert_eq!(n.perms(g.ino).unwrap().acl, Some(inherited.clone()));
+    assert_eq!(n.get_xattr(g.ino, POSIX_ACL_DEFAULT), Err(Errno::ENODATA));
+    let sub = n.mkdir(d, "sub", umasked).unwrap();
+    assert_eq!(sub.perm, 0o660);
+    assert_eq!(
+        n.get_xattr(sub.ino, POSIX_ACL_DEFAULT),
+        Ok(default.to_bytes()),
+        "a directory passes the default on"
+    );
+    let link = n.symlink(d, "l", "g", 0, 0).unwrap();
+    assert_eq!(link.perm, 0o777);
+    assert_eq!(n.xattr_names(link.ino).unwrap(), Vec::<Vec<u8>>::new());
+
+    n.take_records(&mut journal);
+    for records in [&journal, &n.records()] {
+        let (back, _) = Namespace::replay(1 << 20, records).unwrap();
+        assert_eq!(back.perms(f).unwrap(), n.perms(f).unwrap());
+        assert_eq!(back.perms(g.ino).unwrap().acl, Some(inherited.clone()));
+        assert_eq!(back.perms(g.ino).unwrap().attr.perm, 0o660);
+        assert_eq!(back.perms(sgid).unwrap().attr.perm, 0o640);
+        assert_eq!(
+            back.get_xattr(sub.ino, POSIX_ACL_DEFAULT),
+            Ok(default.to_bytes())
+        );
+    }
+}
+
+/// What a default ACL hands down is held to the attributes' budget: a create that would take
+/// it past fails with ENOSPC and makes nothing.
+#[test]
+fn an_inherited_acl_past_the_budget_fails_the_create_whole() {
+    use crate::acl::from_text;
+    use rfs_proto::xattr::POSIX_ACL_DEFAULT;
+    let mut n = ns();
+    let d = n.mkdir(ROOT, "d", OWNER).unwrap().ino;
+    let default = from_text("u::rwx,u:2000:rwx,g::r-x,m::rwx,o::---").to_bytes();
+    n.set_xattr(d, POSIX_ACL_DEFAULT, &default, 0).unwrap();
+    n.set_max_xattr_bytes(n.xattr_bytes().0 + 10);
+    assert_eq!(
+        n.mknod(d, "f", FileKind::RegularFile, 0, OWNER),
+        Err(Errno::ENOSPC)
+    );
+    assert_eq!(n.lookup(d, b"f"), Err(Errno::ENOENT));
 }

@@ -13,9 +13,10 @@ impl Namespace {
         data: Data,
     ) -> Result<Attr, Errno> {
         let Owner {
-            mut perm,
+            perm,
             uid,
             mut gid,
+            umask,
         } = owner;
         check_name(name)?;
         if self.entries(parent)?.contains_key(name) {
@@ -24,6 +25,7 @@ impl Namespace {
         if self.inode_count() >= self.max_inodes {
             return Err(Errno::ENOSPC);
         }
+        let (mut perm, inherited) = self.inherit(parent, kind, perm, umask)?;
         let dir = self.get(parent)?.attr;
         if dir.perm & SETGID != 0 {
             // A set-group-ID directory gives what is made in it its group, and its
@@ -74,6 +76,7 @@ impl Namespace {
             parent: dir_parent,
             target,
         });
+        self.give(ino, inherited)?;
         self.set_entry(parent, name, Some(ino))?;
         if is_dir {
             self.get_mut(parent)?.attr.nlink += 1;
@@ -136,6 +139,7 @@ impl Namespace {
             perm: 0o777,
             uid,
             gid,
+            umask: 0,
         };
         self.insert(parent, name.as_ref(), (FileKind::Symlink, 0), owner, data)
     }

@@ -18,7 +18,7 @@ const CAPABILITIES: &[u8] = b"security.capability";
 pub(super) const ENTRY_COST: u64 = 64;
 
 /// What one attribute costs the node.
-fn cost(name: &[u8], value: &[u8]) -> u64 {
+pub(super) fn cost(name: &[u8], value: &[u8]) -> u64 {
     (name.len() + value.len()) as u64 + ENTRY_COST
 }
 

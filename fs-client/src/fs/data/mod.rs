@@ -386,6 +386,7 @@ mod tests {
             perm: 0o644,
             uid: 0,
             gid: 0,
+            umask: 0,
         };
         let ino = fs
             .mknod(

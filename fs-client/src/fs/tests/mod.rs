@@ -55,6 +55,7 @@ const OWNER: Owner = Owner {
     perm: 0o644,
     uid: 0,
     gid: 0,
+    umask: 0,
 };
 
 fn create(fs: &Rfs<Fake>, name: &str) -> Ino {

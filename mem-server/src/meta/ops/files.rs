@@ -20,7 +20,7 @@ pub(super) fn open(cx: &mut Ctx<'_>, m: &Open) -> Answer {
         .svc
         .policy
         .caller(&m.caller)
-        .and_then(|c| check_open(&cx.st.ns.getattr(m.ino)?, &c, m.access))
+        .and_then(|c| check_open(&cx.st.ns.perms(m.ino)?, &c, m.access))
         .and_then(|()| cx.st.ns.open(m.ino));
     if r.is_ok() {
         cx.opened(m.ino, m.access);

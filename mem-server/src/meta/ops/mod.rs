@@ -20,6 +20,7 @@ use super::effects::{Effects, Granting};
 use super::sessions::ClientSession;
 use super::state::MetaState;
 use super::MetaService;
+use crate::access::Perms;
 
 pub(super) use files::release;
 pub(super) use names::cut_must_wait;
@@ -115,12 +116,12 @@ impl Ctx<'_> {
         &self,
         caller: &Caller,
         dir: Ino,
-        check: fn(&Attr, &Caller) -> Result<(), Errno>,
+        check: fn(&Perms, &Caller) -> Result<(), Errno>,
     ) -> Result<(Caller, Attr), Errno> {
         let c = self.svc.policy.caller(caller)?;
-        let d = self.st.ns.getattr(dir)?;
+        let d = self.st.ns.perms(dir)?;
         check(&d, &c)?;
-        Ok((c, d))
+        Ok((c, d.attr))
     }
 
     /// What `name` in `parent` is now, if anything.

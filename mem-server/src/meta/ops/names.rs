@@ -6,7 +6,7 @@
 use rfs_proto::message::{
     GetAttr, Link, Lookup, Mkdir, Mknod, ReadDir, Readlink, Rename, Rmdir, SetAttr, Symlink, Unlink,
 };
-use rfs_proto::types::Owner;
+use rfs_proto::types::{Attr, Owner};
 use rfs_proto::wire::MAX_LIST;
 
 use super::{answer, Answer, Ctx};
@@ -39,7 +39,7 @@ pub(super) fn setattr(cx: &mut Ctx<'_>, m: &SetAttr) -> Answer {
         .policy
         .caller(&m.caller)
         .and_then(|c| {
-            let before = st.ns.getattr(m.ino)?;
+            let before = st.ns.perms(m.ino)?;
             check_setattr(&before, &c, &m.changes, writing)?;
             let tail = match m.changes.size {
                 Some(size) => cut_tail(st, m.ino, size)?,
@@ -144,6 +144,7 @@ pub(super) fn symlink(cx: &mut Ctx<'_>, m: &Symlink) -> Answer {
         perm: 0o777,
         uid: m.uid,
         gid: m.gid,
+        umask: 0,
     });
     let r = cx
         .in_dir(&m.caller, m.parent, check_change)
@@ -212,9 +213,10 @@ pub(super) fn rename(cx: &mut Ctx<'_>, m: &Rename) -> Answer {
         .policy
         .caller(&m.caller)
         .and_then(|c| {
-            let (from, to) = (st.ns.getattr(m.parent)?, st.ns.getattr(m.newparent)?);
-            let (src, dst) = (src.as_ref(), dst.as_ref());
-            check_rename((&from, src), (&to, dst), m.flags, &c)
+            let (from, to) = (st.ns.perms(m.parent)?, st.ns.perms(m.newparent)?);
+            let perms = |a: &Option<Attr>| a.map(|a| st.ns.perms(a.ino)).transpose();
+            let (src, dst) = (perms(&src)?, perms(&dst)?);
+            check_rename((&from, src.as_ref()), (&to, dst.as_ref()), m.flags, &c)
         })
         .and_then(|()| {
             st.ns

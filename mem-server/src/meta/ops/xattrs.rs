@@ -1,14 +1,16 @@
 //! Extended attributes: read, listed, set and removed as the caller may (see
 //! [`crate::access::check_xattr`]). A session that read an inode's attributes is told when they
-//! change, as it is of the inode's other attributes (it may cache both).
+//! change, as it is of the inode's other attributes (it may cache both). POSIX ACLs are set
+//! through theirs, checked and kept in step with the mode bits (see [`crate::acl`]).
 
 use rfs_proto::message::{GetXattr, ListXattr, RemoveXattr, SetXattr};
 use rfs_proto::types::{Attr, Caller, Ino};
-use rfs_proto::xattr::XattrValue;
+use rfs_proto::xattr::{XattrValue, POSIX_ACL_ACCESS, POSIX_ACL_DEFAULT};
 use rfs_proto::Errno;
 
 use super::{answer, Answer, Ctx};
-use crate::access::{check_xattr, shows_xattr, XattrUse};
+use crate::access::{acl_clears_setgid, check_xattr, shows_xattr, XattrUse};
+use crate::acl::Acl;
 
 impl Ctx<'_> {
     /// The caller as the checks see them, if they may `how` `name` of `ino`; and the inode's
@@ -21,9 +23,9 @@ impl Ctx<'_> {
         how: XattrUse,
     ) -> Result<(Caller, Attr), Errno> {
         let c = self.svc.policy.caller(caller)?;
-        let a = self.st.ns.getattr(ino)?;
-        check_xattr(&a, &c, name, how)?;
-        Ok((c, a))
+        let p = self.st.ns.perms(ino)?;
+        check_xattr(&p, &c, name, how)?;
+        Ok((c, p.attr))
     }
 
     /// The session read `ino`'s extended attributes: it is told when they change.
@@ -69,10 +71,27 @@ pub(super) fn list_xattr(cx: &mut Ctx<'_>, m: &ListXattr) -> Answer {
 }
 
 pub(super) fn set_xattr(cx: &mut Ctx<'_>, m: &SetXattr) -> Answer {
+    let (ino, name) = (m.ino, m.name.0.as_slice());
     let r = cx
-        .xattr_caller(&m.caller, m.ino, &m.name.0, XattrUse::Set)
-        .and_then(|_| cx.st.ns.set_xattr(m.ino, &m.name.0, &m.value.0, m.flags));
-    answer(m, cx.xattrs_changed(r, m.ino))
+        .xattr_caller(&m.caller, ino, name, XattrUse::Set)
+        .and_then(|(c, a)| {
+            let ns = &mut cx.st.ns;
+            if name != POSIX_ACL_ACCESS && name != POSIX_ACL_DEFAULT {
+                return ns.set_xattr(ino, name, &m.value.0, m.flags);
+            }
+            // An ACL without entries removes the ACL, as on Linux.
+            match Acl::parse(&m.value.0)? {
+                Some(acl) if name == POSIX_ACL_ACCESS => {
+                    ns.set_access_acl(ino, &acl, acl_clears_setgid(&a, &c))
+                }
+                Some(acl) => ns.set_xattr(ino, name, &acl.to_bytes(), 0),
+                None => match ns.remove_xattr(ino, name) {
+                    Err(Errno::ENODATA) => Ok(a),
+                    r => r,
+                },
+            }
+        });
+    answer(m, cx.xattrs_changed(r, ino))
 }
 
 pub(super) fn remove_xattr(cx: &mut Ctx<'_>, m: &RemoveXattr) -> Answer {
