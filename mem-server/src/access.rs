@@ -76,9 +76,10 @@ fn owns(p: &Perms, c: &Caller) -> bool {
 }
 
 /// Whether `c` may have `want` on file `p`: the owner's bits for the owner; for anyone else
-/// the access ACL if there is one (see [`Acl::permits`]), else the group's bits for a member
-/// and the others' for the rest; root reads and writes anything, and executes what has any
-/// execute bit.
+/// the access ACL if there is one and the mode's group class (its mask) grants anything (see
+/// [`Acl::permits`]), else the group's bits for a member and the others' for the rest, as
+/// Linux's acl_permission_check decides; root reads and writes anything, and executes what has
+/// any execute bit.
 pub fn may(p: &Perms, c: &Caller, want: FileAccess) -> bool {
     let a = &p.attr;
     if c.uid == 0 {
@@ -86,7 +87,11 @@ pub fn may(p: &Perms, c: &Caller, want: FileAccess) -> bool {
             || a.perm & 0o111 != 0
             || a.kind == FileKind::Directory;
     }
-    if let Some(acl) = p.acl.as_ref().filter(|_| c.uid != a.uid) {
+    if let Some(acl) = p
+        .acl
+        .as_ref()
+        .filter(|_| c.uid != a.uid && a.perm & 0o070 != 0)
+    {
         return acl.permits((a.uid, a.gid), c, want);
     }
     let perm = a.perm as u32;
@@ -222,16 +227,16 @@ pub fn check_xattr(p: &Perms, c: &Caller, name: &[u8], how: XattrUse) -> Result<
         }
         XattrClass::Security if write && c.uid != 0 => Err(Errno::EPERM),
         XattrClass::Trusted | XattrClass::Security => Ok(()),
-        XattrClass::PosixAcl if !write => Ok(()),
         XattrClass::PosixAcl if a.kind == FileKind::Symlink => Err(Errno::ENOTSUP),
-        XattrClass::PosixAcl if !owns(p, c) => Err(Errno::EPERM),
-        XattrClass::PosixAcl
-            if how == XattrUse::Set
-                && name == POSIX_ACL_DEFAULT
-                && a.kind != FileKind::Directory =>
-        {
-            Err(Errno::EACCES)
+        XattrClass::PosixAcl if !write => Ok(()),
+        XattrClass::PosixAcl if name == POSIX_ACL_DEFAULT && a.kind != FileKind::Directory => {
+            // Only a directory has one: setting it is refused, removing it has nothing to do.
+            match how {
+                XattrUse::Set => Err(Errno::EACCES),
+                _ => Ok(()),
+            }
         }
+        XattrClass::PosixAcl if !owns(p, c) => Err(Errno::EPERM),
         XattrClass::PosixAcl => Ok(()),
         XattrClass::User => {
             if !matches!(a.kind, FileKind::RegularFile | FileKind::Directory) {
@@ -253,6 +258,19 @@ pub fn check_xattr(p: &Perms, c: &Caller, name: &[u8], how: XattrUse) -> Result<
             }
         }
     }
+}
+
+/// The changes `s` of a file with attributes `a` as they are applied for `c` (whom
+/// [`check_setattr`] let make them): a mode set by a caller neither root nor in the file's
+/// group (its new one, if the call changes that too) loses the set-group-ID bit, as Linux's
+/// setattr_prepare has it. The kernel of an honest client asks so already.
+pub fn as_applied(a: &Attr, c: &Caller, s: &AttrChanges) -> AttrChanges {
+    let mut s = s.clone();
+    let gid = s.gid.unwrap_or(a.gid);
+    if let Some(mode) = s.mode.filter(|_| c.uid != 0 && !in_group(c, gid)) {
+        s.mode = Some(mode & !u32::from(SETGID));
+    }
+    s
 }
 
 /// Whether setting an access ACL on a file with attributes `a` takes its set-group-ID bit away:

@@ -10,6 +10,9 @@ use rfs_proto::Errno;
 const VERSION: u32 = 2;
 const HEADER: usize = 4;
 const ENTRY: usize = 8;
+/// The largest ACL a FUSE kernel reads or hands over (a page: 511 entries); a larger one, set
+/// by a client that went around its kernel, would fail every honest mount's checks.
+pub const MAX_BYTES: usize = 4096;
 /// The id the kernel writes in entries that name no one.
 const NO_ID: u32 = u32::MAX;
 
@@ -63,8 +66,12 @@ pub struct Acl(Vec<Entry>);
 
 impl Acl {
     /// The ACL in `bytes`, as setxattr(2) hands it over; None for one without entries (which
-    /// removes the ACL, as on Linux). EINVAL for anything the kernel would refuse.
+    /// removes the ACL, as on Linux). EINVAL for anything the kernel would refuse, E2BIG past
+    /// [`MAX_BYTES`].
     pub fn parse(bytes: &[u8]) -> Result<Option<Acl>, Errno> {
+        if bytes.len() > MAX_BYTES {
+            return Err(Errno::E2BIG);
+        }
         let header = bytes.get(..HEADER).ok_or(Errno::EINVAL)?;
         let version = u32::from_le_bytes(header.try_into().expect("four bytes"));
         let body = &bytes[HEADER..];
@@ -80,7 +87,9 @@ impl Acl {
             let perm = u16::from_le_bytes([e[2], e[3]]);
             let id = u32::from_le_bytes([e[4], e[5], e[6], e[7]]);
             let tag = Tag::from_code(tag, id).ok_or(Errno::EINVAL)?;
-            if perm & !0o7 != 0 {
+            // The kernel takes the id that names no one for an invalid user or group.
+            let named_no_one = matches!(tag, Tag::User(NO_ID) | Tag::Group(NO_ID));
+            if perm & !0o7 != 0 || named_no_one {
                 return Err(Errno::EINVAL);
             }
             entries.push(Entry { tag, perm });
@@ -300,6 +309,10 @@ mod tests {
         let mut perm = good.clone();
         perm[6] = 8;
         bad.push(perm);
+        // The named user's id: the one that names no one.
+        let mut no_one = good.clone();
+        no_one[16..20].copy_from_slice(&NO_ID.to_le_bytes());
+        bad.push(no_one);
         // Out of order: the other entry first.
         let mut order = good[..4].to_vec();
         order.extend_from_slice(&good[good.len() - 8..]);
@@ -308,6 +321,26 @@ mod tests {
         for b in &bad {
             assert_eq!(Acl::parse(b), Err(Errno::EINVAL), "{b:?}");
         }
+        let many = |n: u32| {
+            let mut entries = vec![Entry {
+                tag: Tag::UserObj,
+                perm: 6,
+            }];
+            entries.extend((0..n).map(|id| Entry {
+                tag: Tag::User(id),
+                perm: 4,
+            }));
+            for tag in [Tag::GroupObj, Tag::Mask, Tag::Other] {
+                entries.push(Entry { tag, perm: 4 });
+            }
+            Acl(entries).to_bytes()
+        };
+        assert!(many(507).len() <= MAX_BYTES && many(508).len() > MAX_BYTES);
+        assert!(
+            Acl::parse(&many(507)).unwrap().is_some(),
+            "511 entries: a page"
+        );
+        assert_eq!(Acl::parse(&many(508)), Err(Errno::E2BIG));
         let entries = |e: &[(Tag, u16)]| e.iter().map(|&(tag, perm)| Entry { tag, perm }).collect();
         let twice = entries(&[
             (Tag::UserObj, 6),

@@ -76,6 +76,11 @@ setfacl -m u::rwx,g::r-x,o::r-- minimal
 echo gone > gone
 setfacl -m u:2000:rw gone
 setfacl -b gone
+echo zero > zero
+setfacl -m u:2000:rw,u:3000:- zero
+chmod 604 zero
+setfacl -k zero
+setfacl -x u:9999 plain
 chmod 2775 shared/sub
 chgrp 5000 shared/sub
 setfacl -m u:2000:rwx shared/sub
@@ -105,6 +110,8 @@ fn decisions(dir: &Path) -> Vec<String> {
         "cat gone",
         "echo x >> gone",
         "touch shared/sub/x",
+        "cat zero",
+        "echo x >> zero",
     ];
     let mut out = Vec::new();
     for (uid, groups) in users {

@@ -36,9 +36,11 @@ pub(super) fn negotiate(cfg: &MountConfig, config: &mut KernelConfig) -> bool {
     // POSIX ACLs: the kernel checks them (fetching them as `system.posix_acl_*` attributes)
     // and hands them over to be set; the metadata node keeps them in step with the mode bits
     // and applies a new node's umask itself, or the parent's default ACL instead.
-    let acls = InitFlags::FUSE_POSIX_ACL | InitFlags::FUSE_DONT_MASK;
-    if let Err(missing) = config.add_capabilities(acls) {
+    if let Err(missing) = config.add_capabilities(InitFlags::FUSE_POSIX_ACL) {
         log::warn!("kernel lacks {missing:?}: POSIX ACLs are not checked by this mount's kernel");
+    }
+    if let Err(missing) = config.add_capabilities(InitFlags::FUSE_DONT_MASK) {
+        log::warn!("kernel lacks {missing:?}: it applies the umask under default ACLs too");
     }
     // File handles (name_to_handle_at, an NFS or Samba export of the mount) stay good after
     // the kernel forgot the inode: it looks the inode number up as "." (see `fs::lookup`).

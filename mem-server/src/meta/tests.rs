@@ -1528,4 +1528,67 @@ fn acls_decide_on_the_nodes_path_and_only_owners_set_them() {
     })
     .unwrap();
     assert_eq!(c.open(made.ino, FileAccess::READ, &bob), Err(Errno::EACCES));
+    // With no group bits the ACL is not asked: the others' bits decide (chmod 604).
+    set(
+        &mut c,
+        f,
+        access,
+        "u::rw-,u:2000:rw-,g::r--,m::r--,o::---",
+        &alice,
+    )
+    .unwrap();
+    chmod(&mut c, f, 0o604, &alice).unwrap();
+    assert!(c.open(f, FileAccess::READ, &bob).is_ok());
+    assert_eq!(c.open(f, FileAccess::WRITE, &bob), Err(Errno::EACCES));
+    // Nothing to take away is not an error, and a file has no default ACL to take.
+    for name in [access, default] {
+        let remove = |c: &mut Client<'_>| {
+            c.call(RemoveXattr {
+                ino: made.ino,
+                name: name.into(),
+                caller: alice.clone(),
+            })
+        };
+        assert!(remove(&mut c).is_ok(), "{name}");
+    }
+}
+
+/// A chmod to set-group-ID by someone outside the file's group (a file made in a set-group-ID
+/// directory takes its group, which the maker may not be in) drops the bit, as Linux's does:
+/// the node does so whatever a client asks.
+#[test]
+fn a_chmod_by_a_non_member_drops_set_group_id() {
+    let node = Node::new();
+    let mut c = node.client(1);
+    let alice = user(1000);
+    let d = c.mkdir_as(&root(), ROOT, "d", 0o777).unwrap().attr.ino;
+    let f = c.create_as(&alice, d, "f", 0o755).unwrap().attr.ino;
+    let chgrp = SetAttr {
+        ino: f,
+        changes: AttrChanges {
+            gid: Some(500),
+            ..Default::default()
+        },
+        caller: root(),
+    };
+    c.call(chgrp).unwrap();
+    let chmod = |c: &mut Client<'_>, who: &Caller| {
+        c.call(SetAttr {
+            ino: f,
+            changes: AttrChanges {
+                mode: Some(0o2755),
+                ..Default::default()
+            },
+            caller: who.clone(),
+        })
+        .unwrap()
+        .perm
+    };
+    assert_eq!(chmod(&mut c, &alice), 0o755, "alice is not in group 500");
+    let member = Caller {
+        groups: vec![500],
+        ..alice.clone()
+    };
+    assert_eq!(chmod(&mut c, &member), 0o2755);
+    assert_eq!(chmod(&mut c, &root()), 0o2755);
 }

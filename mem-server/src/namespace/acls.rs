@@ -78,8 +78,7 @@ impl Namespace {
             return;
         };
         acl.chmod(i.attr.perm);
-        // The same size as before: the budget cannot refuse it.
-        let _ = self.set_xattr(ino, POSIX_ACL_ACCESS, &acl.to_bytes(), 0);
+        self.put_xattr(ino, POSIX_ACL_ACCESS, &acl.to_bytes());
     }
 
     /// What a node of `kind` made in `dir` with permission bits `perm` inherits: the bits it
@@ -114,13 +113,12 @@ impl Namespace {
     }
 
     /// Gives the new node `ino` what it inherited (its budget was checked by `inherit`).
-    pub(super) fn give(&mut self, ino: Ino, inherited: Inherited) -> Result<(), Errno> {
+    pub(super) fn give(&mut self, ino: Ino, inherited: Inherited) {
         if let Some(acl) = inherited.access {
-            self.set_xattr(ino, POSIX_ACL_ACCESS, &acl.to_bytes(), 0)?;
+            self.put_xattr(ino, POSIX_ACL_ACCESS, &acl.to_bytes());
         }
         if let Some(acl) = inherited.default {
-            self.set_xattr(ino, POSIX_ACL_DEFAULT, &acl.to_bytes(), 0)?;
+            self.put_xattr(ino, POSIX_ACL_DEFAULT, &acl.to_bytes());
         }
-        Ok(())
     }
 }

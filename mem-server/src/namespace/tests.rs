@@ -646,4 +646,22 @@ fn an_inherited_acl_past_the_budget_fails_the_create_whole() {
         Err(Errno::ENOSPC)
     );
     assert_eq!(n.lookup(d, b"f"), Err(Errno::ENOENT));
+    // A chmod rewrites an ACL at its own size: a budget lowered below what is kept (a node
+    // restarted with fewer files) does not keep the old one.
+    n.set_max_xattr_bytes(u64::MAX);
+    let f = file(&mut n, ROOT, "g");
+    n.set_access_acl(
+        f,
+        &from_text("u::rw-,u:2000:rw-,g::r--,m::rw-,o::r--"),
+        false,
+    )
+    .unwrap();
+    n.set_max_xattr_bytes(0);
+    let chmod = AttrChanges {
+        mode: Some(0o600),
+        ..Default::default()
+    };
+    n.setattr(f, &chmod).unwrap();
+    let moved = from_text("u::rw-,u:2000:rw-,g::r--,m::---,o::---");
+    assert_eq!(n.perms(f).unwrap().acl, Some(moved));
 }

@@ -76,7 +76,7 @@ impl Namespace {
             parent: dir_parent,
             target,
         });
-        self.give(ino, inherited)?;
+        self.give(ino, inherited);
         self.set_entry(parent, name, Some(ino))?;
         if is_dir {
             self.get_mut(parent)?.attr.nlink += 1;

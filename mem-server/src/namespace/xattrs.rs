@@ -141,6 +141,19 @@ impl Namespace {
         }
     }
 
+    /// Sets `ino`'s attribute `name` to `value`, journaled, past no check: for what is known to
+    /// fit (an ACL handed down, its cost checked beforehand; an ACL rewritten at its own size,
+    /// which a budget lowered since must not refuse).
+    pub(super) fn put_xattr(&mut self, ino: Ino, name: &[u8], value: &[u8]) {
+        if self.restore_xattr(ino, name, Some(value)) {
+            self.note(|| Record::Xattr {
+                ino,
+                name: name.to_vec(),
+                value: Some(value.to_vec()),
+            });
+        }
+    }
+
     /// A journaled change of `ino`'s attribute `name` (None: it went), replayed: false if the
     /// inode is not there. Replays are not held to the budget (a node restarted with a
     /// smaller one keeps what it had).

@@ -11,7 +11,8 @@ use rfs_proto::wire::MAX_LIST;
 
 use super::{answer, Answer, Ctx};
 use crate::access::{
-    check_change, check_list, check_rename, check_search, check_setattr, check_sticky, made_in,
+    as_applied, check_change, check_list, check_rename, check_search, check_setattr, check_sticky,
+    made_in,
 };
 use crate::meta::coherence::Recall;
 use crate::meta::effects::Tail;
@@ -45,7 +46,8 @@ pub(super) fn setattr(cx: &mut Ctx<'_>, m: &SetAttr) -> Answer {
                 Some(size) => cut_tail(st, m.ino, size)?,
                 None => None,
             };
-            let (a, freed) = st.ns.setattr(m.ino, &m.changes)?;
+            let changes = as_applied(&before.attr, &c, &m.changes);
+            let (a, freed) = st.ns.setattr(m.ino, &changes)?;
             Ok((a, freed, tail))
         })
         .map(|(a, freed, tail)| {

@@ -95,8 +95,14 @@ pub(super) fn set_xattr(cx: &mut Ctx<'_>, m: &SetXattr) -> Answer {
 }
 
 pub(super) fn remove_xattr(cx: &mut Ctx<'_>, m: &RemoveXattr) -> Answer {
+    let name = m.name.0.as_slice();
+    let acl = name == POSIX_ACL_ACCESS || name == POSIX_ACL_DEFAULT;
     let r = cx
-        .xattr_caller(&m.caller, m.ino, &m.name.0, XattrUse::Remove)
-        .and_then(|_| cx.st.ns.remove_xattr(m.ino, &m.name.0));
+        .xattr_caller(&m.caller, m.ino, name, XattrUse::Remove)
+        .and_then(|(_, a)| match cx.st.ns.remove_xattr(m.ino, name) {
+            // Taking away an ACL there is none of leaves nothing to do, as on Linux.
+            Err(Errno::ENODATA) if acl => Ok(a),
+            r => r,
+        });
     answer(m, cx.xattrs_changed(r, m.ino))
 }
