@@ -265,7 +265,7 @@ pub fn check_xattr(p: &Perms, c: &Caller, name: &[u8], how: XattrUse) -> Result<
 /// group (its new one, if the call changes that too) loses the set-group-ID bit, as Linux's
 /// setattr_prepare has it. The kernel of an honest client asks so already.
 pub fn as_applied(a: &Attr, c: &Caller, s: &AttrChanges) -> AttrChanges {
-    let mut s = s.clone();
+    let mut s = *s;
     let gid = s.gid.unwrap_or(a.gid);
     if let Some(mode) = s.mode.filter(|_| c.uid != 0 && !in_group(c, gid)) {
         s.mode = Some(mode & !u32::from(SETGID));
