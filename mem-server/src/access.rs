@@ -360,6 +360,7 @@ mod tests {
             mtime: t,
             ctime: t,
             cuts: 0,
+            acl: false,
         }
     }
 

@@ -93,6 +93,46 @@ fn whole_copies(r: &mut Reader<'_>) -> Result<Vec<ChunkRef>, DecodeError> {
         .collect()
 }
 
+/// Attributes as journaled: every field but `acl`, in order. Whether an inode has an ACL is
+/// its attributes' business (the replay sees to it), not a record's.
+fn put_attr(a: &Attr, w: &mut Writer) {
+    let Attr {
+        ino,
+        kind,
+        perm,
+        nlink,
+        uid,
+        gid,
+        rdev,
+        size,
+        atime,
+        mtime,
+        ctime,
+        cuts,
+        acl: _,
+    } = a;
+    ino.put(w);
+    kind.put(w);
+    perm.put(w);
+    nlink.put(w);
+    uid.put(w);
+    gid.put(w);
+    rdev.put(w);
+    size.put(w);
+    atime.put(w);
+    mtime.put(w);
+    ctime.put(w);
+    cuts.put(w);
+}
+
+fn get_attr(r: &mut Reader<'_>) -> Result<Attr, DecodeError> {
+    let before_cuts = attr_before_cuts(r)?;
+    Ok(Attr {
+        cuts: Wire::get(r)?,
+        ..before_cuts
+    })
+}
+
 /// Attributes as journaled before they counted cuts: every field but `cuts`, in order.
 fn attr_before_cuts(r: &mut Reader<'_>) -> Result<Attr, DecodeError> {
     Ok(Attr {
@@ -108,6 +148,7 @@ fn attr_before_cuts(r: &mut Reader<'_>) -> Result<Attr, DecodeError> {
         mtime: Wire::get(r)?,
         ctime: Wire::get(r)?,
         cuts: 0,
+        acl: false,
     })
 }
 
@@ -136,13 +177,13 @@ impl Record {
                 target,
             } => {
                 CREATED.put(w);
-                attr.put(w);
+                put_attr(attr, w);
                 parent.put(w);
                 put_bytes(target, w);
             }
             Record::Attr(attr) => {
                 ATTR.put(w);
-                attr.put(w);
+                put_attr(attr, w);
             }
             Record::Entry { dir, name, ino } => {
                 4u8.put(w);
@@ -235,11 +276,11 @@ impl Record {
             },
             ATTR_BEFORE_CUTS => Record::Attr(attr_before_cuts(r)?),
             CREATED => Record::Created {
-                attr: Wire::get(r)?,
+                attr: get_attr(r)?,
                 parent: Wire::get(r)?,
                 target: get_bytes(r)?,
             },
-            ATTR => Record::Attr(Wire::get(r)?),
+            ATTR => Record::Attr(get_attr(r)?),
             4 => Record::Entry {
                 dir: Wire::get(r)?,
                 name: get_bytes(r)?,
@@ -329,6 +370,7 @@ mod tests {
             mtime: t,
             ctime: t,
             cuts: 6,
+            acl: false,
         }
     }
 
@@ -337,7 +379,7 @@ mod tests {
         let mut a = attr();
         let mut w = Writer::default();
         ATTR_BEFORE_CUTS.put(&mut w);
-        a.put(&mut w);
+        put_attr(&a, &mut w);
         let old = w.0.len() - 8; // the same fields, without the count at the end
         let mut created = vec![CREATED_BEFORE_CUTS];
         created.extend_from_slice(&w.0[1..old]);
@@ -359,6 +401,22 @@ mod tests {
                 }
             ]
         );
+    }
+
+    /// Whether an inode has an ACL is not journaled (the replay sees it in the attribute
+    /// records): attributes are journaled as they were before the flag, so a journal written by
+    /// an earlier build reads.
+    #[test]
+    fn attributes_are_journaled_without_the_acl_flag() {
+        let a = Attr {
+            acl: true,
+            ..attr()
+        };
+        let mut w = Writer::default();
+        Record::Attr(a).put(&mut w);
+        assert_eq!(w.0.len(), 1 + 8 + 1 + 2 + 4 * 4 + 8 + 3 * 12 + 8);
+        let back = Record::decode_all(&w.0).unwrap();
+        assert_eq!(back, vec![Record::Attr(Attr { acl: false, ..a })]);
     }
 
     #[test]

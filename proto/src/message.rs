@@ -591,6 +591,7 @@ mod tests {
             mtime: Timestamp { secs: 3, nsecs: 4 },
             ctime: Timestamp { secs: -5, nsecs: 6 },
             cuts: 7,
+            acl: true,
         }
     }
 

@@ -182,6 +182,9 @@ wire_struct! {
         /// only grows. Clients commit sizes with the count they had heard of, so that one that
         /// missed a cut's callback cannot grow the file back over it.
         pub cuts: u64,
+        /// Whether the inode has an access ACL: without one, a kernel checking the permissions
+        /// of someone other than the owner need not ask for it.
+        pub acl: bool,
     }
 }
 
@@ -521,6 +524,7 @@ mod tests {
                 mtime: Timestamp::default(),
                 ctime: Timestamp::default(),
                 cuts: 0,
+                acl: false,
             },
         };
         let mut w = Writer::default();

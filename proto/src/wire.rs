@@ -32,7 +32,8 @@ use crate::errno::Errno;
 /// ([`crate::message::Opened`]). 22: `RemoveNode`. 23: extended attributes (`GetXattr`,
 /// `ListXattr`, `SetXattr`, `RemoveXattr`), and metadata calls of up to 80 KiB (a 64 KiB value
 /// with its name). 24: a new node's [`crate::types::Owner`] carries the creator's umask (the
-/// metadata node applies it, or the parent's default ACL instead).
+/// metadata node applies it, or the parent's default ACL instead), and attributes say whether
+/// the inode has an access ACL ([`crate::types::Attr::acl`]).
 pub const VERSION: u8 = 24;
 /// Bounds what one list (readdir page, chunk map, node list) may carry: a message is at most
 /// 80 KiB.

@@ -263,6 +263,7 @@ mod tests {
             mtime: Timestamp::default(),
             ctime: Timestamp::default(),
             cuts: 0,
+            acl: false,
         }
     }
 

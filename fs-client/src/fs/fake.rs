@@ -342,6 +342,7 @@ impl FakeCluster {
                 mtime: Timestamp::default(),
                 ctime: Timestamp::default(),
                 cuts: 0,
+                acl: false,
             };
             st.files.insert(ino, a);
             a

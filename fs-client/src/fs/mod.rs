@@ -237,9 +237,10 @@ impl<B: Backend> Rfs<B> {
     /// uncommitted writes.
     fn add<C: Call<Reply = Made> + Debug>(&self, dir: Ino, name: &[u8], req: C) -> Result<Attr> {
         self.not_a_reserved_name(dir, name)?;
-        let sent = self.dirs.sent();
+        let (sent, acl_sent) = (self.dirs.sent(), self.xattrs.sent());
         let made = self.changing(dir, req)?;
         self.dirs.added(sent, made.dir, name);
+        self.xattrs.saw(&made.attr, acl_sent);
         Ok(self.with_local_size(made.attr))
     }
 
@@ -254,7 +255,9 @@ impl<B: Backend> Rfs<B> {
 
     /// A call answering attributes, seen with our own uncommitted writes.
     fn attr_of<C: Call<Reply = Attr> + Debug>(&self, req: C) -> Result<Attr> {
+        let sent = self.xattrs.sent();
         let a = self.call(req)?;
+        self.xattrs.saw(&a, sent);
         Ok(self.with_local_size(a))
     }
 
@@ -447,7 +450,7 @@ impl<B: Backend> Rfs<B> {
     /// Creates a directory.
     pub fn mkdir(&self, parent: Ino, name: &[u8], owner: Owner, caller: &Caller) -> Result<Attr> {
         self.not_a_reserved_name(parent, name)?;
-        let sent = self.dirs.sent();
+        let (sent, acl_sent) = (self.dirs.sent(), self.xattrs.sent());
         let mkdir = Mkdir {
             parent,
             name: name.into(),
@@ -456,6 +459,7 @@ impl<B: Backend> Rfs<B> {
         };
         let made = self.changing(parent, mkdir)?;
         self.dirs.made_dir(sent, made.dir, name, made.attr.ino);
+        self.xattrs.saw(&made.attr, acl_sent);
         Ok(made.attr)
     }
 
@@ -553,12 +557,17 @@ impl<B: Backend> Rfs<B> {
 
     /// One page of a directory after `cookie`.
     pub fn readdir(&self, ino: Ino, cookie: u64, caller: &Caller) -> Result<Vec<DirEntry>> {
-        self.call(ReadDir {
+        let sent = self.xattrs.sent();
+        let page = self.call(ReadDir {
             ino,
             cookie,
             max: MAX_LIST,
             caller: caller.clone(),
-        })
+        })?;
+        for e in &page {
+            self.xattrs.saw(&e.attr, sent);
+        }
+        Ok(page)
     }
 
     /// Walks directory `ino` after `cookie` page by page, handing each entry (its cookie, name

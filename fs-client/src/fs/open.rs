@@ -166,7 +166,7 @@ impl<B: Backend> Rfs<B> {
         let made = self.changing(parent, create)?;
         self.dirs.added(sent, made.dir, name);
         // A new file has no capabilities: its writes need not ask for them.
-        self.xattrs.made(made.attr.ino, no_xattrs);
+        self.xattrs.made(&made.attr, no_xattrs);
         // The kernel has no pages of a new file, so none of another version.
         let new = PageVersion::of(&made.attr);
         self.page_versions

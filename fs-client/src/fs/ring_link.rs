@@ -41,6 +41,7 @@ impl<B: Backend> Rfs<B> {
             mtime: t,
             ctime: t,
             cuts: 0,
+            acl: false,
         })
     }
 }

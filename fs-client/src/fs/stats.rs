@@ -135,6 +135,7 @@ impl<B: Backend> Rfs<B> {
             mtime: t,
             ctime: t,
             cuts: 0,
+            acl: false,
         }
     }
 

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use lru::LruCache;
 use rfs_proto::message::{GetXattr, ListXattr, RemoveXattr, SetXattr};
-use rfs_proto::types::{Caller, Ino};
-use rfs_proto::xattr::XattrValue;
+use rfs_proto::types::{Attr, Caller, Ino};
+use rfs_proto::xattr::{XattrValue, POSIX_ACL_ACCESS};
 use rfs_proto::Errno;
 
 use super::backend::Backend;
@@ -113,12 +113,29 @@ impl XattrCache {
         }
     }
 
-    /// `ino` was made by this mount, at `sent`: it has no capabilities (the ACLs of its
+    /// `attr` was made by this mount, at `sent`: it has no capabilities (the ACLs of its
     /// directory's default ACL it may have).
-    pub(crate) fn made(&self, ino: Ino, sent: Sent) {
-        self.keep(ino, sent, |k| {
+    pub(crate) fn made(&self, attr: &Attr, sent: Sent) {
+        self.keep(attr.ino, sent, |k| {
             for values in &mut k.values {
                 values.insert(CAPABILITIES.to_vec(), None);
+            }
+        });
+        self.saw(attr, sent);
+    }
+
+    /// The node answered `attr` to a call sent at `sent`: an inode without an access ACL is
+    /// known to have none (the kernel asks before it lets anyone but the owner in), and a
+    /// kept absence of one that has one goes.
+    pub(crate) fn saw(&self, attr: &Attr, sent: Sent) {
+        let has = attr.acl;
+        self.keep(attr.ino, sent, |k| {
+            for values in &mut k.values {
+                if !has {
+                    values.insert(POSIX_ACL_ACCESS.to_vec(), None);
+                } else if values.get(POSIX_ACL_ACCESS) == Some(&None) {
+                    values.remove(POSIX_ACL_ACCESS);
+                }
             }
         });
     }

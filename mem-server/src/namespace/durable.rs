@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use rfs_proto::types::{ChunkRef, FileKind, Ino, ROOT};
+use rfs_proto::types::{Attr, ChunkRef, FileKind, Ino, ROOT};
 
 use super::{Data, Inode, Namespace};
 use crate::record::Record;
@@ -142,7 +142,13 @@ impl Namespace {
                 );
             }
             Record::Attr(attr) => match self.inodes.get_mut(&attr.ino) {
-                Some(i) => i.attr = *attr,
+                // Whether it has an ACL, its attribute records say (journaled apart).
+                Some(i) => {
+                    i.attr = Attr {
+                        acl: i.attr.acl,
+                        ..*attr
+                    }
+                }
                 None => return Ok(false),
             },
             Record::Entry { dir, name, ino } => match self.inodes.get_mut(dir) {

@@ -101,6 +101,7 @@ impl Namespace {
                 mtime: t,
                 ctime: t,
                 cuts: 0,
+                acl: false,
             },
             data: Data::Dir {
                 entries: BTreeMap::new(),

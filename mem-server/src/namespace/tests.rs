@@ -558,6 +558,7 @@ fn acls_follow_the_mode_are_inherited_and_survive_a_replay() {
     let named = from_text("u::rw-,u:2000:rwx,g::r--,m::r--,o::---");
     let a = n.set_access_acl(f, &named, false).unwrap();
     assert_eq!(a.perm, 0o640, "the mask is the group's class");
+    assert!(a.acl, "the attributes say it has one");
     assert_eq!(n.perms(f).unwrap().acl, Some(named.clone()));
     let a = n
         .setattr(
@@ -576,6 +577,7 @@ fn acls_follow_the_mode_are_inherited_and_survive_a_replay() {
         .set_access_acl(f, &from_text("u::rw-,g::r--,o::r--"), true)
         .unwrap();
     assert_eq!(a.perm, 0o4644, "minimal: the mode says it all");
+    assert!(!a.acl);
     assert_eq!(n.get_xattr(f, POSIX_ACL_ACCESS), Err(Errno::ENODATA));
     let sgid = file(&mut n, ROOT, "sgid");
     n.setattr(
@@ -604,6 +606,13 @@ fn acls_follow_the_mode_are_inherited_and_survive_a_replay() {
     assert_eq!(g.perm, 0o660, "the default ACL, not the umask");
     let inherited = from_text("u::rw-,u:2000:rwx,g::r-x,m::rw-,o::---");
     assert_eq!(n.perms(g.ino).unwrap().acl, Some(inherited.clone()));
+    assert!(g.acl, "made with one");
+    // A change of its attributes after: journaled without the flag, which the replay keeps.
+    let touch = AttrChanges {
+        uid: Some(7),
+        ..Default::default()
+    };
+    n.setattr(g.ino, &touch).unwrap();
     assert_eq!(n.get_xattr(g.ino, POSIX_ACL_DEFAULT), Err(Errno::ENODATA));
     let sub = n.mkdir(d, "sub", umasked).unwrap();
     assert_eq!(sub.perm, 0o660);
@@ -621,7 +630,8 @@ fn acls_follow_the_mode_are_inherited_and_survive_a_replay() {
         let (back, _) = Namespace::replay(1 << 20, records).unwrap();
         assert_eq!(back.perms(f).unwrap(), n.perms(f).unwrap());
         assert_eq!(back.perms(g.ino).unwrap().acl, Some(inherited.clone()));
-        assert_eq!(back.perms(g.ino).unwrap().attr.perm, 0o660);
+        assert_eq!(back.perms(g.ino).unwrap().attr, n.getattr(g.ino).unwrap());
+        assert!(back.getattr(g.ino).unwrap().acl);
         assert_eq!(back.perms(sgid).unwrap().attr.perm, 0o640);
         assert_eq!(
             back.get_xattr(sub.ino, POSIX_ACL_DEFAULT),

@@ -61,6 +61,7 @@ impl Namespace {
             mtime: t,
             ctime: t,
             cuts: 0,
+            acl: false,
         };
         self.inodes.insert(
             ino,
@@ -82,7 +83,8 @@ impl Namespace {
             self.get_mut(parent)?.attr.nlink += 1;
         }
         self.touch_dir(parent);
-        Ok(attr)
+        // With what it inherited.
+        Ok(self.get(ino)?.attr)
     }
 
     pub fn mknod(

@@ -9,6 +9,7 @@ use rfs_proto::xattr::{
     XATTR_CREATE, XATTR_LIST_MAX, XATTR_REPLACE, XATTR_SIZE_MAX, XATTR_TOTAL_MAX,
 };
 
+use super::acls::note_acl;
 use super::*;
 
 /// The attribute that holds a file's capabilities.
@@ -92,6 +93,7 @@ impl Namespace {
         i.xattrs
             .get_or_insert_default()
             .insert(name.to_vec(), value.to_vec());
+        note_acl(i);
         i.attr.ctime = now();
         let attr = i.attr;
         self.note(|| Record::Xattr {
@@ -120,6 +122,7 @@ impl Namespace {
                 i.xattrs = None;
             }
         }
+        note_acl(i);
         i.attr.ctime = now();
         let attr = i.attr;
         self.xattr_bytes -= freed;
@@ -169,6 +172,7 @@ impl Namespace {
         if x.is_empty() {
             i.xattrs = None;
         }
+        note_acl(i);
         self.xattr_bytes -= was.map_or(0, |v| cost(name, &v));
         self.xattr_bytes += value.map_or(0, |v| cost(name, v));
         true

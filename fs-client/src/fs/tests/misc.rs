@@ -98,6 +98,35 @@ fn a_users_write_asks_for_capabilities_only_of_files_made_elsewhere() {
     }
 }
 
+/// Attributes say whether a file has an access ACL: the kernel's question for one, before it
+/// lets anyone but the owner in, costs no call for a file without (made here, or its attributes
+/// fetched), until a callback says the file changed.
+#[test]
+fn the_attributes_answer_the_kernels_acl_question() {
+    use rfs_proto::message::RequestOp;
+    let cluster: Arc<FakeCluster> = Arc::default();
+    let (fs, other) = (client(&cluster), client(&cluster));
+    let user = Caller {
+        uid: 2000,
+        gid: 2000,
+        groups: Vec::new(),
+    };
+    let acl = |fs: &Rfs<Fake>, ino| fs.getxattr(ino, b"system.posix_acl_access", &user);
+    let asked = || cluster.calls(RequestOp::GetXattr);
+    let here = create(&fs, "here");
+    let elsewhere = create(&other, "there");
+    assert_eq!(acl(&fs, here).unwrap_err().errno(), Errno::ENODATA);
+    fs.getattr(elsewhere).unwrap();
+    assert_eq!(acl(&fs, elsewhere).unwrap_err().errno(), Errno::ENODATA);
+    assert_eq!(asked(), 0, "the attributes said");
+    fs.xattrs.changed(elsewhere);
+    let _ = acl(&fs, elsewhere);
+    assert_eq!(asked(), 1, "changed since: asked");
+    fs.getattr(elsewhere).unwrap();
+    let _ = acl(&fs, elsewhere);
+    assert_eq!(asked(), 1, "fetched again");
+}
+
 /// Callbacks missed while the connection was down: the sizes of files open here are asked for
 /// again when it is back, a growth and a cut alike, and what the kernel was given is dropped.
 #[test]
