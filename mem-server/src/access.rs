@@ -361,6 +361,7 @@ mod tests {
             ctime: t,
             cuts: 0,
             acl: false,
+            held: 0,
         }
     }
 

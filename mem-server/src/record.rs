@@ -93,8 +93,9 @@ fn whole_copies(r: &mut Reader<'_>) -> Result<Vec<ChunkRef>, DecodeError> {
         .collect()
 }
 
-/// Attributes as journaled: every field but `acl`, in order. Whether an inode has an ACL is
-/// its attributes' business (the replay sees to it), not a record's.
+/// Attributes as journaled: every field but `acl` and `held`, in order. Whether an inode has
+/// an ACL and what its chunks hold, the replay counts from the records of those (as the live
+/// namespace does), not from this one.
 fn put_attr(a: &Attr, w: &mut Writer) {
     let Attr {
         ino,
@@ -110,6 +111,7 @@ fn put_attr(a: &Attr, w: &mut Writer) {
         ctime,
         cuts,
         acl: _,
+        held: _,
     } = a;
     ino.put(w);
     kind.put(w);
@@ -149,6 +151,7 @@ fn attr_before_cuts(r: &mut Reader<'_>) -> Result<Attr, DecodeError> {
         ctime: Wire::get(r)?,
         cuts: 0,
         acl: false,
+        held: 0,
     })
 }
 
@@ -371,6 +374,7 @@ mod tests {
             ctime: t,
             cuts: 6,
             acl: false,
+            held: 0,
         }
     }
 
@@ -403,20 +407,26 @@ mod tests {
         );
     }
 
-    /// Whether an inode has an ACL is not journaled (the replay sees it in the attribute
-    /// records): attributes are journaled as they were before the flag, so a journal written by
-    /// an earlier build reads.
+    /// Whether an inode has an ACL and what its chunks hold are not journaled with its
+    /// attributes (the replay counts them from the records of those): attributes are journaled
+    /// as they were before both, so a journal written by an earlier build reads.
     #[test]
     fn attributes_are_journaled_without_the_acl_flag() {
         let a = Attr {
             acl: true,
+            held: 0,
             ..attr()
         };
         let mut w = Writer::default();
         Record::Attr(a).put(&mut w);
         assert_eq!(w.0.len(), 1 + 8 + 1 + 2 + 4 * 4 + 8 + 3 * 12 + 8);
         let back = Record::decode_all(&w.0).unwrap();
-        assert_eq!(back, vec![Record::Attr(Attr { acl: false, ..a })]);
+        let journaled = Attr {
+            acl: false,
+            held: 0,
+            ..a
+        };
+        assert_eq!(back, vec![Record::Attr(journaled)]);
     }
 
     #[test]

@@ -592,6 +592,7 @@ mod tests {
             ctime: Timestamp { secs: -5, nsecs: 6 },
             cuts: 7,
             acl: true,
+            held: 0,
         }
     }
 

@@ -185,6 +185,9 @@ wire_struct! {
         /// Whether the inode has an access ACL: without one, a kernel checking the permissions
         /// of someone other than the owner need not ask for it.
         pub acl: bool,
+        /// Bytes of pool memory one copy of the file's data takes (each chunk's span, what is
+        /// allocated ahead of a writer included): what `st_blocks` and du(1) count.
+        pub held: u64,
     }
 }
 
@@ -473,8 +476,9 @@ wire_struct! {
     }
 }
 
-/// Bytes an [`Attr`] takes on the wire.
-const ATTR_WIRE_LEN: usize = 8 + 1 + 2 + 4 + 4 + 4 + 4 + 8 + 3 * 12 + 8;
+/// Bytes an [`Attr`] takes on the wire (every field has a fixed size; a test holds this to its
+/// encoding).
+const ATTR_WIRE_LEN: usize = 8 + 1 + 2 + 4 + 4 + 4 + 4 + 8 + 3 * 12 + 8 + 1 + 8;
 
 impl DirEntry {
     /// Bytes this entry takes in a readdir reply, so that a page can be cut to fit a message.
@@ -486,6 +490,34 @@ impl DirEntry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dir_entry_says_its_size_on_the_wire() {
+        let attr = Attr {
+            ino: 1,
+            kind: FileKind::RegularFile,
+            perm: 0o644,
+            nlink: 1,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            size: 0,
+            atime: Timestamp::default(),
+            mtime: Timestamp::default(),
+            ctime: Timestamp::default(),
+            cuts: 0,
+            acl: true,
+            held: 4096,
+        };
+        let e = DirEntry {
+            cookie: 3,
+            name: Name(b"name".to_vec()),
+            attr,
+        };
+        let mut w = Writer::default();
+        e.put(&mut w);
+        assert_eq!(e.wire_len(), w.0.len());
+    }
 
     #[test]
     fn access_bits_are_access2s_and_no_others_decode() {
@@ -525,6 +557,7 @@ mod tests {
                 ctime: Timestamp::default(),
                 cuts: 0,
                 acl: false,
+                held: 0,
             },
         };
         let mut w = Writer::default();

@@ -4,10 +4,10 @@
 
 use std::fs;
 use std::io::Write;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::time::{Duration, Instant};
 
-use rfs_e2e::{client, direct_read, direct_write, open_direct, MemServer, Mount};
+use rfs_e2e::{client, direct_read, direct_write, open_direct, within, MemServer, Mount};
 use rfs_proto::message::GetStatFs;
 use rfs_proto::MetadataChannel;
 
@@ -75,6 +75,24 @@ fn sparse_writes_take_pages_around_them() {
     drop(f);
     let used = used_settled(&meta) - empty;
     assert!(used <= 3 * 64 * 1024, "{used} bytes for three 4 KiB writes");
+    // st_blocks (and du) say what the file holds, not its size.
+    let held = fs::metadata(m.path("sparse")).unwrap().blocks() * 512;
+    assert!(
+        (3 * 4096..=used).contains(&held),
+        "{held} bytes said held, {used} used"
+    );
+    // A small file, once closed, holds a page (as on tmpfs): what was allocated ahead of its
+    // writer goes back at the last close (the kernel may keep what it was told before).
+    let small = m.path("small");
+    fs::write(&small, b"a hundred bytes or so").unwrap();
+    within(
+        Duration::from_secs(5),
+        "a closed small file holds a page",
+        || {
+            fs::write("/proc/sys/vm/drop_caches", "2").unwrap();
+            fs::metadata(&small).unwrap().blocks() == 8
+        },
+    );
     let f = fs::File::open(m.path("sparse")).unwrap();
     let mut buf = vec![0u8; 8192];
     f.read_exact_at(&mut buf, (100 << 20) - 4096).unwrap();

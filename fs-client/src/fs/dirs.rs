@@ -264,6 +264,7 @@ mod tests {
             ctime: Timestamp::default(),
             cuts: 0,
             acl: false,
+            held: 0,
         }
     }
 

@@ -343,6 +343,7 @@ impl FakeCluster {
                 ctime: Timestamp::default(),
                 cuts: 0,
                 acl: false,
+                held: 0,
             };
             st.files.insert(ino, a);
             a

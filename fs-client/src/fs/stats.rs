@@ -136,6 +136,7 @@ impl<B: Backend> Rfs<B> {
             ctime: t,
             cuts: 0,
             acl: false,
+            held: 0,
         }
     }
 

@@ -24,7 +24,7 @@ pub(super) fn file_attr(a: &Attr, blksize: u32) -> FileAttr {
     FileAttr {
         ino: INodeNo(a.ino),
         size: a.size,
-        blocks: a.size.div_ceil(512),
+        blocks: a.held.div_ceil(512),
         atime: t(a.atime),
         mtime: t(a.mtime),
         ctime: t(a.ctime),

@@ -77,6 +77,7 @@ impl Namespace {
             {
                 *chunk = copies;
                 self.note_chunk(ino, index);
+                self.recount(ino);
                 true
             }
             _ => false,
@@ -106,7 +107,19 @@ impl Namespace {
         for index in added {
             self.note_chunk(ino, index);
         }
+        self.recount(ino);
         Ok(())
+    }
+
+    /// Counts what `ino`'s chunks hold again (one copy of each: its span), after its map
+    /// changed. Not a journaled change: the replay counts it too.
+    pub(super) fn recount(&mut self, ino: Ino) {
+        if let Some(i) = self.inodes.get_mut(&ino) {
+            if let Data::File { chunks } = &i.data {
+                let spans = chunks.values().filter_map(|copies| copies.first());
+                i.attr.held = spans.map(|c| u64::from(c.len)).sum();
+            }
+        }
     }
 
     /// Keeps only the replicas of chunk `index` that a write reached (`reached`, by node and

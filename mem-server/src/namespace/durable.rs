@@ -101,6 +101,10 @@ impl Namespace {
         if !ns.inodes.contains_key(&ROOT) {
             return Err("the state has no root directory".into());
         }
+        let files: Vec<Ino> = ns.inodes.keys().copied().collect();
+        for ino in files {
+            ns.recount(ino);
+        }
         Ok((ns, skipped))
     }
 
@@ -142,7 +146,8 @@ impl Namespace {
                 );
             }
             Record::Attr(attr) => match self.inodes.get_mut(&attr.ino) {
-                // Whether it has an ACL, its attribute records say (journaled apart).
+                // Whether it has an ACL, its attribute records say (journaled apart); what its
+                // chunks hold is counted at the end.
                 Some(i) => {
                     i.attr = Attr {
                         acl: i.attr.acl,

@@ -49,9 +49,9 @@ impl Namespace {
             i.attr.mtime = m;
         }
         i.attr.ctime = t;
-        let attr = i.attr;
         if let Some(from) = cut {
             self.note(|| Record::Cut { ino, from });
+            self.recount(ino);
         }
         if kill {
             self.drop_capabilities(ino);
@@ -59,7 +59,7 @@ impl Namespace {
         if s.mode.is_some() || kill {
             self.chmod_acl(ino);
         }
-        Ok((attr, freed))
+        Ok((self.get(ino)?.attr, freed))
     }
 
     pub fn open(&mut self, ino: Ino) -> Result<Attr, Errno> {
@@ -138,6 +138,7 @@ impl Namespace {
         if from < keep {
             self.note_chunk(ino, from);
         }
+        self.recount(ino);
         Some((from, freed))
     }
 

@@ -102,6 +102,7 @@ impl Namespace {
                 ctime: t,
                 cuts: 0,
                 acl: false,
+                held: 0,
             },
             data: Data::Dir {
                 entries: BTreeMap::new(),

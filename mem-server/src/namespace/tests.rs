@@ -675,3 +675,34 @@ fn an_inherited_acl_past_the_budget_fails_the_create_whole() {
     let moved = from_text("u::rw-,u:2000:rw-,g::r--,m::---,o::---");
     assert_eq!(n.perms(f).unwrap().acl, Some(moved));
 }
+
+/// What a file's chunks hold is in its attributes (what `st_blocks` counts): each chunk's span
+/// once, not once per copy, through growth, a cut and a replay.
+#[test]
+fn attributes_count_what_the_chunks_hold() {
+    let mut n = ns();
+    n.journal_changes();
+    let mut journal = n.records();
+    let f = file(&mut n, ROOT, "f");
+    assert_eq!(n.getattr(f).unwrap().held, 0);
+    let span = |node, len| ChunkRef {
+        node,
+        addr: 0,
+        rkey: 1,
+        lo: 0,
+        len,
+    };
+    let copies = vec![span(0, 4096), span(1, 4096)];
+    n.add_chunks(f, &[(0, copies), (3, chunk(3))]).unwrap();
+    assert_eq!(n.getattr(f).unwrap().held, 4096 + (1 << 20));
+    let cut = AttrChanges {
+        size: Some(100),
+        ..Default::default()
+    };
+    assert_eq!(n.setattr(f, &cut).unwrap().0.held, 4096);
+    n.take_records(&mut journal);
+    for records in [&journal, &n.records()] {
+        let (back, _) = Namespace::replay(1 << 20, records).unwrap();
+        assert_eq!(back.getattr(f).unwrap().held, 4096);
+    }
+}

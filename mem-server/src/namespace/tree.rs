@@ -62,6 +62,7 @@ impl Namespace {
             ctime: t,
             cuts: 0,
             acl: false,
+            held: 0,
         };
         self.inodes.insert(
             ino,
