@@ -94,8 +94,8 @@ fn whole_copies(r: &mut Reader<'_>) -> Result<Vec<ChunkRef>, DecodeError> {
 }
 
 /// Attributes as journaled: every field but `acl` and `held`, in order. Whether an inode has
-/// an ACL and what its chunks hold, the replay counts from the records of those (as the live
-/// namespace does), not from this one.
+/// an ACL and what its chunks hold, the replay counts from its extended attributes' and its
+/// chunks' records (as the live namespace does), not from this one.
 fn put_attr(a: &Attr, w: &mut Writer) {
     let Attr {
         ino,
@@ -408,8 +408,9 @@ mod tests {
     }
 
     /// Whether an inode has an ACL and what its chunks hold are not journaled with its
-    /// attributes (the replay counts them from the records of those): attributes are journaled
-    /// as they were before both, so a journal written by an earlier build reads.
+    /// attributes (the replay counts them from its extended attributes' and chunks' records):
+    /// attributes are journaled as they were before both, so a journal written by an earlier
+    /// build reads.
     #[test]
     fn attributes_are_journaled_without_the_acl_flag() {
         let a = Attr {

@@ -182,8 +182,8 @@ wire_struct! {
         /// only grows. Clients commit sizes with the count they had heard of, so that one that
         /// missed a cut's callback cannot grow the file back over it.
         pub cuts: u64,
-        /// Whether the inode has an access ACL: without one, a kernel checking the permissions
-        /// of someone other than the owner need not ask for it.
+        /// Whether the inode has an access ACL: without one, the question a kernel asks before
+        /// it lets someone other than the owner in is answered without asking the node.
         pub acl: bool,
         /// Bytes of pool memory one copy of the file's data takes (each chunk's span, what is
         /// allocated ahead of a writer included): what `st_blocks` and du(1) count.

@@ -241,6 +241,7 @@ impl<B: Backend> Rfs<B> {
         let made = self.changing(dir, req)?;
         self.dirs.added(sent, made.dir, name);
         self.xattrs.saw(&made.attr, acl_sent);
+        self.xattrs.saw(&made.dir, acl_sent);
         Ok(self.with_local_size(made.attr))
     }
 
@@ -460,6 +461,7 @@ impl<B: Backend> Rfs<B> {
         let made = self.changing(parent, mkdir)?;
         self.dirs.made_dir(sent, made.dir, name, made.attr.ino);
         self.xattrs.saw(&made.attr, acl_sent);
+        self.xattrs.saw(&made.dir, acl_sent);
         Ok(made.attr)
     }
 

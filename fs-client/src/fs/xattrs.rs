@@ -125,16 +125,23 @@ impl XattrCache {
     }
 
     /// The node answered `attr` to a call sent at `sent`: an inode without an access ACL is
-    /// known to have none (the kernel asks before it lets anyone but the owner in), and a
-    /// kept absence of one that has one goes.
+    /// known to have none (the kernel asks before it lets anyone but the owner in), and what
+    /// was kept saying one that has one has none goes (a value it said absent, a list without
+    /// it).
     pub(crate) fn saw(&self, attr: &Attr, sent: Sent) {
         let has = attr.acl;
         self.keep(attr.ino, sent, |k| {
-            for values in &mut k.values {
+            for (values, list) in k.values.iter_mut().zip(&mut k.lists) {
                 if !has {
                     values.insert(POSIX_ACL_ACCESS.to_vec(), None);
-                } else if values.get(POSIX_ACL_ACCESS) == Some(&None) {
+                    continue;
+                }
+                if values.get(POSIX_ACL_ACCESS) == Some(&None) {
                     values.remove(POSIX_ACL_ACCESS);
+                }
+                let listed = |l: &Vec<u8>| l.split(|&b| b == 0).any(|n| n == POSIX_ACL_ACCESS);
+                if list.as_ref().is_some_and(|l| !listed(l)) {
+                    *list = None;
                 }
             }
         });
@@ -332,6 +339,47 @@ mod tests {
         assert_eq!(c.list(1, true), None, "root's list is its own");
         c.forget_all();
         assert_eq!(c.list(1, false), None);
+    }
+
+    fn attr(ino: Ino, acl: bool) -> Attr {
+        let t = rfs_proto::types::Timestamp::default();
+        Attr {
+            ino,
+            kind: rfs_proto::types::FileKind::RegularFile,
+            perm: 0o644,
+            nlink: 1,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            size: 0,
+            atime: t,
+            mtime: t,
+            ctime: t,
+            cuts: 0,
+            acl,
+            held: 0,
+        }
+    }
+
+    /// Attributes without an ACL answer the kernel's question for one; attributes with one
+    /// take back whatever said there is none (a value, a list), and an answer a callback
+    /// overtook is not kept.
+    #[test]
+    fn attributes_say_whether_there_is_an_acl() {
+        let c = XattrCache::new(Duration::from_secs(10));
+        let acl = POSIX_ACL_ACCESS;
+        c.saw(&attr(1, false), c.sent());
+        assert_eq!(c.value(1, acl, false), Some(None));
+        assert_eq!(c.value(1, acl, true), Some(None), "root's too");
+        c.keep(1, c.sent(), |k| k.lists[0] = Some(b"user.a\0".to_vec()));
+        c.saw(&attr(1, true), c.sent());
+        assert_eq!(c.value(1, acl, false), None, "asked again");
+        assert_eq!(c.list(1, false), None, "the list did not have it");
+        assert_eq!(c.value(1, b"user.b", false), None);
+        let before = c.sent();
+        c.changed(2);
+        c.saw(&attr(3, false), before);
+        assert_eq!(c.value(3, acl, false), None, "overtaken by a callback");
     }
 
     #[test]

@@ -17,12 +17,6 @@ fn acl_of(i: &Inode, name: &[u8]) -> Option<Acl> {
     Acl::parse(bytes).ok().flatten()
 }
 
-/// Keeps `i`'s attributes saying whether it has an access ACL, after its extended attributes
-/// changed.
-pub(super) fn note_acl(i: &mut Inode) {
-    i.attr.acl = (i.xattrs.as_ref()).is_some_and(|x| x.contains_key(POSIX_ACL_ACCESS));
-}
-
 /// What a node made in a directory gets of its ACLs: its access ACL and, for a directory, the
 /// default ACL it passes on.
 pub(super) struct Inherited {

@@ -146,8 +146,8 @@ impl Namespace {
                 );
             }
             Record::Attr(attr) => match self.inodes.get_mut(&attr.ino) {
-                // Whether it has an ACL, its attribute records say (journaled apart); what its
-                // chunks hold is counted at the end.
+                // Whether it has an ACL, its extended attributes' records say; what its chunks
+                // hold is counted at the end.
                 Some(i) => {
                     i.attr = Attr {
                         acl: i.attr.acl,

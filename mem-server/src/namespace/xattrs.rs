@@ -6,10 +6,9 @@
 //! (`access::check_xattr`).
 
 use rfs_proto::xattr::{
-    XATTR_CREATE, XATTR_LIST_MAX, XATTR_REPLACE, XATTR_SIZE_MAX, XATTR_TOTAL_MAX,
+    POSIX_ACL_ACCESS, XATTR_CREATE, XATTR_LIST_MAX, XATTR_REPLACE, XATTR_SIZE_MAX, XATTR_TOTAL_MAX,
 };
 
-use super::acls::note_acl;
 use super::*;
 
 /// The attribute that holds a file's capabilities.
@@ -17,6 +16,12 @@ const CAPABILITIES: &[u8] = b"security.capability";
 
 /// What an attribute costs beyond its name and value (the map's node and two allocations).
 pub(super) const ENTRY_COST: u64 = 64;
+
+/// Keeps `i`'s attributes saying whether it has an access ACL, after its extended attributes
+/// changed.
+fn note_acl(i: &mut Inode) {
+    i.attr.acl = (i.xattrs.as_ref()).is_some_and(|x| x.contains_key(POSIX_ACL_ACCESS));
+}
 
 /// What one attribute costs the node.
 pub(super) fn cost(name: &[u8], value: &[u8]) -> u64 {
