@@ -9,7 +9,8 @@ use rfs_proto::grant::{GrantChunks, GrantRequest};
 use rfs_proto::hello::{Hello, PoolDescriptor};
 use rfs_proto::message::{decode_reply, unseal, Request};
 use rfs_proto::message::{
-    Allocate, ChunkMap, Create, GetAttr, GetStatFs, ListNodes, Lookup, Open, ReadDir, Readlink,
+    Allocate, ChunkMap, Create, GetAttr, GetStatFs, GetXattr, ListNodes, ListXattr, Lookup, Open,
+    ReadDir, Readlink,
 };
 
 fuzz_target!(|data: &[u8]| {
@@ -27,6 +28,8 @@ fuzz_target!(|data: &[u8]| {
     let _ = decode_reply::<Allocate>(data);
     let _ = decode_reply::<GetStatFs>(data);
     let _ = decode_reply::<ListNodes>(data);
+    let _ = decode_reply::<GetXattr>(data);
+    let _ = decode_reply::<ListXattr>(data);
     if let Ok(cb) = Callback::decode(data) {
         assert_eq!(Callback::decode(&cb.encode()).ok().as_ref(), Some(&cb));
         for part in cb.split() {
