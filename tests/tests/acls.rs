@@ -5,8 +5,9 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{Duration, Instant};
 
-use rfs_e2e::{MemServer, Mount};
+use rfs_e2e::{within, MemServer, Mount};
 
 /// A tmpfs of its own (it keeps ACLs as a local file system does), unmounted when dropped.
 struct Tmpfs(PathBuf);
@@ -216,4 +217,50 @@ fn cp_a_and_rsync_carry_them_both_ways() {
     for back in ["back-cp", "back-rsync"] {
         assert_eq!(state(&local.0.join(back)), want, "{back}");
     }
+}
+
+/// A mount whose metadata connection was cut (SIGUSR1) missed the callbacks meanwhile: an ACL
+/// entry taken away, or one given, on another mount holds on it too once it is back, within
+/// the half lease that bounds what such a mount may serve (the kernel's own copy).
+#[test]
+fn a_mount_that_lost_its_connection_decides_by_the_acl_as_it_is_now() {
+    let meta = MemServer::meta("32M", "1M");
+    let a = Mount::new(&meta, &["allow_other"]);
+    let b = Mount::new(&meta, &["allow_other", "io_timeout=2"]);
+    sh(&a.dir, "echo data > f; chmod 640 f").unwrap();
+    let reads = |m: &Mount| as_user(&m.dir, 2000, "", "cat f");
+    for round in 0..3 {
+        sh(&a.dir, "setfacl -m u:2000:r f").unwrap();
+        assert!(reads(&b), "round {round}: granted");
+        let back = b.stat("reconnections");
+        // SAFETY: a signal to our own child process: it severs its metadata connection.
+        unsafe { libc::kill(b.pid(), libc::SIGUSR1) };
+        sh(&a.dir, "setfacl -x u:2000 f").unwrap();
+        within(Duration::from_secs(20), "reconnected", || {
+            b.stat("reconnections") > back
+        });
+        let since = Instant::now();
+        within(
+            Duration::from_secs(6),
+            "taken away while b was cut off",
+            || !reads(&b),
+        );
+        eprintln!(
+            "round {round}: refused {:?} after the reconnection",
+            since.elapsed()
+        );
+        let back = b.stat("reconnections");
+        // SAFETY: as above.
+        unsafe { libc::kill(b.pid(), libc::SIGUSR1) };
+        sh(&a.dir, "setfacl -m u:2000:r f").unwrap();
+        within(Duration::from_secs(20), "reconnected", || {
+            b.stat("reconnections") > back
+        });
+        within(Duration::from_secs(6), "given while b was cut off", || {
+            reads(&b)
+        });
+        sh(&a.dir, "setfacl -x u:2000 f").unwrap();
+        assert!(!reads(&b), "round {round}: taken away with b connected");
+    }
+    assert_eq!(b.stat("io_errors"), 0);
 }

@@ -75,9 +75,11 @@ impl Namespace {
                 if chunk.len() == was.len()
                     && was.iter().all(|w| chunk.iter().any(|c| same_copy(c, w))) =>
             {
+                let was = span_of(chunk);
+                let now = span_of(&copies);
                 *chunk = copies;
                 self.note_chunk(ino, index);
-                self.recount(ino);
+                self.hold(ino, was, now);
                 true
             }
             _ => false,
@@ -98,17 +100,27 @@ impl Namespace {
             return Err(Errno::EINVAL);
         };
         let mut added = Vec::new();
+        let mut grew = 0;
         for (i, c) in new {
             if !chunks.contains_key(i) {
                 chunks.insert(*i, c.clone());
                 added.push(*i);
+                grew += span_of(c);
             }
         }
         for index in added {
             self.note_chunk(ino, index);
         }
-        self.recount(ino);
+        self.hold(ino, 0, grew);
         Ok(())
+    }
+
+    /// What `ino`'s chunks hold went from `was` bytes to `now` (a write's allocation: counted
+    /// as it happens, not over the whole map again).
+    fn hold(&mut self, ino: Ino, was: u64, now: u64) {
+        if let Some(i) = self.inodes.get_mut(&ino) {
+            i.attr.held = (i.attr.held + now).saturating_sub(was);
+        }
     }
 
     /// Counts what `ino`'s chunks hold again (one copy of each: its span), after its map
@@ -116,8 +128,7 @@ impl Namespace {
     pub(super) fn recount(&mut self, ino: Ino) {
         if let Some(i) = self.inodes.get_mut(&ino) {
             if let Data::File { chunks } = &i.data {
-                let spans = chunks.values().filter_map(|copies| copies.first());
-                i.attr.held = spans.map(|c| u64::from(c.len)).sum();
+                i.attr.held = chunks.values().map(|copies| span_of(copies)).sum();
             }
         }
     }
@@ -263,4 +274,9 @@ impl Namespace {
             _ => false,
         }
     }
+}
+
+/// The bytes one copy of a chunk holds (its copies all hold the same span).
+fn span_of(copies: &[ChunkRef]) -> u64 {
+    copies.first().map_or(0, |c| u64::from(c.len))
 }

@@ -702,8 +702,23 @@ fn attributes_count_what_the_chunks_hold() {
         len,
     };
     let copies = vec![span(0, 4096), span(1, 4096)];
-    n.add_chunks(f, &[(0, copies), (3, chunk(3))]).unwrap();
+    n.add_chunks(f, &[(0, copies.clone()), (3, chunk(3))])
+        .unwrap();
     assert_eq!(n.getattr(f).unwrap().held, 4096 + (1 << 20));
+    n.add_chunks(f, &[(0, chunk(0))]).unwrap();
+    assert_eq!(
+        n.getattr(f).unwrap().held,
+        4096 + (1 << 20),
+        "already there"
+    );
+    let grown = vec![span(0, 8192), span(1, 8192)];
+    assert!(n.replace_copies(f, 0, &copies, grown.clone()));
+    assert_eq!(
+        n.getattr(f).unwrap().held,
+        8192 + (1 << 20),
+        "a span that grew"
+    );
+    assert!(n.replace_copies(f, 0, &grown, copies));
     let cut = AttrChanges {
         size: Some(100),
         ..Default::default()
