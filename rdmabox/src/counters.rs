@@ -177,6 +177,8 @@ counters! {
     transfers_refused: sum,
     /// Requests flushed off a queue pair a refusal took, sent again over another.
     requests_resent: sum,
+    /// Times a small request continuing a stream was held back to merge with what follows it.
+    stream_holds: sum,
 
     // Effects first: completions and byte counts, then what caused them.
     read order:
@@ -205,6 +207,7 @@ counters! {
         joined_busy,
         transfers_refused,
         requests_resent,
+        stream_holds,
 }
 
 impl Counters {
@@ -227,7 +230,7 @@ mod tests {
     use super::*;
 
     /// The text names, in the order tools have always seen them.
-    const NAMES: [&str; 25] = [
+    const NAMES: [&str; 26] = [
         "requests",
         "requests_merged",
         "requests_chained",
@@ -253,9 +256,10 @@ mod tests {
         "joined_busy",
         "transfers_refused",
         "requests_resent",
+        "stream_holds",
     ];
 
-    /// Every counter set, each to a different value (1 to 25, in `NAMES` order). No
+    /// Every counter set, each to a different value (1 to 26, in `NAMES` order). No
     /// `..Default::default()`: a new counter must be added here.
     fn distinct() -> Snapshot {
         Snapshot {
@@ -284,6 +288,7 @@ mod tests {
             joined_busy: 23,
             transfers_refused: 24,
             requests_resent: 25,
+            stream_holds: 26,
         }
     }
 
@@ -310,7 +315,7 @@ mod tests {
         let values: Vec<u64> = rows.iter().map(|&(_, v)| v).collect();
         assert_eq!(
             values,
-            (1..=25).collect::<Vec<_>>(),
+            (1..=NAMES.len() as u64).collect::<Vec<_>>(),
             "each line its own counter"
         );
     }
@@ -378,6 +383,7 @@ mod tests {
             joined_busy: AtomicU64::new(want.joined_busy),
             transfers_refused: AtomicU64::new(want.transfers_refused),
             requests_resent: AtomicU64::new(want.requests_resent),
+            stream_holds: AtomicU64::new(want.stream_holds),
         };
         assert_eq!(live.snapshot(), want);
     }

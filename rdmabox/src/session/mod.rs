@@ -7,11 +7,13 @@
 //! - `request`: the request model (a request, its buffer, a work request in flight);
 //! - `submit`: admission, draining, staging and posting;
 //! - `complete`: the poller threads and answering completed requests;
-//! - `gather`: reads of several ranges that come together in one slot.
+//! - `gather`: reads of several ranges that come together in one slot;
+//! - `streams`: small requests continuing one on the wire, held back to merge.
 
 mod complete;
 mod gather;
 mod request;
+mod streams;
 mod submit;
 
 use std::io;
@@ -33,6 +35,7 @@ use crate::window::{AdmissionPolicy, WindowConfig};
 
 use gather::{Gather, Store};
 use request::{Buffer, Dir, Done, InFlight, Request};
+use streams::Streams;
 
 /// The tunables of a session; the defaults are the paper's (measured on ConnectX-3).
 #[derive(Clone, Debug)]
@@ -175,6 +178,8 @@ struct Inner {
     /// request that carried it.
     refused_keys: Mutex<std::collections::VecDeque<(u32, Dir)>>,
     queues: [MergeQueue<Request>; 2],
+    /// Where each direction's recent work requests end (see `streams`).
+    streams: [Streams; 2],
     pool: Arc<MrPool>,
     policy: Box<dyn AdmissionPolicy>,
     counters: Counters,
@@ -263,6 +268,7 @@ impl Session {
             live_qps: AtomicUsize::new(0),
             refused_keys: Mutex::default(),
             queues: [MergeQueue::default(), MergeQueue::default()],
+            streams: [Streams::default(), Streams::default()],
             pool,
             counters: Counters::default(),
             remote,
