@@ -13,6 +13,8 @@ const CRATES: &[&str] = &[
     "client/src",
     "mem-server/src",
     "fs-client/src",
+    "io/src",
+    "admin/src",
 ];
 const MAX_LINES: usize = 650;
 
@@ -179,8 +181,9 @@ fn no_module_imports_one_that_imports_it_back() {
             deps.entry(m).or_default().extend(names);
         }
         let modules: BTreeSet<Vec<String>> = deps.keys().cloned().collect();
+        // A sanity check of the module finder; the admin binary is one file.
         assert!(
-            modules.len() > 4,
+            modules.len() > 4 || *krate == "admin/src",
             "{krate}: only {} modules found",
             modules.len()
         );
@@ -213,7 +216,13 @@ fn no_source_file_is_longer_than_a_reader_can_hold() {
             let text = std::fs::read_to_string(&f).unwrap();
             let is_tests = f.file_stem().is_some_and(|s| s == "tests" || s == "fake")
                 || f.iter().any(|c| c == "tests");
-            let before_tests = text.split("#[cfg(test)]").next().unwrap().lines().count();
+            // Up to an inline test module: a `mod tests;` declaration leaves the code counted.
+            let before_tests = text
+                .split("#[cfg(test)]\nmod tests {")
+                .next()
+                .unwrap()
+                .lines()
+                .count();
             if !is_tests && before_tests > MAX_LINES {
                 long.push(format!("{} ({before_tests} lines)", f.display()));
             }

@@ -13,6 +13,7 @@ mod freeing;
 mod grant_channels;
 mod growth;
 mod lock_table;
+mod metrics;
 mod moves;
 mod ops;
 mod recovery;
@@ -34,7 +35,6 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 use rdmabox::rpc::Dispatcher;
 use rdmabox::transport::{MemoryRegion, QpCaps};
-use rfs_daemon::metrics::Metric;
 use rfs_proto::clock;
 use rfs_proto::frame::send_frame;
 use rfs_proto::grant::RevokeSession;
@@ -140,71 +140,6 @@ fn changes_something(req: &Request) -> bool {
 }
 
 impl MetaService {
-    /// The metadata service's figures, for the metrics endpoint.
-    pub(crate) fn metrics(&self) -> Vec<Metric> {
-        let st = self.state.lock();
-        let (space, free) = st.alloc.totals();
-        let (alive, nodes) = st.alloc.node_counts();
-        let (zeroing, inodes) = (st.alloc.zeroing(), st.ns.inode_count());
-        let (allocatable, inodes_max) = (st.alloc.allocatable_bytes(), st.ns.max_inodes());
-        let locks = st.locks.count() as u64;
-        let (xattr_bytes, xattr_bytes_max) = st.ns.xattr_bytes();
-        drop(st);
-        vec![
-            Metric::gauge("space_bytes", "Bytes every data node lends", space),
-            Metric::gauge("free_bytes", "Bytes free (some being zeroed)", free),
-            Metric::gauge(
-                "zeroing_bytes",
-                "Bytes freed and not yet allocatable",
-                zeroing,
-            ),
-            Metric::gauge("data_nodes_alive", "Data nodes up", alive as u64),
-            Metric::gauge("data_nodes", "Data nodes ever joined", nodes as u64),
-            Metric::gauge(
-                "allocatable_bytes",
-                "Bytes that can be allocated now",
-                allocatable,
-            ),
-            Metric::gauge("inodes", "Files, directories and links", inodes),
-            Metric::gauge(
-                "inodes_max",
-                "The most inodes the namespace holds",
-                inodes_max,
-            ),
-            Metric::gauge("file_locks", "File locks held, over every client", locks),
-            Metric::gauge(
-                "xattr_bytes",
-                "What every file's extended attributes cost the node",
-                xattr_bytes,
-            ),
-            Metric::gauge(
-                "xattr_bytes_max",
-                "The most extended attributes may cost the node",
-                xattr_bytes_max,
-            ),
-            Metric::counter(
-                "zeroed_bytes",
-                "Bytes of freed space zeroed before reuse (a new file must read zeros)",
-                self.zeroer.zeroed_bytes(),
-            ),
-            Metric::counter(
-                "compaction_chunks_made",
-                "Whole chunks made again by moving small spans out of a fragmented window",
-                self.compaction.chunks_made.load(Ordering::Relaxed),
-            ),
-            Metric::counter(
-                "compaction_moved_bytes",
-                "Bytes of spans moved out of windows being emptied",
-                self.compaction.bytes_moved.load(Ordering::Relaxed),
-            ),
-            Metric::gauge(
-                "chunks_short_of_replicas",
-                "Chunks with fewer copies than --replicas",
-                self.repair.short(),
-            ),
-        ]
-    }
-
     /// The service, with this node's own pool as one of the data nodes, and the kicks its
     /// zeroer thread waits on. With a state directory, the namespace and the data nodes are
     /// those it holds (none yet: a new file system), and every change is journaled there.
