@@ -177,7 +177,7 @@ counters! {
     transfers_refused: sum,
     /// Requests flushed off a queue pair a refusal took, sent again over another.
     requests_resent: sum,
-    /// Times a small request continuing a stream was held back to merge with what follows it.
+    /// Small requests continuing a stream held back to merge with what follows them.
     stream_holds: sum,
 
     // Effects first: completions and byte counts, then what caused them.

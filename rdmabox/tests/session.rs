@@ -1291,3 +1291,47 @@ fn random_readers_at_depth_are_not_held_back() {
     // A random block may start where one of the last few ended (or be one held), rarely.
     assert!(c.stream_holds * 20 < c.requests, "{c:?}");
 }
+
+#[test]
+fn a_lone_sequential_reader_is_not_held_beside_large_writes() {
+    // Large writes keep well over the stream window in flight; a reader with one 4K read at a
+    // time has nothing to merge with, and what it continues is no longer in flight: it must
+    // not wait for the writes.
+    let (lender, session) = setup(32 << 20, SessionConfig::default());
+    let session = Arc::new(session);
+    let lender = Arc::new(lender);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (s, l, stop) = (session.clone(), lender.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut k = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let pending: Vec<_> = (0..4u64)
+                    .map(|i| {
+                        let off = (16 << 20) + ((k + i) % 32) * (256 << 10);
+                        s.write_pending(at(&l, off), vec![1; 256 << 10])
+                    })
+                    .collect();
+                for p in pending {
+                    p.wait().unwrap();
+                }
+                k += 4;
+            }
+        })
+    };
+    let before = session.counters();
+    for i in 0..2000u64 {
+        session
+            .read_pending(at(&lender, i * 4096), vec![0; 4096])
+            .wait_timeout(Duration::from_secs(10))
+            .unwrap();
+    }
+    let c = session.counters().since(&before);
+    stop.store(true, Ordering::Relaxed);
+    writer.join().unwrap();
+    assert!(
+        c.inflight_peak >= 64 << 10,
+        "the writes kept the window busy: {c:?}"
+    );
+    assert_eq!(c.stream_holds, 0, "{c:?}");
+}

@@ -8,7 +8,7 @@
 //! - `submit`: admission, draining, staging and posting;
 //! - `complete`: the poller threads and answering completed requests;
 //! - `gather`: reads of several ranges that come together in one slot;
-//! - `streams`: small requests continuing one on the wire, held back to merge.
+//! - `streams`: small requests continuing one on the wire, held back to merge with what follows.
 
 mod complete;
 mod gather;
@@ -488,6 +488,11 @@ impl Session {
     }
 
     /// Writes `data` at `remote`; `done` gets the buffer back.
+    ///
+    /// Requests outstanding together are not ordered with one another, as on several queue
+    /// pairs: they may go over different ones, a drain posts in address order, and a small one
+    /// may wait to merge (`streams`). Whoever needs one write to land before an overlapping one,
+    /// or a read to see it, waits for its completion first (fs-client's write-behind does).
     pub fn write(&self, remote: RemoteAddr, data: Vec<u8>, done: Callback) {
         let len = data.len();
         self.inner.submit(

@@ -22,7 +22,7 @@ use crate::transport::{
 use crate::window::{admits, charge};
 
 use super::request::{Buffer, Dir, Done, InFlight, InflightWr, Request, Staging};
-use super::streams::{Held, HOLD_MAX_LEN, STREAM_WINDOW};
+use super::streams::{Held, HOLD_MAX_AGE, HOLD_MAX_LEN, STREAM_WINDOW};
 use super::{Inner, IoError, SessionQp};
 
 /// Up to this many payload bytes in flight, a queue pair served by threads takes more work before
@@ -33,6 +33,15 @@ const JOIN_BUSY_BYTES: u64 = 64 << 10;
 
 /// The requests of a chain that could not be posted, by batch index.
 struct Unposted(Vec<usize>);
+
+/// Whether a request queued after the one at `i` starts where `r` ends.
+fn followed(pending: &VecDeque<Request>, i: usize, r: &Request) -> bool {
+    let end = r.remote.addr + r.len as u64;
+    pending
+        .iter()
+        .skip(i + 1)
+        .any(|q| q.remote.rkey == r.remote.rkey && q.remote.addr == end)
+}
 
 /// What a drain pass does next with its queue.
 enum Next {
@@ -77,6 +86,8 @@ impl Inner {
             len,
             buf,
             done,
+            queued_at: Instant::now(),
+            held: false,
         });
         self.drain(dir);
     }
@@ -171,8 +182,8 @@ impl Inner {
 
     /// The next request a pass takes from `pending`, looking from `from` on with `inflight`
     /// bytes admitted: the window stops the pass at the first request it does not admit; a
-    /// small request continuing a stream (or overlapping one held back) is passed over while
-    /// enough is in flight, and noted in `held`.
+    /// small request continuing a stream is passed over while enough is in flight (see
+    /// `streams`), and noted in `held`.
     fn next_in(
         &self,
         dir: Dir,
@@ -182,6 +193,7 @@ impl Inner {
         held: &mut Held,
     ) -> Next {
         let limit = self.policy.limit();
+        let now = Instant::now();
         for (i, r) in pending.iter().enumerate().skip(from) {
             if self.is_refused(r.remote.rkey, dir) {
                 return Next::Refused(i);
@@ -189,13 +201,16 @@ impl Inner {
             if !admits(inflight, charge(r.len), limit) {
                 return Next::Stop { window: true };
             }
+            // Cheapest tests first: most requests are decided before any lock.
             let waits = self.plan.merge
                 && inflight >= STREAM_WINDOW
-                && (held.overlaps(r.remote, r.len)
-                    || (r.len <= HOLD_MAX_LEN
-                        && !self.is_dynamic(r)
-                        && (held.continued_by(r.remote)
-                            || self.streams[dir as usize].continues(r.remote))));
+                && r.len <= HOLD_MAX_LEN
+                && !self.is_dynamic(r)
+                && now.saturating_duration_since(r.queued_at) < HOLD_MAX_AGE
+                && (held.continued_by(r.remote)
+                    || self.streams[dir as usize]
+                        .continues(r.remote)
+                        .is_some_and(|p| p.merged > 1 || p.in_flight || followed(pending, i, r)));
             if !waits {
                 return Next::Take(i);
             }
@@ -245,10 +260,7 @@ impl Inner {
             let mut held = Held::default();
             let mut at = 0;
             while batch.len() < self.cfg.max_drain {
-                let holding = held.len();
-                let next = self.next_in(dir, &pending, at, inflight + cost, &mut held);
-                Counters::add(&self.counters.stream_holds, (held.len() - holding) as u64);
-                match next {
+                match self.next_in(dir, &pending, at, inflight + cost, &mut held) {
                     Next::Take(i) => {
                         let r = pending.remove(i).expect("next_in answers an index");
                         cost += charge(r.len);
@@ -266,6 +278,14 @@ impl Inner {
                         break;
                     }
                 }
+            }
+            if !held.is_empty() {
+                let first_held = pending
+                    .iter_mut()
+                    .filter(|r| !r.held && held.has(r.remote))
+                    .map(|r| r.held = true)
+                    .count();
+                Counters::add(&self.counters.stream_holds, first_held as u64);
             }
         }
         if !batch.is_empty() {
@@ -474,7 +494,7 @@ impl Inner {
         let remotes: Vec<RemoteAddr> = wrs.iter().map(|w| w.members[0].0.remote).collect();
         // Members are in address order: a merged work request ends where its last one does.
         for (w, r) in wrs.iter().zip(&remotes) {
-            self.streams[dir as usize].posted(r.rkey, r.addr + w.bytes);
+            self.streams[dir as usize].posted(r.rkey, r.addr + w.bytes, w.members.len());
         }
         let keys: Vec<usize> = {
             let mut inflight = qp.inflight.lock().unwrap();
