@@ -280,11 +280,11 @@ fn remove(to: &Node, name: &str, force: bool) -> ExitCode {
                 Ok(()) => println!("data node {} (id {}) removed", n.addr, n.id),
                 Err(e) if e.errno() == Errno::ENOTEMPTY => {
                     eprintln!(
-                        "rfs: data node {} (id {}) is {} and holds the only copies of some \
+                        "rfs: data node {} (id {}) is {} and holds the only copies of {} \
                          chunks ({} copies in all): not removed, as they would be lost with \
                          it. Bring it back (a node away comes back with its pool), or remove \
                          it with --force",
-                        n.addr, n.id, n.state, n.copies
+                        n.addr, n.id, n.state, n.only_copies, n.copies
                     );
                     failed = true;
                 }
@@ -387,20 +387,21 @@ fn as_text(server: &str, s: &ClusterStatus) -> String {
         s.inodes_max
     );
     out += &format!(
-        "{:<5} {:<24} {:<8} {:>12} {:>12} {:>12} {:>8}\n",
-        "NODE", "ADDRESS", "STATE", "POOL", "USED", "FREE CHUNKS", "COPIES"
+        "{:<5} {:<24} {:<8} {:>12} {:>12} {:>12} {:>8} {:>11}\n",
+        "NODE", "ADDRESS", "STATE", "POOL", "USED", "FREE CHUNKS", "COPIES", "ONLY COPIES"
     );
     for n in &s.nodes {
         let meta = if n.meta { "  (the metadata node)" } else { "" };
         out += &format!(
-            "{:<5} {:<24} {:<8} {:>12} {:>12} {:>12} {:>8}{meta}\n",
+            "{:<5} {:<24} {:<8} {:>12} {:>12} {:>12} {:>8} {:>11}{meta}\n",
             n.id,
             n.addr,
             n.state,
             mib(n.pool_bytes),
             mib(n.pool_bytes.saturating_sub(n.free_bytes)),
             n.free_chunks,
-            n.copies
+            n.copies,
+            n.only_copies
         );
     }
     out += &format!(
@@ -418,6 +419,25 @@ fn as_text(server: &str, s: &ClusterStatus) -> String {
             open,
             c.locks
         );
+    }
+    out += &format!(
+        "\nrepair: {} copies made ({}) since the metadata node started\n",
+        s.repaired_chunks,
+        mib(s.repaired_bytes)
+    );
+    if !s.short.is_empty() {
+        let first = if s.chunks_short > s.short.len() as u64 {
+            format!(" (the first {})", s.short.len())
+        } else {
+            String::new()
+        };
+        out += &format!(
+            "\nCHUNKS SHORT OF COPIES{first}\n{:<20} {:>10} {:>7}\n",
+            "INODE", "CHUNK", "COPIES"
+        );
+        for c in &s.short {
+            out += &format!("{:<20} {:>10} {:>7}\n", c.ino, c.index, c.copies);
+        }
     }
     out
 }
@@ -443,7 +463,8 @@ fn as_json(s: &ClusterStatus) -> String {
         .map(|n| {
             format!(
                 "{{\"id\":{},\"address\":{},\"state\":{},\"metadata\":{},\"pool_bytes\":{},\
-                 \"used_bytes\":{},\"free_bytes\":{},\"free_chunks\":{},\"copies\":{}}}",
+                 \"used_bytes\":{},\"free_bytes\":{},\"free_chunks\":{},\"copies\":{},\
+                 \"only_copies\":{}}}",
                 n.id,
                 quoted(&n.addr),
                 quoted(&n.state),
@@ -452,7 +473,8 @@ fn as_json(s: &ClusterStatus) -> String {
                 n.pool_bytes.saturating_sub(n.free_bytes),
                 n.free_bytes,
                 n.free_chunks,
-                n.copies
+                n.copies,
+                n.only_copies
             )
         })
         .collect();
@@ -472,13 +494,27 @@ fn as_json(s: &ClusterStatus) -> String {
             )
         })
         .collect();
+    let short: Vec<String> = s
+        .short
+        .iter()
+        .map(|c| {
+            format!(
+                "{{\"ino\":{},\"index\":{},\"copies\":{}}}",
+                c.ino, c.index, c.copies
+            )
+        })
+        .collect();
     format!(
         "{{\"nodes\":[{}],\"clients\":[{}],\"replicas\":{},\"chunks_short\":{},\
+         \"short\":[{}],\"repaired_chunks\":{},\"repaired_bytes\":{},\
          \"chunk_size\":{},\"inodes\":{},\"inodes_max\":{},\"rebalancing\":{}}}",
         nodes.join(","),
         clients.join(","),
         s.replicas,
         s.chunks_short,
+        short.join(","),
+        s.repaired_chunks,
+        s.repaired_bytes,
         s.chunk_size,
         s.inodes,
         s.inodes_max,
@@ -500,6 +536,7 @@ mod tests {
             free_bytes: 0,
             free_chunks: 0,
             copies,
+            only_copies: 0,
         }
     }
 
@@ -509,6 +546,9 @@ mod tests {
             clients: Vec::new(),
             replicas: 1,
             chunks_short: 0,
+            short: Vec::new(),
+            repaired_chunks: 0,
+            repaired_bytes: 0,
             chunk_size: 1 << 20,
             inodes: 0,
             inodes_max: 0,

@@ -116,6 +116,8 @@ pub(crate) fn drain_before_stop(
         }
     }
     let mut left: Option<u64> = None;
+    // Chunks whose only copies are here, as last heard.
+    let mut only: Option<u64> = None;
     let mut moved_at = Instant::now();
     loop {
         let now_held = status().map(|s| s.nodes.into_iter().find(|n| n.id == id));
@@ -145,6 +147,7 @@ pub(crate) fn drain_before_stop(
                         patience.as_secs()
                     );
                 }
+                only = Some(n.only_copies);
                 if left != Some(n.copies) {
                     left = Some(n.copies);
                     moved_at = Instant::now();
@@ -161,11 +164,15 @@ pub(crate) fn drain_before_stop(
             }
         }
         let held = left.map_or("its".to_string(), |n| n.to_string());
+        let lost = match only {
+            Some(0) => "every chunk has another copy: nothing is lost".to_string(),
+            Some(n) => format!("{n} chunks had no other copy: they are lost"),
+            None => "chunks that had no other copy are lost".to_string(),
+        };
         let now = Instant::now();
         if now >= deadline {
             log::error!(
-                "{held} copies still here after {}s: stopping anyway; chunks that had no other \
-                 copy are lost",
+                "{held} copies still here after {}s: stopping anyway; {lost}",
                 patience.as_secs()
             );
             return false;
@@ -173,16 +180,13 @@ pub(crate) fn drain_before_stop(
         if now.duration_since(moved_at) >= STUCK {
             log::error!(
                 "no copy moved for {}s (no other node can take them?): stopping with {held} \
-                 copies; chunks that had no other copy are lost",
+                 copies; {lost}",
                 STUCK.as_secs()
             );
             return false;
         }
         if interrupted(POLL.min(deadline - now)) {
-            log::error!(
-                "stopped at once with {held} copies still here; chunks that had no other copy \
-                 are lost"
-            );
+            log::error!("stopped at once with {held} copies still here; {lost}");
             return false;
         }
     }

@@ -386,6 +386,8 @@ wire_struct! {
         /// Copies of chunks there that file maps name: none left, it can be stopped losing
         /// nothing.
         pub copies: u64,
+        /// Chunks whose only copies are there: what is lost with it.
+        pub only_copies: u64,
     }
 }
 
@@ -417,11 +419,31 @@ wire_struct! {
         pub replicas: u32,
         /// Chunks with fewer copies than `replicas`, waiting to be copied again.
         pub chunks_short: u64,
+        /// The first of them, file by file (at most [`SHORT_LISTED`]).
+        pub short: Vec<ShortChunk>,
+        /// Copies the repair thread made since the metadata node started, and their bytes.
+        pub repaired_chunks: u64,
+        pub repaired_bytes: u64,
         pub chunk_size: u64,
         pub inodes: u64,
         pub inodes_max: u64,
         /// Whether copies are moving to even out the nodes' fill (`rfs rebalance`).
         pub rebalancing: bool,
+    }
+}
+
+/// Chunks short of copies that a status lists by name.
+pub const SHORT_LISTED: usize = 100;
+
+wire_struct! {
+    /// A chunk with fewer copies than the file system keeps.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct ShortChunk {
+        pub ino: u64,
+        /// Its index in the file.
+        pub index: u64,
+        /// Copies on nodes that count (up, or away while the metadata node awaits them).
+        pub copies: u32,
     }
 }
 

@@ -34,7 +34,7 @@ use crate::errno::Errno;
 /// with its name). 24: a new node's [`crate::types::Owner`] carries the creator's umask (the
 /// metadata node applies it, or the parent's default ACL instead), and attributes say whether
 /// the inode has an access ACL ([`crate::types::Attr::acl`]).
-pub const VERSION: u8 = 24;
+pub const VERSION: u8 = 25;
 /// Bounds what one list (readdir page, chunk map, node list) may carry: a message is at most
 /// 80 KiB.
 pub const MAX_LIST: u32 = 256;

@@ -652,3 +652,58 @@ fn a_hard_mount_waits_for_stopped_nodes_where_a_soft_one_fails() {
         "answered, once it ran"
     );
 }
+
+/// `rfs status --json` of the metadata node `meta`.
+fn status_json(meta: &MemServer) -> String {
+    let out = rfs(&["status", &meta.addr.to_string(), "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The number after `"key":` in `json`.
+fn json_number(json: &str, key: &str) -> u64 {
+    let at = json.find(&format!("\"{key}\":")).expect("the key is there") + key.len() + 3;
+    let digits: String = json[at..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().unwrap()
+}
+
+/// At two copies a data node killed leaves chunks short of a copy with nowhere to make one:
+/// `rfs status` names them, file by file, with the copies each has; once a node joins, the
+/// repair's progress shows the copies made and the list empties.
+#[test]
+fn rfs_status_lists_chunks_short_of_copies_and_the_repairs_progress() {
+    let meta = MemServer::start(&["--memory", "16M", "--chunk-size", "1M", "--replicas", "2"]);
+    let mut a = MemServer::data(&meta, "16M", "1M");
+    let m = Mount::new(&meta, &[]);
+    fs::write(m.path("three"), vec![7u8; 3 << 20]).unwrap();
+    let ino = fs::metadata(m.path("three")).map(|s| std::os::unix::fs::MetadataExt::ino(&s));
+    let ino = ino.unwrap();
+    a.kill();
+    let mut json = String::new();
+    rfs_e2e::within(Duration::from_secs(20), "the chunks counted short", || {
+        json = status_json(&meta);
+        json_number(&json, "chunks_short") == 3
+    });
+    for index in 0..3 {
+        let entry = format!("{{\"ino\":{ino},\"index\":{index},\"copies\":1}}");
+        assert!(json.contains(&entry), "{entry} in {json}");
+    }
+    let text = String::from_utf8(rfs(&["status", &meta.addr.to_string()]).stdout).unwrap();
+    assert!(text.contains("CHUNKS SHORT OF COPIES"), "{text}");
+    let _b = MemServer::data(&meta, "16M", "1M");
+    rfs_e2e::within(Duration::from_secs(60), "the copies made again", || {
+        json = status_json(&meta);
+        json_number(&json, "chunks_short") == 0
+    });
+    assert!(json.contains("\"short\":[],"), "{json}");
+    assert!(json_number(&json, "repaired_chunks") >= 3, "{json}");
+    assert!(json_number(&json, "repaired_bytes") >= 3 << 20, "{json}");
+    assert!(fs::read(m.path("three")).unwrap() == vec![7u8; 3 << 20]);
+}

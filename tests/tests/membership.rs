@@ -211,10 +211,17 @@ fn rfs_remove_forgets_a_node_not_up_and_asks_for_force_to_lose_copies() {
     // b killed with the only copies of every chunk: away, and removing it needs --force.
     b.kill();
     wait_for_state(&meta, &b_addr, "away");
+    let status = String::from_utf8(rfs_e2e::rfs(&["status", &at, "--json"]).stdout).unwrap();
+    let entry = &status[status.find(&format!("\"address\":\"{b_addr}\"")).unwrap()..];
+    let only = &entry[entry.find("\"only_copies\":").unwrap() + 14..];
+    let only: u64 = only[..only.find('}').unwrap()].parse().unwrap();
+    assert!(only >= 6, "every file's chunks are only there: {status}");
     let out = rfs_e2e::rfs(&["remove", &at, &b_addr]);
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(
-        !out.status.success() && said.contains("only copies") && said.contains("--force"),
+        !out.status.success()
+            && said.contains(&format!("only copies of {only} chunks"))
+            && said.contains("--force"),
         "{said}"
     );
     assert_eq!(state_of(&meta, &b_addr).as_deref(), Some("away"));

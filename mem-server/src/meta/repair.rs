@@ -87,6 +87,14 @@ impl Repair {
         self.short.load(Ordering::Relaxed)
     }
 
+    /// Copies made since the node started, and their bytes.
+    pub(crate) fn copied(&self) -> (u64, u64) {
+        (
+            self.copied_chunks.load(Ordering::Relaxed),
+            self.copied_bytes.load(Ordering::Relaxed),
+        )
+    }
+
     /// `n` more chunks are short of a copy (counted under the state lock, before a kick).
     pub(crate) fn lost(&self, n: usize) {
         self.short.fetch_add(n as u64, Ordering::Relaxed);

@@ -196,6 +196,30 @@ impl Namespace {
         )
     }
 
+    /// Up to `limit` chunks with fewer than `target` copies on nodes `counts` says yes to,
+    /// file by file, each with how many it has there.
+    pub fn short_of_copies(
+        &self,
+        target: usize,
+        counts: impl Fn(u32) -> bool,
+        limit: usize,
+    ) -> Vec<(Ino, u64, usize)> {
+        let mut found = Vec::new();
+        for (&ino, i) in &self.inodes {
+            if let Data::File { chunks } = &i.data {
+                for (&index, chunk) in chunks {
+                    let copies = chunk.iter().filter(|c| counts(c.node)).count();
+                    if copies < target {
+                        found.push((ino, index, copies));
+                    }
+                }
+            }
+        }
+        found.sort_unstable();
+        found.truncate(limit);
+        found
+    }
+
     /// Up to `limit` chunks with a replica on a node `on` says yes to, file by file, and how
     /// many there are in all.
     pub fn chunks_held_on(
@@ -245,6 +269,22 @@ impl Namespace {
             if let Data::File { chunks } = &i.data {
                 for c in chunks.values().flatten() {
                     *out.entry(c.node).or_default() += 1;
+                }
+            }
+        }
+        out
+    }
+
+    /// How many chunks have their only copies on each node: what each takes with it.
+    pub fn only_copies_per_node(&self) -> HashMap<u32, u64> {
+        let mut out = HashMap::new();
+        for i in self.inodes.values() {
+            if let Data::File { chunks } = &i.data {
+                for r in chunks.values() {
+                    let Some(first) = r.first() else { continue };
+                    if r.iter().all(|c| c.node == first.node) {
+                        *out.entry(first.node).or_default() += 1;
+                    }
                 }
             }
         }

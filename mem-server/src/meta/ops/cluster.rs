@@ -1,7 +1,7 @@
 //! The cluster as its operators see it (`rfs status`): nodes, client sessions, copies short.
 
 use rfs_proto::message::{Drain, Rebalance, RemoveNode, Status};
-use rfs_proto::types::{ClientStatus, ClusterStatus, NodeStatus};
+use rfs_proto::types::{ClientStatus, ClusterStatus, NodeStatus, ShortChunk, SHORT_LISTED};
 use rfs_proto::Errno;
 
 use super::{answer, Answer, Ctx};
@@ -73,6 +73,7 @@ pub(super) fn status(cx: &mut Ctx<'_>, m: &Status) -> Answer {
         return answer(m, Err(e));
     }
     let copies = cx.st.ns.copies_per_node();
+    let only_copies = cx.st.ns.only_copies_per_node();
     let nodes = cx
         .st
         .alloc
@@ -88,6 +89,7 @@ pub(super) fn status(cx: &mut Ctx<'_>, m: &Status) -> Answer {
                 free_bytes,
                 free_chunks,
                 copies: copies.get(&id).copied().unwrap_or(0),
+                only_copies: only_copies.get(&id).copied().unwrap_or(0),
             },
         )
         .collect();
@@ -114,13 +116,36 @@ pub(super) fn status(cx: &mut Ctx<'_>, m: &Status) -> Answer {
             }
         })
         .collect();
+    let chunks_short = cx.svc.repair.short();
+    // A scan of every file: only when the repair thread last counted some.
+    let short = match chunks_short {
+        0 => Vec::new(),
+        _ => {
+            let svc = cx.svc;
+            let alloc = &cx.st.alloc;
+            cx.st
+                .ns
+                .short_of_copies(svc.replicas, |n| svc.counts_as_copy(alloc, n), SHORT_LISTED)
+                .into_iter()
+                .map(|(ino, index, copies)| ShortChunk {
+                    ino,
+                    index,
+                    copies: copies as u32,
+                })
+                .collect()
+        }
+    };
+    let (repaired_chunks, repaired_bytes) = cx.svc.repair.copied();
     answer(
         m,
         Ok(ClusterStatus {
             nodes,
             clients,
             replicas: cx.svc.replicas as u32,
-            chunks_short: cx.svc.repair.short(),
+            chunks_short,
+            short,
+            repaired_chunks,
+            repaired_bytes,
             chunk_size: cx.st.ns.chunk_size(),
             inodes: cx.st.ns.inode_count(),
             inodes_max: cx.st.ns.max_inodes(),
