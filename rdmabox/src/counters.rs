@@ -177,8 +177,6 @@ counters! {
     transfers_refused: sum,
     /// Requests flushed off a queue pair a refusal took, sent again over another.
     requests_resent: sum,
-    /// Small requests continuing a stream held back to merge with what follows them.
-    stream_holds: sum,
 
     // Effects first: completions and byte counts, then what caused them.
     read order:
@@ -207,7 +205,6 @@ counters! {
         joined_busy,
         transfers_refused,
         requests_resent,
-        stream_holds,
 }
 
 impl Counters {
@@ -230,7 +227,7 @@ mod tests {
     use super::*;
 
     /// The text names, in the order tools have always seen them.
-    const NAMES: [&str; 26] = [
+    const NAMES: [&str; 25] = [
         "requests",
         "requests_merged",
         "requests_chained",
@@ -256,10 +253,9 @@ mod tests {
         "joined_busy",
         "transfers_refused",
         "requests_resent",
-        "stream_holds",
     ];
 
-    /// Every counter set, each to a different value (1 to 26, in `NAMES` order). No
+    /// Every counter set, each to a different value (1 to 25, in `NAMES` order). No
     /// `..Default::default()`: a new counter must be added here.
     fn distinct() -> Snapshot {
         Snapshot {
@@ -288,7 +284,6 @@ mod tests {
             joined_busy: 23,
             transfers_refused: 24,
             requests_resent: 25,
-            stream_holds: 26,
         }
     }
 
@@ -315,7 +310,7 @@ mod tests {
         let values: Vec<u64> = rows.iter().map(|&(_, v)| v).collect();
         assert_eq!(
             values,
-            (1..=NAMES.len() as u64).collect::<Vec<_>>(),
+            (1..=25).collect::<Vec<_>>(),
             "each line its own counter"
         );
     }
@@ -383,7 +378,6 @@ mod tests {
             joined_busy: AtomicU64::new(want.joined_busy),
             transfers_refused: AtomicU64::new(want.transfers_refused),
             requests_resent: AtomicU64::new(want.requests_resent),
-            stream_holds: AtomicU64::new(want.stream_holds),
         };
         assert_eq!(live.snapshot(), want);
     }

@@ -197,8 +197,6 @@ impl Inner {
     /// left to carry on: its own queue pair is out of service from then on, and what that
     /// flushed is sent again over the others. Any other failure breaks the session.
     fn finish_on(&self, qp: &SessionQp, w: InflightWr, status: WcStatus) {
-        let first = w.members[0].0.remote;
-        self.streams[w.dir as usize].completed(first.rkey, first.addr + w.bytes);
         let going_on = !self.closed.load(Ordering::Acquire) && self.cause.get().is_none();
         let refusal = matches!(
             status,

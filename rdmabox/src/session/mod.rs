@@ -7,13 +7,11 @@
 //! - `request`: the request model (a request, its buffer, a work request in flight);
 //! - `submit`: admission, draining, staging and posting;
 //! - `complete`: the poller threads and answering completed requests;
-//! - `gather`: reads of several ranges that come together in one slot;
-//! - `streams`: small requests continuing one on the wire, held back to merge with what follows.
+//! - `gather`: reads of several ranges that come together in one slot.
 
 mod complete;
 mod gather;
 mod request;
-mod streams;
 mod submit;
 
 use std::io;
@@ -35,7 +33,6 @@ use crate::window::{AdmissionPolicy, WindowConfig};
 
 use gather::{Gather, Store};
 use request::{Buffer, Dir, Done, InFlight, Request};
-use streams::Streams;
 
 /// The tunables of a session; the defaults are the paper's (measured on ConnectX-3).
 #[derive(Clone, Debug)]
@@ -178,8 +175,6 @@ struct Inner {
     /// request that carried it.
     refused_keys: Mutex<std::collections::VecDeque<(u32, Dir)>>,
     queues: [MergeQueue<Request>; 2],
-    /// Where each direction's recent work requests end (see `streams`).
-    streams: [Streams; 2],
     pool: Arc<MrPool>,
     policy: Box<dyn AdmissionPolicy>,
     counters: Counters,
@@ -268,7 +263,6 @@ impl Session {
             live_qps: AtomicUsize::new(0),
             refused_keys: Mutex::default(),
             queues: [MergeQueue::default(), MergeQueue::default()],
-            streams: [Streams::default(), Streams::default()],
             pool,
             counters: Counters::default(),
             remote,
@@ -490,9 +484,9 @@ impl Session {
     /// Writes `data` at `remote`; `done` gets the buffer back.
     ///
     /// Requests outstanding together are not ordered with one another, as on several queue
-    /// pairs: they may go over different ones, a drain posts in address order, and a small one
-    /// may wait to merge (`streams`). Whoever needs one write to land before an overlapping one,
-    /// or a read to see it, waits for its completion first (fs-client's write-behind does).
+    /// pairs: they may go over different ones, and a drain posts in address order. Whoever
+    /// needs one write to land before an overlapping one, or a read to see it, waits for its
+    /// completion first (fs-client's write-behind does).
     pub fn write(&self, remote: RemoteAddr, data: Vec<u8>, done: Callback) {
         let len = data.len();
         self.inner.submit(

@@ -87,10 +87,6 @@ pub(super) struct Request {
     pub(super) len: usize,
     pub(super) buf: Buffer,
     pub(super) done: Done,
-    /// When it was submitted: a request is held back to merge for a bounded time.
-    pub(super) queued_at: Instant,
-    /// It was held back to merge with what follows it (counted once).
-    pub(super) held: bool,
 }
 
 /// Where a member of a work request is staged.

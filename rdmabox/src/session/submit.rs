@@ -7,7 +7,6 @@
 //! request, and the chain goes out with one doorbell. Whatever cannot go out now (no slot, no room
 //! in a send queue) goes back to the head of the queue for whoever frees the resource.
 
-use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -22,7 +21,6 @@ use crate::transport::{
 use crate::window::{admits, charge};
 
 use super::request::{Buffer, Dir, Done, InFlight, InflightWr, Request, Staging};
-use super::streams::{Held, HOLD_MAX_AGE, HOLD_MAX_LEN, STREAM_WINDOW};
 use super::{Inner, IoError, SessionQp};
 
 /// Up to this many payload bytes in flight, a queue pair served by threads takes more work before
@@ -33,25 +31,6 @@ const JOIN_BUSY_BYTES: u64 = 64 << 10;
 
 /// The requests of a chain that could not be posted, by batch index.
 struct Unposted(Vec<usize>);
-
-/// Whether a request queued after the one at `i` starts where `r` ends.
-fn followed(pending: &VecDeque<Request>, i: usize, r: &Request) -> bool {
-    let end = r.remote.addr + r.len as u64;
-    pending
-        .iter()
-        .skip(i + 1)
-        .any(|q| q.remote.rkey == r.remote.rkey && q.remote.addr == end)
-}
-
-/// What a drain pass does next with its queue.
-enum Next {
-    /// Takes the request at this index.
-    Take(usize),
-    /// Fails the request at this index: it carries a key the peer refused.
-    Refused(usize),
-    /// Takes nothing more: the window is full, or all that is left is held back to merge.
-    Stop { window: bool },
-}
 
 impl Inner {
     /// Checks a request, queues it and drains its queue.
@@ -86,8 +65,6 @@ impl Inner {
             len,
             buf,
             done,
-            queued_at: Instant::now(),
-            held: false,
         });
         self.drain(dir);
     }
@@ -99,7 +76,7 @@ impl Inner {
     pub(super) fn drain(&self, dir: Dir) {
         self.queues[dir as usize].drain_with(
             |q| self.drain_pass(dir, q),
-            |q| self.can_progress(dir, q),
+            |q| self.can_progress(q),
             || self.freed.load(Ordering::SeqCst),
         );
     }
@@ -155,68 +132,22 @@ impl Inner {
             .map(|i| (i, false))
     }
 
-    /// Whether a drain pass would take something now: a request the window admits and that is
-    /// not held back to merge (see `streams`), with a slot and a send queue for it, or one to
-    /// answer at once.
-    fn can_progress(&self, dir: Dir, q: &MergeQueue<Request>) -> bool {
+    /// Whether the head of the queue could be posted now.
+    fn can_progress(&self, q: &MergeQueue<Request>) -> bool {
         let pending = q.pending();
-        if pending.is_empty() {
+        let Some(front) = pending.front() else {
             return false;
-        }
+        };
         if self.closed.load(Ordering::Acquire) {
             return true;
         }
         let inflight = self.counters.inflight_bytes.load(Ordering::Relaxed);
-        match self.next_in(dir, &pending, 0, inflight, &mut Held::default()) {
-            Next::Take(i) => {
-                (self.is_dynamic(&pending[i]) || self.pool.available() > 0)
-                    && self.qps.iter().any(|l| {
-                        !l.refused.load(Ordering::Acquire)
-                            && l.inflight.lock().unwrap().len() < l.qp.caps().max_send_wr as usize
-                    })
-            }
-            Next::Refused(_) => true,
-            Next::Stop { .. } => false,
-        }
-    }
-
-    /// The next request a pass takes from `pending`, looking from `from` on with `inflight`
-    /// bytes admitted: the window stops the pass at the first request it does not admit; a
-    /// small request continuing a stream is passed over while enough is in flight (see
-    /// `streams`), and noted in `held`.
-    fn next_in(
-        &self,
-        dir: Dir,
-        pending: &VecDeque<Request>,
-        from: usize,
-        inflight: u64,
-        held: &mut Held,
-    ) -> Next {
-        let limit = self.policy.limit();
-        let now = Instant::now();
-        for (i, r) in pending.iter().enumerate().skip(from) {
-            if self.is_refused(r.remote.rkey, dir) {
-                return Next::Refused(i);
-            }
-            if !admits(inflight, charge(r.len), limit) {
-                return Next::Stop { window: true };
-            }
-            // Cheapest tests first: most requests are decided before any lock.
-            let waits = self.plan.merge
-                && inflight >= STREAM_WINDOW
-                && r.len <= HOLD_MAX_LEN
-                && !self.is_dynamic(r)
-                && now.saturating_duration_since(r.queued_at) < HOLD_MAX_AGE
-                && (held.continued_by(r.remote)
-                    || self.streams[dir as usize]
-                        .continues(r.remote)
-                        .is_some_and(|p| p.merged > 1 || p.in_flight || followed(pending, i, r)));
-            if !waits {
-                return Next::Take(i);
-            }
-            held.push(r.remote, r.len);
-        }
-        Next::Stop { window: false }
+        admits(inflight, charge(front.len), self.policy.limit())
+            && (self.is_dynamic(front) || self.pool.available() > 0)
+            && self.qps.iter().any(|l| {
+                !l.refused.load(Ordering::Acquire)
+                    && l.inflight.lock().unwrap().len() < l.qp.caps().max_send_wr as usize
+            })
     }
 
     /// One drain pass: admit, register, plan, post; requeue what could not be posted.
@@ -245,10 +176,11 @@ impl Inner {
         moved
     }
 
-    /// Takes requests from the queue while the window admits them (and at most `max_drain`),
-    /// leaving those held back to merge, and charges them to the in-flight count; fails those
-    /// that carry a key the peer refused.
+    /// Takes requests from the head of the queue while the window admits them (and at most
+    /// `max_drain`), and charges them to the in-flight count; fails those that carry a key the
+    /// peer refused.
     fn admit_batch(&self, dir: Dir, q: &MergeQueue<Request>) -> Vec<Request> {
+        let limit = self.policy.limit();
         let inflight = self.counters.inflight_bytes.load(Ordering::Relaxed);
         let mut batch = Vec::new();
         // Those carrying a key the peer refused: answered once the queue is let go (their
@@ -257,35 +189,19 @@ impl Inner {
         let mut cost = 0;
         {
             let mut pending = q.pending();
-            let mut held = Held::default();
-            let mut at = 0;
             while batch.len() < self.cfg.max_drain {
-                match self.next_in(dir, &pending, at, inflight + cost, &mut held) {
-                    Next::Take(i) => {
-                        let r = pending.remove(i).expect("next_in answers an index");
-                        cost += charge(r.len);
-                        batch.push(r);
-                        at = i;
-                    }
-                    Next::Refused(i) => {
-                        stale.push(pending.remove(i).expect("next_in answers an index"));
-                        at = i;
-                    }
-                    Next::Stop { window } => {
-                        if window {
-                            Counters::add(&self.counters.window_stalls, 1);
-                        }
-                        break;
-                    }
+                let Some(front) = pending.front() else { break };
+                if self.is_refused(front.remote.rkey, dir) {
+                    stale.push(pending.pop_front().expect("front exists"));
+                    continue;
                 }
-            }
-            if !held.is_empty() {
-                let first_held = pending
-                    .iter_mut()
-                    .filter(|r| !r.held && held.has(r.remote))
-                    .map(|r| r.held = true)
-                    .count();
-                Counters::add(&self.counters.stream_holds, first_held as u64);
+                let c = charge(front.len);
+                if !admits(inflight + cost, c, limit) {
+                    Counters::add(&self.counters.window_stalls, 1);
+                    break;
+                }
+                cost += c;
+                batch.push(pending.pop_front().expect("front exists"));
             }
         }
         if !batch.is_empty() {
@@ -492,10 +408,6 @@ impl Inner {
         // in-flight entry go) before the post returns.
         let keep: Vec<Vec<SgeSource>> = wrs.iter().map(sge_sources).collect();
         let remotes: Vec<RemoteAddr> = wrs.iter().map(|w| w.members[0].0.remote).collect();
-        // Members are in address order: a merged work request ends where its last one does.
-        for (w, r) in wrs.iter().zip(&remotes) {
-            self.streams[dir as usize].posted(r.rkey, r.addr + w.bytes, w.members.len());
-        }
         let keys: Vec<usize> = {
             let mut inflight = qp.inflight.lock().unwrap();
             wrs.into_iter().map(|w| inflight.insert(w)).collect()
