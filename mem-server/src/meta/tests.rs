@@ -1133,6 +1133,52 @@ fn drain_is_for_root_and_shows_in_the_status() {
     assert!(c.allocate(f.ino, 0, 1).is_ok());
 }
 
+/// A rebalance is root's, and the status says one is going on.
+#[test]
+fn rebalance_is_for_root_and_shows_in_the_status() {
+    use rfs_proto::message::Rebalance;
+    let node = Node::new();
+    let mut c = node.client(1);
+    let rebalancing = |c: &mut Client<'_>| c.call(Status { caller: root() }).unwrap().rebalancing;
+    assert!(!rebalancing(&mut c));
+    assert_eq!(c.call(Rebalance { caller: user(1000) }), Err(Errno::EPERM));
+    assert!(!rebalancing(&mut c), "a refused call starts nothing");
+    c.call(Rebalance { caller: root() }).unwrap();
+    assert!(rebalancing(&mut c));
+}
+
+/// Removing a node is root's, for a node that exists and is not up, forced or not.
+#[test]
+fn remove_node_is_for_root_and_refuses_an_unknown_node_or_one_up() {
+    use rfs_proto::message::RemoveNode;
+    let node = Node::new();
+    let mut c = node.client(1);
+    let f = c.create(ROOT, "f");
+    c.allocate(f.ino, 0, 1).unwrap();
+    let own = node.0.own_node();
+    let remove = |caller: Caller, node: u32, force: bool| RemoveNode {
+        caller,
+        node,
+        force,
+    };
+    assert_eq!(c.call(remove(user(1000), own, false)), Err(Errno::EPERM));
+    assert_eq!(c.call(remove(root(), 99, false)), Err(Errno::ENOENT));
+    assert_eq!(c.call(remove(root(), own, false)), Err(Errno::EBUSY));
+    assert_eq!(
+        c.call(remove(root(), own, true)),
+        Err(Errno::EBUSY),
+        "force or not"
+    );
+    let s = c.call(Status { caller: root() }).unwrap();
+    assert_eq!(s.nodes.len(), 1, "still listed");
+    assert_eq!(
+        (s.nodes[0].copies, s.nodes[0].only_copies),
+        (1, 1),
+        "{:?}",
+        s.nodes[0]
+    );
+}
+
 /// A write that reached a copy a drain has moved since, and missed another copy, names the old
 /// copy when it asks for the copies it missed to be dropped: the copy made from the old one
 /// stands for it (it was copied after the write landed, the file frozen), so the stale copy

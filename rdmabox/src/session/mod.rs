@@ -167,7 +167,7 @@ struct Inner {
     pd: Arc<ProtectionDomain>,
     qps: Vec<SessionQp>,
     next_qp: AtomicUsize,
-    /// Links no refusal has taken out of service yet.
+    /// Queue pairs no refusal has taken out of service yet.
     live_qps: AtomicUsize,
     /// The latest keys the peer refused, each for reads or for writes (a key may be good for
     /// one and not the other), at most [`REFUSED_KEYS`]: requests that carry one the same way

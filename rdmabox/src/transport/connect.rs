@@ -1,6 +1,6 @@
 //! Queue-pair setup: creating a peer's queue pairs and connecting them over the control
-//! connection, on top of the endpoint exchange. Both ends of a link (a session's client and the
-//! peer that lends it memory) run the same steps, so it lives with the transport, not the session.
+//! connection, on top of the endpoint exchange. Both ends (a session's client and the peer that
+//! lends it memory) run the same steps, so it lives with the transport, not the session.
 
 use std::io;
 use std::net::TcpStream;

@@ -51,14 +51,14 @@ pub(crate) fn serve(kind: ProviderKind, listen: SocketAddr, memory: u64) -> std:
             } else {
                 SessionConfig::default().caps
             };
-            let links = connect_queue_pairs(&ctx, &pd, &mut s, qps, caps, &QpRoute::OwnPort)?;
+            let connected = connect_queue_pairs(&ctx, &pd, &mut s, qps, caps, &QpRoute::OwnPort)?;
             let r = mem.remote();
             let mut msg = r.addr.to_le_bytes().to_vec();
             msg.extend_from_slice(&r.len.to_le_bytes());
             msg.extend_from_slice(&r.rkey.to_le_bytes());
             s.write_all(&msg)?;
             let _ = s.read(&mut n); // until the client goes
-            drop(links);
+            drop(connected);
             Ok(())
         });
     }

@@ -24,7 +24,7 @@ pub(crate) fn open_session(
     let mut s = TcpStream::connect(lender.addr).expect("connect to lender");
     let flag = if lender_responder { RESPONDER_FLAG } else { 0 };
     s.write_all(&(cfg.qps as u32 | flag).to_le_bytes()).unwrap();
-    let links = connect_queue_pairs(&ctx, &pd, &mut s, cfg.qps, cfg.caps, &QpRoute::OwnPort)
+    let qps = connect_queue_pairs(&ctx, &pd, &mut s, cfg.qps, cfg.caps, &QpRoute::OwnPort)
         .expect("connect qps");
     let mut m = [0u8; 20];
     s.read_exact(&mut m).unwrap();
@@ -33,11 +33,7 @@ pub(crate) fn open_session(
         len: u64::from_le_bytes(m[8..16].try_into().unwrap()),
         rkey: u32::from_le_bytes(m[16..].try_into().unwrap()),
     };
-    (
-        Session::new(pd, links, vec![r], cfg).expect("session"),
-        r,
-        s,
-    )
+    (Session::new(pd, qps, vec![r], cfg).expect("session"), r, s)
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
