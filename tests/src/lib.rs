@@ -139,6 +139,11 @@ struct ChildLog {
 const LOG_LINES_SHOWN: usize = 80;
 
 impl ChildLog {
+    /// What was logged so far.
+    fn text(&self) -> String {
+        std::fs::read_to_string(&self.path).unwrap_or_default()
+    }
+
     /// A fresh log for `program`, and the stderr that writes it.
     fn new(program: &str) -> (ChildLog, Io) {
         static NEXT_LOG: AtomicUsize = AtomicUsize::new(0);
@@ -392,6 +397,11 @@ impl MemServer {
         let _ = self.child.wait();
     }
 
+    /// What it logged, over all its lives.
+    pub fn log_text(&self) -> String {
+        self.logs.iter().map(ChildLog::text).collect()
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -521,6 +531,11 @@ impl Mount {
     }
 
     /// The fs-client process, to stop or kill in a test.
+    /// What its fs-client logged.
+    pub fn log_text(&self) -> String {
+        self._log.text()
+    }
+
     pub fn pid(&self) -> i32 {
         self.child.id() as i32
     }
