@@ -303,8 +303,7 @@ fn copies_on(json: &str, node: &str) -> u64 {
     let at = json
         .find(&format!("\"address\":\"{node}\""))
         .expect("the node is listed");
-    let copies = &json[at..][json[at..].find("\"copies\":").unwrap() + 9..];
-    copies[..copies.find('}').unwrap()].parse().unwrap()
+    json_number(&json[at..], "copies")
 }
 
 /// `rfs status` lists every data node and every client session with what it holds, as text
