@@ -96,7 +96,7 @@ start=$(date +%s.%N)
 "$BIN/rfs" drain "127.0.0.1:$PORT" "127.0.0.1:$((PORT + 1))" --transport tcp --no-wait >"$WORK/drain.out"
 # Looked at every 0.1 s (rfs drain itself looks once a second).
 until "$BIN/rfs" status "127.0.0.1:$PORT" --json --transport tcp |
-  grep -q "\"address\":\"127.0.0.1:$((PORT + 1))\",\"state\":\"draining\"[^}]*\"copies\":0}"; do
+  grep -q "\"address\":\"127.0.0.1:$((PORT + 1))\",\"state\":\"draining\"[^}]*\"copies\":0,"; do
   sleep 0.1
 done
 end=$(date +%s.%N)
