@@ -420,14 +420,25 @@ fn a_drained_node_can_be_killed_losing_nothing() {
         0,
         "a draining node took new chunks: {status}"
     );
-    // Undrained it is up again; drained again (it holds nothing) at once.
+    // Undrained it is up again and takes new chunks; drained with --no-wait, rfs returns at
+    // once, the node draining, and the copies move meanwhile.
     assert!(rfs(&["undrain", &addr, &node]).status.success());
     let status = String::from_utf8(rfs(&["status", &addr, "--json"]).stdout).unwrap();
     assert!(!status.contains("\"state\":\"draining\""), "{status}");
-    assert!(rfs(&["drain", &addr, &node]).status.success());
+    fs::write(m.path("after"), vec![5u8; 4 << 20]).unwrap();
+    let status = String::from_utf8(rfs(&["status", &addr, "--json"]).stdout).unwrap();
+    assert!(copies_on(&status, &node) > 0, "{status}");
+    assert!(rfs(&["drain", &addr, &node, "--no-wait"]).status.success());
+    let status = String::from_utf8(rfs(&["status", &addr, "--json"]).stdout).unwrap();
+    assert!(status.contains("\"state\":\"draining\""), "{status}");
+    rfs_e2e::within(Duration::from_secs(60), "the node drained", || {
+        let status = String::from_utf8(rfs(&["status", &addr, "--json"]).stdout).unwrap();
+        copies_on(&status, &node) == 0
+    });
     data.kill();
     let mut all = files;
     all.push(("new".into(), vec![9u8; 3 << 20]));
+    all.push(("after".into(), vec![5u8; 4 << 20]));
     every_file_whole_on_a_fresh_mount(&meta, &all);
     // An unknown node is a usage error.
     let out = rfs(&["drain", &addr, "127.0.0.1:1"]);
@@ -479,6 +490,21 @@ fn a_rebalance_evens_the_fill_out_after_a_node_joins() {
         "copies {a} and {b} on equal pools: {said}"
     );
     assert!(status.contains("\"rebalancing\":false"), "{status}");
+    every_file_whole_on_a_fresh_mount(&meta, &files);
+
+    // With --no-wait it returns at once and the copies move meanwhile.
+    let third = MemServer::data(&meta, "32M", "1M");
+    let out = rfs(&["rebalance", &addr, "--no-wait"]);
+    assert!(out.status.success(), "{out:?}");
+    rfs_e2e::within(
+        Duration::from_secs(60),
+        "a share for the third node",
+        || {
+            let status = String::from_utf8(rfs(&["status", &addr, "--json"]).stdout).unwrap();
+            status.contains("\"rebalancing\":false")
+                && copies(&status, &third.addr.to_string()) > 0.0
+        },
+    );
     every_file_whole_on_a_fresh_mount(&meta, &files);
 }
 
@@ -631,6 +657,25 @@ fn a_hard_mount_waits_for_stopped_nodes_where_a_soft_one_fails() {
         !readers.is_finished(),
         "a hard read of the stopped node did not wait"
     );
+    // A process waiting on the hard mount still dies of a fatal signal.
+    let mut dd = std::process::Command::new("dd")
+        .arg(format!("if={}", hard.path("f1").display()))
+        .args([
+            "of=/dev/null",
+            "bs=4096",
+            "count=1",
+            "skip=5",
+            "iflag=direct",
+        ])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(dd.try_wait().unwrap().is_none(), "dd waits for the node");
+    dd.kill().unwrap();
+    rfs_e2e::within(Duration::from_secs(5), "dd killed", || {
+        dd.try_wait().unwrap().is_some()
+    });
     rfs_e2e::resume(data.pid());
     readers.join().expect("every hard read answered right");
 
