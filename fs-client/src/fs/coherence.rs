@@ -174,6 +174,19 @@ impl<B: Backend> Rfs<B> {
         let _ = finished.recv_timeout(wait);
     }
 
+    /// `ino`'s attributes changed here other than through the kernel (the ring): the kernel
+    /// drops what it cached of them, before this returns (or [`KERNEL_INVAL_WAIT`] passed).
+    /// Not from a FUSE operation: the kernel may hold the inode's lock for it.
+    pub(crate) fn kernel_attrs_changed(&self, ino: Ino) {
+        if self.kernel.get().is_none() {
+            return;
+        }
+        self.kernel(KernelInval::Inode { ino, data: false });
+        let (done, finished) = crossbeam_channel::bounded(1);
+        self.kernel(KernelInval::Done(done));
+        let _ = finished.recv_timeout(KERNEL_INVAL_WAIT);
+    }
+
     /// The kernel was given `ino` (a lookup, a create, a directory listing's entry).
     pub fn kernel_looked_up(&self, ino: Ino) {
         self.kernel_inodes.looked_up(ino);

@@ -22,7 +22,8 @@ impl<B: Backend> Rfs<B> {
     /// there, which the kernel says nothing of). The node clears what it holds then; the mode
     /// of a file open here is known (its open, and callbacks, tell it), and its capabilities
     /// are kept as extended attributes are, so a file with neither costs no call.
-    pub fn write_clears_setid(self: &Arc<Self>, ino: Ino, caller: &Caller) -> Result<()> {
+    /// Whether there was anything to clear.
+    pub fn write_clears_setid(self: &Arc<Self>, ino: Ino, caller: &Caller) -> Result<bool> {
         let perm = match self.open_perm(ino) {
             Some(p) => p,
             None => self.getattr(ino)?.perm,
@@ -32,13 +33,13 @@ impl<B: Backend> Rfs<B> {
         let capabilities = self.backend.metadata_connected()
             && self.getxattr(ino, b"security.capability", caller).is_ok();
         if setid_cleared_by_write(u32::from(perm)) == 0 && !capabilities {
-            return Ok(());
+            return Ok(false);
         }
         let changes = AttrChanges {
             kill_setid: true,
             ..AttrChanges::default()
         };
-        self.setattr(ino, changes, caller).map(drop)
+        self.setattr(ino, changes, caller).map(|_| true)
     }
 
     /// The kernel leaves clearing set-ID bits and capabilities to us (said once mounted).

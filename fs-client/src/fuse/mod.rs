@@ -77,7 +77,7 @@ impl RfsFuse {
     /// (root is taken to have CAP_FSETID).
     fn modified_by(&self, req: &Request, ino: u64) -> Result<(), Error> {
         match self.fs.leaves_setid() && req.uid() != 0 {
-            true => self.fs.write_clears_setid(ino, &self.caller(req)),
+            true => self.fs.write_clears_setid(ino, &self.caller(req)).map(drop),
             false => Ok(()),
         }
     }

@@ -461,8 +461,11 @@ impl<B: Backend> Ring<B> {
                 // The kernel sees none of these writes: what a write by someone without
                 // CAP_FSETID clears is ours to clear (root is taken to have it).
                 if file.caller.uid != 0 {
-                    if let Err(e) = self.fs.write_clears_setid(file.ino, &file.caller) {
-                        return finish(Err(e.errno().raw()));
+                    match self.fs.write_clears_setid(file.ino, &file.caller) {
+                        // The kernel, which cached the mode, heard of none of it.
+                        Ok(true) => self.fs.kernel_attrs_changed(file.ino),
+                        Ok(false) => {}
+                        Err(e) => return finish(Err(e.errno().raw())),
                     }
                 }
                 file.wrote.store(true, Ordering::Release);
