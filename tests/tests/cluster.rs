@@ -635,16 +635,16 @@ fn a_hard_mount_waits_for_stopped_nodes_where_a_soft_one_fails() {
     }
 
     rfs_e2e::stop(data.pid());
-    let soft_failed = soft_files
-        .iter()
-        .filter(|f| {
-            direct_read(f, 4096)
+    // The files on the stopped node.
+    let stopped: Vec<usize> = (0..4)
+        .filter(|&i| {
+            direct_read(&soft_files[i], 4096)
                 .0
                 .is_err_and(|e| errno(&e) == libc::EIO)
         })
-        .count();
+        .collect();
     assert!(
-        soft_failed > 0,
+        !stopped.is_empty(),
         "no soft read failed with the data node stopped"
     );
     let readers = std::thread::spawn(move || {
@@ -659,7 +659,10 @@ fn a_hard_mount_waits_for_stopped_nodes_where_a_soft_one_fails() {
     );
     // A process waiting on the hard mount still dies of a fatal signal.
     let mut dd = std::process::Command::new("dd")
-        .arg(format!("if={}", hard.path("f1").display()))
+        .arg(format!(
+            "if={}",
+            hard.path(&format!("f{}", stopped[0])).display()
+        ))
         .args([
             "of=/dev/null",
             "bs=4096",
