@@ -33,7 +33,9 @@ use crate::errno::Errno;
 /// `ListXattr`, `SetXattr`, `RemoveXattr`), and metadata calls of up to 80 KiB (a 64 KiB value
 /// with its name). 24: a new node's [`crate::types::Owner`] carries the creator's umask (the
 /// metadata node applies it, or the parent's default ACL instead), and attributes say whether
-/// the inode has an access ACL ([`crate::types::Attr::acl`]).
+/// the inode has an access ACL ([`crate::types::Attr::acl`]). 25: the cluster's status lists
+/// chunks short of copies and the repair's progress, and each node's only copies
+/// ([`crate::types::ClusterStatus`]).
 pub const VERSION: u8 = 25;
 /// Bounds what one list (readdir page, chunk map, node list) may carry: a message is at most
 /// 80 KiB.

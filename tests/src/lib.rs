@@ -530,12 +530,12 @@ impl Mount {
             .unwrap_or_else(|| panic!("no {name} in {text}"))
     }
 
-    /// The fs-client process, to stop or kill in a test.
     /// What its fs-client logged.
     pub fn log_text(&self) -> String {
         self._log.text()
     }
 
+    /// The fs-client process, to stop or kill in a test.
     pub fn pid(&self) -> i32 {
         self.child.id() as i32
     }

@@ -432,6 +432,7 @@ fn a_drained_node_can_be_killed_losing_nothing() {
     let status = String::from_utf8(rfs(&["status", &addr, "--json"]).stdout).unwrap();
     assert!(status.contains("\"state\":\"draining\""), "{status}");
     rfs_e2e::within(Duration::from_secs(60), "the node drained", || {
+        std::thread::sleep(Duration::from_millis(100));
         let status = String::from_utf8(rfs(&["status", &addr, "--json"]).stdout).unwrap();
         copies_on(&status, &node) == 0
     });
@@ -500,6 +501,7 @@ fn a_rebalance_evens_the_fill_out_after_a_node_joins() {
         Duration::from_secs(60),
         "a share for the third node",
         || {
+            std::thread::sleep(Duration::from_millis(100));
             let status = String::from_utf8(rfs(&["status", &addr, "--json"]).stdout).unwrap();
             status.contains("\"rebalancing\":false")
                 && copies(&status, &third.addr.to_string()) > 0.0
@@ -735,6 +737,7 @@ fn rfs_status_lists_chunks_short_of_copies_and_the_repairs_progress() {
     a.kill();
     let mut json = String::new();
     rfs_e2e::within(Duration::from_secs(20), "the chunks counted short", || {
+        std::thread::sleep(Duration::from_millis(100));
         json = status_json(&meta);
         json_number(&json, "chunks_short") == 3
     });
@@ -746,6 +749,7 @@ fn rfs_status_lists_chunks_short_of_copies_and_the_repairs_progress() {
     assert!(text.contains("CHUNKS SHORT OF COPIES"), "{text}");
     let _b = MemServer::data(&meta, "16M", "1M");
     rfs_e2e::within(Duration::from_secs(60), "the copies made again", || {
+        std::thread::sleep(Duration::from_millis(100));
         json = status_json(&meta);
         json_number(&json, "chunks_short") == 0
     });

@@ -196,28 +196,30 @@ impl Namespace {
         )
     }
 
-    /// Up to `limit` chunks with fewer than `target` copies on nodes `counts` says yes to,
-    /// file by file, each with how many it has there.
+    /// The first `limit` chunks, by file, with fewer than `target` copies on nodes `counts`
+    /// says yes to but at least one there (the repair's count of chunks short of copies),
+    /// each with how many it has. Holds no more than `limit` at a time.
     pub fn short_of_copies(
         &self,
         target: usize,
         counts: impl Fn(u32) -> bool,
         limit: usize,
     ) -> Vec<(Ino, u64, usize)> {
-        let mut found = Vec::new();
+        let mut first = std::collections::BinaryHeap::new();
         for (&ino, i) in &self.inodes {
             if let Data::File { chunks } = &i.data {
                 for (&index, chunk) in chunks {
                     let copies = chunk.iter().filter(|c| counts(c.node)).count();
-                    if copies < target {
-                        found.push((ino, index, copies));
+                    if copies > 0 && copies < target {
+                        first.push((ino, index, copies));
+                        if first.len() > limit {
+                            first.pop();
+                        }
                     }
                 }
             }
         }
-        found.sort_unstable();
-        found.truncate(limit);
-        found
+        first.into_sorted_vec()
     }
 
     /// Up to `limit` chunks with a replica on a node `on` says yes to, file by file, and how
