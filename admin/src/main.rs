@@ -427,7 +427,7 @@ fn as_text(server: &str, s: &ClusterStatus) -> String {
     );
     if !s.short.is_empty() {
         let first = if s.chunks_short > s.short.len() as u64 {
-            format!(" (the first {})", s.short.len())
+            format!(" ({} of them)", s.short.len())
         } else {
             String::new()
         };

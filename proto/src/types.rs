@@ -419,7 +419,7 @@ wire_struct! {
         pub replicas: u32,
         /// Chunks with fewer copies than `replicas`, waiting to be copied again.
         pub chunks_short: u64,
-        /// The first of them, file by file (at most [`SHORT_LISTED`]).
+        /// Of those, at most [`SHORT_LISTED`], file by file.
         pub short: Vec<ShortChunk>,
         /// Copies the repair thread made since the metadata node started, and their bytes.
         pub repaired_chunks: u64,

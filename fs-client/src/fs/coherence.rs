@@ -162,10 +162,18 @@ impl<B: Backend> Rfs<B> {
     /// Has the kernel drop every cached name, and the attributes (with the pages if `data`)
     /// of `inodes`, waiting up to `wait` for it.
     fn kernel_forgets(&self, inodes: &[Ino], data: bool, wait: Duration) {
+        if self.kernel.get().is_some() {
+            self.kernel(KernelInval::Names);
+            self.kernel_drops(inodes, data, wait);
+        }
+    }
+
+    /// Has the kernel drop the attributes (with the pages if `data`) of `inodes`, waiting up
+    /// to `wait` for it.
+    fn kernel_drops(&self, inodes: &[Ino], data: bool, wait: Duration) {
         if self.kernel.get().is_none() {
             return;
         }
-        self.kernel(KernelInval::Names);
         for &ino in inodes {
             self.kernel(KernelInval::Inode { ino, data });
         }
@@ -175,16 +183,10 @@ impl<B: Backend> Rfs<B> {
     }
 
     /// `ino`'s attributes changed here other than through the kernel (the ring): the kernel
-    /// drops what it cached of them, before this returns (or [`KERNEL_INVAL_WAIT`] passed).
+    /// drops what it cached of them before this returns (or [`KERNEL_INVAL_WAIT`] passed).
     /// Not from a FUSE operation: the kernel may hold the inode's lock for it.
     pub(crate) fn kernel_attrs_changed(&self, ino: Ino) {
-        if self.kernel.get().is_none() {
-            return;
-        }
-        self.kernel(KernelInval::Inode { ino, data: false });
-        let (done, finished) = crossbeam_channel::bounded(1);
-        self.kernel(KernelInval::Done(done));
-        let _ = finished.recv_timeout(KERNEL_INVAL_WAIT);
+        self.kernel_drops(&[ino], false, KERNEL_INVAL_WAIT);
     }
 
     /// The kernel was given `ino` (a lookup, a create, a directory listing's entry).

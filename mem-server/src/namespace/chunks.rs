@@ -196,32 +196,6 @@ impl Namespace {
         )
     }
 
-    /// The first `limit` chunks, by file, with fewer than `target` copies on nodes `counts`
-    /// says yes to but at least one there (the repair's count of chunks short of copies),
-    /// each with how many it has. Holds no more than `limit` at a time.
-    pub fn short_of_copies(
-        &self,
-        target: usize,
-        counts: impl Fn(u32) -> bool,
-        limit: usize,
-    ) -> Vec<(Ino, u64, usize)> {
-        let mut first = std::collections::BinaryHeap::new();
-        for (&ino, i) in &self.inodes {
-            if let Data::File { chunks } = &i.data {
-                for (&index, chunk) in chunks {
-                    let copies = chunk.iter().filter(|c| counts(c.node)).count();
-                    if copies > 0 && copies < target {
-                        first.push((ino, index, copies));
-                        if first.len() > limit {
-                            first.pop();
-                        }
-                    }
-                }
-            }
-        }
-        first.into_sorted_vec()
-    }
-
     /// Up to `limit` chunks with a replica on a node `on` says yes to, file by file, and how
     /// many there are in all.
     pub fn chunks_held_on(
@@ -266,26 +240,26 @@ impl Namespace {
 
     /// How many copies of chunks each node holds, by node.
     pub fn copies_per_node(&self) -> HashMap<u32, u64> {
-        let mut out = HashMap::new();
-        for i in self.inodes.values() {
-            if let Data::File { chunks } = &i.data {
-                for c in chunks.values().flatten() {
-                    *out.entry(c.node).or_default() += 1;
-                }
-            }
-        }
-        out
+        self.holdings_per_node()
+            .into_iter()
+            .map(|(node, (copies, _))| (node, copies))
+            .collect()
     }
 
-    /// How many chunks have their only copies on each node: what each takes with it.
-    pub fn only_copies_per_node(&self) -> HashMap<u32, u64> {
-        let mut out = HashMap::new();
+    /// By node: the copies of chunks it holds, and how many chunks have their only copies
+    /// there (what is lost with it).
+    pub fn holdings_per_node(&self) -> HashMap<u32, (u64, u64)> {
+        let mut out: HashMap<u32, (u64, u64)> = HashMap::new();
         for i in self.inodes.values() {
             if let Data::File { chunks } = &i.data {
                 for r in chunks.values() {
-                    let Some(first) = r.first() else { continue };
-                    if r.iter().all(|c| c.node == first.node) {
-                        *out.entry(first.node).or_default() += 1;
+                    for c in r {
+                        out.entry(c.node).or_default().0 += 1;
+                    }
+                    if let Some(first) = r.first() {
+                        if r.iter().all(|c| c.node == first.node) {
+                            out.entry(first.node).or_default().1 += 1;
+                        }
                     }
                 }
             }

@@ -414,6 +414,31 @@ fn a_write_keeps_only_the_replicas_it_reached() {
 }
 
 #[test]
+fn holdings_count_each_nodes_copies_and_the_chunks_only_there() {
+    let mut n = ns();
+    let f = file(&mut n, ROOT, "a");
+    n.add_chunks(
+        f,
+        &[
+            (0, vec![on(1, 0), on(2, 0)]),
+            (1, vec![on(1, 64)]),
+            (2, vec![on(2, 64)]),
+        ],
+    )
+    .unwrap();
+    let held = n.holdings_per_node();
+    assert_eq!(
+        held.get(&1),
+        Some(&(2, 1)),
+        "a shared chunk is nobody's only copy"
+    );
+    assert_eq!(held.get(&2), Some(&(2, 1)));
+    assert_eq!(held.get(&3), None);
+    assert_eq!(n.copies_per_node().get(&1), Some(&2));
+    assert_eq!(held[&1].1, n.held_only_on(1));
+}
+
+#[test]
 fn under_replicated_chunks_are_found_and_copies_land_only_on_what_is_still_there() {
     let mut n = ns();
     let f = file(&mut n, ROOT, "a");

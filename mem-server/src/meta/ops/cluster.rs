@@ -72,8 +72,7 @@ pub(super) fn status(cx: &mut Ctx<'_>, m: &Status) -> Answer {
     if let Err(e) = root_only(cx, &m.caller) {
         return answer(m, Err(e));
     }
-    let copies = cx.st.ns.copies_per_node();
-    let only_copies = cx.st.ns.only_copies_per_node();
+    let held = cx.st.ns.holdings_per_node();
     let nodes = cx
         .st
         .alloc
@@ -88,8 +87,8 @@ pub(super) fn status(cx: &mut Ctx<'_>, m: &Status) -> Answer {
                 pool_bytes,
                 free_bytes,
                 free_chunks,
-                copies: copies.get(&id).copied().unwrap_or(0),
-                only_copies: only_copies.get(&id).copied().unwrap_or(0),
+                copies: held.get(&id).map_or(0, |h| h.0),
+                only_copies: held.get(&id).map_or(0, |h| h.1),
             },
         )
         .collect();
@@ -117,20 +116,23 @@ pub(super) fn status(cx: &mut Ctx<'_>, m: &Status) -> Answer {
         })
         .collect();
     let chunks_short = cx.svc.repair.short();
-    // A scan of every file: only when the repair thread last counted some.
+    // A scan of every file: only when the repair thread last counted some. The repair's own
+    // test of what is short (a copy left to copy from, fewer than asked for).
     let short = match chunks_short {
         0 => Vec::new(),
         _ => {
-            let svc = cx.svc;
-            let alloc = &cx.st.alloc;
-            cx.st
-                .ns
-                .short_of_copies(svc.replicas, |n| svc.counts_as_copy(alloc, n), SHORT_LISTED)
+            let (svc, st) = (cx.svc, &cx.st);
+            let counts = |n| svc.counts_as_copy(&st.alloc, n);
+            let (found, _) = st.ns.under_replicated(svc.replicas, counts, SHORT_LISTED);
+            found
                 .into_iter()
-                .map(|(ino, index, copies)| ShortChunk {
+                .map(|(ino, index)| ShortChunk {
                     ino,
                     index,
-                    copies: copies as u32,
+                    copies: st
+                        .ns
+                        .replicas(ino, index)
+                        .map_or(0, |r| r.iter().filter(|c| counts(c.node)).count() as u32),
                 })
                 .collect()
         }
